@@ -1,0 +1,31 @@
+#include "kernels/cpu/cpu_features.h"
+
+#include <cstdlib>
+#include <cstring>
+
+namespace megakern {
+
+const CpuFeatures& cpu_features() {
+  static const CpuFeatures f = [] {
+    CpuFeatures c;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    c.avx2 = __builtin_cpu_supports("avx2");
+    c.fma = __builtin_cpu_supports("fma");
+    c.avx512f = __builtin_cpu_supports("avx512f");
+    // F16C is not queryable by name in older compilers; every AVX2 CPU has it.
+    c.f16c = c.avx2;
+#endif
+    const char* isa = std::getenv("MEGAKERN_ISA");
+    if (isa && std::strcmp(isa, "scalar") == 0) c = CpuFeatures{};
+    return c;
+  }();
+  return f;
+}
+
+bool use_avx2() {
+  const auto& f = cpu_features();
+  return f.avx2 && f.fma;
+}
+
+}  // namespace megakern

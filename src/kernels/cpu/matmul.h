@@ -1,0 +1,38 @@
+// Matrix products with a weight matrix in any supported format.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace megakern {
+
+class ThreadPool;
+
+// A row-major weight matrix [rows][cols]: row j holds the cols input weights of
+// output j, stored contiguously in `type` (row_bytes bytes per row). This is
+// GGUF's layout for a tensor of shape {cols, rows}.
+struct MatView {
+  DType type = DType::F32;
+  int64_t cols = 0;
+  int64_t rows = 0;
+  const uint8_t* data = nullptr;
+  size_t row_bytes = 0;
+  const uint8_t* row(int64_t j) const { return data + static_cast<size_t>(j) * row_bytes; }
+};
+
+// Y[t][j] = sum_i W[j][i] * X[t][i] for t < n_x and j in [row_begin, row_end).
+// X is [n_x][W.cols], Y is [n_x][ldy]. Each output is computed the same way
+// whatever n_x and the row range, so results do not depend on batching or on
+// how rows are split between threads.
+void matmul_rows(const MatView& W, const float* X, int64_t n_x, float* Y, int64_t ldy, int64_t row_begin,
+                 int64_t row_end);
+
+// The same over all rows, split across the pool's workers. Y is [n_x][W.rows].
+void matmul(ThreadPool& pool, const MatView& W, const float* X, int64_t n_x, float* Y);
+
+// Copies row j of W into dst (W.cols floats), dequantising.
+void dequantize_row(const MatView& W, int64_t j, float* dst);
+
+}  // namespace megakern

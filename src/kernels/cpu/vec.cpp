@@ -1,0 +1,33 @@
+#include "kernels/cpu/vec.h"
+
+#include "kernels/cpu/cpu_features.h"
+
+namespace megakern {
+
+float dot_f32_scalar(const float* a, const float* b, int64_t n) {
+  // Four partial sums, like the vector path, to keep the dependency chain short.
+  float s[4] = {0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4)
+    for (int k = 0; k < 4; ++k) s[k] += a[i + k] * b[i + k];
+  float r = (s[0] + s[1]) + (s[2] + s[3]);
+  for (; i < n; ++i) r += a[i] * b[i];
+  return r;
+}
+
+void axpy_f32_scalar(float a, const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+float dot_f32(const float* a, const float* b, int64_t n) {
+  return use_avx2() ? dot_f32_avx2(a, b, n) : dot_f32_scalar(a, b, n);
+}
+
+void axpy_f32(float a, const float* x, float* y, int64_t n) {
+  if (use_avx2())
+    axpy_f32_avx2(a, x, y, n);
+  else
+    axpy_f32_scalar(a, x, y, n);
+}
+
+}  // namespace megakern

@@ -1,0 +1,90 @@
+// Dense decoder-only transformers read from GGUF: llama (SmolLM2), qwen3 (per
+// head q/k norms) and gemma3 (sliding-window and global layers, sandwich norms,
+// GELU, scaled embeddings). Written for clarity; every buffer's shape is noted.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/matmul.h"
+
+namespace megakern {
+
+class GGUFFile;
+class ThreadPool;
+
+enum class DenseArch { Llama, Qwen3, Gemma3 };
+
+struct DenseConfig {
+  DenseArch arch = DenseArch::Llama;
+  std::string arch_name;
+  int n_layer = 0;
+  int n_embd = 0;      // hidden size
+  int n_ff = 0;        // MLP width
+  int n_head = 0;      // query heads
+  int n_head_kv = 0;   // key/value heads (GQA when fewer than n_head)
+  int head_dim = 0;    // per-head width of q, k and v
+  int n_vocab = 0;
+  int n_ctx_train = 0;
+  float eps = 1e-5f;
+  float rope_base = 10000.f;        // global layers
+  float rope_base_local = 10000.f;  // sliding-window layers (gemma3)
+  int rope_dim = 0;                 // leading dims of each head that are rotated
+  bool rope_neox = false;           // pairs (i, i + rope_dim/2) instead of (2i, 2i+1)
+  int sliding_window = 0;           // 0: none
+  std::vector<bool> layer_swa;      // [n_layer] true where the layer uses the window
+  float attn_scale = 1.f;           // multiplies q.k
+  float embd_scale = 1.f;           // multiplies the token embedding
+  bool gelu = false;                // GELU(tanh) gate instead of SiLU
+  bool qk_norm = false;             // per-head RMSNorm on q and k
+  bool sandwich_norm = false;       // gemma: norms after attention and MLP outputs too
+};
+
+struct DenseLayer {
+  std::vector<float> attn_norm, ffn_norm;            // [n_embd]
+  std::vector<float> q_norm, k_norm;                 // [head_dim] when qk_norm
+  std::vector<float> post_attn_norm, post_ffn_norm;  // [n_embd] when sandwich_norm
+  MatView wq;     // [n_head*head_dim][n_embd]
+  MatView wk, wv; // [n_head_kv*head_dim][n_embd]
+  MatView wo;     // [n_embd][n_head*head_dim]
+  MatView w_gate, w_up;  // [n_ff][n_embd]
+  MatView w_down;        // [n_embd][n_ff]
+};
+
+// Keys and values of one sequence: [n_layer][n_ctx][n_head_kv*head_dim] each.
+struct KVCache {
+  int n_ctx = 0;
+  int kv_dim = 0;
+  std::vector<float> k, v;
+  float* k_at(int layer, int pos) { return k.data() + (static_cast<size_t>(layer) * n_ctx + pos) * kv_dim; }
+  float* v_at(int layer, int pos) { return v.data() + (static_cast<size_t>(layer) * n_ctx + pos) * kv_dim; }
+};
+
+class DenseModel {
+ public:
+  // Reads the config and tensor views; the GGUF file must outlive the model.
+  // Throws megakern::Error naming a missing tensor or a wrong shape.
+  static std::unique_ptr<DenseModel> load(const GGUFFile& file);
+
+  const DenseConfig& config() const { return cfg_; }
+  KVCache make_cache(int n_ctx) const;
+  // Bytes of weights read by one decode step.
+  size_t weight_bytes() const;
+
+  // Runs tokens[0..n) at positions pos0..pos0+n-1, appending their keys and
+  // values to `cache`. Writes logits [n_out][n_vocab] for the last n_out
+  // positions (n_out = n for teacher forcing, 1 for generation).
+  void forward(ThreadPool& pool, KVCache& cache, const int32_t* tokens, int n, int pos0, int n_out,
+               float* logits) const;
+
+ private:
+  DenseConfig cfg_;
+  MatView tok_embd_;  // [n_vocab][n_embd]
+  MatView output_;    // [n_vocab][n_embd] (the embedding when tied)
+  std::vector<float> output_norm_;
+  std::vector<DenseLayer> layers_;
+};
+
+}  // namespace megakern

@@ -1,0 +1,92 @@
+#include "runtime/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+
+namespace megakern {
+
+void validate(const SamplingParams& p) {
+  if (!std::isfinite(p.temperature) || p.temperature < 0)
+    fail("temperature must be a finite number >= 0, got {}", p.temperature);
+  if (p.top_k < 0) fail("top_k must be >= 0 (0 disables it), got {}", p.top_k);
+  if (!(p.top_p > 0 && p.top_p <= 1)) fail("top_p must be in (0, 1], got {}", p.top_p);
+}
+
+int32_t argmax(const float* logits, int64_t n) {
+  int64_t best = 0;
+  float bv = -INFINITY;
+  bool found = false;
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::isnan(logits[i])) continue;
+    if (!found || logits[i] > bv) {
+      bv = logits[i];
+      best = i;
+      found = true;
+    }
+  }
+  return static_cast<int32_t>(best);
+}
+
+Sampler::Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) { validate(p); }
+
+std::vector<std::pair<int32_t, double>> Sampler::distribution(const float* logits, int64_t n) const {
+  if (p_.temperature == 0.f) return {{argmax(logits, n), 1.0}};
+  std::vector<int32_t> ids;
+  ids.reserve(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isnan(logits[i])) ids.push_back(static_cast<int32_t>(i));
+  if (ids.empty()) fail("cannot sample: every logit is NaN");
+  auto by_logit = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  size_t keep = ids.size();
+  if (p_.top_k > 0 && static_cast<size_t>(p_.top_k) < keep) {
+    keep = static_cast<size_t>(p_.top_k);
+    std::partial_sort(ids.begin(), ids.begin() + static_cast<ptrdiff_t>(keep), ids.end(), by_logit);
+    ids.resize(keep);
+  } else {
+    std::sort(ids.begin(), ids.end(), by_logit);
+  }
+  // Softmax at the temperature, in double, over the kept candidates.
+  const double mx = logits[ids[0]];
+  std::vector<std::pair<int32_t, double>> dist;
+  dist.reserve(ids.size());
+  double sum = 0;
+  for (int32_t id : ids) {
+    const double w = std::exp((logits[id] - mx) / p_.temperature);
+    dist.emplace_back(id, w);
+    sum += w;
+  }
+  // Nucleus: the shortest prefix whose mass reaches top_p.
+  double cum = 0;
+  size_t cut = dist.size();
+  for (size_t i = 0; i < dist.size(); ++i) {
+    dist[i].second /= sum;
+    cum += dist[i].second;
+    if (cum >= p_.top_p) {
+      cut = i + 1;
+      break;
+    }
+  }
+  dist.resize(cut);
+  double kept = 0;
+  for (auto& d : dist) kept += d.second;
+  for (auto& d : dist) d.second /= kept;
+  return dist;
+}
+
+int32_t Sampler::sample(const float* logits, int64_t n) {
+  const auto dist = distribution(logits, n);
+  if (dist.size() == 1) return dist[0].first;
+  // A uniform double in [0, 1) from the top 53 bits: portable across standard
+  // libraries, unlike std::uniform_real_distribution.
+  const double u = static_cast<double>(rng_() >> 11) * 0x1.0p-53;
+  double cum = 0;
+  for (const auto& d : dist) {
+    cum += d.second;
+    if (u < cum) return d.first;
+  }
+  return dist.back().first;
+}
+
+}  // namespace megakern

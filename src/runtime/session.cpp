@@ -1,0 +1,76 @@
+#include "runtime/session.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+
+#include "core/error.h"
+
+namespace megakern {
+
+Session::Session(const DenseModel& model, ThreadPool& pool, int n_ctx)
+    : model_(model), pool_(pool), cache_(model.make_cache(n_ctx)) {}
+
+const std::vector<float>& Session::set_tokens(const std::vector<int32_t>& tokens) {
+  if (tokens.empty()) fail("the prompt is empty: there is nothing to run");
+  if (static_cast<int64_t>(tokens.size()) > cache_.n_ctx)
+    fail("the prompt has {} tokens, more than the context of {} (raise --context)", tokens.size(), cache_.n_ctx);
+  size_t common = 0;
+  while (common < tokens_.size() && common < tokens.size() && tokens_[common] == tokens[common]) ++common;
+  // The last token must be recomputed to produce its logits.
+  if (common == tokens.size()) --common;
+  const int n = static_cast<int>(tokens.size() - common);
+  logits_.resize(static_cast<size_t>(model_.config().n_vocab));
+  model_.forward(pool_, cache_, tokens.data() + common, n, static_cast<int>(common), 1, logits_.data());
+  tokens_ = tokens;
+  return logits_;
+}
+
+const std::vector<float>& Session::append(int32_t token) {
+  if (static_cast<int64_t>(tokens_.size()) >= cache_.n_ctx)
+    fail("context full: all {} positions are used (raise --context)", cache_.n_ctx);
+  logits_.resize(static_cast<size_t>(model_.config().n_vocab));
+  model_.forward(pool_, cache_, &token, 1, static_cast<int>(tokens_.size()), 1, logits_.data());
+  tokens_.push_back(token);
+  return logits_;
+}
+
+const std::vector<std::string>& known_model_names() {
+  static const std::vector<std::string> names = {"smollm2-135m", "gemma3-270m"};
+  return names;
+}
+
+std::string resolve_model_path(const std::string& name_or_path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_regular_file(name_or_path, ec)) return name_or_path;
+  const bool known =
+      std::find(known_model_names().begin(), known_model_names().end(), name_or_path) != known_model_names().end();
+  if (!known) {
+    if (fs::exists(name_or_path, ec)) fail("model '{}' is not a regular file", name_or_path);
+    fail("model '{}' not found: it is neither a file nor a known model name (known: {})", name_or_path,
+         fmt::join(known_model_names(), ", "));
+  }
+  std::vector<fs::path> dirs;
+  if (const char* env = std::getenv("MEGAKERN_MODELS_DIR")) dirs.emplace_back(env);
+  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    dirs.push_back(exe.parent_path() / "models");
+    dirs.push_back(exe.parent_path().parent_path() / "models");
+  }
+  dirs.emplace_back("models");
+  for (const auto& d : dirs) {
+    const fs::path p = d / (name_or_path + ".gguf");
+    if (fs::is_regular_file(p, ec)) return p.string();
+  }
+  fail("model '{}' has not been fetched: run scripts/setup.sh to download it (looked in {})", name_or_path,
+       [&] {
+         std::string s;
+         for (const auto& d : dirs) s += (s.empty() ? "" : ", ") + d.string();
+         return s;
+       }());
+}
+
+}  // namespace megakern

@@ -1,0 +1,156 @@
+// `megakern inspect`: metadata and tensor table of a GGUF or safetensors model.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "core/error.h"
+#include "io/gguf.h"
+#include "io/hf_config.h"
+#include "io/safetensors.h"
+#include "runtime/session.h"
+#include "tools/commands.h"
+
+namespace megakern::cli {
+namespace {
+
+struct InspectOptions {
+  std::string model = "smollm2-135m";
+  bool no_tensors = false;
+  bool no_metadata = false;
+  size_t max_array = 8;
+};
+
+std::string shape_str(const std::vector<int64_t>& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
+
+std::string value_str(const GGUFValue& v, size_t max_array) {
+  auto scalar = [](const GGUFValue::Scalar& s) -> std::string {
+    if (auto* u = std::get_if<uint64_t>(&s)) return std::to_string(*u);
+    if (auto* i = std::get_if<int64_t>(&s)) return std::to_string(*i);
+    if (auto* d = std::get_if<double>(&s)) return fmt::format("{}", *d);
+    if (auto* b = std::get_if<bool>(&s)) return *b ? "true" : "false";
+    const std::string& str = std::get<std::string>(s);
+    std::string out = str.size() > 120 ? str.substr(0, 120) + "..." : str;
+    for (auto& c : out)
+      if (c == '\n') c = ' ';
+    return "\"" + out + "\"";
+  };
+  if (v.type != GGUFValueType::ARRAY) return scalar(v.scalar);
+  std::string out = fmt::format("array[{}] [", v.array_len);
+  const size_t n = std::min<size_t>(max_array, v.array_len);
+  for (size_t i = 0; i < n; ++i) {
+    if (i) out += ", ";
+    if (!v.strings.empty())
+      out += scalar(GGUFValue::Scalar{v.strings[i]});
+    else if (!v.ints.empty())
+      out += std::to_string(v.ints[i]);
+    else
+      out += fmt::format("{}", v.floats[i]);
+  }
+  if (v.array_len > n) out += ", ...";
+  return out + "]";
+}
+
+void inspect_gguf(const std::string& path, const InspectOptions& o) {
+  auto f = GGUFFile::open(path);
+  fmt::print("file: {}\nformat: GGUF v{} ({} metadata keys, {} tensors, alignment {})\n", path, f->version(),
+             f->metadata().size(), f->tensors().size(), f->alignment());
+  if (!o.no_metadata) {
+    fmt::print("\nmetadata:\n");
+    for (const auto& k : f->metadata_order()) fmt::print("  {} = {}\n", k, value_str(*f->find(k), o.max_array));
+  }
+  uint64_t params = 0, bytes = 0;
+  std::map<std::string, std::pair<uint64_t, uint64_t>> by_type;  // name -> (tensors, bytes)
+  for (const auto& t : f->tensors()) {
+    params += t.n_elements;
+    bytes += t.n_bytes;
+    auto& e = by_type[dtype_traits(t.type).name];
+    e.first++;
+    e.second += t.n_bytes;
+  }
+  if (!o.no_tensors) {
+    fmt::print("\ntensors:\n  {:<40} {:<6} {:<20} {:>12}\n", "name", "type", "shape", "bytes");
+    for (const auto& t : f->tensors())
+      fmt::print("  {:<40} {:<6} {:<20} {:>12}\n", t.name, dtype_traits(t.type).name, shape_str(t.shape), t.n_bytes);
+  }
+  fmt::print("\nsummary: {} parameters, {:.1f} MiB of tensor data\n", params, bytes / 1048576.0);
+  for (const auto& [name, e] : by_type)
+    fmt::print("  {:<6} {:>5} tensors {:>10.1f} MiB\n", name, e.first, e.second / 1048576.0);
+}
+
+void inspect_safetensors(const std::string& path, const InspectOptions& o) {
+  auto m = SafetensorsModel::open(path);
+  fmt::print("model: {}\nformat: safetensors ({} files, {} tensors)\n", path, m.files().size(), m.size());
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::is_directory(path) ? fs::path(path) : fs::path(path).parent_path();
+  if (fs::is_regular_file(dir / "config.json")) {
+    HFConfig cfg = HFConfig::load((dir / "config.json").string());
+    fmt::print("config.json: model_type = {}\n", cfg.model_type());
+  }
+  if (!o.no_metadata && !m.metadata().empty()) {
+    fmt::print("\nmetadata:\n");
+    for (const auto& [k, v] : m.metadata()) fmt::print("  {} = {}\n", k, v);
+  }
+  uint64_t params = 0, bytes = 0;
+  if (!o.no_tensors) fmt::print("\ntensors:\n  {:<50} {:<8} {:<20} {:>12}\n", "name", "dtype", "shape", "bytes");
+  for (const auto* t : m.tensors()) {
+    uint64_t n = 1;
+    for (int64_t d : t->shape) n *= static_cast<uint64_t>(d);
+    params += n;
+    bytes += t->n_bytes;
+    if (!o.no_tensors) fmt::print("  {:<50} {:<8} {:<20} {:>12}\n", t->name, t->dtype, shape_str(t->shape), t->n_bytes);
+  }
+  fmt::print("\nsummary: {} parameters, {:.1f} MiB of tensor data\n", params, bytes / 1048576.0);
+}
+
+bool looks_like_gguf(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char magic[4] = {};
+  in.read(magic, 4);
+  return in.gcount() == 4 && std::memcmp(magic, "GGUF", 4) == 0;
+}
+
+void inspect_cmd(const InspectOptions& o) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_directory(o.model, ec) || o.model.ends_with(".safetensors") || o.model.ends_with(".index.json")) {
+    inspect_safetensors(o.model, o);
+    return;
+  }
+  const std::string path = resolve_model_path(o.model);
+  if (looks_like_gguf(path))
+    inspect_gguf(path, o);
+  else
+    inspect_safetensors(path, o);
+}
+
+}  // namespace
+
+void register_inspect(CLI::App& app) {
+  auto o = std::make_shared<InspectOptions>();
+  auto* cmd = app.add_subcommand("inspect", "Show the metadata and tensor table of a GGUF or safetensors model");
+  cmd->add_option("model", o->model, "GGUF file, safetensors file or directory, or a fetched model name")
+      ->capture_default_str();
+  cmd->add_option("-m,--model", o->model, "Same as the positional argument");
+  cmd->add_flag("--no-tensors", o->no_tensors, "Omit the tensor table");
+  cmd->add_flag("--no-metadata", o->no_metadata, "Omit the metadata");
+  cmd->add_option("--max-array", o->max_array, "Array elements shown per metadata value")->capture_default_str();
+  cmd->callback([o] {
+    try {
+      inspect_cmd(*o);
+      set_exit_code(0);
+    } catch (const std::exception& e) {
+      std::fflush(stdout);
+      fmt::print(stderr, "error: {}\n", e.what());
+      set_exit_code(1);
+    }
+  });
+}
+
+}  // namespace megakern::cli

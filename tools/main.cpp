@@ -1,0 +1,30 @@
+// The `megakern` command: run, chat and inspect.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <iostream>
+#include <string>
+
+#include "tools/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"megakern: LLM decoding on the CPU.\nModels: a GGUF path or a fetched model name (smollm2-135m, gemma3-270m)."};
+  app.require_subcommand(1);
+  app.set_help_all_flag("--help-all", "Show help for every subcommand");
+  megakern::cli::register_run(app);
+  megakern::cli::register_chat(app);
+  megakern::cli::register_inspect(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    // CLI11 prints the problem; add where to look.
+    const int rc = app.exit(e);
+    if (rc != 0) fmt::print(stderr, "Run 'megakern --help' or 'megakern <command> --help' for usage.\n");
+    return rc;
+  }
+  return megakern::cli::exit_code();
+}
