@@ -69,7 +69,14 @@ void ThreadPool::run(const std::function<void(int)>& fn) {
   }
   cv_.notify_all();
   fn(0);
-  while (pending_.load(std::memory_order_acquire) != 0) cpu_relax();
+  // Spin briefly, then yield: if a worker has been descheduled (more threads
+  // than free cores), spinning would only steal its time slice.
+  for (int spins = 0; pending_.load(std::memory_order_acquire) != 0; ++spins) {
+    if (spins < 4096)
+      cpu_relax();
+    else
+      std::this_thread::yield();
+  }
   job_ = nullptr;
 }
 

@@ -173,9 +173,9 @@ void GGUFFile::parse_all(const uint8_t* data, size_t size) {
   // value) and each tensor info at least 24; counts beyond what the file could
   // hold are lies, rejected before anything is reserved.
   if (n_kv > c.remaining() / 13)
-    fail("{}: absurd metadata count {} for a file of {} bytes", name_, n_kv, size);
+    fail("{}: absurd metadata count {}: only {} bytes follow the header (truncated file?)", name_, n_kv, c.remaining());
   if (n_tensors > c.remaining() / 24)
-    fail("{}: absurd tensor count {} for a file of {} bytes", name_, n_tensors, size);
+    fail("{}: absurd tensor count {}: only {} bytes follow the header (truncated file?)", name_, n_tensors, c.remaining());
 
   for (uint64_t i = 0; i < n_kv; ++i) {
     std::string key = c.read_string("metadata key");

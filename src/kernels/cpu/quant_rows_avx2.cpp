@@ -1,0 +1,216 @@
+// AVX2 decoders for the block formats. Each decodes one 32-element sub-block
+// into four vectors v[0..3] (elements 0-7, 8-15, 16-23, 24-31) using exactly
+// the scalar reference's arithmetic: an integer quant converted to float,
+// multiplied by the scale, then the offset subtracted or added, with no fused
+// multiply-add. The fused dot accumulates v[k] * x into accumulator k with an
+// FMA, which is what dot_f32_avx2 does with the stored row, so both paths give
+// identical bits.
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "core/half.h"
+#include "kernels/cpu/quant_rows.h"
+#include "kernels/cpu/vec.h"
+
+namespace megakern {
+namespace {
+
+inline float load_f16(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return f16_to_f32(h);
+}
+
+// Four vectors of 8 floats from 32 signed bytes.
+inline void bytes_to_floats(__m256i q, __m256 v[4]) {
+  const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+  v[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+  v[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
+  v[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
+  v[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
+}
+
+// 16 packed bytes -> 32 bytes: low nibbles first (elements 0..15), then high.
+inline __m256i nibbles(const uint8_t* qs) {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i m = _mm_set1_epi8(0x0f);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
+}
+
+inline void scale_vecs(__m256 v[4], __m256 d) {
+  for (int k = 0; k < 4; ++k) v[k] = _mm256_mul_ps(v[k], d);
+}
+
+// Per-format decoders: Decode(block, sub-block index, v) for a block of
+// kBlock elements and kBytes bytes.
+struct Q4_0 {
+  static constexpr int kBlock = 32, kBytes = 18;
+  static void decode(const uint8_t* b, int, __m256 v[4]) {
+    bytes_to_floats(_mm256_sub_epi8(nibbles(b + 2), _mm256_set1_epi8(8)), v);
+    scale_vecs(v, _mm256_set1_ps(load_f16(b)));
+  }
+};
+struct Q4_1 {
+  static constexpr int kBlock = 32, kBytes = 20;
+  static void decode(const uint8_t* b, int, __m256 v[4]) {
+    bytes_to_floats(nibbles(b + 4), v);
+    const __m256 d = _mm256_set1_ps(load_f16(b)), m = _mm256_set1_ps(load_f16(b + 2));
+    for (int k = 0; k < 4; ++k) v[k] = _mm256_add_ps(_mm256_mul_ps(v[k], d), m);
+  }
+};
+struct Q5_0 {
+  static constexpr int kBlock = 32, kBytes = 22;
+  static void decode(const uint8_t* b, int, __m256 v[4]) {
+    uint32_t qh;
+    std::memcpy(&qh, b + 2, 4);
+    // Spread bit j of qh to byte j as 0x10, via a byte shuffle and a bit test.
+    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)), shuf);
+    const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
+    bytes = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
+    const __m256i hi = _mm256_and_si256(bytes, _mm256_set1_epi8(0x10));
+    const __m256i q = _mm256_sub_epi8(_mm256_or_si256(nibbles(b + 6), hi), _mm256_set1_epi8(16));
+    bytes_to_floats(q, v);
+    scale_vecs(v, _mm256_set1_ps(load_f16(b)));
+  }
+};
+struct Q8_0 {
+  static constexpr int kBlock = 32, kBytes = 34;
+  static void decode(const uint8_t* b, int, __m256 v[4]) {
+    bytes_to_floats(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2)), v);
+    scale_vecs(v, _mm256_set1_ps(load_f16(b)));
+  }
+};
+struct Q4_K {
+  static constexpr int kBlock = 256, kBytes = 144;
+  static void decode(const uint8_t* b, int sb, __m256 v[4]) {
+    const uint8_t* s = b + 4;
+    int sc, m;
+    if (sb < 4) {
+      sc = s[sb] & 63;
+      m = s[sb + 4] & 63;
+    } else {
+      sc = (s[sb + 4] & 0x0f) | ((s[sb - 4] >> 6) << 4);
+      m = (s[sb + 4] >> 4) | ((s[sb] >> 6) << 4);
+    }
+    const float d = load_f16(b) * static_cast<float>(sc);
+    const float off = load_f16(b + 2) * static_cast<float>(m);
+    // Sub-blocks 2c and 2c+1 share 32 bytes: low nibbles, then high nibbles.
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16 + 32 * (sb / 2)));
+    const __m256i q = _mm256_and_si256(sb % 2 ? _mm256_srli_epi16(raw, 4) : raw, _mm256_set1_epi8(0x0f));
+    bytes_to_floats(q, v);
+    const __m256 dv = _mm256_set1_ps(d), ov = _mm256_set1_ps(off);
+    for (int k = 0; k < 4; ++k) v[k] = _mm256_sub_ps(_mm256_mul_ps(dv, v[k]), ov);
+  }
+};
+struct Q6_K {
+  static constexpr int kBlock = 256, kBytes = 210;
+  static void decode(const uint8_t* b, int sb, __m256 v[4]) {
+    // Sub-block sb covers elements 32*sb.. of the block: half h = sb / 4, and
+    // within the half, quarter j = sb % 4 selects which nibble / 2-bit field.
+    const int h = sb / 4, j = sb % 4;
+    const uint8_t* ql = b + 64 * h + (j % 2) * 32;
+    const uint8_t* qh = b + 128 + 32 * h;
+    const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192) + 8 * h + 2 * j;
+    const __m256i lo4 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
+    const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh));
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3);
+    const __m256i low = _mm256_and_si256(j >= 2 ? _mm256_srli_epi16(lo4, 4) : lo4, m4);
+    const __m256i high = _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(2 * j)), m2);
+    const __m256i q = _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(high, 4)), _mm256_set1_epi8(32));
+    bytes_to_floats(q, v);
+    const float d = load_f16(b + 208);
+    // The reference computes (d * scale) * q; elements 0-15 use sc[0], 16-31 sc[1].
+    const __m256 s0 = _mm256_set1_ps(d * static_cast<float>(sc[0]));
+    const __m256 s1 = _mm256_set1_ps(d * static_cast<float>(sc[1]));
+    v[0] = _mm256_mul_ps(s0, v[0]);
+    v[1] = _mm256_mul_ps(s0, v[1]);
+    v[2] = _mm256_mul_ps(s1, v[2]);
+    v[3] = _mm256_mul_ps(s1, v[3]);
+  }
+};
+
+template <typename F>
+void dequant(const uint8_t* w, float* dst, int64_t n) {
+  __m256 v[4];
+  for (int64_t b = 0; b < n / F::kBlock; ++b) {
+    const uint8_t* blk = w + b * F::kBytes;
+    for (int sb = 0; sb < F::kBlock / 32; ++sb) {
+      F::decode(blk, sb, v);
+      float* out = dst + b * F::kBlock + sb * 32;
+      for (int k = 0; k < 4; ++k) _mm256_storeu_ps(out + 8 * k, v[k]);
+    }
+  }
+}
+
+inline float hsum(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+  return _mm_cvtss_f32(lo);
+}
+
+template <typename F>
+float dot(const uint8_t* w, const float* x, int64_t n) {
+  __m256 s[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  __m256 v[4];
+  for (int64_t b = 0; b < n / F::kBlock; ++b) {
+    const uint8_t* blk = w + b * F::kBytes;
+    for (int sb = 0; sb < F::kBlock / 32; ++sb) {
+      F::decode(blk, sb, v);
+      const float* xs = x + b * F::kBlock + sb * 32;
+      for (int k = 0; k < 4; ++k) s[k] = _mm256_fmadd_ps(v[k], _mm256_loadu_ps(xs + 8 * k), s[k]);
+    }
+  }
+  // The same final reduction as dot_f32_avx2.
+  return hsum(_mm256_add_ps(_mm256_add_ps(s[0], s[1]), _mm256_add_ps(s[2], s[3])));
+}
+
+}  // namespace
+
+bool avx2_row_kernels_support(DType t) {
+  switch (t) {
+    case DType::F32:
+    case DType::Q4_0:
+    case DType::Q4_1:
+    case DType::Q5_0:
+    case DType::Q8_0:
+    case DType::Q4_K:
+    case DType::Q6_K:
+      return true;
+    default:
+      return false;
+  }
+}
+
+void dequantize_row_avx2(DType t, const void* wv, float* dst, int64_t n) {
+  const auto* w = static_cast<const uint8_t*>(wv);
+  switch (t) {
+    case DType::F32: std::memcpy(dst, w, sizeof(float) * static_cast<size_t>(n)); break;
+    case DType::Q4_0: dequant<Q4_0>(w, dst, n); break;
+    case DType::Q4_1: dequant<Q4_1>(w, dst, n); break;
+    case DType::Q5_0: dequant<Q5_0>(w, dst, n); break;
+    case DType::Q8_0: dequant<Q8_0>(w, dst, n); break;
+    case DType::Q4_K: dequant<Q4_K>(w, dst, n); break;
+    case DType::Q6_K: dequant<Q6_K>(w, dst, n); break;
+    default: break;
+  }
+}
+
+float dot_row_avx2(DType t, const void* wv, const float* x, int64_t n) {
+  const auto* w = static_cast<const uint8_t*>(wv);
+  switch (t) {
+    case DType::F32: return dot_f32_avx2(reinterpret_cast<const float*>(w), x, n);
+    case DType::Q4_0: return dot<Q4_0>(w, x, n);
+    case DType::Q4_1: return dot<Q4_1>(w, x, n);
+    case DType::Q5_0: return dot<Q5_0>(w, x, n);
+    case DType::Q8_0: return dot<Q8_0>(w, x, n);
+    case DType::Q4_K: return dot<Q4_K>(w, x, n);
+    case DType::Q6_K: return dot<Q6_K>(w, x, n);
+    default: return 0.f;
+  }
+}
+
+}  // namespace megakern
