@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Runs the megakern test suite on a fresh machine: installs what it needs and
+# fetches the models (scripts/setup.sh, idempotent), builds, then runs ctest.
+#   scripts/test.sh              Release build in build/
+#   scripts/test.sh --sanitize   ASan + UBSan build in build-asan/
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+build_dir=build
+cmake_extra=()
+for arg in "$@"; do
+  case "$arg" in
+    --sanitize) build_dir=build-asan; cmake_extra=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DMEGAKERN_SANITIZE=ON) ;;
+    -h|--help) sed -n '2,5p' "$0"; exit 0 ;;
+    *) echo "test: unknown option '$arg' (see --help)" >&2; exit 2 ;;
+  esac
+done
+scripts/setup.sh --no-build
+if [ ! -f "$build_dir/CMakeCache.txt" ]; then
+  cmake -S . -B "$build_dir" -G Ninja "${cmake_extra[@]}"
+fi
+cmake --build "$build_dir" -j "$(nproc)"
+export MEGAKERN_MODELS_DIR="$root/models"
+cd "$build_dir"
+ctest --output-on-failure -j "$(nproc)" --timeout 600
