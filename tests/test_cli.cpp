@@ -1,0 +1,116 @@
+// The `megakern` command end to end: help, bad flags, missing models, and a
+// real generation when the models have been fetched.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "test_util.h"
+
+namespace megakern {
+namespace {
+
+struct Result {
+  int status = -1;
+  std::string out;  // stdout and stderr together
+};
+
+Result run(const std::string& args) {
+  const std::string cmd = std::string(MEGAKERN_BINARY) + " " + args + " 2>&1";
+  Result r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+TEST(Cli, HelpForEachCommand) {
+  for (const char* c : {"--help", "run --help", "chat --help", "inspect --help"}) {
+    const Result r = run(c);
+    EXPECT_EQ(r.status, 0) << c << ": " << r.out;
+    EXPECT_NE(r.out.find("Usage"), std::string::npos) << c;
+  }
+}
+
+TEST(Cli, BadInputGivesClearMessageAndNonZeroExit) {
+  Result r = run("");
+  EXPECT_NE(r.status, 0);
+  r = run("frobnicate");
+  EXPECT_NE(r.status, 0);
+  r = run("run -p hi --no-such-flag");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.out.find("no-such-flag"), std::string::npos) << r.out;
+  r = run("run -p hi -m /nonexistent/model.gguf");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("model '/nonexistent/model.gguf' not found"), std::string::npos) << r.out;
+  r = run("run -p hi -m no-such-model-name");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("known: smollm2-135m, gemma3-270m"), std::string::npos) << r.out;
+  r = run("run -p hi -n -5");
+  EXPECT_NE(r.status, 0);
+  r = run("run -p hi -n banana");
+  EXPECT_NE(r.status, 0);
+  r = run("inspect " + std::string(MEGAKERN_SOURCE_DIR) + "/CMakeLists.txt");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("error:"), std::string::npos) << r.out;
+}
+
+TEST(Cli, BadSamplingParametersAreRefused) {
+  if (test_model_path("smollm2-135m").empty()) GTEST_SKIP() << "models/smollm2-135m.gguf not fetched";
+  Result r = run("run -p hi --temp -1");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("temperature must be"), std::string::npos) << r.out;
+  r = run("run -p hi --top-p 0");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("top_p must be in (0, 1]"), std::string::npos) << r.out;
+}
+
+TEST(Cli, SmolLM2AnswersTheCapitalOfFrance) {
+  if (test_model_path("smollm2-135m").empty()) GTEST_SKIP() << "models/smollm2-135m.gguf not fetched";
+  const Result r = run("run -p \"What is the capital of France?\" -n 24");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("Paris"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("tok/s"), std::string::npos) << r.out;
+}
+
+TEST(Cli, Gemma3Generates) {
+  if (test_model_path("gemma3-270m").empty()) GTEST_SKIP() << "models/gemma3-270m.gguf not fetched";
+  const Result r = run("run -m gemma3-270m -p \"What is the capital of France?\" -n 16");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("Paris"), std::string::npos) << r.out;
+}
+
+TEST(Cli, ChatKeepsHistoryAcrossTurns) {
+  if (test_model_path("smollm2-135m").empty()) GTEST_SKIP() << "models/smollm2-135m.gguf not fetched";
+  const std::string input = (std::filesystem::temp_directory_path() / "megakern_chat_input.txt").string();
+  {
+    std::ofstream f(input);
+    f << "Hello!\nWhat is 2+2?\n/exit\n";
+  }
+  const Result r = run("chat --temp 0 -n 12 < " + input);
+  ASSERT_EQ(r.status, 0) << r.out;
+  // Two answers, the second computed on top of the cached first turn.
+  size_t stats = 0, pos = 0;
+  while ((pos = r.out.find("prompt tokens", pos)) != std::string::npos) ++stats, ++pos;
+  EXPECT_EQ(stats, 2u) << r.out;
+}
+
+TEST(Cli, InspectShowsMetadataAndTensors) {
+  if (test_model_path("smollm2-135m").empty()) GTEST_SKIP() << "models/smollm2-135m.gguf not fetched";
+  const Result r = run("inspect smollm2-135m");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("general.architecture = \"llama\""), std::string::npos);
+  EXPECT_NE(r.out.find("token_embd.weight"), std::string::npos);
+  EXPECT_NE(r.out.find("q4_1"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace megakern
