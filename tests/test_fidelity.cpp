@@ -2,10 +2,11 @@
 // (tests/fixtures/fidelity_*.json, written by scripts/fixtures/gen_fidelity_fixture.py
 // from transformers running the dequantised GGUF weights in float32).
 //
-// Tolerances: top-1 agreement >= 99 % of positions (the bar); the
-// reference's top-16 logits within 0.05 absolute at every position, and the
-// log-sum-exp within 0.05. Both implementations compute in f32 from the same
-// dequantised weights, so differences come only from summation order.
+// Tolerances: top-1 agreement >= 99 % of positions; the reference's top-16
+// logits within 2e-3 absolute at every position, and the log-sum-exp within
+// 2e-3 (measured: about 1e-4 for both models). Both implementations compute in
+// f32 from the same dequantised weights, so differences come only from
+// summation order.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -76,8 +77,8 @@ void report(const std::string& name, const Agreement& a) {
   ::testing::Test::RecordProperty("max_abs_logit_diff", std::to_string(a.max_abs));
   EXPECT_GE(a.positions, 192);
   EXPECT_GE(top1, 99.0);
-  EXPECT_LT(a.max_abs, 0.05);
-  EXPECT_LT(a.max_lse, 0.05);
+  EXPECT_LT(a.max_abs, 2e-3);
+  EXPECT_LT(a.max_lse, 2e-3);
 }
 
 TEST(Fidelity, SmolLM2MatchesReference) {
