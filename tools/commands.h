@@ -11,6 +11,7 @@ namespace megakern::cli {
 void register_run(CLI::App& app);
 void register_chat(CLI::App& app);
 void register_inspect(CLI::App& app);
+void register_bench(CLI::App& app);
 
 // The exit status left by the subcommand that ran.
 int exit_code();

@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   megakern::cli::register_run(app);
   megakern::cli::register_chat(app);
   megakern::cli::register_inspect(app);
+  megakern::cli::register_bench(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

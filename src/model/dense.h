@@ -73,6 +73,11 @@ class DenseModel {
   // Bytes of weights read by one decode step.
   size_t weight_bytes() const;
 
+  const MatView& tok_embd() const { return tok_embd_; }
+  const MatView& output() const { return output_; }
+  const std::vector<float>& output_norm() const { return output_norm_; }
+  const std::vector<DenseLayer>& layers() const { return layers_; }
+
   // Runs tokens[0..n) at positions pos0..pos0+n-1, appending their keys and
   // values to `cache`. Writes logits [n_out][n_vocab] for the last n_out
   // positions (n_out = n for teacher forcing, 1 for generation).

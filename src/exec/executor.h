@@ -1,0 +1,61 @@
+// Executors of a DecodeProgram. All three run the same program with the same
+// per-op kernels (exec/op_kernels.h):
+//  - reference: one op at a time on one thread with the scalar kernels (the oracle);
+//  - op-by-op:  every op split across the thread team, a spinning barrier after
+//               each op (the conventional design, our baseline);
+//  - megakernel: the program compiled into a static per-worker schedule of
+//               tiles with per-tile dependency flags instead of barriers, and a
+//               weight-prefetch plan that runs ahead across op and layer
+//               boundaries; one call runs a whole step without returning.
+// The op-by-op and megakernel executors give bit-identical logits; a row's
+// logits do not depend on the other rows of its batch.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ir/program.h"
+#include "model/dense.h"
+
+namespace megakern {
+
+class ThreadPool;
+
+// One row of a step: a token of some sequence at position pos, whose keys and
+// values go to (and are read from) `cache`.
+struct RowInput {
+  int32_t token = 0;
+  int32_t pos = 0;
+  KVCache* cache = nullptr;
+};
+
+class Executor {
+ public:
+  virtual ~Executor() = default;
+  virtual const char* name() const = 0;
+  // Runs one decode step over rows (1..program.max_rows) and writes logits
+  // [rows.size()][n_vocab]. Throws megakern::Error on bad rows (token out of
+  // vocabulary, position outside the row's cache).
+  virtual void step(const std::vector<RowInput>& rows, float* logits) = 0;
+  // Does any per-row-count preparation (the megakernel compiles its schedule)
+  // ahead of the first step, so it can be timed on its own.
+  virtual void prepare(int n_rows) { (void)n_rows; }
+};
+
+std::unique_ptr<Executor> make_reference_executor(const DecodeProgram& program);
+std::unique_ptr<Executor> make_opbyop_executor(const DecodeProgram& program, ThreadPool& pool);
+
+struct MegaOptions {
+  // Bytes of upcoming weights a worker may have prefetched ahead of the tile
+  // it is computing (the "ring of in-flight slabs"); 0 disables prefetch.
+  size_t prefetch_bytes = 512 * 1024;
+};
+std::unique_ptr<Executor> make_mega_executor(const DecodeProgram& program, ThreadPool& pool,
+                                             const MegaOptions& opts = {});
+
+// "reference", "opbyop" or "mega"; throws on anything else.
+std::unique_ptr<Executor> make_executor(const std::string& kind, const DecodeProgram& program, ThreadPool& pool);
+
+}  // namespace megakern

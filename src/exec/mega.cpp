@@ -1,0 +1,260 @@
+// The megakernel executor.
+//
+// At first use for a given row count the program is compiled into a static
+// schedule: every op is cut into tiles, every tile is given to one worker, and
+// each worker gets its tiles as one list in program order. Each tile lists the
+// exact producer tiles it must wait for (read-after-write, write-after-write
+// and write-after-read on its slots), so a worker only waits where data it
+// needs is not ready yet: independent ops (the q, k and v products; gate and
+// up) run back to back with no barrier, and row-wise ops wait only for their
+// own row. Completion is signalled by writing the step's epoch into the
+// tile's flag, so flags never need resetting.
+//
+// Prefetch plan: every tile that streams weights records its byte range. A
+// worker keeps a cursor into the weights of its own upcoming tiles and, while
+// it waits on a dependency, issues prefetches into its L2 from that cursor,
+// up to `prefetch_bytes` ahead of what it is computing. Before a small
+// (non-matrix) tile it also issues a short burst for the next tile, so the
+// memory system stays busy across op and layer boundaries, where the
+// op-by-op executor leaves it idle. The small tensors of the next layer (norm
+// weights) are part of the same plan.
+//
+// Deadlock freedom: every dependency points to an earlier op, each worker's
+// list is in program order, and every tile is on exactly one list, so the
+// earliest unfinished tile overall can always run.
+#include <algorithm>
+#include <atomic>
+#include <memory>
+#include <set>
+#include <thread>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "exec/exec_common.h"
+#include "exec/executor.h"
+#include "exec/op_kernels.h"
+
+namespace megakern {
+namespace {
+
+struct alignas(64) Flag {
+  std::atomic<uint64_t> epoch{0};
+};
+
+struct Region {
+  const uint8_t* begin = nullptr;
+  size_t bytes = 0;
+};
+
+struct Task {
+  int op = 0;
+  int tile = 0;
+  int n_tiles = 0;
+  int flag = 0;                // this tile's global flag index
+  uint32_t dep_begin = 0, dep_end = 0;  // range in Schedule::deps
+  Region weights;              // what the tile streams
+};
+
+struct Schedule {
+  int n_rows = 0;
+  std::vector<std::vector<Task>> worker_tasks;  // [worker] in program order
+  std::vector<int> deps;                         // global flag indices
+  int n_flags = 0;
+};
+
+Region weight_region(const Op& op, int tile, int n_tiles) {
+  Region r;
+  if (op.kind == OpKind::MatMul) {
+    int64_t b, e;
+    matmul_tile_range(op, tile, n_tiles, b, e);
+    r.begin = op.mat.data + static_cast<size_t>(b) * op.mat.row_bytes;
+    r.bytes = static_cast<size_t>(e - b) * op.mat.row_bytes;
+  } else if (op.norm && tile == 0) {
+    r.begin = reinterpret_cast<const uint8_t*>(op.norm);
+    r.bytes = sizeof(float) * static_cast<size_t>(op.n_norm);
+  }
+  return r;
+}
+
+Schedule compile(const DecodeProgram& p, int n_rows, int W) {
+  Schedule s;
+  s.n_rows = n_rows;
+  s.worker_tasks.resize(static_cast<size_t>(W));
+  const size_t n_ops = p.ops.size();
+  std::vector<int> n_tiles(n_ops), flag_base(n_ops);
+  for (size_t i = 0; i < n_ops; ++i) {
+    n_tiles[i] = op_tile_count(p.ops[i], n_rows, W);
+    flag_base[i] = s.n_flags;
+    s.n_flags += n_tiles[i];
+  }
+  // Producer ops of each op: last writer of each slot read or written (RAW,
+  // WAW) and every reader of a written slot since its last write (WAR).
+  std::vector<int> last_writer(p.slots.size(), -1);
+  std::vector<std::vector<int>> readers_since(p.slots.size());
+  for (size_t i = 0; i < n_ops; ++i) {
+    const Op& op = p.ops[i];
+    std::set<int> producers;
+    for (int sl : op.reads())
+      if (last_writer[static_cast<size_t>(sl)] >= 0) producers.insert(last_writer[static_cast<size_t>(sl)]);
+    if (op.out >= 0) {
+      if (last_writer[static_cast<size_t>(op.out)] >= 0) producers.insert(last_writer[static_cast<size_t>(op.out)]);
+      for (int rd : readers_since[static_cast<size_t>(op.out)])
+        if (rd != static_cast<int>(i)) producers.insert(rd);
+    }
+    for (int t = 0; t < n_tiles[i]; ++t) {
+      Task task;
+      task.op = static_cast<int>(i);
+      task.tile = t;
+      task.n_tiles = n_tiles[i];
+      task.flag = flag_base[i] + t;
+      task.weights = weight_region(op, t, n_tiles[i]);
+      task.dep_begin = static_cast<uint32_t>(s.deps.size());
+      // The row this tile touches, when it touches only one.
+      const int my_row = op_is_row_tiled(op) ? t : (op.kind == OpKind::Attention ? t / op.n_head : -1);
+      for (int pr : producers) {
+        const Op& pop = p.ops[static_cast<size_t>(pr)];
+        // A row-wise producer feeds a single-row consumer through that row
+        // only. StoreKV is the exception: rows of one sequence read each
+        // other's keys, so attention waits for every row's store.
+        if (my_row >= 0 && op_is_row_tiled(pop) && pop.kind != OpKind::StoreKV) {
+          s.deps.push_back(flag_base[static_cast<size_t>(pr)] + my_row);
+        } else {
+          for (int pt = 0; pt < n_tiles[static_cast<size_t>(pr)]; ++pt)
+            s.deps.push_back(flag_base[static_cast<size_t>(pr)] + pt);
+        }
+      }
+      task.dep_end = static_cast<uint32_t>(s.deps.size());
+      // Placement: matrix tiles one per worker (contiguous weight streams);
+      // row-wise tiles by row, so a row's small ops stay on one core while
+      // the others prefetch; attention tiles round-robin.
+      s.worker_tasks[static_cast<size_t>(t % W)].push_back(task);
+    }
+    for (int sl : op.reads()) readers_since[static_cast<size_t>(sl)].push_back(static_cast<int>(i));
+    if (op.out >= 0) {
+      last_writer[static_cast<size_t>(op.out)] = static_cast<int>(i);
+      readers_since[static_cast<size_t>(op.out)].clear();
+    }
+  }
+  return s;
+}
+
+inline void prefetch_l2(const uint8_t* p) {
+#if defined(__x86_64__)
+  _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1);
+#else
+  __builtin_prefetch(p, 0, 2);
+#endif
+}
+
+// A worker's walk over the weights of its upcoming tiles.
+struct PrefetchCursor {
+  const std::vector<Task>* tasks = nullptr;
+  size_t task = 0;    // tile whose weights the cursor is in
+  size_t offset = 0;  // bytes of that tile already prefetched
+  size_t ahead = 0;   // bytes prefetched beyond the tile being computed
+
+  // The compute position moved to tile i: drop what it has consumed.
+  void computing(size_t i) {
+    if (task <= i) {
+      task = i;
+      offset = 0;
+      ahead = 0;
+    } else {
+      // Bytes of tiles between i and the cursor stay counted as ahead; the
+      // tile just reached no longer is.
+      const size_t b = (*tasks)[i].weights.bytes;
+      ahead = ahead > b ? ahead - b : 0;
+    }
+  }
+  // Issues up to `lines` prefetches, never going past `budget` bytes ahead.
+  void issue(size_t lines, size_t budget) {
+    while (lines > 0 && ahead < budget && task < tasks->size()) {
+      const Region& r = (*tasks)[task].weights;
+      if (offset >= r.bytes) {
+        ++task;
+        offset = 0;
+        continue;
+      }
+      prefetch_l2(r.begin + offset);
+      offset += 64;
+      ahead += 64;
+      --lines;
+    }
+  }
+};
+
+class MegaExecutor final : public Executor {
+ public:
+  MegaExecutor(const DecodeProgram& p, ThreadPool& pool, const MegaOptions& o)
+      : p_(p), pool_(pool), opts_(o), arena_(p), schedules_(static_cast<size_t>(p.max_rows) + 1) {}
+  const char* name() const override { return "mega"; }
+
+  void prepare(int n_rows) override {
+    if (n_rows < 1 || n_rows > p_.max_rows) fail("a step needs 1 to {} rows, got {}", p_.max_rows, n_rows);
+    auto& sched = schedules_[static_cast<size_t>(n_rows)];
+    if (!sched) sched = std::make_unique<Schedule>(compile(p_, n_rows, pool_.size()));
+  }
+
+  void step(const std::vector<RowInput>& rows, float* logits) override {
+    validate_rows(p_, rows);
+    const int n_rows = static_cast<int>(rows.size());
+    prepare(n_rows);
+    auto& sched = schedules_[static_cast<size_t>(n_rows)];
+    if (static_cast<int>(flags_.size()) < sched->n_flags) {
+      // Resizing is only safe between steps; flags restart from epoch 0.
+      flags_ = std::vector<Flag>(static_cast<size_t>(sched->n_flags));
+      epoch_ = 0;
+    }
+    ++epoch_;
+    StepContext ctx;
+    ctx.program = &p_;
+    ctx.rows = rows.data();
+    ctx.n_rows = n_rows;
+    arena_.bind(ctx, p_, logits);
+    const uint64_t epoch = epoch_;
+    const Schedule& s = *sched;
+    pool_.run([&](int w) { run_worker(s, ctx, w, epoch); });
+  }
+
+ private:
+  void run_worker(const Schedule& s, const StepContext& ctx, int w, uint64_t epoch) {
+    const auto& tasks = s.worker_tasks[static_cast<size_t>(w)];
+    PrefetchCursor pf;
+    pf.tasks = &tasks;
+    const size_t budget = opts_.prefetch_bytes;
+    for (size_t i = 0; i < tasks.size(); ++i) {
+      const Task& t = tasks[i];
+      if (budget) pf.computing(i);
+      for (uint32_t d = t.dep_begin; d < t.dep_end; ++d) {
+        const auto& f = flags_[static_cast<size_t>(s.deps[d])].epoch;
+        int spins = 0;
+        while (f.load(std::memory_order_acquire) < epoch) {
+          if (budget) pf.issue(4, budget);
+          spin_pause();
+          if (++spins > (1 << 16)) std::this_thread::yield();
+        }
+      }
+      const Op& op = p_.ops[static_cast<size_t>(t.op)];
+      // A small tile leaves the memory system idle; start the next stream.
+      if (budget && op.kind != OpKind::MatMul) pf.issue(64, budget);
+      run_op_tile(op, ctx, t.tile, t.n_tiles);
+      flags_[static_cast<size_t>(t.flag)].epoch.store(epoch, std::memory_order_release);
+    }
+  }
+
+  const DecodeProgram& p_;
+  ThreadPool& pool_;
+  MegaOptions opts_;
+  SlotArena arena_;
+  std::vector<std::unique_ptr<Schedule>> schedules_;
+  std::vector<Flag> flags_;
+  uint64_t epoch_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Executor> make_mega_executor(const DecodeProgram& program, ThreadPool& pool, const MegaOptions& opts) {
+  return std::make_unique<MegaExecutor>(program, pool, opts);
+}
+
+}  // namespace megakern

@@ -1,0 +1,160 @@
+#include "exec/op_kernels.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/quant_rows.h"
+#include "kernels/cpu/vec.h"
+
+namespace megakern {
+
+bool op_is_row_tiled(const Op& op) { return op.kind != OpKind::MatMul && op.kind != OpKind::Attention; }
+
+int op_tile_count(const Op& op, int n_rows, int n_workers) {
+  switch (op.kind) {
+    case OpKind::MatMul: {
+      // One contiguous range per worker, but never ranges under 4 rows.
+      const int64_t max_tiles = std::max<int64_t>(1, op.mat.rows / 4);
+      return static_cast<int>(std::min<int64_t>(n_workers, max_tiles));
+    }
+    case OpKind::Attention: return n_rows * op.n_head;
+    default: return n_rows;
+  }
+}
+
+void matmul_tile_range(const Op& op, int t, int n, int64_t& begin, int64_t& end) {
+  const int64_t units = (op.mat.rows + 3) / 4;
+  begin = std::min(op.mat.rows, units * t / n * 4);
+  end = std::min(op.mat.rows, units * (t + 1) / n * 4);
+}
+
+void validate_rows(const DecodeProgram& p, const std::vector<RowInput>& rows) {
+  if (rows.empty() || static_cast<int>(rows.size()) > p.max_rows)
+    fail("a step needs 1 to {} rows, got {}", p.max_rows, rows.size());
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const RowInput& in = rows[r];
+    if (!in.cache) fail("row {} has no KV cache", r);
+    if (in.token < 0 || in.token >= p.n_vocab)
+      fail("row {}: token id {} is outside the vocabulary of {} tokens", r, in.token, p.n_vocab);
+    if (in.pos < 0 || in.pos >= in.cache->n_ctx)
+      fail("row {}: position {} is outside its context of {} tokens", r, in.pos, in.cache->n_ctx);
+    if (in.cache->kv_dim != p.kv_dim) fail("row {}: KV cache width {} does not match the model's {}", r, in.cache->kv_dim, p.kv_dim);
+  }
+}
+
+namespace {
+
+float* row_of(const StepContext& ctx, int slot, int r) {
+  return ctx.slot[static_cast<size_t>(slot)] +
+         static_cast<size_t>(r) * static_cast<size_t>(ctx.program->slots[static_cast<size_t>(slot)].width);
+}
+
+void matmul_scalar(const MatView& W, const float* X, int n_x, float* Y, int64_t ldy, int64_t b, int64_t e) {
+  const auto& tr = dtype_traits(W.type);
+  for (int64_t j = b; j < e; ++j)
+    for (int t = 0; t < n_x; ++t) Y[t * ldy + j] = tr.dot(W.row(j), X + static_cast<int64_t>(t) * W.cols, W.cols);
+}
+
+void attention_tile(const Op& op, const StepContext& ctx, int r, int h) {
+  const RowInput& row = ctx.rows[r];
+  KVCache& cache = *row.cache;
+  const int hd = op.head_dim, kvh = h / (op.n_head / op.n_head_kv);
+  const int pos = row.pos;
+  const int start = op.window > 0 ? std::max(0, pos - op.window + 1) : 0;
+  const float* qh = row_of(ctx, op.in, r) + h * hd;
+  thread_local std::vector<float> scores;
+  scores.resize(static_cast<size_t>(pos - start + 1));
+  auto dot = ctx.scalar ? dot_f32_scalar : dot_f32;
+  for (int p = start; p <= pos; ++p) scores[static_cast<size_t>(p - start)] = dot(qh, cache.k_at(op.layer, p) + kvh * hd, hd) * op.scale;
+  softmax_inplace(scores.data(), static_cast<int64_t>(scores.size()));
+  float* out = row_of(ctx, op.out, r) + h * hd;
+  std::fill(out, out + hd, 0.f);
+  for (int p = start; p <= pos; ++p) {
+    if (ctx.scalar)
+      axpy_f32_scalar(scores[static_cast<size_t>(p - start)], cache.v_at(op.layer, p) + kvh * hd, out, hd);
+    else
+      axpy_f32(scores[static_cast<size_t>(p - start)], cache.v_at(op.layer, p) + kvh * hd, out, hd);
+  }
+}
+
+}  // namespace
+
+void run_op_tile(const Op& op, const StepContext& ctx, int t, int n_tiles) {
+  const DecodeProgram& p = *ctx.program;
+  switch (op.kind) {
+    case OpKind::Embed: {
+      float* out = row_of(ctx, op.out, t);
+      const int32_t tok = ctx.rows[t].token;
+      if (ctx.scalar)
+        dtype_traits(op.mat.type).dequantize(op.mat.row(tok), out, op.mat.cols);
+      else
+        dequantize_row(op.mat, tok, out);
+      if (op.scale != 1.f)
+        for (int64_t i = 0; i < op.mat.cols; ++i) out[i] *= op.scale;
+      break;
+    }
+    case OpKind::RmsNorm:
+      rmsnorm(row_of(ctx, op.in, t), op.norm, op.n_norm, op.eps, row_of(ctx, op.out, t));
+      break;
+    case OpKind::MatMul: {
+      int64_t b, e;
+      matmul_tile_range(op, t, n_tiles, b, e);
+      const int64_t ldy = p.slots[static_cast<size_t>(op.out)].width;
+      if (ctx.scalar)
+        matmul_scalar(op.mat, ctx.slot[static_cast<size_t>(op.in)], ctx.n_rows, ctx.slot[static_cast<size_t>(op.out)], ldy, b, e);
+      else
+        matmul_rows(op.mat, ctx.slot[static_cast<size_t>(op.in)], ctx.n_rows, ctx.slot[static_cast<size_t>(op.out)], ldy, b, e);
+      break;
+    }
+    case OpKind::HeadNormRope: {
+      float* v = row_of(ctx, op.out, t);
+      for (int h = 0; h < op.n_head; ++h) {
+        float* vh = v + h * op.head_dim;
+        if (op.norm) rmsnorm(vh, op.norm, op.head_dim, op.eps, vh);
+        rope_inplace(vh, op.rope_dim, ctx.rows[t].pos, op.rope_base, op.rope_neox);
+      }
+      break;
+    }
+    case OpKind::StoreKV: {
+      KVCache& c = *ctx.rows[t].cache;
+      const int pos = ctx.rows[t].pos;
+      std::memcpy(c.k_at(op.layer, pos), row_of(ctx, op.in, t), sizeof(float) * static_cast<size_t>(p.kv_dim));
+      std::memcpy(c.v_at(op.layer, pos), row_of(ctx, op.in2, t), sizeof(float) * static_cast<size_t>(p.kv_dim));
+      break;
+    }
+    case OpKind::Attention:
+      attention_tile(op, ctx, t / op.n_head, t % op.n_head);
+      break;
+    case OpKind::GluAct: {
+      const float* g = row_of(ctx, op.in, t);
+      const float* u = row_of(ctx, op.in2, t);
+      float* o = row_of(ctx, op.out, t);
+      const int n = p.slots[static_cast<size_t>(op.out)].width;
+      if (op.gelu)
+        for (int i = 0; i < n; ++i) o[i] = gelu_tanh(g[i]) * u[i];
+      else
+        for (int i = 0; i < n; ++i) o[i] = silu(g[i]) * u[i];
+      break;
+    }
+    case OpKind::Residual: {
+      float* x = row_of(ctx, op.out, t);
+      const int n = p.slots[static_cast<size_t>(op.out)].width;
+      const float* in = row_of(ctx, op.in, t);
+      if (op.norm) {
+        thread_local std::vector<float> tmp;
+        tmp.resize(static_cast<size_t>(n));
+        rmsnorm(in, op.norm, n, op.eps, tmp.data());
+        for (int i = 0; i < n; ++i) x[i] += tmp[static_cast<size_t>(i)];
+      } else {
+        for (int i = 0; i < n; ++i) x[i] += in[i];
+      }
+      break;
+    }
+  }
+}
+
+}  // namespace megakern

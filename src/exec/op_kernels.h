@@ -1,0 +1,35 @@
+// The per-tile work of each op, shared by all executors. A tile is the unit
+// of work an executor schedules: a contiguous range of output rows for a
+// matrix product, one row for row-wise ops, one (row, head) for attention.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "exec/executor.h"
+#include "ir/program.h"
+
+namespace megakern {
+
+struct StepContext {
+  const DecodeProgram* program = nullptr;
+  std::vector<float*> slot;  // [n_slots] base pointers; row r of slot s at slot[s] + r * width
+  const RowInput* rows = nullptr;
+  int n_rows = 0;
+  bool scalar = false;  // use the scalar reference kernels
+};
+
+// How an op is cut into tiles for n_rows rows when the team has n_workers.
+int op_tile_count(const Op& op, int n_rows, int n_workers);
+// The output-row range [begin, end) of MatMul tile t of n (balanced, aligned to 4 rows).
+void matmul_tile_range(const Op& op, int t, int n, int64_t& begin, int64_t& end);
+// Whether tiles of this op correspond one-to-one to rows.
+bool op_is_row_tiled(const Op& op);
+
+// Runs tile t of n_tiles of op on the context.
+void run_op_tile(const Op& op, const StepContext& ctx, int t, int n_tiles);
+
+// Checks rows against the program (throws megakern::Error).
+void validate_rows(const DecodeProgram& p, const std::vector<RowInput>& rows);
+
+}  // namespace megakern

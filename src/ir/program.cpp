@@ -1,0 +1,137 @@
+#include "ir/program.h"
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+
+namespace megakern {
+
+const char* op_kind_name(OpKind k) {
+  switch (k) {
+    case OpKind::Embed: return "embed";
+    case OpKind::RmsNorm: return "rmsnorm";
+    case OpKind::MatMul: return "matmul";
+    case OpKind::HeadNormRope: return "head_norm_rope";
+    case OpKind::StoreKV: return "store_kv";
+    case OpKind::Attention: return "attention";
+    case OpKind::GluAct: return "glu_act";
+    case OpKind::Residual: return "residual";
+  }
+  return "?";
+}
+
+size_t Op::weight_bytes() const {
+  if (kind == OpKind::MatMul) return mat.row_bytes * static_cast<size_t>(mat.rows);
+  if (kind == OpKind::Embed) return 0;  // one row per token, negligible
+  return sizeof(float) * static_cast<size_t>(n_norm);
+}
+
+std::vector<int> Op::reads() const {
+  std::vector<int> r;
+  if (in >= 0) r.push_back(in);
+  if (in2 >= 0) r.push_back(in2);
+  if ((kind == OpKind::HeadNormRope || kind == OpKind::Residual) && out >= 0) r.push_back(out);
+  return r;
+}
+
+int DecodeProgram::add_slot(const std::string& name, int layer, int width) {
+  slots.push_back({name, layer, width});
+  return static_cast<int>(slots.size()) - 1;
+}
+
+Op& DecodeProgram::add_op(OpKind kind, int layer, const std::string& name) {
+  ops.emplace_back();
+  Op& op = ops.back();
+  op.kind = kind;
+  op.layer = layer;
+  op.name = name;
+  return op;
+}
+
+size_t DecodeProgram::weight_bytes() const {
+  size_t b = 0;
+  for (const auto& op : ops) b += op.weight_bytes();
+  return b;
+}
+
+void DecodeProgram::verify() const {
+  const int n_slots = static_cast<int>(slots.size());
+  std::vector<bool> written(static_cast<size_t>(n_slots), false);
+  auto width = [&](int s) { return slots[static_cast<size_t>(s)].width; };
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const Op& op = ops[i];
+    const std::string where = fmt::format("op {} ({} '{}' layer {})", i, op_kind_name(op.kind), op.name, op.layer);
+    for (int s : {op.in, op.in2, op.out})
+      MK_CHECK(s >= -1 && s < n_slots, "{}: slot id {} out of range", where, s);
+    MK_CHECK(op.out >= 0, "{}: no output slot", where);
+    for (int s : op.reads()) MK_CHECK(written[static_cast<size_t>(s)], "{}: reads slot '{}' before any op writes it", where, slots[static_cast<size_t>(s)].name);
+    switch (op.kind) {
+      case OpKind::Embed:
+        MK_CHECK(op.mat.data && width(op.out) == op.mat.cols, "{}: table width {} vs slot {}", where, op.mat.cols, width(op.out));
+        break;
+      case OpKind::RmsNorm:
+        MK_CHECK(op.in >= 0 && op.norm && op.n_norm == width(op.in) && width(op.out) == width(op.in), "{}: widths", where);
+        break;
+      case OpKind::MatMul:
+        MK_CHECK(op.in >= 0 && op.mat.data, "{}: needs input and weights", where);
+        MK_CHECK(op.mat.cols == width(op.in) && op.mat.rows == width(op.out), "{}: W is [{}][{}], slots are {} -> {}",
+                 where, op.mat.rows, op.mat.cols, width(op.in), width(op.out));
+        break;
+      case OpKind::HeadNormRope:
+        MK_CHECK(op.n_head > 0 && op.head_dim > 0 && op.n_head * op.head_dim == width(op.out), "{}: heads", where);
+        MK_CHECK(op.rope_dim % 2 == 0 && op.rope_dim <= op.head_dim, "{}: rope_dim", where);
+        MK_CHECK(!op.norm || op.n_norm == op.head_dim, "{}: head norm length", where);
+        break;
+      case OpKind::StoreKV:
+        MK_CHECK(op.in >= 0 && op.in2 >= 0 && width(op.in) == kv_dim && width(op.in2) == kv_dim, "{}: kv widths", where);
+        MK_CHECK(op.layer >= 0 && op.layer < n_layer, "{}: layer", where);
+        break;
+      case OpKind::Attention:
+        MK_CHECK(op.in >= 0 && op.in2 >= 0 && op.n_head_kv > 0 && op.n_head % op.n_head_kv == 0, "{}: heads", where);
+        MK_CHECK(width(op.in) == op.n_head * op.head_dim && width(op.out) == width(op.in), "{}: widths", where);
+        MK_CHECK(op.n_head_kv * op.head_dim == kv_dim, "{}: kv heads", where);
+        break;
+      case OpKind::GluAct:
+        MK_CHECK(op.in >= 0 && op.in2 >= 0 && width(op.in) == width(op.in2) && width(op.out) == width(op.in), "{}: widths", where);
+        break;
+      case OpKind::Residual:
+        MK_CHECK(op.in >= 0 && width(op.in) == width(op.out), "{}: widths", where);
+        MK_CHECK(!op.norm || op.n_norm == width(op.in), "{}: norm length", where);
+        break;
+    }
+    if (op.out >= 0) written[static_cast<size_t>(op.out)] = true;
+  }
+  MK_CHECK(logits_slot >= 0 && logits_slot < n_slots && written[static_cast<size_t>(logits_slot)], "no logits slot");
+  MK_CHECK(width(logits_slot) == n_vocab, "logits slot width {} vs vocab {}", width(logits_slot), n_vocab);
+}
+
+std::string DecodeProgram::dump() const {
+  std::string s = fmt::format("program {}: {} ops, {} slots, {} layers, weights read per step {:.2f} MiB\n",
+                              model_name, ops.size(), slots.size(), n_layer, weight_bytes() / 1048576.0);
+  int cur_layer = -2;
+  size_t layer_bytes = 0;
+  auto flush_layer = [&] {
+    if (cur_layer >= 0) s += fmt::format("  -- layer {} total {:.1f} KiB\n", cur_layer, layer_bytes / 1024.0);
+  };
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const Op& op = ops[i];
+    if (op.layer != cur_layer) {
+      flush_layer();
+      cur_layer = op.layer;
+      layer_bytes = 0;
+      s += op.layer >= 0 ? fmt::format("layer {}\n", op.layer) : std::string("global\n");
+    }
+    layer_bytes += op.weight_bytes();
+    auto sname = [&](int id) { return id < 0 ? std::string("-") : slots[static_cast<size_t>(id)].name; };
+    std::string extra;
+    if (op.kind == OpKind::MatMul)
+      extra = fmt::format(" W[{}x{}] {}", op.mat.rows, op.mat.cols, dtype_traits(op.mat.type).name);
+    if (op.kind == OpKind::Attention && op.window > 0) extra = fmt::format(" window {}", op.window);
+    s += fmt::format("  {:4} {:<15} {:<14} in={:<10} in2={:<8} out={:<10} {:>10} B{}\n", i, op_kind_name(op.kind),
+                     op.name, sname(op.in), sname(op.in2), sname(op.out), op.weight_bytes(), extra);
+  }
+  flush_layer();
+  return s;
+}
+
+}  // namespace megakern

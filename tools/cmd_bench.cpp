@@ -1,0 +1,228 @@
+// `megakern bench`: decode throughput of the op-by-op and megakernel
+// executors over the same program, side by side in one run, next to this
+// machine's read bandwidth measured in the same run.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "exec/executor.h"
+#include "model/dense_program.h"
+#include "model/load.h"
+#include "model/presets.h"
+#include "tools/commands.h"
+
+namespace megakern::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct BenchOptions {
+  std::string model = "dense-bench";
+  std::string batches = "1,2,4,8";
+  std::string executors = "opbyop,mega";
+  int steps = 16;
+  int warmup = 3;
+  int rounds = 2;
+  int threads = 0;
+  std::string json;
+  size_t probe_mib = 1024;
+};
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+// Read bandwidth: every worker of the pool sums its share of a buffer much
+// larger than the last-level cache; best of three passes.
+double probe_bandwidth_gbs(ThreadPool& pool, size_t mib) {
+  const size_t n = mib * 1024 * 1024 / sizeof(uint64_t);
+  std::vector<uint64_t> buf(n);
+  for (size_t i = 0; i < n; ++i) buf[i] = i * 0x9e3779b97f4a7c15ull;
+  std::vector<uint64_t> sums(static_cast<size_t>(pool.size()) * 8);
+  double best = 0;
+  for (int pass = 0; pass < 3; ++pass) {
+    const auto t0 = Clock::now();
+    pool.parallel_for(static_cast<int64_t>(n), 4096, [&](int64_t b, int64_t e) {
+      uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+      int64_t i = b;
+      for (; i + 4 <= e; i += 4) {
+        s0 += buf[static_cast<size_t>(i)];
+        s1 += buf[static_cast<size_t>(i + 1)];
+        s2 += buf[static_cast<size_t>(i + 2)];
+        s3 += buf[static_cast<size_t>(i + 3)];
+      }
+      for (; i < e; ++i) s0 += buf[static_cast<size_t>(i)];
+      sums[static_cast<size_t>(b * pool.size() / static_cast<int64_t>(n)) * 8] = s0 + s1 + s2 + s3;
+    });
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    best = std::max(best, static_cast<double>(n * sizeof(uint64_t)) / s / 1e9);
+  }
+  volatile uint64_t sink = sums[0];
+  (void)sink;
+  return best;
+}
+
+struct Result {
+  std::string executor;
+  int batch = 0;
+  double ms_per_step = 0;
+  double tokens_per_s = 0;
+  double gbs = 0;
+};
+
+// Best-of-rounds ms per step of `steps` steps at batch size b.
+double time_steps(const DenseModel& m, Executor& ex, int b, int warmup, int steps) {
+  const int n_ctx = warmup + steps + 8;
+  std::vector<KVCache> caches;
+  for (int r = 0; r < b; ++r) caches.push_back(m.make_cache(n_ctx));
+  std::vector<float> logits(static_cast<size_t>(b) * static_cast<size_t>(m.config().n_vocab));
+  std::vector<RowInput> rows(static_cast<size_t>(b));
+  Clock::time_point t0;
+  for (int s = 0; s < warmup + steps; ++s) {
+    if (s == warmup) t0 = Clock::now();
+    for (int r = 0; r < b; ++r)
+      rows[static_cast<size_t>(r)] = {static_cast<int32_t>((s * 7 + r * 13 + 1) % m.config().n_vocab), s,
+                                      &caches[static_cast<size_t>(r)]};
+    ex.step(rows, logits.data());
+  }
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count() / steps;
+}
+
+void bench_cmd(const BenchOptions& o) {
+  std::vector<int> batches;
+  for (const auto& s : split(o.batches)) {
+    int b = 0;
+    try {
+      size_t used = 0;
+      b = std::stoi(s, &used);
+      if (used != s.size()) throw std::invalid_argument(s);
+    } catch (const std::exception&) {
+      fail("--batch: '{}' is not a number (expected a list such as 1,2,4,8)", s);
+    }
+    if (b < 1 || b > 64) fail("--batch: {} is outside 1..64", b);
+    batches.push_back(b);
+  }
+  if (batches.empty()) fail("--batch needs at least one batch size");
+  const auto execs = split(o.executors);
+  if (execs.empty()) fail("--executor needs at least one of opbyop, mega, reference");
+  for (const auto& e : execs)
+    if (e != "opbyop" && e != "mega" && e != "reference")
+      fail("--executor: unknown executor '{}' (expected opbyop, mega or reference)", e);
+
+  ThreadPool pool(o.threads);
+  fmt::print(stderr, "[bench] loading {} ...\n", o.model);
+  const auto t_load = Clock::now();
+  LoadedDense L = load_dense(o.model);
+  const double load_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_load).count();
+  const int max_b = *std::max_element(batches.begin(), batches.end());
+  const DecodeProgram prog = build_dense_program(*L.model, max_b);
+  const double weight_mb = static_cast<double>(prog.weight_bytes()) / 1e6;
+  fmt::print(stderr, "[bench] probing read bandwidth ({} MiB buffer, {} threads) ...\n", o.probe_mib, pool.size());
+  const double probe = probe_bandwidth_gbs(pool, o.probe_mib);
+
+  std::vector<std::unique_ptr<Executor>> ex;
+  std::vector<double> build_ms;
+  for (const auto& e : execs) {
+    ex.push_back(make_executor(e, prog, pool));
+    const auto t0 = Clock::now();
+    for (int b : batches) ex.back()->prepare(b);
+    build_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+  }
+
+  fmt::print("model {} ({} layers, {} ops), weights read per step {:.1f} MB, load {:.0f} ms\n", L.name,
+             prog.n_layer, prog.ops.size(), weight_mb, load_ms);
+  fmt::print("threads {}, read bandwidth probe {:.2f} GB/s; {} timed steps per point, best of {} rounds\n",
+             pool.size(), probe, o.steps, o.rounds);
+  for (size_t i = 0; i < execs.size(); ++i)
+    fmt::print("schedule build ({}, batch sizes {}): {:.2f} ms\n", execs[i], o.batches, build_ms[i]);
+  fmt::print("\n{:<10} {:>5} {:>10} {:>10} {:>9} {:>8} {:>9}\n", "executor", "batch", "ms/step", "tokens/s",
+             "GB/s", "%probe", "speedup");
+
+  std::vector<Result> results;
+  for (int b : batches) {
+    std::vector<double> best(execs.size(), 1e300);
+    // Rounds alternate the executors so slow drift in machine state
+    // affects both alike.
+    for (int round = 0; round < o.rounds; ++round)
+      for (size_t i = 0; i < execs.size(); ++i)
+        best[i] = std::min(best[i], time_steps(*L.model, *ex[i], b, o.warmup, o.steps));
+    const double base = best[0];
+    for (size_t i = 0; i < execs.size(); ++i) {
+      Result r;
+      r.executor = execs[i];
+      r.batch = b;
+      r.ms_per_step = best[i];
+      r.tokens_per_s = b * 1000.0 / best[i];
+      r.gbs = weight_mb / best[i];  // MB per ms = GB/s
+      results.push_back(r);
+      fmt::print("{:<10} {:>5} {:>10.3f} {:>10.1f} {:>9.2f} {:>7.1f}% {:>8.2f}x\n", r.executor, b, r.ms_per_step,
+                 r.tokens_per_s, r.gbs, 100.0 * r.gbs / probe, base / best[i]);
+    }
+  }
+  if (!o.json.empty()) {
+    nlohmann::json j;
+    j["model"] = L.name;
+    j["threads"] = pool.size();
+    j["probe_gbs"] = probe;
+    j["weight_bytes_per_step"] = prog.weight_bytes();
+    j["steps"] = o.steps;
+    for (size_t i = 0; i < execs.size(); ++i) j["schedule_build_ms"][execs[i]] = build_ms[i];
+    for (const auto& r : results)
+      j["results"].push_back({{"executor", r.executor},
+                              {"batch", r.batch},
+                              {"ms_per_step", r.ms_per_step},
+                              {"tokens_per_s", r.tokens_per_s},
+                              {"gbs", r.gbs},
+                              {"fraction_of_probe", r.gbs / probe}});
+    std::ofstream out(o.json);
+    if (!out) fail("cannot write '{}'", o.json);
+    out << j.dump(2) << "\n";
+  }
+}
+
+}  // namespace
+
+void register_bench(CLI::App& app) {
+  auto o = std::make_shared<BenchOptions>();
+  auto* cmd = app.add_subcommand("bench", "Decode benchmark: op-by-op vs megakernel executors, with a bandwidth probe");
+  std::string presets;
+  for (const auto& p : dense_presets()) presets += (presets.empty() ? "" : ", ") + p.name;
+  cmd->add_option("-m,--model", o->model, "Bench preset (" + presets + "), GGUF path or fetched model name")
+      ->capture_default_str();
+  cmd->add_option("--batch", o->batches, "Comma-separated batch sizes (rows per step)")->capture_default_str();
+  cmd->add_option("--executor", o->executors, "Comma-separated executors; the first is the speedup baseline")
+      ->capture_default_str();
+  cmd->add_option("--steps", o->steps, "Timed steps per point")->capture_default_str()->check(CLI::Range(1, 100000));
+  cmd->add_option("--warmup", o->warmup, "Untimed steps first")->capture_default_str()->check(CLI::Range(0, 1000));
+  cmd->add_option("--rounds", o->rounds, "Repetitions per point (best is kept)")->capture_default_str()->check(CLI::Range(1, 100));
+  cmd->add_option("-t,--threads", o->threads, "Worker threads (0: one per core)")->capture_default_str()->check(CLI::Range(0, 1024));
+  cmd->add_option("--probe-mib", o->probe_mib, "Bandwidth probe buffer size in MiB")->capture_default_str()->check(CLI::Range(64, 16384));
+  cmd->add_option("--json", o->json, "Also write the results to this JSON file");
+  cmd->callback([o] {
+    try {
+      bench_cmd(*o);
+      set_exit_code(0);
+    } catch (const std::exception& e) {
+      std::fflush(stdout);
+      fmt::print(stderr, "error: {}\n", e.what());
+      set_exit_code(1);
+    }
+  });
+}
+
+}  // namespace megakern::cli
