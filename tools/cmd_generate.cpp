@@ -38,6 +38,7 @@ struct GenOptions {
   int threads = 0;
   bool raw = false;
   bool quiet = false;
+  std::string executor = "mega";
   SamplingParams sampling;
 };
 
@@ -51,6 +52,9 @@ void add_common(CLI::App* cmd, GenOptions& o) {
   cmd->add_option("-t,--threads", o.threads, "Worker threads (0: one per core)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1024));
+  cmd->add_option("--executor", o.executor, "Decode executor: mega, opbyop or reference")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"mega", "opbyop", "reference"}));
   cmd->add_option("--temp", o.sampling.temperature, "Sampling temperature (0: greedy)")->capture_default_str();
   cmd->add_option("--top-k", o.sampling.top_k, "Keep only the k most likely tokens (0: all)")->capture_default_str();
   cmd->add_option("--top-p", o.sampling.top_p, "Nucleus sampling mass in (0, 1]")->capture_default_str();
@@ -144,7 +148,7 @@ void run_cmd(const GenOptions& o) {
     msgs.push_back({"user", o.prompt});
     tokens = encode_conversation(L, msgs);
   }
-  Session s(*L.model, *L.pool, o.n_ctx);
+  Session s(*L.model, *L.pool, o.n_ctx, o.executor);
   Sampler sampler(o.sampling);
   GenStats st;
   st.prompt_tokens = st.new_prompt_tokens = static_cast<int>(tokens.size());
@@ -161,7 +165,7 @@ void chat_cmd(const GenOptions& o) {
   Loaded L = load(o);
   if (L.chat == ChatTemplate::None)
     fail("model '{}' has no chat template this engine knows; use 'megakern run --raw' instead", o.model);
-  Session s(*L.model, *L.pool, o.n_ctx);
+  Session s(*L.model, *L.pool, o.n_ctx, o.executor);
   Sampler sampler(o.sampling);
   std::vector<ChatMessage> msgs;
   if (!o.system.empty()) msgs.push_back({"system", o.system});

@@ -14,6 +14,8 @@
 #include "io/gguf.h"
 #include "io/hf_config.h"
 #include "io/safetensors.h"
+#include "model/dense_program.h"
+#include "model/load.h"
 #include "runtime/session.h"
 #include "tools/commands.h"
 
@@ -22,6 +24,8 @@ namespace {
 
 struct InspectOptions {
   std::string model = "smollm2-135m";
+  bool program = false;
+  int max_rows = 8;
   bool no_tensors = false;
   bool no_metadata = false;
   size_t max_array = 8;
@@ -116,7 +120,17 @@ bool looks_like_gguf(const std::string& path) {
   return in.gcount() == 4 && std::memcmp(magic, "GGUF", 4) == 0;
 }
 
+void inspect_program(const InspectOptions& o) {
+  LoadedDense L = load_dense(o.model);
+  const DecodeProgram p = build_dense_program(*L.model, o.max_rows);
+  fmt::print("{}", p.dump());
+}
+
 void inspect_cmd(const InspectOptions& o) {
+  if (o.program) {
+    inspect_program(o);
+    return;
+  }
   namespace fs = std::filesystem;
   std::error_code ec;
   if (fs::is_directory(o.model, ec) || o.model.ends_with(".safetensors") || o.model.ends_with(".index.json")) {
@@ -138,6 +152,9 @@ void register_inspect(CLI::App& app) {
   cmd->add_option("model", o->model, "GGUF file, safetensors file or directory, or a fetched model name")
       ->capture_default_str();
   cmd->add_option("-m,--model", o->model, "Same as the positional argument");
+  cmd->add_flag("--program", o->program,
+                "Print the model's DecodeProgram: ops per layer with the weight bytes each reads (also for bench presets)");
+  cmd->add_option("--max-rows", o->max_rows, "Rows per step the program is built for")->capture_default_str()->check(CLI::Range(1, 64));
   cmd->add_flag("--no-tensors", o->no_tensors, "Omit the tensor table");
   cmd->add_flag("--no-metadata", o->no_metadata, "Omit the metadata");
   cmd->add_option("--max-array", o->max_array, "Array elements shown per metadata value")->capture_default_str();

@@ -72,7 +72,7 @@ void ThreadPool::run(const std::function<void(int)>& fn) {
   // Spin briefly, then yield: if a worker has been descheduled (more threads
   // than free cores), spinning would only steal its time slice.
   for (int spins = 0; pending_.load(std::memory_order_acquire) != 0; ++spins) {
-    if (spins < 4096)
+    if (spins < 256)
       cpu_relax();
     else
       std::this_thread::yield();

@@ -14,6 +14,11 @@
 
 namespace megakern {
 
+// How many pause instructions a waiting worker spins before it starts
+// yielding its core. Short: an op's tile lasts microseconds, and when workers
+// outnumber free cores a longer spin only delays the worker being waited for.
+constexpr int kSpinsBeforeYield = 256;
+
 inline void spin_pause() {
 #if defined(__x86_64__)
   _mm_pause();
@@ -43,7 +48,7 @@ class SpinBarrier {
       return;
     }
     for (int spins = 0; gen_.load(std::memory_order_acquire) == gen; ++spins) {
-      if (spins < 1 << 14)
+      if (spins < kSpinsBeforeYield)
         spin_pause();
       else
         std::this_thread::yield();

@@ -231,7 +231,7 @@ class MegaExecutor final : public Executor {
         while (f.load(std::memory_order_acquire) < epoch) {
           if (budget) pf.issue(4, budget);
           spin_pause();
-          if (++spins > (1 << 16)) std::this_thread::yield();
+          if (++spins > kSpinsBeforeYield) std::this_thread::yield();
         }
       }
       const Op& op = p_.ops[static_cast<size_t>(t.op)];

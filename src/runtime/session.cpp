@@ -7,11 +7,16 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "model/dense_program.h"
 
 namespace megakern {
 
-Session::Session(const DenseModel& model, ThreadPool& pool, int n_ctx)
-    : model_(model), pool_(pool), cache_(model.make_cache(n_ctx)) {}
+Session::Session(const DenseModel& model, ThreadPool& pool, int n_ctx, const std::string& executor)
+    : model_(model),
+      pool_(pool),
+      cache_(model.make_cache(n_ctx)),
+      program_(build_dense_program(model, 1)),
+      exec_(make_executor(executor, program_, pool)) {}
 
 const std::vector<float>& Session::set_tokens(const std::vector<int32_t>& tokens) {
   if (tokens.empty()) fail("the prompt is empty: there is nothing to run");
@@ -32,7 +37,7 @@ const std::vector<float>& Session::append(int32_t token) {
   if (static_cast<int64_t>(tokens_.size()) >= cache_.n_ctx)
     fail("context full: all {} positions are used (raise --context)", cache_.n_ctx);
   logits_.resize(static_cast<size_t>(model_.config().n_vocab));
-  model_.forward(pool_, cache_, &token, 1, static_cast<int>(tokens_.size()), 1, logits_.data());
+  exec_->step({{token, static_cast<int32_t>(tokens_.size()), &cache_}}, logits_.data());
   tokens_.push_back(token);
   return logits_;
 }

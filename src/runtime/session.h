@@ -3,9 +3,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "exec/executor.h"
+#include "ir/program.h"
 #include "model/dense.h"
 
 namespace megakern {
@@ -14,7 +17,9 @@ class ThreadPool;
 
 class Session {
  public:
-  Session(const DenseModel& model, ThreadPool& pool, int n_ctx);
+  // Decode steps run on `executor` ("mega", "opbyop" or "reference") over the
+  // model's DecodeProgram; prompts are prefilled by the batched forward pass.
+  Session(const DenseModel& model, ThreadPool& pool, int n_ctx, const std::string& executor = "mega");
 
   // Makes the cache hold exactly `tokens`: the longest prefix already cached
   // is kept and only the rest is computed (prefill). Returns the logits of the
@@ -32,6 +37,8 @@ class Session {
   const DenseModel& model_;
   ThreadPool& pool_;
   KVCache cache_;
+  DecodeProgram program_;
+  std::unique_ptr<Executor> exec_;
   std::vector<int32_t> tokens_;  // what the cache holds, in order
   std::vector<float> logits_;    // [n_vocab] of the last token
 };
