@@ -35,6 +35,8 @@ struct BenchOptions {
   int rounds = 2;
   int threads = 0;
   std::string json;
+  std::string trace;
+  std::string svg;
   size_t probe_mib = 1024;
 };
 
@@ -101,6 +103,52 @@ double time_steps(const DenseModel& m, Executor& ex, int b, int warmup, int step
     ex.step(rows, logits.data());
   }
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count() / steps;
+}
+
+// A grouped bar chart of tokens/s per batch size, one bar per executor.
+void write_svg(const std::string& path, const std::string& model, const std::vector<std::string>& execs,
+               const std::vector<int>& batches, const std::vector<Result>& results) {
+  const int W = 640, H = 360, left = 60, bottom = 40, top = 40;
+  double ymax = 0;
+  for (const auto& r : results) ymax = std::max(ymax, r.tokens_per_s);
+  ymax = ymax > 0 ? ymax * 1.15 : 1;
+  const char* colors[] = {"#8c8c8c", "#d62728", "#1f77b4", "#2ca02c"};
+  std::string s = fmt::format("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"sans-serif\" font-size=\"12\">\n", W, H);
+  s += fmt::format("<text x=\"{}\" y=\"20\" font-size=\"14\">{}: decode tokens/s by batch size</text>\n", left, model);
+  const int plot_w = W - left - 20, plot_h = H - top - bottom;
+  s += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"black\"/>\n", left, top, top + plot_h);
+  s += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" stroke=\"black\"/>\n", left, top + plot_h, left + plot_w);
+  for (int k = 0; k <= 4; ++k) {
+    const double v = ymax * k / 4;
+    const int y = top + plot_h - static_cast<int>(plot_h * k / 4);
+    s += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{:.0f}</text>\n", left - 6, y + 4, v);
+  }
+  const double group_w = static_cast<double>(plot_w) / static_cast<double>(batches.size());
+  const double bar_w = group_w * 0.8 / static_cast<double>(execs.size());
+  for (size_t g = 0; g < batches.size(); ++g) {
+    for (size_t e = 0; e < execs.size(); ++e) {
+      for (const auto& r : results) {
+        if (r.batch != batches[g] || r.executor != execs[e]) continue;
+        const double h = plot_h * r.tokens_per_s / ymax;
+        const double x = left + g * group_w + group_w * 0.1 + e * bar_w;
+        s += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"{}\"/>\n", x,
+                         top + plot_h - h, bar_w - 2, h, colors[e % 4]);
+        s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\" font-size=\"10\">{:.1f}</text>\n",
+                         x + bar_w / 2, top + plot_h - h - 3, r.tokens_per_s);
+      }
+    }
+    s += fmt::format("<text x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">batch {}</text>\n", left + g * group_w + group_w / 2,
+                     top + plot_h + 18, batches[g]);
+  }
+  for (size_t e = 0; e < execs.size(); ++e) {
+    const int x = left + 10 + static_cast<int>(e) * 120;
+    s += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"12\" height=\"12\" fill=\"{}\"/><text x=\"{}\" y=\"{}\">{}</text>\n", x,
+                     H - 16, colors[e % 4], x + 16, H - 6, execs[e]);
+  }
+  s += "</svg>\n";
+  std::ofstream out(path);
+  if (!out) fail("cannot write '{}'", path);
+  out << s;
 }
 
 void bench_cmd(const BenchOptions& o) {
@@ -174,6 +222,35 @@ void bench_cmd(const BenchOptions& o) {
                  r.tokens_per_s, r.gbs, 100.0 * r.gbs / probe, base / best[i]);
     }
   }
+  if (!o.trace.empty()) {
+    // One traced step per executor at the largest batch, each executor a
+    // process of its own in the trace viewer.
+    std::string merged = "{\"traceEvents\":[\n";
+    for (size_t i = 0; i < execs.size(); ++i) {
+      std::vector<TraceEvent> events;
+      ex[i]->set_trace(&events);
+      time_steps(*L.model, *ex[i], max_b, 0, 1);
+      ex[i]->set_trace(nullptr);
+      std::string one = trace_to_json(prog, events);
+      // Strip the wrapper and renumber the process id.
+      const size_t b = one.find('[') + 1, e = one.rfind(']');
+      std::string body = one.substr(b, e - b);
+      for (size_t pos = 0; (pos = body.find("\"pid\":1", pos)) != std::string::npos; pos += 6)
+        body.replace(pos, 7, fmt::format("\"pid\":{}", i + 1));
+      if (body.find_first_not_of(" \n") == std::string::npos) continue;
+      merged += (i ? ",\n" : "") + body;
+      merged += fmt::format(",\n{{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":{},\"args\":{{\"name\":\"{} batch {}\"}}}}", i + 1, execs[i], max_b);
+    }
+    merged += "\n]}\n";
+    std::ofstream out(o.trace);
+    if (!out) fail("cannot write '{}'", o.trace);
+    out << merged;
+    fmt::print("trace of one step per executor at batch {} written to {}\n", max_b, o.trace);
+  }
+  if (!o.svg.empty()) {
+    write_svg(o.svg, L.name, execs, batches, results);
+    fmt::print("chart written to {}\n", o.svg);
+  }
   if (!o.json.empty()) {
     nlohmann::json j;
     j["model"] = L.name;
@@ -213,6 +290,8 @@ void register_bench(CLI::App& app) {
   cmd->add_option("-t,--threads", o->threads, "Worker threads (0: one per core)")->capture_default_str()->check(CLI::Range(0, 1024));
   cmd->add_option("--probe-mib", o->probe_mib, "Bandwidth probe buffer size in MiB")->capture_default_str()->check(CLI::Range(64, 16384));
   cmd->add_option("--json", o->json, "Also write the results to this JSON file");
+  cmd->add_option("--trace", o->trace, "Write a Chrome/Perfetto trace of one step per executor (largest batch)");
+  cmd->add_option("--svg", o->svg, "Write a bar chart of tokens/s per batch size");
   cmd->callback([o] {
     try {
       bench_cmd(*o);

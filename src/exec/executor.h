@@ -31,6 +31,17 @@ struct RowInput {
   KVCache* cache = nullptr;
 };
 
+// One span of a worker's time in a traced step: a tile it computed, or a wait
+// for a dependency (op = -1 marks a wait). Times in microseconds from the
+// start of the step.
+struct TraceEvent {
+  int worker = 0;
+  int op = -1;
+  int tile = 0;
+  double start_us = 0;
+  double dur_us = 0;
+};
+
 class Executor {
  public:
   virtual ~Executor() = default;
@@ -42,7 +53,13 @@ class Executor {
   // Does any per-row-count preparation (the megakernel compiles its schedule)
   // ahead of the first step, so it can be timed on its own.
   virtual void prepare(int n_rows) { (void)n_rows; }
+  // When sink is non-null, the following steps append their tiles and waits
+  // to it (executors that cannot trace leave it untouched).
+  virtual void set_trace(std::vector<TraceEvent>* sink) { (void)sink; }
 };
+
+// Writes events as a Chrome / Perfetto trace (JSON "traceEvents").
+std::string trace_to_json(const DecodeProgram& program, const std::vector<TraceEvent>& events);
 
 std::unique_ptr<Executor> make_reference_executor(const DecodeProgram& program);
 std::unique_ptr<Executor> make_opbyop_executor(const DecodeProgram& program, ThreadPool& pool);

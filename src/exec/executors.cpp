@@ -1,6 +1,9 @@
 // Reference and op-by-op executors, and the shared slot arena.
 #include <atomic>
+#include <chrono>
 #include <cstring>
+
+#include <fmt/format.h>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -72,23 +75,62 @@ class OpByOpExecutor final : public Executor {
     // One team-wide job per step: each worker walks the ops, does its share of
     // each, and meets the others at a spinning barrier before the next op, as
     // a conventional engine with a persistent thread team does.
+    if (trace_) {
+      worker_events_.assign(static_cast<size_t>(W), {});
+      t0_ = std::chrono::steady_clock::now();
+    }
     pool_.run([&](int w) {
-      for (const Op& op : p_.ops) {
+      std::vector<TraceEvent>* ev = trace_ ? &worker_events_[static_cast<size_t>(w)] : nullptr;
+      for (size_t i = 0; i < p_.ops.size(); ++i) {
+        const Op& op = p_.ops[i];
         const int n = op_tile_count(op, ctx.n_rows, W);
-        for (int t = w; t < n; t += W) run_op_tile(op, ctx, t, n);
+        for (int t = w; t < n; t += W) {
+          const double start = ev ? now_us() : 0;
+          run_op_tile(op, ctx, t, n);
+          if (ev) ev->push_back({w, static_cast<int>(i), t, start, now_us() - start});
+        }
+        const double wait_start = ev ? now_us() : 0;
         barrier_.arrive_and_wait();
+        if (ev) ev->push_back({w, -1, 0, wait_start, now_us() - wait_start});
       }
     });
+    if (trace_)
+      for (auto& ev : worker_events_) trace_->insert(trace_->end(), ev.begin(), ev.end());
   }
+  void set_trace(std::vector<TraceEvent>* sink) override { trace_ = sink; }
 
  private:
   const DecodeProgram& p_;
   ThreadPool& pool_;
   SlotArena arena_;
   SpinBarrier barrier_;
+  std::vector<TraceEvent>* trace_ = nullptr;
+  std::vector<std::vector<TraceEvent>> worker_events_;
+  std::chrono::steady_clock::time_point t0_;
+  double now_us() const {
+    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0_).count();
+  }
 };
 
 }  // namespace
+
+std::string trace_to_json(const DecodeProgram& program, const std::vector<TraceEvent>& events) {
+  std::string out = "{\"traceEvents\":[\n";
+  bool first = true;
+  for (const auto& e : events) {
+    std::string name = "wait";
+    if (e.op >= 0) {
+      const Op& op = program.ops[static_cast<size_t>(e.op)];
+      name = op.layer >= 0 ? fmt::format("{} L{} t{}", op.name, op.layer, e.tile) : fmt::format("{} t{}", op.name, e.tile);
+    }
+    out += fmt::format("{}{{\"name\":\"{}\",\"cat\":\"{}\",\"ph\":\"X\",\"ts\":{:.3f},\"dur\":{:.3f},\"pid\":1,\"tid\":{}}}",
+                       first ? "" : ",\n", name, e.op >= 0 ? op_kind_name(program.ops[static_cast<size_t>(e.op)].kind) : "wait",
+                       e.start_us, e.dur_us, e.worker);
+    first = false;
+  }
+  out += "\n]}\n";
+  return out;
+}
 
 std::unique_ptr<Executor> make_reference_executor(const DecodeProgram& program) {
   return std::make_unique<ReferenceExecutor>(program);

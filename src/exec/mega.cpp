@@ -24,6 +24,7 @@
 // earliest unfinished tile overall can always run.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <set>
 #include <thread>
@@ -213,18 +214,32 @@ class MegaExecutor final : public Executor {
     arena_.bind(ctx, p_, logits);
     const uint64_t epoch = epoch_;
     const Schedule& s = *sched;
+    if (trace_) {
+      worker_events_.assign(static_cast<size_t>(pool_.size()), {});
+      t0_ = std::chrono::steady_clock::now();
+    }
     pool_.run([&](int w) { run_worker(s, ctx, w, epoch); });
+    if (trace_)
+      for (auto& ev : worker_events_) trace_->insert(trace_->end(), ev.begin(), ev.end());
   }
 
+  void set_trace(std::vector<TraceEvent>* sink) override { trace_ = sink; }
+
  private:
+  double now_us() const {
+    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0_).count();
+  }
+
   void run_worker(const Schedule& s, const StepContext& ctx, int w, uint64_t epoch) {
     const auto& tasks = s.worker_tasks[static_cast<size_t>(w)];
+    std::vector<TraceEvent>* events = trace_ ? &worker_events_[static_cast<size_t>(w)] : nullptr;
     PrefetchCursor pf;
     pf.tasks = &tasks;
     const size_t budget = opts_.prefetch_bytes;
     for (size_t i = 0; i < tasks.size(); ++i) {
       const Task& t = tasks[i];
       if (budget) pf.computing(i);
+      const double wait_start = events ? now_us() : 0;
       for (uint32_t d = t.dep_begin; d < t.dep_end; ++d) {
         const auto& f = flags_[static_cast<size_t>(s.deps[d])].epoch;
         int spins = 0;
@@ -237,7 +252,14 @@ class MegaExecutor final : public Executor {
       const Op& op = p_.ops[static_cast<size_t>(t.op)];
       // A small tile leaves the memory system idle; start the next stream.
       if (budget && op.kind != OpKind::MatMul) pf.issue(64, budget);
-      run_op_tile(op, ctx, t.tile, t.n_tiles);
+      if (events) {
+        const double start = now_us();
+        if (start - wait_start > 0.05) events->push_back({w, -1, 0, wait_start, start - wait_start});
+        run_op_tile(op, ctx, t.tile, t.n_tiles);
+        events->push_back({w, t.op, t.tile, start, now_us() - start});
+      } else {
+        run_op_tile(op, ctx, t.tile, t.n_tiles);
+      }
       flags_[static_cast<size_t>(t.flag)].epoch.store(epoch, std::memory_order_release);
     }
   }
@@ -249,6 +271,9 @@ class MegaExecutor final : public Executor {
   std::vector<std::unique_ptr<Schedule>> schedules_;
   std::vector<Flag> flags_;
   uint64_t epoch_ = 0;
+  std::vector<TraceEvent>* trace_ = nullptr;
+  std::vector<std::vector<TraceEvent>> worker_events_;
+  std::chrono::steady_clock::time_point t0_;
 };
 
 }  // namespace
