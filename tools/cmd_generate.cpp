@@ -140,7 +140,12 @@ std::vector<int32_t> encode_conversation(const Loaded& L, const std::vector<Chat
 void run_cmd(const GenOptions& o) {
   Loaded L = load(o);
   std::vector<int32_t> tokens;
-  if (o.raw || L.chat == ChatTemplate::None) {
+  // A model without a chat template in its metadata is treated as a base
+  // model: the prompt is continued as plain text (gemma3-270m is one).
+  const bool has_template = L.file->has("tokenizer.chat_template");
+  if (!o.raw && (!has_template || L.chat == ChatTemplate::None))
+    fmt::print(stderr, "[{} has no chat template in its metadata: continuing the prompt as plain text]\n", o.model);
+  if (o.raw || !has_template || L.chat == ChatTemplate::None) {
     tokens = L.tokenizer->encode(o.prompt, L.tokenizer->add_bos_default(), /*parse_special=*/false);
   } else {
     std::vector<ChatMessage> msgs;
@@ -165,6 +170,9 @@ void chat_cmd(const GenOptions& o) {
   Loaded L = load(o);
   if (L.chat == ChatTemplate::None)
     fail("model '{}' has no chat template this engine knows; use 'megakern run --raw' instead", o.model);
+  if (!L.file->has("tokenizer.chat_template"))
+    fmt::print(stderr, "[{} has no chat template in its metadata; using the {} turn format of its architecture, "
+               "which a base model may not follow]\n", o.model, L.file->get_string("general.architecture"));
   Session s(*L.model, *L.pool, o.n_ctx, o.executor);
   Sampler sampler(o.sampling);
   std::vector<ChatMessage> msgs;
