@@ -114,5 +114,36 @@ TEST(Cli, InspectShowsMetadataAndTensors) {
   EXPECT_NE(r.out.find("q4_1"), std::string::npos);
 }
 
+TEST(Cli, BenchRunsBothExecutorsAndWritesJson) {
+  const std::string json = (std::filesystem::temp_directory_path() / "megakern_bench_test.json").string();
+  const Result r = run("bench -m dense-mini --batch 1,2 --steps 2 --warmup 1 --rounds 1 --probe-mib 64 --json " + json);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("read bandwidth probe"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("opbyop"), std::string::npos);
+  EXPECT_NE(r.out.find("mega"), std::string::npos);
+  std::ifstream in(json);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("\"fraction_of_probe\""), std::string::npos) << text;
+  EXPECT_NE(text.find("\"schedule_build_ms\""), std::string::npos) << text;
+}
+
+TEST(Cli, BenchRejectsBadLists) {
+  Result r = run("bench -m dense-mini --batch 1,x");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("'x' is not a number"), std::string::npos) << r.out;
+  r = run("bench -m dense-mini --batch 0");
+  EXPECT_EQ(r.status, 1);
+  r = run("bench -m dense-mini --executor warp");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("unknown executor 'warp'"), std::string::npos) << r.out;
+}
+
+TEST(Cli, InspectProgramListsOpsPerLayer) {
+  const Result r = run("inspect --program dense-mini");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("layer 3"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("weights read per step"), std::string::npos) << r.out;
+}
+
 }  // namespace
 }  // namespace megakern
