@@ -16,6 +16,7 @@
 #include "io/safetensors.h"
 #include "model/dense_program.h"
 #include "model/load.h"
+#include "model/qwen38_config.h"
 #include "runtime/session.h"
 #include "tools/commands.h"
 
@@ -25,6 +26,7 @@ namespace {
 struct InspectOptions {
   std::string model = "smollm2-135m";
   bool program = false;
+  std::string config;
   int max_rows = 8;
   bool no_tensors = false;
   bool no_metadata = false;
@@ -126,7 +128,21 @@ void inspect_program(const InspectOptions& o) {
   fmt::print("{}", p.dump());
 }
 
+void inspect_config(const std::string& name) {
+  if (const Qwen38Config* c = find_qwen38_preset(name)) {
+    fmt::print("{}", describe(*c));
+    return;
+  }
+  std::string known;
+  for (const auto& c : qwen38_presets()) known += (known.empty() ? "" : ", ") + c.name;
+  fail("unknown config preset '{}' (known: {})", name, known);
+}
+
 void inspect_cmd(const InspectOptions& o) {
+  if (!o.config.empty()) {
+    inspect_config(o.config);
+    return;
+  }
   if (o.program) {
     inspect_program(o);
     return;
@@ -154,6 +170,8 @@ void register_inspect(CLI::App& app) {
   cmd->add_option("-m,--model", o->model, "Same as the positional argument");
   cmd->add_flag("--program", o->program,
                 "Print the model's DecodeProgram: ops per layer with the weight bytes each reads (also for bench presets)");
+  cmd->add_option("--config", o->config,
+                  "Describe an architecture preset (e.g. qwen3.8-27b): parameters, weights read per step, KV and state bytes");
   cmd->add_option("--max-rows", o->max_rows, "Rows per step the program is built for")->capture_default_str()->check(CLI::Range(1, 64));
   cmd->add_flag("--no-tensors", o->no_tensors, "Omit the tensor table");
   cmd->add_flag("--no-metadata", o->no_metadata, "Omit the metadata");
