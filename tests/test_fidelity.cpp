@@ -3,10 +3,11 @@
 // from transformers running the dequantised GGUF weights in float32).
 //
 // Tolerances: top-1 agreement >= 99 % of positions; the reference's top-16
-// logits within 2e-3 absolute at every position, and the log-sum-exp within
-// 2e-3 (measured: about 1e-4 for both models). Both implementations compute in
-// f32 from the same dequantised weights, so differences come only from
-// summation order.
+// logits within 2.5e-2 absolute at every position, and the log-sum-exp within
+// 2.5e-2. The reference runs f32 activations; our quantised-weight kernels
+// quantise activations to int16 per 32 values (kernels/cpu/qmatmul.h), which
+// moves logits by at most about 0.012 (measured: SmolLM2 0.0116, Gemma 3
+// 0.0044 with AVX2; 0.0125 / 0.0066 on the scalar path).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -77,8 +78,14 @@ void report(const std::string& name, const Agreement& a) {
   ::testing::Test::RecordProperty("max_abs_logit_diff", std::to_string(a.max_abs));
   EXPECT_GE(a.positions, 192);
   EXPECT_GE(top1, 99.0);
-  EXPECT_LT(a.max_abs, 2e-3);
-  EXPECT_LT(a.max_lse, 2e-3);
+  // The matrix kernels quantise activations to int16 per 32-block (see
+  // src/kernels/cpu/qmatmul.h), which moves logits more than f32 summation
+  // order did (~1e-4). Measured with it: |logit diff| max 0.0116 (AVX2) /
+  // 0.0125 (scalar) for SmolLM2, 0.0044 / 0.0066 for Gemma 3; |lse diff| max
+  // 0.0106 / 0.0113 and 0.0037 / 0.0056; top-1 agreement 100 % for both.
+  // The bounds are about 2x the largest of these.
+  EXPECT_LT(a.max_abs, 2.5e-2);
+  EXPECT_LT(a.max_lse, 2.5e-2);
 }
 
 TEST(Fidelity, SmolLM2MatchesReference) {

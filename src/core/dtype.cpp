@@ -467,6 +467,260 @@ void quant_q6_k(const float* x, uint8_t* b) {
   store_u16(b + kQ6_KD, d_h);
 }
 
+
+// ---------------------------------------------------------------------------
+// Microscaling and other "new" formats. Shared pieces first.
+
+// e2m1 (1 sign, 2 exponent, 1 mantissa bit) values doubled, indexed by the
+// 4-bit code, exactly as GGML's kvalues_mxfp4: {0, .5, 1, 1.5, 2, 3, 4, 6}
+// times two, codes 8..15 negative. The scales below are halved to match, so
+// every decoded value is (integer in -12..12) * (power of two or e4m3 / 2).
+constexpr int8_t kE2M1x2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+// E8M0 scale byte e -> 2^(e-127) / 2 = 2^(e-128), GGML's
+// GGML_E8M0_TO_FP32_HALF (e = 0 and 1 give the f32 subnormals 2^-128, 2^-127;
+// e = 255, NaN in OCP, is not special-cased, as in GGML).
+float e8m0_half(uint8_t e) {
+  const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+  return bits_to_f32(bits);
+}
+// E8M0 -> 2^(e-127) (e = 0 gives 2^-127, a subnormal).
+float e8m0(uint8_t e) { return e == 0 ? bits_to_f32(0x00400000u) : bits_to_f32((uint32_t)e << 23); }
+
+// The e2m1 code nearest to v / d (ties to the lower index, as GGML's
+// best_index_mxfp4 scans), with v / d compared in doubled units.
+uint8_t nearest_e2m1(float v, float d) {
+  int best = 0;
+  float best_err = std::fabs((float)kE2M1x2[0] * d - v);
+  for (int i = 1; i < 16; ++i) {
+    const float err = std::fabs((float)kE2M1x2[i] * d - v);
+    if (err < best_err) {
+      best = i;
+      best_err = err;
+    }
+  }
+  return (uint8_t)best;
+}
+
+}  // namespace
+
+// OCP FP8 e4m3 "fn": 1 sign, 4 exponent (bias 7), 3 mantissa bits; no
+// infinities; 0x7f / 0xff are NaN; largest finite 448.
+float fp8_e4m3_to_f32(uint8_t b) {
+  const int e = (b >> 3) & 15, m = b & 7;
+  float v;
+  if (e == 15 && m == 7) {
+    v = std::numeric_limits<float>::quiet_NaN();
+  } else if (e == 0) {
+    v = std::ldexp((float)m, -9);
+  } else {
+    v = std::ldexp(1.0f + (float)m / 8.0f, e - 7);
+  }
+  return (b & 0x80) ? -v : v;
+}
+
+// f32 -> e4m3fn, round to nearest even, saturating to +-448 (NaN -> 0x7f).
+uint8_t f32_to_fp8_e4m3(float v) {
+  if (std::isnan(v)) return 0x7f;
+  const uint8_t sign = std::signbit(v) ? 0x80 : 0x00;
+  float a = std::fabs(v);
+  if (a >= 448.0f) return sign | 0x7e;
+  int code;
+  if (a < 0x1p-6f) {
+    // Subnormal range, step 2^-9; a code of 8 is the smallest normal.
+    code = (int)std::nearbyint(a * 512.0f);
+  } else {
+    int exp;
+    (void)std::frexp(a, &exp);  // a = f * 2^exp, f in [0.5, 1)
+    const int e = exp - 1;      // a in [2^e, 2^(e+1))
+    const int m = (int)std::nearbyint(std::ldexp(a, 3 - e));  // 8..16
+    // The encoding is monotonic: a carry from m = 16 lands on the next binade.
+    code = ((e + 7) << 3) + (m - 8);
+  }
+  return (uint8_t)(sign | std::min(code, 0x7e));
+}
+
+namespace {
+
+// ---------------------------------------------------------------------------
+// MXFP4 (GGML id 39, block_mxfp4): u8 e, 16 bytes qs; element j < 16 is the
+// low nibble of qs[j], element j + 16 its high nibble (the Q4_0 split);
+// value = kE2M1x2[code] * e8m0_half(e).
+
+constexpr size_t kMXFP4Bytes = 1 + kQK / 2;
+
+void deq_mxfp4(const uint8_t* b, float* y) {
+  const float d = e8m0_half(b[0]);
+  for (int j = 0; j < kQK / 2; ++j) {
+    y[j] = (float)kE2M1x2[b[1 + j] & 0x0f] * d;
+    y[j + kQK / 2] = (float)kE2M1x2[b[1 + j] >> 4] * d;
+  }
+}
+
+// GGML's quantize_row_mxfp4_ref: the scale exponent puts the block maximum in
+// [4, 8) in e2m1 units (values above 6 clip to 6), then each value takes the
+// nearest grid point.
+void quant_mxfp4(const float* x, uint8_t* b) {
+  float amax = 0.0f;
+  for (int j = 0; j < kQK; ++j) amax = std::max(amax, std::fabs(x[j]));
+  const int e = amax > 0.0f ? std::clamp((int)std::floor(std::log2(amax)) - 2 + 127, 0, 254) : 0;
+  const float d = e8m0_half((uint8_t)e);
+  b[0] = (uint8_t)e;
+  for (int j = 0; j < kQK / 2; ++j) {
+    b[1 + j] = (uint8_t)(nearest_e2m1(x[j], d) | (nearest_e2m1(x[j + kQK / 2], d) << 4));
+  }
+}
+
+// ---------------------------------------------------------------------------
+// FP8_E4M3 (ours): u8 E8M0 scale e, then 32 e4m3fn bytes; value =
+// fp8(q) * 2^(e-127). The product is exact (a power-of-two scaling) unless it
+// leaves f32's normal range.
+
+constexpr size_t kFP8Bytes = 1 + kQK;
+
+void deq_fp8(const uint8_t* b, float* y) {
+  const float d = e8m0(b[0]);
+  for (int j = 0; j < kQK; ++j) y[j] = fp8_e4m3_to_f32(b[1 + j]) * d;
+}
+
+// The scale is the smallest power of two that brings the block maximum
+// within 448; each value then rounds to nearest even e4m3.
+void quant_fp8(const float* x, uint8_t* b) {
+  float amax = 0.0f;
+  for (int j = 0; j < kQK; ++j) amax = std::max(amax, std::fabs(x[j]));
+  int e = 127;
+  if (amax > 0.0f && std::isfinite(amax)) {
+    e = std::clamp((int)std::ceil(std::log2(amax / 448.0f)) + 127, 0, 254);
+    while (e < 254 && amax / e8m0((uint8_t)e) > 448.0f) ++e;  // guard log2 rounding
+  }
+  const float d = e8m0((uint8_t)e);
+  b[0] = (uint8_t)e;
+  for (int j = 0; j < kQK; ++j) b[1 + j] = f32_to_fp8_e4m3(x[j] / d);
+}
+
+// ---------------------------------------------------------------------------
+// NVFP4 (ours; the layout of GGML's block_nvfp4): 64 elements as four
+// 16-element sub-blocks s. Bytes 0..3 are the sub-blocks' unsigned e4m3
+// scales; bytes 4..35 are nibbles: sub-block s owns qs[8s .. 8s+7], low
+// nibbles elements 16s+0..7, high nibbles 16s+8..15. value =
+// kE2M1x2[code] * ue4m3(scale) / 2. A scale byte's sign bit is ignored and
+// 0x7f (NaN) decodes as 0, as in GGML. The per-tensor global scale is left
+// to the caller (see dtype.h).
+
+constexpr int64_t kNVFP4Block = 64;
+constexpr size_t kNVFP4Bytes = 4 + kNVFP4Block / 2;
+
+float ue4m3_half(uint8_t s) {
+  s &= 0x7f;
+  if (s == 0x7f) return 0.0f;
+  return fp8_e4m3_to_f32(s) * 0.5f;
+}
+
+void deq_nvfp4(const uint8_t* b, float* y) {
+  for (int s = 0; s < 4; ++s) {
+    const float d = ue4m3_half(b[s]);
+    const uint8_t* qs = b + 4 + 8 * s;
+    for (int j = 0; j < 8; ++j) {
+      y[16 * s + j] = (float)kE2M1x2[qs[j] & 0x0f] * d;
+      y[16 * s + 8 + j] = (float)kE2M1x2[qs[j] >> 4] * d;
+    }
+  }
+}
+
+// Scale = sub-block absmax / 6 rounded to e4m3 (rounded up one step if the
+// rounding went down, so the extreme does not clip), values to nearest.
+void quant_nvfp4(const float* x, uint8_t* b) {
+  for (int s = 0; s < 4; ++s) {
+    const float* xs = x + 16 * s;
+    float amax = 0.0f;
+    for (int j = 0; j < 16; ++j) amax = std::max(amax, std::fabs(xs[j]));
+    uint8_t sc = f32_to_fp8_e4m3(amax / 6.0f) & 0x7f;
+    if (sc < 0x7e && fp8_e4m3_to_f32(sc) * 6.0f < amax) ++sc;
+    b[s] = sc;
+    const float d = ue4m3_half(sc);
+    uint8_t* qs = b + 4 + 8 * s;
+    for (int j = 0; j < 8; ++j) {
+      const uint8_t lo = d > 0.0f ? nearest_e2m1(xs[j], d) : 0;
+      const uint8_t hi = d > 0.0f ? nearest_e2m1(xs[8 + j], d) : 0;
+      qs[j] = (uint8_t)(lo | (hi << 4));
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// INT4_G128 (ours): f16 d, then four 16-byte groups; group g holds elements
+// 32g..32g+31 as Q4_0 does (low nibbles 32g+0..15, high nibbles 32g+16..31).
+// Codes are q + 8 for q in -8..7; value = (code - 8) * d.
+
+constexpr int64_t kG128 = 128;
+constexpr size_t kInt4G128Bytes = 2 + kG128 / 2;
+
+void deq_int4_g128(const uint8_t* b, float* y) {
+  const float d = load_f16(b);
+  for (int g = 0; g < 4; ++g) {
+    const uint8_t* qs = b + 2 + 16 * g;
+    for (int j = 0; j < 16; ++j) {
+      y[32 * g + j] = (float)((int)(qs[j] & 0x0f) - 8) * d;
+      y[32 * g + 16 + j] = (float)((int)(qs[j] >> 4) - 8) * d;
+    }
+  }
+}
+
+// d = absmax / 7 (stored as f16); q = round-half-even(x / d) clipped to -8..7,
+// computed against the stored (f16-rounded) d.
+void quant_int4_g128(const float* x, uint8_t* b) {
+  float amax = 0.0f;
+  for (int j = 0; j < kG128; ++j) amax = std::max(amax, std::fabs(x[j]));
+  const uint16_t dh = scale_to_f16(amax / 7.0f);
+  const float d = f16_to_f32(dh);
+  store_u16(b, dh);
+  auto code = [&](float v) {
+    const int q = d > 0.0f ? (int)std::clamp(std::nearbyint(v / d), -8.0f, 7.0f) : 0;
+    return (uint8_t)(q + 8);
+  };
+  for (int g = 0; g < 4; ++g) {
+    for (int j = 0; j < 16; ++j) {
+      b[2 + 16 * g + j] = (uint8_t)(code(x[32 * g + j]) | (code(x[32 * g + 16 + j]) << 4));
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// INT8_COL (ours): f32 scale d, then 128 int8; value = q * d. Every block of a
+// row carries the same d (the row's absmax / 127): see quantize_row_int8_col.
+
+constexpr size_t kInt8ColBytes = 4 + kG128;
+
+void deq_int8_col(const uint8_t* b, float* y) {
+  float d;
+  std::memcpy(&d, b, 4);
+  for (int j = 0; j < kG128; ++j) y[j] = (float)(int8_t)b[4 + j] * d;
+}
+
+// Per-block form (unused by the row quantiser below, kept for the table's shape).
+void quant_int8_col_block(const float* x, uint8_t* b, float d) {
+  std::memcpy(b, &d, 4);
+  for (int j = 0; j < kG128; ++j) {
+    const int q = d > 0.0f ? (int)std::clamp(std::nearbyint(x[j] / d), -127.0f, 127.0f) : 0;
+    b[4 + j] = (uint8_t)(int8_t)q;
+  }
+}
+void quant_int8_col(const float* x, uint8_t* b) {
+  float amax = 0.0f;
+  for (int j = 0; j < kG128; ++j) amax = std::max(amax, std::fabs(x[j]));
+  quant_int8_col_block(x, b, amax / 127.0f);
+}
+
+// The whole span [0, n) shares one scale: call it per row.
+void quantize_row_int8_col(const float* src, void* dst, int64_t n) {
+  MK_DCHECK(n >= 0 && n % kG128 == 0, "n={} block={}", n, kG128);
+  float amax = 0.0f;
+  for (int64_t j = 0; j < n; ++j) amax = std::max(amax, std::fabs(src[j]));
+  const float d = amax / 127.0f;
+  auto* p = static_cast<uint8_t*>(dst);
+  for (int64_t i = 0; i < n / kG128; ++i) quant_int8_col_block(src + i * kG128, p + (size_t)i * kInt8ColBytes, d);
+}
+
 // ---------------------------------------------------------------------------
 // Row kernels, generated from the per-block functions above.
 
@@ -528,7 +782,24 @@ constexpr DTypeTraits kQ8_0 = make_traits<DType::Q8_0, kQK, kQ8_0Bytes, deq_q8_0
 constexpr DTypeTraits kQ4_K = make_traits<DType::Q4_K, kQKK, kQ4_KBytes, deq_q4_k, quant_q4_k>("q4_k");
 constexpr DTypeTraits kQ6_K = make_traits<DType::Q6_K, kQKK, kQ6_KBytes, deq_q6_k, quant_q6_k>("q6_k");
 
-constexpr const DTypeTraits* kAllTraits[] = {&kF32, &kF16, &kBF16, &kQ4_0, &kQ4_1, &kQ5_0, &kQ8_0, &kQ4_K, &kQ6_K};
+constexpr DTypeTraits kMXFP4 = make_traits<DType::MXFP4, kQK, kMXFP4Bytes, deq_mxfp4, quant_mxfp4>("mxfp4");
+constexpr DTypeTraits kFP8 = make_traits<DType::FP8_E4M3, kQK, kFP8Bytes, deq_fp8, quant_fp8>("fp8_e4m3");
+constexpr DTypeTraits kNVFP4 =
+    make_traits<DType::NVFP4, kNVFP4Block, kNVFP4Bytes, deq_nvfp4, quant_nvfp4>("nvfp4");
+constexpr DTypeTraits kInt4G128 =
+    make_traits<DType::INT4_G128, kG128, kInt4G128Bytes, deq_int4_g128, quant_int4_g128>("int4_g128");
+constexpr DTypeTraits kInt8Col = [] {
+  DTypeTraits t = make_traits<DType::INT8_COL, kG128, kInt8ColBytes, deq_int8_col, quant_int8_col>("int8_col");
+  t.quantize = &quantize_row_int8_col;  // one scale for the whole row
+  return t;
+}();
+
+constexpr const DTypeTraits* kAllTraits[] = {&kF32,  &kF16,   &kBF16,  &kQ4_0,     &kQ4_1,   &kQ5_0, &kQ8_0,
+                                             &kQ4_K, &kQ6_K,  &kMXFP4, &kFP8,      &kNVFP4, &kInt4G128, &kInt8Col};
+constexpr DType kAllTypes[] = {DType::F32,  DType::F16,   DType::BF16,     DType::Q4_0,  DType::Q4_1,
+                               DType::Q5_0, DType::Q8_0,  DType::Q4_K,     DType::Q6_K,  DType::MXFP4,
+                               DType::FP8_E4M3, DType::NVFP4, DType::INT4_G128, DType::INT8_COL};
+static_assert(std::size(kAllTypes) == std::size(kAllTraits));
 
 const DTypeTraits* find_traits(uint32_t id) {
   for (const DTypeTraits* t : kAllTraits) {
@@ -554,6 +825,11 @@ const DTypeTraits& dtype_traits(DType t) {
   const uint32_t id = (uint32_t)t;
   if (const DTypeTraits* traits = find_traits(id)) return *traits;
   fail("tensor type {} (GGML id {}) is not supported", ggml_type_name(id), id);
+}
+
+const DType* all_dtypes(size_t* count) {
+  *count = std::size(kAllTypes);
+  return kAllTypes;
 }
 
 std::optional<DType> dtype_from_ggml(uint32_t id) {

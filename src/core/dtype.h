@@ -12,6 +12,24 @@
 namespace megakern {
 
 // Values are the GGML type ids, so a GGUF tensor's type field maps directly.
+// Formats of our own (not in GGML) take ids from 64 up, clear of GGML's.
+//
+// Formats beyond GGML's classic set (layouts in dtype.cpp):
+//   MXFP4     GGML id 39, GGML's block_mxfp4: 32 e2m1 values per block, one
+//             E8M0 power-of-two scale byte then 16 bytes of nibbles.
+//   FP8_E4M3  ours: 32 OCP e4m3 "fn" bytes per block after one E8M0 scale byte.
+//   NVFP4     ours: 64 e2m1 values in four 16-value sub-blocks, each with an
+//             e4m3 scale: 4 scale bytes then 32 bytes of nibbles. The
+//             per-tensor f32 global scale of NVIDIA's format is NOT stored:
+//             the caller folds it (multiplies the matmul output by it, or
+//             into the next op); our quantiser assumes a global scale of 1.
+//   INT4_G128 ours: groups of 128 with an f16 scale absmax/7 and values
+//             round-half-even clipped to -8..7, packed as nibbles.
+//   INT8_COL  ours: int8 with one f32 scale per output row (= absmax/127 of
+//             the row), stored in every 128-element block of that row so a
+//             row stays self-contained (4 bytes per 128 values, 3 %). The
+//             quantiser must be given one row at a time to get per-row
+//             scales (given a longer span it uses one scale for the span).
 enum class DType : uint32_t {
   F32 = 0,
   F16 = 1,
@@ -22,6 +40,11 @@ enum class DType : uint32_t {
   Q4_K = 12,
   Q6_K = 14,
   BF16 = 30,
+  MXFP4 = 39,
+  FP8_E4M3 = 64,
+  NVFP4 = 65,
+  INT4_G128 = 66,
+  INT8_COL = 67,
 };
 
 struct DTypeTraits {
@@ -41,12 +64,21 @@ struct DTypeTraits {
 
 // Traits of a supported type; throws megakern::Error for an unsupported one.
 const DTypeTraits& dtype_traits(DType t);
-// The supported type with this GGML id, or nullopt.
+// The supported type with this GGML id, or nullopt. Our own ids (>= 64) are
+// accepted too, so a GGUF file written here with them reads back.
 std::optional<DType> dtype_from_ggml(uint32_t id);
 // Name of any GGML type id, including ones we cannot compute with ("q2_k").
 std::string_view ggml_type_name(uint32_t id);
-// Parses "q4_0", "F16", ... (case-insensitive); nullopt when unknown.
+// Every supported type, in table order.
+const DType* all_dtypes(size_t* count);
+// Parses "q4_0", "F16", "mxfp4", "fp8_e4m3", "nvfp4", "int4_g128", "int8_col",
+// ... (case-insensitive); nullopt when unknown.
 std::optional<DType> dtype_from_name(std::string_view name);
+
+// OCP FP8 e4m3 "fn" <-> f32 (round to nearest even, saturating at +-448;
+// 0x7f / 0xff are NaN).
+float fp8_e4m3_to_f32(uint8_t b);
+uint8_t f32_to_fp8_e4m3(float v);
 
 // Bytes needed by a row of n elements; throws if n is not a multiple of the block size.
 size_t row_bytes(DType t, int64_t n);

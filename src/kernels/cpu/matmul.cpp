@@ -1,34 +1,45 @@
 #include "kernels/cpu/matmul.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <vector>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/qmatmul.h"
 #include "kernels/cpu/quant_rows.h"
 #include "kernels/cpu/vec.h"
+#include "kernels/ref/i16_ref.h"
 
 namespace megakern {
+namespace {
 
-void dequantize_row(const MatView& W, int64_t j, float* dst) {
-  dequantize_row_fast(W.type, W.row(j), dst, W.cols);
-}
-
-void matmul_rows(const MatView& W, const float* X, int64_t n_x, float* Y, int64_t ldy, int64_t row_begin,
-                 int64_t row_end) {
-  MK_CHECK(row_begin >= 0 && row_end <= W.rows && row_begin <= row_end);
-  // Few inputs: decode each row in registers and never store it. Many
-  // inputs: decode the row once into a buffer and reuse it for every input.
-  // Both give the same bits (see quant_rows.h), so results do not depend on n_x.
-  if (n_x <= 2) {
-    for (int64_t j = row_begin; j < row_end; ++j)
-      for (int64_t t = 0; t < n_x; ++t) Y[t * ldy + j] = dot_row_fast(W.type, W.row(j), X + t * W.cols, W.cols);
+// Rows [row_begin, row_end) with the inputs already quantised when the
+// format needs it (A non-null exactly when uses_i16_acts(W.type)). Every
+// path computes each output (t, j) by a sequence of operations that depends
+// only on W's row j, X's row t and the ISA, never on n_x or the row range:
+// rows are independent, and inputs are either handled one at a time or in
+// groups whose per-input arithmetic is the same as alone.
+void rows_prepared(const MatView& W, const float* X, const QuantizedActs* A, int64_t n_x, float* Y, int64_t ldy,
+                   int64_t row_begin, int64_t row_end) {
+  if (A != nullptr) {
+    if (use_avx2())
+      matmul_rows_i16_avx2(W, *A, Y, ldy, row_begin, row_end);
+    else
+      matmul_rows_i16_ref(W, *A, Y, ldy, row_begin, row_end);
     return;
   }
+  if (use_avx2() && f32_path_avx2_supports(W.type)) {
+    matmul_rows_f32_avx2(W, X, n_x, Y, ldy, row_begin, row_end);
+    return;
+  }
+  // Portable f32 path: decode the row once, then dot it with every input.
   thread_local std::vector<float> scratch;
   if (scratch.size() < static_cast<size_t>(W.cols)) scratch.resize(static_cast<size_t>(W.cols));
   for (int64_t j = row_begin; j < row_end; ++j) {
     const float* w;
-    if (W.type == DType::F32) {
+    if (W.type == DType::F32 && reinterpret_cast<uintptr_t>(W.row(j)) % alignof(float) == 0) {
       w = reinterpret_cast<const float*>(W.row(j));
     } else {
       dequantize_row_fast(W.type, W.row(j), scratch.data(), W.cols);
@@ -38,8 +49,36 @@ void matmul_rows(const MatView& W, const float* X, int64_t n_x, float* Y, int64_
   }
 }
 
+}  // namespace
+
+void dequantize_row(const MatView& W, int64_t j, float* dst) {
+  dequantize_row_fast(W.type, W.row(j), dst, W.cols);
+}
+
+void matmul_rows(const MatView& W, const float* X, int64_t n_x, float* Y, int64_t ldy, int64_t row_begin,
+                 int64_t row_end) {
+  MK_CHECK(row_begin >= 0 && row_end <= W.rows && row_begin <= row_end);
+  if (n_x <= 0 || row_begin == row_end) return;
+  if (uses_i16_acts(W.type)) {
+    thread_local QuantizedActs acts;
+    quantize_acts(X, n_x, W.cols, acts);
+    rows_prepared(W, X, &acts, n_x, Y, ldy, row_begin, row_end);
+    return;
+  }
+  rows_prepared(W, X, nullptr, n_x, Y, ldy, row_begin, row_end);
+}
+
 void matmul(ThreadPool& pool, const MatView& W, const float* X, int64_t n_x, float* Y) {
-  pool.parallel_for(W.rows, 16, [&](int64_t b, int64_t e) { matmul_rows(W, X, n_x, Y, W.rows, b, e); });
+  if (n_x <= 0 || W.rows == 0) return;
+  // Inputs are quantised once, by the calling thread, and shared read-only.
+  thread_local QuantizedActs acts;
+  const QuantizedActs* A = nullptr;
+  if (uses_i16_acts(W.type)) {
+    quantize_acts(X, n_x, W.cols, acts);
+    A = &acts;
+  }
+  // Contiguous, balanced row ranges (one per worker, multiples of 16 rows).
+  pool.parallel_for(W.rows, 16, [&](int64_t b, int64_t e) { rows_prepared(W, X, A, n_x, Y, W.rows, b, e); });
 }
 
 }  // namespace megakern

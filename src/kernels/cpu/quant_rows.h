@@ -1,12 +1,16 @@
 // Row kernels over block-quantised weights: dequantise a row, or take its dot
 // product with an f32 vector without materialising the row.
 //
-// Contract that the executors rely on: for a given ISA, dot_row(w, x) is bit
-// for bit equal to dequantize then dot_f32 of the same row, because both
-// decode each 32-element sub-block to the same floats (computed exactly as
-// the scalar reference dequantiser does, without fused multiply-adds) and
-// accumulate them in the same order as dot_f32. So a matrix product gives the
-// same bits whether it runs fused (few inputs) or dequantise-then-dot (many).
+// For a given ISA, dot_row_fast(w, x) is bit for bit equal to dequantize
+// then dot_f32 of the same row, because both decode each 32-element sub-block
+// to the same floats (computed exactly as the scalar reference dequantiser
+// does) and accumulate them in the same order as dot_f32.
+//
+// matmul_rows / matmul no longer go through dot_row_fast: they use the
+// multi-input kernels of qmatmul.h (int16 activations for the quantised
+// formats), whose per-output arithmetic is fixed independently of n_x, the
+// row range and the thread. dequantize_row_fast remains the row decoder
+// behind dequantize_row (embeddings).
 #pragma once
 
 #include <cstdint>

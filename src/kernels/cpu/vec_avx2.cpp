@@ -2,6 +2,8 @@
 // the CPU reports both.
 #include <immintrin.h>
 
+#include <cmath>
+
 #include "kernels/cpu/vec.h"
 
 namespace megakern {
@@ -27,7 +29,10 @@ float dot_f32_avx2(const float* a, const float* b, int64_t n) {
   }
   for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
   float r = hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
-  for (; i < n; ++i) r += a[i] * b[i];
+  // The tail is fused explicitly: GCC would contract "r += a * b" here in
+  // some inlining contexts and not others, and callers (the matrix kernels)
+  // must be able to reproduce this function's bits.
+  for (; i < n; ++i) r = std::fma(a[i], b[i], r);
   return r;
 }
 

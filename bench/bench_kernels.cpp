@@ -1,0 +1,201 @@
+// Micro-benchmarks of the matrix kernels at the memory roofline.
+//
+//   BM_ReadBandwidth/threads:T   streaming sum over a 512 MiB buffer with the
+//                                same ThreadPool (T threads): the probe.
+//   BM_Matmul/<format>/rows:R/threads:T
+//                                matmul(pool, W, X, R, Y) with W a >= 64 MiB
+//                                matrix of 4096 columns in <format>.
+// Counters: bytes (weight bytes read per call; inputs and outputs are
+// negligible and not counted), GB/s (bytes / wall time, 1e9), pct_probe (GB/s
+// as a percentage of the probe for the same thread count, probed once at
+// start-up).
+// Run through scripts/bench_kernels.sh, which prints a table.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/thread_pool.h"
+#include "kernels/cpu/matmul.h"
+
+namespace {
+
+using namespace megakern;
+
+constexpr int64_t kCols = 4096;
+constexpr size_t kMinMatrixBytes = size_t{64} << 20;
+constexpr size_t kProbeBytes = size_t{512} << 20;
+
+ThreadPool& pool(int threads) {
+  static std::map<int, std::unique_ptr<ThreadPool>> pools;
+  auto& p = pools[threads];
+  if (!p) p = std::make_unique<ThreadPool>(threads);
+  return *p;
+}
+
+// --- read-bandwidth probe ----------------------------------------------------
+
+std::vector<uint64_t>& probe_buffer() {
+  static std::vector<uint64_t> buf = [] {
+    std::vector<uint64_t> b(kProbeBytes / 8);
+    for (size_t i = 0; i < b.size(); ++i) b[i] = i * 0x9e3779b97f4a7c15ull;
+    return b;
+  }();
+  return buf;
+}
+
+uint64_t stream_sum(ThreadPool& p) {
+  const auto& buf = probe_buffer();
+  const int workers = p.size();
+  std::vector<uint64_t> partial((size_t)workers * 8, 0);  // one cache line each
+  const int64_t n = (int64_t)buf.size();
+  p.run([&](int w) {
+    // Contiguous, equal ranges, as matmul's row split.
+    const int64_t b = n * w / workers, e = n * (w + 1) / workers;
+    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    int64_t i = b;
+    for (; i + 4 <= e; i += 4) {
+      s0 += buf[(size_t)i];
+      s1 += buf[(size_t)i + 1];
+      s2 += buf[(size_t)i + 2];
+      s3 += buf[(size_t)i + 3];
+    }
+    for (; i < e; ++i) s0 += buf[(size_t)i];
+    partial[(size_t)w * 8] = s0 + s1 + s2 + s3;
+  });
+  uint64_t s = 0;
+  for (uint64_t v : partial) s += v;
+  return s;
+}
+
+// Best of a few passes, in GB/s; used for pct_probe.
+double probe_gbps(int threads) {
+  static std::map<int, double> cache;
+  auto it = cache.find(threads);
+  if (it != cache.end()) return it->second;
+  ThreadPool& p = pool(threads);
+  stream_sum(p);  // fault the pages in
+  double best = 0;
+  for (int r = 0; r < 5; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    benchmark::DoNotOptimize(stream_sum(p));
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, (double)kProbeBytes / s / 1e9);
+  }
+  return cache[threads] = best;
+}
+
+void BM_ReadBandwidth(benchmark::State& state) {
+  const int threads = (int)state.range(0);
+  ThreadPool& p = pool(threads);
+  stream_sum(p);
+  for (auto _ : state) benchmark::DoNotOptimize(stream_sum(p));
+  state.counters["bytes"] = (double)kProbeBytes;
+  state.counters["GB/s"] =
+      benchmark::Counter((double)kProbeBytes / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// --- matrix products --------------------------------------------------------
+
+struct Matrix {
+  DType type;
+  std::vector<uint8_t> data;
+  MatView view;
+};
+
+// One matrix alive at a time (they are 64+ MiB each). Rows are copies of 64
+// distinct quantised rows: the content does not matter for speed, and the
+// reference quantisers (Q4_K's search in particular) are slow.
+const Matrix& matrix(DType t) {
+  static std::unique_ptr<Matrix> m;
+  if (m && m->type == t) return *m;
+  m.reset();
+  m = std::make_unique<Matrix>();
+  m->type = t;
+  const size_t rb = row_bytes(t, kCols);
+  int64_t rows = (int64_t)((kMinMatrixBytes + rb - 1) / rb);
+  rows = (rows + 63) / 64 * 64;
+  m->data.resize(rb * (size_t)rows);
+  std::mt19937 rng(42);
+  std::normal_distribution<float> g(0.0f, 0.05f);
+  std::vector<float> f(kCols);
+  for (int64_t j = 0; j < 64; ++j) {
+    for (float& v : f) v = g(rng);
+    dtype_traits(t).quantize(f.data(), m->data.data() + rb * (size_t)j, kCols);
+  }
+  for (int64_t j = 64; j < rows; ++j) std::memcpy(m->data.data() + rb * (size_t)j, m->data.data() + rb * (size_t)(j % 64), rb);
+  m->view = MatView{t, kCols, rows, m->data.data(), rb};
+  return *m;
+}
+
+void BM_Matmul(benchmark::State& state, DType t) {
+  const int64_t n_x = state.range(0);
+  const int threads = (int)state.range(1);
+  const double probe = probe_gbps(threads);
+  const Matrix& m = matrix(t);
+  ThreadPool& p = pool(threads);
+  std::vector<float> X((size_t)(n_x * kCols)), Y((size_t)(n_x * m.view.rows));
+  std::mt19937 rng(7);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  for (float& v : X) v = g(rng);
+  matmul(p, m.view, X.data(), n_x, Y.data());  // warm-up
+  for (auto _ : state) {
+    matmul(p, m.view, X.data(), n_x, Y.data());
+    benchmark::DoNotOptimize(Y.data());
+    benchmark::ClobberMemory();
+  }
+  const double bytes = (double)m.data.size();
+  state.counters["bytes"] = bytes;
+  state.counters["GB/s"] = benchmark::Counter(bytes / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+  // pct_probe = 100 * (bytes / time) / probe: a rate counter scaled by 100 / probe.
+  state.counters["pct_probe"] =
+      benchmark::Counter(bytes / 1e9 * 100.0 / probe, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["probe_GB/s"] = probe;
+}
+
+void register_all() {
+  for (int threads : {1, 2})
+    benchmark::RegisterBenchmark("BM_ReadBandwidth", BM_ReadBandwidth)
+        ->Arg(threads)
+        ->ArgName("threads")
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond)
+        ->MinTime(0.5);
+  size_t n = 0;
+  const DType* all = all_dtypes(&n);
+  for (size_t i = 0; i < n; ++i) {
+    const DType t = all[i];
+    const std::string name = std::string("BM_Matmul/") + dtype_traits(t).name;
+    auto* b = benchmark::RegisterBenchmark(name.c_str(), [t](benchmark::State& s) { BM_Matmul(s, t); });
+    b->ArgNames({"rows", "threads"})->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(0.3);
+    for (int64_t rows : {1, 2, 4, 8, 16, 64})
+      for (int threads : {1, 2}) b->Args({rows, threads});
+  }
+  // The probe again at the end, to show drift in the machine's load.
+  for (int threads : {1, 2})
+    benchmark::RegisterBenchmark("BM_ReadBandwidth_end", BM_ReadBandwidth)
+        ->Arg(threads)
+        ->ArgName("threads")
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond)
+        ->MinTime(0.5);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  register_all();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,78 @@
+#include "kernels/cpu/qmatmul.h"
+
+#include <cmath>
+#include <limits>
+
+#include "core/error.h"
+#include "kernels/cpu/cpu_features.h"
+
+namespace megakern {
+
+bool uses_i16_acts(DType t) {
+  switch (t) {
+    case DType::Q4_0:
+    case DType::Q4_1:
+    case DType::Q5_0:
+    case DType::Q8_0:
+    case DType::Q4_K:
+    case DType::Q6_K:
+    case DType::MXFP4:
+    case DType::NVFP4:
+    case DType::INT4_G128:
+    case DType::INT8_COL:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// nearbyint (in the default rounding mode) and the f32 division and
+// multiplication are exactly rounded, so the AVX2 version reproduces this.
+void prepare_acts(int64_t n_x, int64_t cols, QuantizedActs& A) {
+  MK_CHECK(cols % 32 == 0, "integer activations need a multiple of 32 columns, got {}", cols);
+  A.n_x = n_x;
+  A.cols = cols;
+  A.nb = cols / 32;
+  const size_t total = (size_t)(n_x * cols);
+  if (A.q.size() < total) A.q.resize(total);
+  if (A.d.size() < (size_t)(n_x * A.nb)) A.d.resize((size_t)(n_x * A.nb));
+  if (A.s.size() < (size_t)(n_x * A.nb * 8)) A.s.resize((size_t)(n_x * A.nb * 8));
+}
+
+void quantize_acts(const float* X, int64_t n_x, int64_t cols, QuantizedActs& A) {
+  if (use_avx2())
+    quantize_acts_avx2(X, n_x, cols, A);
+  else
+    quantize_acts_scalar(X, n_x, cols, A);
+}
+
+void quantize_acts_scalar(const float* X, int64_t n_x, int64_t cols, QuantizedActs& A) {
+  prepare_acts(n_x, cols, A);
+  for (int64_t t = 0; t < n_x; ++t) {
+    for (int64_t k = 0; k < A.nb; ++k) {
+      const float* x = X + t * cols + 32 * k;
+      int16_t* q = A.q.data() + t * cols + 32 * k;
+      float amax = 0.0f;
+      bool finite = true;
+      for (int i = 0; i < 32; ++i) {
+        amax = std::fmax(amax, std::fabs(x[i]));
+        finite &= std::isfinite(x[i]);
+      }
+      float d = amax / 32767.0f;
+      float id = d != 0.0f ? 1.0f / d : 0.0f;
+      if (std::isinf(id)) d = id = 0.0f;  // block below ~1e-38: treated as zeros
+      if (!finite) d = std::numeric_limits<float>::quiet_NaN();  // poison the outputs, as f32 would
+      int32_t lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int i = 0; i < 32; ++i) {
+        const int v = finite ? (int)std::nearbyint(x[i] * id) : 0;
+        q[i] = (int16_t)v;
+        lane[(i % 16) / 2] += v;  // lane l: elements 2l, 2l+1, 16+2l, 17+2l
+      }
+      A.d[(size_t)(t * A.nb + k)] = d;
+      float* s = A.s.data() + (t * A.nb + k) * 8;
+      for (int l = 0; l < 8; ++l) s[l] = d * (float)lane[l];
+    }
+  }
+}
+
+}  // namespace megakern

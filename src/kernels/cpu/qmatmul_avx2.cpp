@@ -1,0 +1,566 @@
+// AVX2 multi-input kernels (see qmatmul.h for the arithmetic they must
+// reproduce bit for bit). Compiled with -mavx2 -mfma -mf16c; reached only
+// through use_avx2(). Every multiply-add that matters is an explicit FMA
+// (intrinsic or std::fma); no mul+add pair is left for the compiler to
+// contract or not, so the bits do not depend on inlining decisions.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/dtype.h"
+#include "core/half.h"
+#include "kernels/cpu/qmatmul.h"
+
+namespace megakern {
+namespace {
+
+inline float f16_at(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+inline float hsum(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+  return _mm_cvtss_f32(lo);
+}
+
+// 16 packed bytes -> 32 codes: low nibbles first (elements 0..15), then high.
+inline __m256i nibbles(const uint8_t* qs) {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i m = _mm_set1_epi8(0x0f);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
+}
+
+
+inline float e8m0_half(uint8_t e) {
+  const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+  return bits_to_f32(bits);
+}
+
+// Unsigned e4m3 scale byte -> value / 2 (sign bit ignored, 0x7f -> 0), as
+// the reference's ue4m3_half; a table built at compile time.
+struct Ue4m3HalfTable {
+  float v[128];
+};
+constexpr Ue4m3HalfTable make_ue4m3_half_table() {
+  Ue4m3HalfTable t{};
+  for (int s = 0; s < 128; ++s) {
+    const int e = s >> 3, m = s & 7;
+    const int ex = (e == 0 ? 1 : e) - 7;  // 2^ex: 2^(e-7) for normals, 2^-6 for subnormals
+    double p = 1.0;
+    for (int i = 0; i < ex; ++i) p *= 2.0;
+    for (int i = 0; i > ex; --i) p /= 2.0;
+    const double val = e == 0 ? (double)m / 8.0 * p : (1.0 + (double)m / 8.0) * p;
+    t.v[s] = s == 0x7f ? 0.0f : (float)(val * 0.5);
+  }
+  return t;
+}
+constexpr Ue4m3HalfTable kUe4m3Half = make_ue4m3_half_table();
+inline float ue4m3_half(uint8_t s) { return kUe4m3Half.v[s & 0x7f]; }
+
+// A decoded 32-element sub-block: elements 0..15 (lo) and 16..31 (hi) as
+// int16, the scale (sc; sc1 for elements 16..31 when kTwoScales) and the min.
+struct Sub {
+  __m256i lo, hi;
+  float sc, sc1, mn;
+};
+
+inline void widen_s8(__m128i lo8, __m128i hi8, Sub& s) {
+  s.lo = _mm256_cvtepi8_epi16(lo8);
+  s.hi = _mm256_cvtepi8_epi16(hi8);
+}
+inline void widen_s8(__m256i w, Sub& s) { widen_s8(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1), s); }
+
+// 16 packed bytes -> codes of elements 0..15 (low nibbles), 16..31 (high).
+inline void nibble_halves(const uint8_t* qs, __m128i& lo, __m128i& hi) {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i m = _mm_set1_epi8(0x0f);
+  lo = _mm_and_si128(b, m);
+  hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
+}
+// 16 packed bytes -> the same codes as int16, widening first (one
+// vpmovzxbw), then splitting nibbles inside each 16-bit lane.
+inline void nibble_halves16(const uint8_t* qs, __m256i& lo, __m256i& hi) {
+  const __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
+  lo = _mm256_and_si256(w, _mm256_set1_epi16(0x0f));
+  hi = _mm256_srli_epi16(w, 4);
+}
+inline __m128i e2m1_table128() { return _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12); }
+
+struct Q4_0 {
+  static constexpr int kBlock = 32, kBytes = 18;
+  static constexpr bool kTwoScales = false, kMin = false;
+  static void decode(const uint8_t* b, int, Sub& s) {
+    __m256i lo, hi;
+    nibble_halves16(b + 2, lo, hi);
+    const __m256i eight = _mm256_set1_epi16(8);
+    s.lo = _mm256_sub_epi16(lo, eight);
+    s.hi = _mm256_sub_epi16(hi, eight);
+    s.sc = f16_at(b);
+  }
+};
+struct Q4_1 {
+  static constexpr int kBlock = 32, kBytes = 20;
+  static constexpr bool kTwoScales = false, kMin = true;
+  static void decode(const uint8_t* b, int, Sub& s) {
+    nibble_halves16(b + 4, s.lo, s.hi);
+    s.sc = f16_at(b);
+    s.mn = f16_at(b + 2);
+  }
+};
+struct Q5_0 {
+  static constexpr int kBlock = 32, kBytes = 22;
+  static constexpr bool kTwoScales = false, kMin = false;
+  static void decode(const uint8_t* b, int, Sub& s) {
+    uint32_t qh;
+    std::memcpy(&qh, b + 2, 4);
+    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)), shuf);
+    const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
+    bytes = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
+    const __m256i hi = _mm256_and_si256(bytes, _mm256_set1_epi8(0x10));
+    widen_s8(_mm256_sub_epi8(_mm256_or_si256(nibbles(b + 6), hi), _mm256_set1_epi8(16)), s);
+    s.sc = f16_at(b);
+  }
+};
+struct Q8_0 {
+  static constexpr int kBlock = 32, kBytes = 34;
+  static constexpr bool kTwoScales = false, kMin = false;
+  static void decode(const uint8_t* b, int, Sub& s) {
+    widen_s8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2)),
+             _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 18)), s);
+    s.sc = f16_at(b);
+  }
+};
+struct Q4_K {
+  static constexpr int kBlock = 256, kBytes = 144;
+  static constexpr bool kTwoScales = false, kMin = true;
+  // Per 256-block: the eight sub-block scales d * sc and mins -(dmin * m),
+  // unpacked with 32-bit masks (GGML's utmp trick) and converted together.
+  struct State {
+    alignas(32) float sc[8], mn[8];
+  };
+  static void prepare(const uint8_t* b, State& st) {
+    uint32_t u[4];
+    std::memcpy(u, b + 4, 12);
+    constexpr uint32_t kMask1 = 0x3f3f3f3f, kMask2 = 0x0f0f0f0f, kMask3 = 0x03030303;
+    u[3] = ((u[2] >> 4) & kMask2) | (((u[1] >> 6) & kMask3) << 4);  // m[4..7]
+    const uint32_t m03 = u[1] & kMask1;                              // m[0..3]
+    u[1] = (u[2] & kMask2) | (((u[0] >> 6) & kMask3) << 4);          // sc[4..7]
+    u[2] = m03;
+    u[0] &= kMask1;                                                  // sc[0..3]
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(u));
+    const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
+    const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8)));
+    _mm256_store_ps(st.sc, _mm256_mul_ps(_mm256_set1_ps(f16_at(b)), sc));
+    // Negation by flipping the sign bit, exactly as the scalar -(x).
+    _mm256_store_ps(st.mn, _mm256_xor_ps(_mm256_mul_ps(_mm256_set1_ps(f16_at(b + 2)), m), _mm256_set1_ps(-0.0f)));
+  }
+  static void decode(const uint8_t* b, int sb, const State& st, Sub& s) {
+    const uint8_t* q = b + 16 + 32 * (sb / 2);
+    const __m128i m4 = _mm_set1_epi8(0x0f);
+    __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+    __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16));
+    if (sb % 2) {
+      lo = _mm_srli_epi16(lo, 4);
+      hi = _mm_srli_epi16(hi, 4);
+    }
+    s.lo = _mm256_cvtepu8_epi16(_mm_and_si128(lo, m4));
+    s.hi = _mm256_cvtepu8_epi16(_mm_and_si128(hi, m4));
+    s.sc = st.sc[sb];
+    s.mn = st.mn[sb];
+  }
+};
+struct Q6_K {
+  static constexpr int kBlock = 256, kBytes = 210;
+  static constexpr bool kTwoScales = true, kMin = false;
+  static void decode(const uint8_t* b, int sb, Sub& s) {
+    const int h = sb / 4, j = sb % 4;
+    const uint8_t* ql = b + 64 * h + (j % 2) * 32;
+    const uint8_t* qh = b + 128 + 32 * h;
+    const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192) + 8 * h + 2 * j;
+    const __m256i lo4 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
+    const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh));
+    const __m256i low = _mm256_and_si256(j >= 2 ? _mm256_srli_epi16(lo4, 4) : lo4, _mm256_set1_epi8(0x0f));
+    const __m256i high =
+        _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(2 * j)), _mm256_set1_epi8(3));
+    widen_s8(_mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(high, 4)), _mm256_set1_epi8(32)), s);
+    const float d = f16_at(b + 208);
+    s.sc = d * (float)sc[0];
+    s.sc1 = d * (float)sc[1];
+  }
+};
+struct MXFP4 {
+  static constexpr int kBlock = 32, kBytes = 17;
+  static constexpr bool kTwoScales = false, kMin = false;
+  static void decode(const uint8_t* b, int, Sub& s) {
+    __m128i lo, hi;
+    nibble_halves(b + 1, lo, hi);
+    const __m128i tab = e2m1_table128();
+    widen_s8(_mm_shuffle_epi8(tab, lo), _mm_shuffle_epi8(tab, hi), s);
+    s.sc = e8m0_half(b[0]);
+  }
+};
+struct NVFP4 {
+  static constexpr int kBlock = 64, kBytes = 36;
+  static constexpr bool kTwoScales = true, kMin = false;
+  static void decode(const uint8_t* b, int sb, Sub& s) {
+    // 16 bytes = sub-blocks 2sb, 2sb+1 of 8 bytes each; in each, low nibbles
+    // are elements 0..7 and high nibbles 8..15.
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 4 + 16 * sb));
+    const __m128i m = _mm_set1_epi8(0x0f);
+    const __m128i lo = _mm_and_si128(raw, m), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), m);
+    const __m128i tab = e2m1_table128();
+    widen_s8(_mm_shuffle_epi8(tab, _mm_unpacklo_epi64(lo, hi)), _mm_shuffle_epi8(tab, _mm_unpackhi_epi64(lo, hi)),
+             s);
+    s.sc = ue4m3_half(b[2 * sb]);
+    s.sc1 = ue4m3_half(b[2 * sb + 1]);
+  }
+};
+struct INT4_G128 {
+  static constexpr int kBlock = 128, kBytes = 66;
+  static constexpr bool kTwoScales = false, kMin = false;
+  static void decode(const uint8_t* b, int sb, Sub& s) {
+    __m256i lo, hi;
+    nibble_halves16(b + 2 + 16 * sb, lo, hi);
+    const __m256i eight = _mm256_set1_epi16(8);
+    s.lo = _mm256_sub_epi16(lo, eight);
+    s.hi = _mm256_sub_epi16(hi, eight);
+    s.sc = f16_at(b);
+  }
+};
+struct INT8_COL {
+  static constexpr int kBlock = 128, kBytes = 132;
+  static constexpr bool kTwoScales = false, kMin = false;
+  static void decode(const uint8_t* b, int sb, Sub& s) {
+    const uint8_t* q = b + 4 + 32 * sb;
+    widen_s8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)),
+             _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16)), s);
+    std::memcpy(&s.sc, b, 4);
+  }
+};
+
+// Formats with per-block state (decoded once per block) declare F::State.
+template <class F>
+concept HasState = requires { typename F::State; };
+struct NoState {};
+template <class F>
+struct StateOf {
+  using type = NoState;
+};
+template <HasState F>
+struct StateOf<F> {
+  using type = typename F::State;
+};
+
+// Decodes sub-block k; `cur` / `st` cache the state of the current block.
+template <class F>
+inline void decode_sub(const uint8_t* row, int64_t k, int64_t& cur, typename StateOf<F>::type& st, Sub& s) {
+  constexpr int kSubs = F::kBlock / 32;
+  const int64_t bi = k / kSubs;
+  const uint8_t* blk = row + bi * F::kBytes;
+  if constexpr (HasState<F>) {
+    if (bi != cur) {
+      F::prepare(blk, st);
+      cur = bi;
+    }
+    F::decode(blk, (int)(k % kSubs), st, s);
+  } else {
+    (void)cur;
+    (void)st;
+    F::decode(blk, (int)(k % kSubs), s);
+  }
+}
+
+// acc + the contribution of sub-block k (decoded in s) for input xq/xd/xs.
+template <class F>
+inline __m256 contrib(const Sub& s, const int16_t* xq, const float* xd, const float* xs, int64_t k, __m256 acc) {
+  const __m256i xlo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32 * k));
+  const __m256i xhi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32 * k + 16));
+  const __m256i plo = _mm256_madd_epi16(s.lo, xlo), phi = _mm256_madd_epi16(s.hi, xhi);
+  const __m256 dx = _mm256_broadcast_ss(xd + k);
+  if constexpr (F::kTwoScales) {
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(plo), _mm256_mul_ps(_mm256_set1_ps(s.sc), dx), acc);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(phi), _mm256_mul_ps(_mm256_set1_ps(s.sc1), dx), acc);
+  } else {
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(plo, phi)), _mm256_mul_ps(_mm256_set1_ps(s.sc), dx),
+                          acc);
+  }
+  if constexpr (F::kMin) acc = _mm256_fmadd_ps(_mm256_set1_ps(s.mn), _mm256_loadu_ps(xs + 8 * k), acc);
+  return acc;
+}
+
+// Outputs (t0 .. t0+NT-1, j): one pass over weight row j. Sub-blocks go in
+// pairs: each pair's contributions are summed into a fresh zero vector and
+// that is added to the accumulator, which halves the accumulator's
+// dependency chain; an odd last sub-block is added directly.
+template <class F, int NT>
+inline void i16_row(const uint8_t* row, const QuantizedActs& A, int64_t t0, float* Y, int64_t ldy, int64_t j) {
+  __m256 acc[NT];
+  const int16_t* xq[NT];
+  const float* xd[NT];
+  const float* xs[NT];
+  for (int t = 0; t < NT; ++t) {
+    acc[t] = _mm256_setzero_ps();
+    xq[t] = A.q_row(t0 + t);
+    xd[t] = A.d_row(t0 + t);
+    xs[t] = A.s_row(t0 + t);
+  }
+  const int64_t nsub = A.nb;
+  int64_t k = 0, cur = -1;
+  typename StateOf<F>::type st;
+  for (; k + 2 <= nsub; k += 2) {
+    Sub s0, s1;
+    decode_sub<F>(row, k, cur, st, s0);
+    decode_sub<F>(row, k + 1, cur, st, s1);
+    for (int t = 0; t < NT; ++t) {
+      __m256 tmp = contrib<F>(s0, xq[t], xd[t], xs[t], k, _mm256_setzero_ps());
+      tmp = contrib<F>(s1, xq[t], xd[t], xs[t], k + 1, tmp);
+      acc[t] = _mm256_add_ps(acc[t], tmp);
+    }
+  }
+  if (k < nsub) {
+    Sub s;
+    decode_sub<F>(row, k, cur, st, s);
+    for (int t = 0; t < NT; ++t) acc[t] = contrib<F>(s, xq[t], xd[t], xs[t], k, acc[t]);
+  }
+  for (int t = 0; t < NT; ++t) Y[(t0 + t) * ldy + j] = hsum(acc[t]);
+}
+
+// Rows per tile: a tile of weight rows (<= ~96 KiB) is read from memory once
+// and then re-read from L2 by each group of four inputs, whose activations
+// stay in L1 across the tile. Tiling changes only the order in which outputs
+// are produced, never how any one output is computed.
+inline int64_t tile_rows(size_t row_bytes) { return std::max<int64_t>(1, (int64_t)((96u << 10) / row_bytes)); }
+
+template <class F>
+void i16_rows(const MatView& W, const QuantizedActs& A, float* Y, int64_t ldy, int64_t rb, int64_t re) {
+  const int64_t tile = A.n_x <= 4 ? re - rb : tile_rows(W.row_bytes);
+  for (int64_t jb = rb; jb < re; jb += tile) {
+    const int64_t je = std::min(re, jb + tile);
+    int64_t t0 = 0;
+    for (; t0 + 4 <= A.n_x; t0 += 4)
+      for (int64_t j = jb; j < je; ++j) i16_row<F, 4>(W.row(j), A, t0, Y, ldy, j);
+    for (int64_t j = jb; j < je; ++j) {
+      switch (A.n_x - t0) {
+        case 3: i16_row<F, 3>(W.row(j), A, t0, Y, ldy, j); break;
+        case 2: i16_row<F, 2>(W.row(j), A, t0, Y, ldy, j); break;
+        case 1: i16_row<F, 1>(W.row(j), A, t0, Y, ldy, j); break;
+        default: break;
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// f32 path: decoders give 8 floats at element i (a multiple of 8; for FP8 a
+// whole 32-element block at once), and one float for the scalar tail.
+
+struct F32W {
+  static constexpr bool kAny = true;  // any number of columns
+  static __m256 load8(const uint8_t* r, int64_t i) { return _mm256_loadu_ps(reinterpret_cast<const float*>(r) + i); }
+  static void load32(const uint8_t* r, int64_t i, __m256 v[4]) {
+    for (int k = 0; k < 4; ++k) v[k] = load8(r, i + 8 * k);
+  }
+  static float one(const uint8_t* r, int64_t i) {
+    float v;  // rows may be misaligned
+    std::memcpy(&v, r + 4 * i, 4);
+    return v;
+  }
+};
+struct F16W {
+  static constexpr bool kAny = true;
+  static __m256 load8(const uint8_t* r, int64_t i) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r + 2 * i)));
+  }
+  static void load32(const uint8_t* r, int64_t i, __m256 v[4]) {
+    for (int k = 0; k < 4; ++k) v[k] = load8(r, i + 8 * k);
+  }
+  static float one(const uint8_t* r, int64_t i) {
+    uint16_t h;
+    std::memcpy(&h, r + 2 * i, 2);
+    return f16_to_f32(h);
+  }
+};
+struct BF16W {
+  static constexpr bool kAny = true;
+  static __m256 load8(const uint8_t* r, int64_t i) {
+    const __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r + 2 * i)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
+  }
+  static void load32(const uint8_t* r, int64_t i, __m256 v[4]) {
+    for (int k = 0; k < 4; ++k) v[k] = load8(r, i + 8 * k);
+  }
+  static float one(const uint8_t* r, int64_t i) {
+    uint16_t h;
+    std::memcpy(&h, r + 2 * i, 2);
+    return bf16_to_f32(h);
+  }
+};
+// FP8 e4m3fn bytes b -> f16 bits (b & 0x7f) << 7 with the sign at bit 15:
+// that f16 equals the e4m3 value times 2^-8 exactly (normal and subnormal
+// alike); NaN codes get f16 exponent 31 (NaN). The block scale 2^(e-127) is
+// multiplied by 256 first (exact for e <= 246): h * (256 * scale) is then the
+// same real number as the reference's fp8 * scale, rounded once, so the same
+// float. Larger e takes two multiplications, like the reference's values.
+struct FP8W {
+  static constexpr bool kAny = false;  // whole 32-element blocks only
+  static inline __m256i to_f16(__m128i bytes16) {  // 16 bytes -> 16 f16
+    const __m256i w = _mm256_cvtepu8_epi16(bytes16);
+    const __m256i mag = _mm256_and_si256(_mm256_slli_epi16(w, 7), _mm256_set1_epi16(0x3f80));
+    const __m256i sign = _mm256_and_si256(_mm256_slli_epi16(w, 8), _mm256_set1_epi16((short)0x8000));
+    const __m256i nan = _mm256_and_si256(_mm256_cmpeq_epi16(mag, _mm256_set1_epi16(0x3f80)), _mm256_set1_epi16(0x4000));
+    return _mm256_or_si256(_mm256_or_si256(mag, sign), nan);
+  }
+  static void load32(const uint8_t* r, int64_t i, __m256 v[4]) {
+    const uint8_t* b = r + (i / 32) * 33;
+    const uint32_t e = b[0];
+    const float d = e == 0 ? bits_to_f32(0x00400000u) : bits_to_f32(e << 23);
+    __m256i h[2];
+    for (int half = 0; half < 2; ++half) h[half] = to_f16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 1 + 16 * half)));
+    __m256 f[4] = {_mm256_cvtph_ps(_mm256_castsi256_si128(h[0])), _mm256_cvtph_ps(_mm256_extracti128_si256(h[0], 1)),
+                   _mm256_cvtph_ps(_mm256_castsi256_si128(h[1])), _mm256_cvtph_ps(_mm256_extracti128_si256(h[1], 1))};
+    if (e <= 246) {
+      const __m256 dv = _mm256_set1_ps(d * 256.0f);
+      for (int k = 0; k < 4; ++k) v[k] = _mm256_mul_ps(f[k], dv);
+    } else {
+      const __m256 dv = _mm256_set1_ps(d), k256 = _mm256_set1_ps(256.0f);
+      for (int k = 0; k < 4; ++k) v[k] = _mm256_mul_ps(_mm256_mul_ps(f[k], k256), dv);
+    }
+  }
+  static __m256 load8(const uint8_t*, int64_t) { return _mm256_setzero_ps(); }  // unused
+  static float one(const uint8_t*, int64_t) { return 0.0f; }                    // unused
+};
+
+// Same order as dot_f32_avx2 over the decoded row: 32-element steps into four
+// accumulators, 8-element steps into the first, reduction, then a scalar tail.
+template <class F, int NT>
+inline void f32_row(const uint8_t* row, int64_t n, const float* X, int64_t t0, float* Y, int64_t ldy, int64_t j) {
+  __m256 s[NT][4];
+  const float* x[NT];
+  for (int t = 0; t < NT; ++t) {
+    for (int k = 0; k < 4; ++k) s[t][k] = _mm256_setzero_ps();
+    x[t] = X + (t0 + t) * n;
+  }
+  int64_t i = 0;
+  __m256 v[4];
+  for (; i + 32 <= n; i += 32) {
+    F::load32(row, i, v);
+    for (int t = 0; t < NT; ++t)
+      for (int k = 0; k < 4; ++k) s[t][k] = _mm256_fmadd_ps(v[k], _mm256_loadu_ps(x[t] + i + 8 * k), s[t][k]);
+  }
+  if constexpr (F::kAny) {
+    for (; i + 8 <= n; i += 8) {
+      const __m256 w = F::load8(row, i);
+      for (int t = 0; t < NT; ++t) s[t][0] = _mm256_fmadd_ps(w, _mm256_loadu_ps(x[t] + i), s[t][0]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) {
+    float r = hsum(_mm256_add_ps(_mm256_add_ps(s[t][0], s[t][1]), _mm256_add_ps(s[t][2], s[t][3])));
+    if constexpr (F::kAny)
+      for (int64_t ii = i; ii < n; ++ii) r = std::fma(F::one(row, ii), x[t][ii], r);  // as dot_f32_avx2
+    Y[(t0 + t) * ldy + j] = r;
+  }
+}
+
+template <class F>
+void f32_rows(const MatView& W, const float* X, int64_t n_x, float* Y, int64_t ldy, int64_t rb, int64_t re) {
+  const int64_t tile = n_x <= 2 ? re - rb : tile_rows(W.row_bytes);  // as i16_rows
+  for (int64_t jb = rb; jb < re; jb += tile) {
+    const int64_t je = std::min(re, jb + tile);
+    int64_t t0 = 0;
+    for (; t0 + 2 <= n_x; t0 += 2)
+      for (int64_t j = jb; j < je; ++j) f32_row<F, 2>(W.row(j), W.cols, X, t0, Y, ldy, j);
+    if (t0 < n_x)
+      for (int64_t j = jb; j < je; ++j) f32_row<F, 1>(W.row(j), W.cols, X, t0, Y, ldy, j);
+  }
+}
+
+}  // namespace
+
+// Same arithmetic as quantize_acts_scalar (qmatmul.cpp), vectorised.
+void quantize_acts_avx2(const float* X, int64_t n_x, int64_t cols, QuantizedActs& A) {
+  prepare_acts(n_x, cols, A);
+  const __m256 sign = _mm256_set1_ps(-0.0f), inf = _mm256_set1_ps(INFINITY);
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t t = 0; t < n_x; ++t) {
+    for (int64_t k = 0; k < A.nb; ++k) {
+      const float* x = X + t * cols + 32 * k;
+      __m256 v[4], a[4];
+      int finite = 0xff;
+      for (int i = 0; i < 4; ++i) {
+        v[i] = _mm256_loadu_ps(x + 8 * i);
+        a[i] = _mm256_andnot_ps(sign, v[i]);
+        finite &= _mm256_movemask_ps(_mm256_cmp_ps(a[i], inf, _CMP_LT_OQ));
+      }
+      __m256 m = _mm256_max_ps(_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3]));
+      __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+      m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+      m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+      const float amax = _mm_cvtss_f32(m4);
+      float d = amax / 32767.0f;
+      float id = d != 0.0f ? 1.0f / d : 0.0f;
+      if (std::isinf(id)) d = id = 0.0f;  // as the scalar version
+      int16_t* q = A.q.data() + t * cols + 32 * k;
+      float* s = A.s.data() + (t * A.nb + k) * 8;
+      if (finite != 0xff) {
+        d = NAN;
+        std::memset(q, 0, 64);
+        _mm256_storeu_ps(s, _mm256_set1_ps(NAN));  // d * 0
+        A.d[(size_t)(t * A.nb + k)] = d;
+        continue;
+      }
+      const __m256 idv = _mm256_set1_ps(id);
+      __m256i qi[4];
+      for (int i = 0; i < 4; ++i) qi[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], idv));
+      // packs interleaves 128-bit lanes; the permute restores element order.
+      const __m256i lo = _mm256_permute4x64_epi64(_mm256_packs_epi32(qi[0], qi[1]), 0xd8);
+      const __m256i hi = _mm256_permute4x64_epi64(_mm256_packs_epi32(qi[2], qi[3]), 0xd8);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), lo);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 16), hi);
+      const __m256i lanes = _mm256_add_epi32(_mm256_madd_epi16(lo, ones), _mm256_madd_epi16(hi, ones));
+      _mm256_storeu_ps(s, _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes)));
+      A.d[(size_t)(t * A.nb + k)] = d;
+    }
+  }
+}
+
+void matmul_rows_i16_avx2(const MatView& W, const QuantizedActs& A, float* Y, int64_t ldy, int64_t rb,
+                           int64_t re) {
+  switch (W.type) {
+    case DType::Q4_0: i16_rows<Q4_0>(W, A, Y, ldy, rb, re); break;
+    case DType::Q4_1: i16_rows<Q4_1>(W, A, Y, ldy, rb, re); break;
+    case DType::Q5_0: i16_rows<Q5_0>(W, A, Y, ldy, rb, re); break;
+    case DType::Q8_0: i16_rows<Q8_0>(W, A, Y, ldy, rb, re); break;
+    case DType::Q4_K: i16_rows<Q4_K>(W, A, Y, ldy, rb, re); break;
+    case DType::Q6_K: i16_rows<Q6_K>(W, A, Y, ldy, rb, re); break;
+    case DType::MXFP4: i16_rows<MXFP4>(W, A, Y, ldy, rb, re); break;
+    case DType::NVFP4: i16_rows<NVFP4>(W, A, Y, ldy, rb, re); break;
+    case DType::INT4_G128: i16_rows<INT4_G128>(W, A, Y, ldy, rb, re); break;
+    case DType::INT8_COL: i16_rows<INT8_COL>(W, A, Y, ldy, rb, re); break;
+    default: break;
+  }
+}
+
+bool f32_path_avx2_supports(DType t) {
+  return t == DType::F32 || t == DType::F16 || t == DType::BF16 || t == DType::FP8_E4M3;
+}
+
+void matmul_rows_f32_avx2(const MatView& W, const float* X, int64_t n_x, float* Y, int64_t ldy, int64_t rb,
+                          int64_t re) {
+  switch (W.type) {
+    case DType::F32: f32_rows<F32W>(W, X, n_x, Y, ldy, rb, re); break;
+    case DType::F16: f32_rows<F16W>(W, X, n_x, Y, ldy, rb, re); break;
+    case DType::BF16: f32_rows<BF16W>(W, X, n_x, Y, ldy, rb, re); break;
+    case DType::FP8_E4M3: f32_rows<FP8W>(W, X, n_x, Y, ldy, rb, re); break;
+    default: break;
+  }
+}
+
+}  // namespace megakern

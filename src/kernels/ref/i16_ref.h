@@ -1,0 +1,31 @@
+// Scalar reference of the int16-activation matrix kernel (see
+// kernels/cpu/qmatmul.h for the arithmetic). It is the portable path of
+// matmul_rows for those formats and the bit-exact oracle for the AVX2 kernel.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cpu/qmatmul.h"
+
+namespace megakern {
+
+// One 32-element sub-block of a weight row, decoded for the int8 kernel:
+// value[i] = sc[i / 16] * w[i] + mn.
+struct I16Sub {
+  int8_t w[32];
+  float sc[2];
+  float mn;       // 0 unless has_min
+  bool has_min;   // Q4_1 and Q4_K: w holds the unsigned code 0..15
+};
+
+// Decodes sub-block k (elements 32k..32k+31) of a row of type t.
+void decode_i16_sub(DType t, const uint8_t* row, int64_t k, I16Sub& out);
+
+// Y[t] for input t of A and weight row `row` (A.cols elements).
+float i16_dot_ref(DType t, const uint8_t* row, const QuantizedActs& A, int64_t t_index);
+
+// The whole kernel over rows [row_begin, row_end).
+void matmul_rows_i16_ref(const MatView& W, const QuantizedActs& A, float* Y, int64_t ldy, int64_t row_begin,
+                          int64_t row_end);
+
+}  // namespace megakern

@@ -1,0 +1,388 @@
+// Tests of the matrix kernels (src/kernels/cpu/matmul.*, qmatmul*, and the
+// scalar oracle in src/kernels/ref/i16_ref.*), for every weight format.
+//
+// What is checked, per format:
+//  * bit-exactness of the AVX2 kernel against its scalar oracle: for the
+//    int16-activation formats the oracle is matmul_rows_i16_ref (which is also
+//    the portable path); for F32/F16/BF16/FP8_E4M3 it is dot_f32_avx2 over the
+//    reference dequantiser's floats (the f32 path promises exactly that);
+//  * accuracy against the exact (f64) product of the dequantised weights with
+//    the f32 inputs, with the tolerance stated per scheme (see kTolerance);
+//  * the executors' hard constraint: Y[t][j] is bit-identical whatever n_x
+//    (1..64), whatever row range a call covers and whichever thread computes
+//    it (memcmp), and repeated calls give the same bits;
+//  * sizes with tails (rows not a multiple of anything, columns of one block
+//    up to thousands, and non-multiples of 8/32 for the plain floats) and
+//    misaligned weight and input pointers.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/half.h"
+#include "core/thread_pool.h"
+#include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/qmatmul.h"
+#include "kernels/cpu/vec.h"
+#include "kernels/ref/i16_ref.h"
+
+namespace megakern {
+namespace {
+
+std::vector<DType> all_types() {
+  size_t n = 0;
+  const DType* p = all_dtypes(&n);
+  return std::vector<DType>(p, p + n);
+}
+
+// A weight matrix stored at a chosen byte offset inside its buffer, so the
+// rows (and blocks) start misaligned.
+struct Weights {
+  std::vector<uint8_t> buf;
+  MatView view;
+  std::vector<float> deq;  // [rows][cols], reference dequantisation
+};
+
+Weights make_weights(DType t, int64_t rows, int64_t cols, uint32_t seed, size_t misalign) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  const size_t rb = row_bytes(t, cols);
+  Weights w;
+  w.buf.assign(rb * (size_t)rows + misalign + 64, 0);
+  std::vector<float> f((size_t)cols);
+  for (int64_t j = 0; j < rows; ++j) {
+    // Rows of different magnitudes, and the odd outlier, as real weights have.
+    const float s = std::pow(10.0f, (float)((j % 5) - 2) * 0.5f);
+    for (auto& v : f) v = g(rng) * s;
+    if (cols > 3) f[(size_t)(j % cols)] *= 20.0f;
+    dtype_traits(t).quantize(f.data(), w.buf.data() + misalign + rb * (size_t)j, cols);
+  }
+  w.view = MatView{t, cols, rows, w.buf.data() + misalign, rb};
+  w.deq.resize((size_t)(rows * cols));
+  for (int64_t j = 0; j < rows; ++j) dtype_traits(t).dequantize(w.view.row(j), &w.deq[(size_t)(j * cols)], cols);
+  return w;
+}
+
+// Inputs at a float offset (so X is not 32-byte aligned), with varied scales
+// per 32-block and a few outliers.
+std::vector<float> make_inputs(int64_t n_x, int64_t cols, uint32_t seed, size_t offset) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  std::vector<float> x((size_t)(n_x * cols) + offset);
+  for (int64_t i = 0; i < n_x * cols; ++i) {
+    const float s = ((i / 32) % 3 == 0) ? 0.01f : 1.0f;
+    x[offset + (size_t)i] = g(rng) * s * ((i % 97) == 5 ? 30.0f : 1.0f);
+  }
+  return x;
+}
+
+std::vector<int64_t> col_sizes(DType t) {
+  const int64_t bs = dtype_traits(t).block_size;
+  if (bs == 1) return {1, 7, 8, 31, 32, 33, 63, 100, 257, 1000};
+  std::vector<int64_t> v;
+  for (int64_t m : {1, 2, 3, 5, 8, 17}) v.push_back(m * bs);
+  if (bs <= 64) v.push_back(4096 + bs);
+  return v;
+}
+
+// Stated tolerance of Y[t][j] against sum_i deq[j][i] * x[t][i] in f64.
+//  * f32 path (F32, F16, BF16, FP8_E4M3): only f32 rounding of the sum:
+//    2 * (n/32 + 8) * 2^-24 * sum|w x| (each lane sums n/32 products, then a
+//    fixed 8-way reduction and at most 7 tail additions).
+//  * int16-activation formats: the inputs are rounded to the 32-block grid
+//    dx = absmax/32767, an error of at most dx/2 per element, so
+//    sum_i |w_i| * dx(i) / 2, plus the f32 rounding of scales and sums:
+//    2 * (n/32 * 3 + 8) * 2^-24 * sum|w x| (a few roundings per block).
+//    Relative to sum|w x| this is ~1e-5 for typical data (int8 activations
+//    would be ~3e-3).
+double tolerance(DType t, const float* w, const float* x, int64_t n) {
+  double mag = 0;
+  for (int64_t i = 0; i < n; ++i) mag += std::fabs((double)w[i] * x[i]);
+  if (!uses_i16_acts(t)) return 2.0 * ((double)n / 32 + 8) * 0x1p-24 * mag + 1e-30;
+  double q = 0;
+  for (int64_t k = 0; k < n / 32; ++k) {
+    float amax = 0;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[32 * k + i]));
+    const double dx = (double)amax / 32767.0;
+    for (int i = 0; i < 32; ++i) q += std::fabs((double)w[32 * k + i]) * dx / 2;
+  }
+  return 1.0001 * q + 2.0 * ((double)n / 32 * 3 + 8) * 0x1p-24 * mag + 1e-30;
+}
+
+TEST(Kernels, MatchOracleBitExactlyAndReferenceWithinTolerance) {
+  int checked = 0;
+  for (DType t : all_types()) {
+    const DTypeTraits& tr = dtype_traits(t);
+    SCOPED_TRACE(tr.name);
+    for (int64_t cols : col_sizes(t)) {
+      for (int64_t rows : {1, 5, 19}) {
+        for (size_t wmis : {0u, 1u, 3u}) {
+          const int64_t n_x = (rows * 7 + cols) % 6 + 1;
+          const size_t xoff = (size_t)(wmis + 1) % 3;  // 0, 1 or 2 floats
+          const Weights W = make_weights(t, rows, cols, (uint32_t)(cols * 13 + rows + wmis), wmis);
+          const auto xbuf = make_inputs(n_x, cols, (uint32_t)(cols + rows * 3 + wmis), xoff);
+          const float* X = xbuf.data() + xoff;
+          std::vector<float> Y((size_t)(n_x * rows), -1.0f);
+          matmul_rows(W.view, X, n_x, Y.data(), rows, 0, rows);
+
+          // Oracle on this ISA.
+          std::vector<float> O((size_t)(n_x * rows), -2.0f);
+          if (uses_i16_acts(t)) {
+            QuantizedActs A;
+            quantize_acts(X, n_x, cols, A);
+            matmul_rows_i16_ref(W.view, A, O.data(), rows, 0, rows);
+          } else {
+            for (int64_t j = 0; j < rows; ++j)
+              for (int64_t s = 0; s < n_x; ++s)
+                O[(size_t)(s * rows + j)] = dot_f32(&W.deq[(size_t)(j * cols)], X + s * cols, cols);
+          }
+          ASSERT_EQ(std::memcmp(Y.data(), O.data(), Y.size() * sizeof(float)), 0)
+              << "cols=" << cols << " rows=" << rows << " misalign=" << wmis << " n_x=" << n_x;
+
+          for (int64_t j = 0; j < rows; ++j) {
+            for (int64_t s = 0; s < n_x; ++s) {
+              const float* w = &W.deq[(size_t)(j * cols)];
+              const float* x = X + s * cols;
+              double exact = 0;
+              for (int64_t i = 0; i < cols; ++i) exact += (double)w[i] * x[i];
+              ASSERT_NEAR((double)Y[(size_t)(s * rows + j)], exact, tolerance(t, w, x, cols))
+                  << "cols=" << cols << " row=" << j << " input=" << s;
+            }
+          }
+          ++checked;
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 300);
+}
+
+TEST(Kernels, OutputsDoNotDependOnBatchRowRangeOrThreads) {
+  constexpr int64_t kMaxX = 64;
+  ThreadPool pool1(1), pool2(2), pool3(3);
+  for (DType t : all_types()) {
+    const DTypeTraits& tr = dtype_traits(t);
+    SCOPED_TRACE(tr.name);
+    const int64_t cols = tr.block_size == 1 ? 203 : std::max<int64_t>(tr.block_size, 32) * 3;
+    const int64_t rows = 53;
+    const Weights W = make_weights(t, rows, cols, 77, 1);
+    const auto xbuf = make_inputs(kMaxX, cols, 78, 1);
+    const float* X = xbuf.data() + 1;
+
+    // Reference: all 64 inputs, all rows, one call.
+    std::vector<float> full((size_t)(kMaxX * rows));
+    matmul_rows(W.view, X, kMaxX, full.data(), rows, 0, rows);
+
+    std::mt19937 rng(123);
+    for (int64_t n_x = 1; n_x <= kMaxX; ++n_x) {
+      // A window of n_x inputs starting at t0, over a random row range.
+      const int64_t t0 = (int64_t)(rng() % (uint32_t)(kMaxX - n_x + 1));
+      int64_t rb = (int64_t)(rng() % rows), re = (int64_t)(rng() % rows);
+      if (rb > re) std::swap(rb, re);
+      ++re;
+      std::vector<float> y((size_t)(n_x * rows), NAN);
+      matmul_rows(W.view, X + t0 * cols, n_x, y.data(), rows, rb, re);
+      for (int64_t s = 0; s < n_x; ++s) {
+        ASSERT_EQ(std::memcmp(&y[(size_t)(s * rows + rb)], &full[(size_t)((t0 + s) * rows + rb)],
+                              (size_t)(re - rb) * sizeof(float)),
+                  0)
+            << "n_x=" << n_x << " t0=" << t0 << " rows [" << rb << "," << re << ") input " << s;
+      }
+      // The pooled version, with 1, 2 and 3 threads.
+      for (ThreadPool* pool : {&pool1, &pool2, &pool3}) {
+        std::vector<float> yp((size_t)(n_x * rows), NAN);
+        matmul(*pool, W.view, X + t0 * cols, n_x, yp.data());
+        for (int64_t s = 0; s < n_x; ++s) {
+          ASSERT_EQ(std::memcmp(&yp[(size_t)(s * rows)], &full[(size_t)((t0 + s) * rows)], (size_t)rows * sizeof(float)),
+                    0)
+              << "pool of " << pool->size() << " n_x=" << n_x;
+        }
+      }
+    }
+    // Deterministic: again, same bits.
+    std::vector<float> again((size_t)(kMaxX * rows));
+    matmul_rows(W.view, X, kMaxX, again.data(), rows, 0, rows);
+    EXPECT_EQ(std::memcmp(again.data(), full.data(), full.size() * sizeof(float)), 0);
+  }
+}
+
+// Raw random block bytes (every code, every sub-block scale byte), with only
+// the f16/f32/e8m0 super-scales pinned to sane values so no inf/NaN arises;
+// the AVX2 kernel must still match its oracle bit for bit.
+TEST(Kernels, RandomBitPatternsMatchOracle) {
+  std::mt19937 rng(2024);
+  for (DType t : all_types()) {
+    if (!uses_i16_acts(t)) continue;
+    const DTypeTraits& tr = dtype_traits(t);
+    SCOPED_TRACE(tr.name);
+    const int64_t cols = std::max<int64_t>(tr.block_size, 64) * 4, rows = 64;
+    const size_t rb = row_bytes(t, cols);
+    std::vector<uint8_t> buf(rb * rows + 1);
+    for (auto& b : buf) b = (uint8_t)rng();
+    uint8_t* base = buf.data() + 1;
+    const int64_t nblk = rows * cols / tr.block_size;
+    for (int64_t i = 0; i < nblk; ++i) {
+      uint8_t* b = base + (size_t)i * tr.block_bytes;
+      auto put_f16 = [&](size_t at) {
+        const uint16_t h = f32_to_f16(std::ldexp(1.0f + (float)(rng() % 1000) / 1000.0f, (int)(rng() % 10) - 8));
+        std::memcpy(b + at, &h, 2);
+      };
+      switch (t) {
+        case DType::Q4_0: case DType::Q8_0: case DType::Q5_0: case DType::INT4_G128: put_f16(0); break;
+        case DType::Q4_1: case DType::Q4_K: put_f16(0); put_f16(2); break;
+        case DType::Q6_K: put_f16(208); break;
+        case DType::MXFP4: b[0] = (uint8_t)(100 + rng() % 55); break;
+        case DType::INT8_COL: { const float d = 0.01f; std::memcpy(b, &d, 4); break; }
+        default: break;  // NVFP4: every scale byte is finite
+      }
+    }
+    const MatView W{t, cols, rows, base, rb};
+    const int64_t n_x = 5;
+    const auto x = make_inputs(n_x, cols, 31, 0);
+    std::vector<float> Y((size_t)(n_x * rows)), O((size_t)(n_x * rows));
+    matmul_rows(W, x.data(), n_x, Y.data(), rows, 0, rows);
+    QuantizedActs A;
+    quantize_acts(x.data(), n_x, cols, A);
+    matmul_rows_i16_ref(W, A, O.data(), rows, 0, rows);
+    for (float v : O) ASSERT_TRUE(std::isfinite(v));
+    EXPECT_EQ(std::memcmp(Y.data(), O.data(), Y.size() * sizeof(float)), 0);
+    // And the oracle agrees with the reference dequantiser within tolerance.
+    std::vector<float> w((size_t)cols);
+    for (int64_t j = 0; j < rows; ++j) {
+      tr.dequantize(W.row(j), w.data(), cols);
+      for (int64_t s = 0; s < n_x; ++s) {
+        double exact = 0;
+        for (int64_t i = 0; i < cols; ++i) exact += (double)w[(size_t)i] * x[(size_t)(s * cols + i)];
+        ASSERT_NEAR(O[(size_t)(s * rows + j)], exact, tolerance(t, w.data(), x.data() + s * cols, cols)) << j;
+      }
+    }
+  }
+}
+
+// FP8 blocks from raw bytes: every non-NaN code, scale bytes across the
+// whole range (including the e > 246 path of the AVX2 decoder), subnormal
+// codes; the f32 path must equal dot_f32 over the reference dequantisation.
+TEST(Kernels, Fp8RawBlocksMatchReference) {
+  std::mt19937 rng(99);
+  const int64_t cols = 32 * 6, rows = 40;
+  const size_t rb = row_bytes(DType::FP8_E4M3, cols);
+  std::vector<uint8_t> buf(rb * rows);
+  const uint8_t scales[] = {0, 1, 2, 60, 100, 127, 140, 200, 246, 247, 250, 254};
+  for (int64_t blk = 0; blk < rows * cols / 32; ++blk) {
+    uint8_t* b = buf.data() + blk * 33;
+    b[0] = scales[(size_t)blk % std::size(scales)];
+    for (int i = 1; i < 33; ++i) {
+      uint8_t c = (uint8_t)rng();
+      if ((c & 0x7f) == 0x7f) c = 0x05;       // no NaN here
+      if (b[0] >= 240) c &= 0x9f;             // keep huge scales finite
+      b[i] = c;
+    }
+  }
+  const MatView W{DType::FP8_E4M3, cols, rows, buf.data(), rb};
+  const auto x = make_inputs(3, cols, 5, 0);
+  std::vector<float> Y(3 * rows), w((size_t)cols);
+  matmul_rows(W, x.data(), 3, Y.data(), rows, 0, rows);
+  for (int64_t j = 0; j < rows; ++j) {
+    dtype_traits(DType::FP8_E4M3).dequantize(W.row(j), w.data(), cols);
+    for (int64_t t = 0; t < 3; ++t) {
+      const float o = dot_f32(w.data(), x.data() + t * cols, cols);
+      EXPECT_EQ(std::memcmp(&Y[(size_t)(t * rows + j)], &o, 4), 0) << "row " << j << " input " << t;
+    }
+  }
+  // A NaN code poisons its output.
+  buf[5] = 0x7f;
+  float y;
+  matmul_rows(W, x.data(), 1, &y, 1, 0, 1);
+  EXPECT_TRUE(std::isnan(y));
+}
+
+TEST(Kernels, EmptyCallsWriteNothing) {
+  const Weights W = make_weights(DType::Q4_0, 4, 64, 1, 0);
+  const auto x = make_inputs(2, 64, 2, 0);
+  std::vector<float> y(8, 42.0f);
+  matmul_rows(W.view, x.data(), 2, y.data(), 4, 2, 2);
+  matmul_rows(W.view, x.data(), 0, y.data(), 4, 0, 4);
+  for (float v : y) EXPECT_EQ(v, 42.0f);
+}
+
+TEST(Kernels, DequantizeRowMatchesReference) {
+  for (DType t : all_types()) {
+    const int64_t cols = std::max<int64_t>(dtype_traits(t).block_size, 32) * 4;
+    const Weights W = make_weights(t, 3, cols, 5, 2);
+    std::vector<float> d((size_t)cols);
+    for (int64_t j = 0; j < 3; ++j) {
+      dequantize_row(W.view, j, d.data());
+      EXPECT_EQ(std::memcmp(d.data(), &W.deq[(size_t)(j * cols)], d.size() * sizeof(float)), 0)
+          << dtype_traits(t).name;
+    }
+  }
+}
+
+TEST(Kernels, ActivationQuantisation) {
+  const int64_t cols = 96;
+  auto x = make_inputs(2, cols, 9, 0);
+  x[40] = 0.0f;
+  for (int i = 64; i < 96; ++i) x[(size_t)i] = 0.0f;  // an all-zero block
+  QuantizedActs A;
+  quantize_acts(x.data(), 2, cols, A);
+  ASSERT_EQ(A.nb, 3);
+  for (int64_t t = 0; t < 2; ++t) {
+    for (int64_t k = 0; k < 3; ++k) {
+      const float dx = A.d_row(t)[k];
+      float amax = 0;
+      for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[(size_t)(t * cols + 32 * k + i)]));
+      EXPECT_EQ(dx, amax / 32767.0f);
+      int32_t lane[8] = {};
+      for (int i = 0; i < 32; ++i) {
+        const int q = A.q_row(t)[32 * k + i];
+        const float xv = x[(size_t)(t * cols + 32 * k + i)];
+        EXPECT_LE(std::abs(q), 32767);
+        EXPECT_LE(std::fabs((double)q * dx - xv), 0.5001 * dx + 1e-30);
+        lane[(i % 16) / 2] += q;
+      }
+      for (int l = 0; l < 8; ++l) EXPECT_EQ(A.s_row(t)[8 * k + l], dx * (float)lane[l]);
+    }
+  }
+  // A non-finite input poisons its outputs rather than vanishing.
+  for (DType t : {DType::Q4_0, DType::Q8_0, DType::Q4_K}) {
+    const Weights W = make_weights(t, 2, 256, 3, 0);
+    auto xin = make_inputs(1, 256, 4, 0);
+    xin[100] = INFINITY;
+    float y[2];
+    matmul_rows(W.view, xin.data(), 1, y, 2, 0, 2);
+    EXPECT_TRUE(std::isnan(y[0]) && std::isnan(y[1])) << dtype_traits(t).name;
+  }
+}
+
+TEST(Kernels, ActivationQuantisationIsaIndependent) {
+  if (!use_avx2()) GTEST_SKIP() << "no AVX2";
+  const int64_t cols = 32 * 40;
+  auto x = make_inputs(3, cols, 21, 0);
+  for (int i = 0; i < 32; ++i) x[(size_t)(32 + i)] = 0.0f;              // zero block
+  for (int i = 0; i < 32; ++i) x[(size_t)(64 + i)] = 1e-40f * (float)i;  // subnormals
+  for (int i = 0; i < 32; ++i) x[(size_t)(96 + i)] = 3e37f * (float)(i - 16);
+  x[200] = -INFINITY;
+  x[300] = NAN;
+  x[400] = 0.5f * 32767.0f / 32767.0f;  // a value on a rounding tie is possible; compare bits anyway
+  QuantizedActs a, b;
+  quantize_acts_scalar(x.data(), 3, cols, a);
+  quantize_acts_avx2(x.data(), 3, cols, b);
+  ASSERT_EQ(std::memcmp(a.q.data(), b.q.data(), (size_t)(3 * cols) * 2), 0);
+  ASSERT_EQ(std::memcmp(a.d.data(), b.d.data(), (size_t)(3 * a.nb) * 4), 0);
+  ASSERT_EQ(std::memcmp(a.s.data(), b.s.data(), (size_t)(3 * a.nb * 8) * 4), 0);
+}
+
+TEST(Kernels, ReportsIsa) {
+  // Not a check: records which path the suite exercised.
+  RecordProperty("avx2", use_avx2() ? "yes" : "no");
+  std::printf("[kernels] ISA: %s\n", use_avx2() ? "avx2+fma" : "scalar");
+}
+
+}  // namespace
+}  // namespace megakern
