@@ -75,5 +75,16 @@ TEST(Sampler, FrequenciesFollowTheDistribution) {
   EXPECT_LT(chi2, 30.0);  // 3 degrees of freedom
 }
 
+TEST(Sampler, InfiniteLogitsDoNotBreakSampling) {
+  const std::vector<float> l = {INFINITY, 0.f, -INFINITY};
+  Sampler s({1.f, 0, 1.f, 3});
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(s.sample(l.data(), 3), 0);
+  const std::vector<float> none = {-INFINITY, NAN};
+  EXPECT_THROW(s.sample(none.data(), 2), Error);
+  // -inf entries are excluded, finite ones sampled normally.
+  const std::vector<float> mixed = {-INFINITY, 1.f, 1.f};
+  for (int i = 0; i < 20; ++i) EXPECT_NE(s.sample(mixed.data(), 3), 0);
+}
+
 }  // namespace
 }  // namespace megakern

@@ -59,7 +59,9 @@ double probe_bandwidth_gbs(ThreadPool& pool, size_t mib) {
   double best = 0;
   for (int pass = 0; pass < 3; ++pass) {
     const auto t0 = Clock::now();
-    pool.parallel_for(static_cast<int64_t>(n), 4096, [&](int64_t b, int64_t e) {
+    const int W = pool.size();
+    pool.run([&](int w) {
+      const int64_t b = static_cast<int64_t>(n) * w / W, e = static_cast<int64_t>(n) * (w + 1) / W;
       uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
       int64_t i = b;
       for (; i + 4 <= e; i += 4) {
@@ -69,7 +71,7 @@ double probe_bandwidth_gbs(ThreadPool& pool, size_t mib) {
         s3 += buf[static_cast<size_t>(i + 3)];
       }
       for (; i < e; ++i) s0 += buf[static_cast<size_t>(i)];
-      sums[static_cast<size_t>(b * pool.size() / static_cast<int64_t>(n)) * 8] = s0 + s1 + s2 + s3;
+      sums[static_cast<size_t>(w) * 8] = s0 + s1 + s2 + s3;
     });
     const double s = std::chrono::duration<double>(Clock::now() - t0).count();
     best = std::max(best, static_cast<double>(n * sizeof(uint64_t)) / s / 1e9);
@@ -204,11 +206,14 @@ void bench_cmd(const BenchOptions& o) {
   std::vector<Result> results;
   for (int b : batches) {
     std::vector<double> best(execs.size(), 1e300);
-    // Rounds alternate the executors so slow drift in machine state
-    // affects both alike.
+    // Rounds alternate the executors' order so slow drift in machine
+    // state affects both alike.
     for (int round = 0; round < o.rounds; ++round)
-      for (size_t i = 0; i < execs.size(); ++i)
+      for (size_t k = 0; k < execs.size(); ++k) {
+        // Odd rounds run the executors in reverse order.
+        const size_t i = round % 2 ? execs.size() - 1 - k : k;
         best[i] = std::min(best[i], time_steps(*L.model, *ex[i], b, o.warmup, o.steps));
+      }
     const double base = best[0];
     for (size_t i = 0; i < execs.size(); ++i) {
       Result r;
@@ -226,6 +231,7 @@ void bench_cmd(const BenchOptions& o) {
     // One traced step per executor at the largest batch, each executor a
     // process of its own in the trace viewer.
     std::string merged = "{\"traceEvents\":[\n";
+    bool first = true;
     for (size_t i = 0; i < execs.size(); ++i) {
       std::vector<TraceEvent> events;
       ex[i]->set_trace(&events);
@@ -238,7 +244,8 @@ void bench_cmd(const BenchOptions& o) {
       for (size_t pos = 0; (pos = body.find("\"pid\":1", pos)) != std::string::npos; pos += 6)
         body.replace(pos, 7, fmt::format("\"pid\":{}", i + 1));
       if (body.find_first_not_of(" \n") == std::string::npos) continue;
-      merged += (i ? ",\n" : "") + body;
+      merged += (first ? "" : ",\n") + body;
+      first = false;
       merged += fmt::format(",\n{{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":{},\"args\":{{\"name\":\"{} batch {}\"}}}}", i + 1, execs[i], max_b);
     }
     merged += "\n]}\n";

@@ -143,8 +143,11 @@ void run_cmd(const GenOptions& o) {
   // A model without a chat template in its metadata is treated as a base
   // model: the prompt is continued as plain text (gemma3-270m is one).
   const bool has_template = L.file->has("tokenizer.chat_template");
-  if (!o.raw && (!has_template || L.chat == ChatTemplate::None))
+  if (!o.raw && !has_template)
     fmt::print(stderr, "[{} has no chat template in its metadata: continuing the prompt as plain text]\n", o.model);
+  else if (!o.raw && L.chat == ChatTemplate::None)
+    fmt::print(stderr, "[{}'s chat template is not one this engine knows: continuing the prompt as plain text]\n",
+               o.model);
   if (o.raw || !has_template || L.chat == ChatTemplate::None) {
     tokens = L.tokenizer->encode(o.prompt, L.tokenizer->add_bos_default(), /*parse_special=*/false);
   } else {
@@ -195,9 +198,7 @@ void chat_cmd(const GenOptions& o) {
     const auto tokens = encode_conversation(L, msgs);
     GenStats st;
     st.prompt_tokens = static_cast<int>(tokens.size());
-    size_t common = 0;
-    while (common < s.tokens().size() && common < tokens.size() && s.tokens()[common] == tokens[common]) ++common;
-    st.new_prompt_tokens = static_cast<int>(tokens.size() - common);
+    st.new_prompt_tokens = static_cast<int>(tokens.size() - s.reusable_prefix(tokens));
     auto t0 = Clock::now();
     try {
       s.set_tokens(tokens);

@@ -15,6 +15,9 @@ constexpr uint32_t kMaxDims = 4;
 // us allocate unbounded memory before the byte-count checks would catch it.
 constexpr uint64_t kMaxStringBytes = uint64_t{1} << 30;
 constexpr int64_t kMaxDimExtent = int64_t{1} << 40;
+// Arrays reserve at most this many elements up front; longer ones grow as
+// they are read, so a lying length costs no more memory than the file holds.
+constexpr uint64_t kMaxReserve = uint64_t{1} << 20;
 
 const char* value_type_name(uint32_t t) {
   static const char* names[] = {"uint8", "int8",  "uint16", "int16",  "uint32", "int32", "float32",
@@ -196,14 +199,14 @@ void GGUFFile::parse_all(const uint8_t* data, size_t size) {
         fail("{}: metadata '{}': array of {} {} elements exceeds the {} bytes that remain", name_, key,
              v.array_len, value_type_name(et_raw), c.remaining());
       if (v.elem_type == GGUFValueType::STRING) {
-        v.strings.reserve(v.array_len);
+        v.strings.reserve(std::min<uint64_t>(v.array_len, kMaxReserve));
         for (uint64_t j = 0; j < v.array_len; ++j) v.strings.push_back(c.read_string("array string"));
       } else if (v.elem_type == GGUFValueType::FLOAT32 || v.elem_type == GGUFValueType::FLOAT64) {
-        v.floats.reserve(v.array_len);
+        v.floats.reserve(std::min<uint64_t>(v.array_len, kMaxReserve));
         for (uint64_t j = 0; j < v.array_len; ++j)
           v.floats.push_back(std::get<double>(read_scalar(c, v.elem_type, key, name_)));
       } else {
-        v.ints.reserve(v.array_len);
+        v.ints.reserve(std::min<uint64_t>(v.array_len, kMaxReserve));
         for (uint64_t j = 0; j < v.array_len; ++j)
           v.ints.push_back(scalar_as_int(read_scalar(c, v.elem_type, key, name_), key, name_));
       }

@@ -110,7 +110,16 @@ std::unique_ptr<DenseModel> DenseModel::load(const GGUFFile& f) {
       break;
   }
 
-  const int qdim = c.n_head * c.head_dim, kvdim = c.n_head_kv * c.head_dim;
+  // Bounds that keep every index computation of forward() (at most
+  // kMaxChunk positions at a time) inside int.
+  constexpr int64_t kMaxWidth = int64_t{1} << 22;
+  const int64_t qdim64 = int64_t{c.n_head} * c.head_dim;
+  if (c.n_embd > kMaxWidth || c.n_ff > kMaxWidth || qdim64 > kMaxWidth)
+    fail("{}: model widths (embedding {}, feed-forward {}, heads x head size {}) exceed the supported {}", f.name(),
+         c.n_embd, c.n_ff, qdim64, kMaxWidth);
+  const int qdim = static_cast<int>(qdim64), kvdim = c.n_head_kv * c.head_dim;
+  if (f.tensor("token_embd.weight").shape.size() != 2 || f.tensor("token_embd.weight").shape.back() > kMaxWidth)
+    fail("{}: token_embd.weight must be 2-D with at most {} rows", f.name(), kMaxWidth);
   m->tok_embd_ = mat(f, "token_embd.weight", c.n_embd, f.tensor("token_embd.weight").shape.back());
   c.n_vocab = static_cast<int>(m->tok_embd_.rows);
   m->output_ = f.find_tensor("output.weight") ? mat(f, "output.weight", c.n_embd, c.n_vocab) : m->tok_embd_;
@@ -144,6 +153,7 @@ KVCache DenseModel::make_cache(int n_ctx) const {
   if (n_ctx <= 0) fail("context size must be positive, got {}", n_ctx);
   KVCache kv;
   kv.n_ctx = n_ctx;
+  kv.n_layer = cfg_.n_layer;
   kv.kv_dim = cfg_.n_head_kv * cfg_.head_dim;
   const size_t n = static_cast<size_t>(cfg_.n_layer) * n_ctx * kv.kv_dim;
   kv.k.assign(n, 0.f);
@@ -164,6 +174,24 @@ void DenseModel::forward(ThreadPool& pool, KVCache& cache, const int32_t* tokens
   const DenseConfig& c = cfg_;
   if (n <= 0) fail("forward needs at least one token");
   if (n_out < 0 || n_out > n) fail("forward: n_out {} must be in [0, {}]", n_out, n);
+  if (cache.n_layer != c.n_layer || cache.kv_dim != c.n_head_kv * c.head_dim ||
+      cache.k.size() < static_cast<size_t>(c.n_layer) * cache.n_ctx * cache.kv_dim ||
+      cache.v.size() != cache.k.size())
+    fail("forward: the KV cache was not made for this model");
+  // Long prompts run in chunks: per-position results do not depend on the
+  // chunking (each position's products and attention are computed alone),
+  // and scratch memory stays bounded.
+  if (n > kMaxChunk) {
+    const int first_out = n - n_out;
+    for (int c0 = 0; c0 < n; c0 += kMaxChunk) {
+      const int cn = std::min(kMaxChunk, n - c0);
+      const int out_begin = std::max(c0, first_out);
+      const int cn_out = std::max(0, c0 + cn - out_begin);
+      forward(pool, cache, tokens + c0, cn, pos0 + c0, cn_out,
+              logits + static_cast<size_t>(out_begin - first_out) * static_cast<size_t>(c.n_vocab));
+    }
+    return;
+  }
   if (pos0 < 0 || pos0 + n > cache.n_ctx)
     fail("context full: positions {}..{} do not fit in a context of {} tokens", pos0, pos0 + n - 1, cache.n_ctx);
   for (int t = 0; t < n; ++t)

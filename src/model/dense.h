@@ -56,6 +56,7 @@ struct DenseLayer {
 // Keys and values of one sequence: [n_layer][n_ctx][n_head_kv*head_dim] each.
 struct KVCache {
   int n_ctx = 0;
+  int n_layer = 0;
   int kv_dim = 0;
   std::vector<float> k, v;
   float* k_at(int layer, int pos) { return k.data() + (static_cast<size_t>(layer) * n_ctx + pos) * kv_dim; }
@@ -77,6 +78,9 @@ class DenseModel {
   const MatView& output() const { return output_; }
   const std::vector<float>& output_norm() const { return output_norm_; }
   const std::vector<DenseLayer>& layers() const { return layers_; }
+
+  // Positions computed per pass inside forward(); longer inputs are chunked.
+  static constexpr int kMaxChunk = 256;
 
   // Runs tokens[0..n) at positions pos0..pos0+n-1, appending their keys and
   // values to `cache`. Writes logits [n_out][n_vocab] for the last n_out

@@ -33,11 +33,24 @@ Sampler::Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) { validate(p); }
 
 std::vector<std::pair<int32_t, double>> Sampler::distribution(const float* logits, int64_t n) const {
   if (p_.temperature == 0.f) return {{argmax(logits, n), 1.0}};
+  // Infinite logits would turn the softmax into NaNs: +inf entries take all
+  // the mass (shared equally), and a vector with no finite or +inf entry is
+  // an error, not a silent pick.
+  std::vector<std::pair<int32_t, double>> infinite;
+  bool any_finite = false;
+  for (int64_t i = 0; i < n; ++i) {
+    if (logits[i] == INFINITY) infinite.emplace_back(static_cast<int32_t>(i), 0.0);
+    any_finite = any_finite || std::isfinite(logits[i]);
+  }
+  if (!infinite.empty()) {
+    for (auto& d : infinite) d.second = 1.0 / static_cast<double>(infinite.size());
+    return infinite;
+  }
+  if (!any_finite) fail("cannot sample: no logit is finite");
   std::vector<int32_t> ids;
   ids.reserve(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i)
-    if (!std::isnan(logits[i])) ids.push_back(static_cast<int32_t>(i));
-  if (ids.empty()) fail("cannot sample: every logit is NaN");
+    if (std::isfinite(logits[i])) ids.push_back(static_cast<int32_t>(i));
   auto by_logit = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
   size_t keep = ids.size();
   if (p_.top_k > 0 && static_cast<size_t>(p_.top_k) < keep) {

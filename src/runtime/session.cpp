@@ -22,15 +22,21 @@ const std::vector<float>& Session::set_tokens(const std::vector<int32_t>& tokens
   if (tokens.empty()) fail("the prompt is empty: there is nothing to run");
   if (static_cast<int64_t>(tokens.size()) > cache_.n_ctx)
     fail("the prompt has {} tokens, more than the context of {} (raise --context)", tokens.size(), cache_.n_ctx);
-  size_t common = 0;
-  while (common < tokens_.size() && common < tokens.size() && tokens_[common] == tokens[common]) ++common;
-  // The last token must be recomputed to produce its logits.
-  if (common == tokens.size()) --common;
+  const size_t common = reusable_prefix(tokens);
   const int n = static_cast<int>(tokens.size() - common);
+  // Until the forward pass succeeds, only the shared prefix is valid.
+  tokens_.resize(common);
   logits_.resize(static_cast<size_t>(model_.config().n_vocab));
   model_.forward(pool_, cache_, tokens.data() + common, n, static_cast<int>(common), 1, logits_.data());
   tokens_ = tokens;
   return logits_;
+}
+
+size_t Session::reusable_prefix(const std::vector<int32_t>& tokens) const {
+  size_t common = 0;
+  while (common < tokens_.size() && common < tokens.size() && tokens_[common] == tokens[common]) ++common;
+  if (!tokens.empty() && common == tokens.size()) --common;
+  return common;
 }
 
 const std::vector<float>& Session::append(int32_t token) {

@@ -20,6 +20,13 @@ class Session {
   // Decode steps run on `executor` ("mega", "opbyop" or "reference") over the
   // model's DecodeProgram; prompts are prefilled by the batched forward pass.
   Session(const DenseModel& model, ThreadPool& pool, int n_ctx, const std::string& executor = "mega");
+  // The executor refers to program_, so a Session stays where it was built.
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  // Number of leading tokens of `tokens` already in the cache, at most
+  // tokens.size() - 1 (the last one is always recomputed for its logits).
+  size_t reusable_prefix(const std::vector<int32_t>& tokens) const;
 
   // Makes the cache hold exactly `tokens`: the longest prefix already cached
   // is kept and only the rest is computed (prefill). Returns the logits of the
