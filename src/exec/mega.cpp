@@ -3,18 +3,20 @@
 // At first use for a given row count the program is compiled into a static
 // schedule: every op is cut into tiles, every tile is given to one worker, and
 // each worker gets its tiles as one list in program order. Each tile lists the
-// exact producer tiles it must wait for (read-after-write, write-after-write
+// producer tiles it must wait for (read-after-write, write-after-write
 // and write-after-read on its slots), so a worker only waits where data it
 // needs is not ready yet: independent ops (the q, k and v products; gate and
 // up) run back to back with no barrier, and row-wise ops wait only for their
-// own row. Completion is signalled by writing the step's epoch into the
+// own row. (The lists are sufficient, not minimal: some entries are implied by
+// others.) Completion is signalled by writing the step's epoch into the
 // tile's flag, so flags never need resetting.
 //
 // Prefetch plan: every tile that streams weights records its byte range. A
 // worker keeps a cursor into the weights of its own upcoming tiles and, while
 // it waits on a dependency, issues prefetches into its L2 from that cursor,
-// up to `prefetch_bytes` ahead of what it is computing. Before a small
-// (non-matrix) tile it also issues a short burst for the next tile, so the
+// up to `prefetch_bytes` past the start of the tile it is about to run.
+// Before a small (non-matrix) tile it also issues a short burst from the
+// cursor (the weights of the next matrix tile), so the
 // memory system stays busy across op and layer boundaries, where the
 // op-by-op executor leaves it idle. The small tensors of the next layer (norm
 // weights) are part of the same plan.
@@ -59,7 +61,8 @@ struct Task {
 struct Schedule {
   int n_rows = 0;
   std::vector<std::vector<Task>> worker_tasks;  // [worker] in program order
-  std::vector<int> deps;                         // global flag indices
+  std::vector<std::vector<size_t>> weight_prefix;  // [worker][task + 1] bytes before each task
+  std::vector<int> deps;                          // global flag indices
   int n_flags = 0;
 };
 
@@ -98,9 +101,17 @@ Schedule compile(const DecodeProgram& p, int n_rows, int W) {
     for (int sl : op.reads())
       if (last_writer[static_cast<size_t>(sl)] >= 0) producers.insert(last_writer[static_cast<size_t>(sl)]);
     if (op.out >= 0) {
-      if (last_writer[static_cast<size_t>(op.out)] >= 0) producers.insert(last_writer[static_cast<size_t>(op.out)]);
+      // WAR: wait for every reader since the last write. Those readers
+      // waited for the last writer themselves, so the WAW dependency on it is
+      // only needed when there were none.
+      bool other_readers = false;
       for (int rd : readers_since[static_cast<size_t>(op.out)])
-        if (rd != static_cast<int>(i)) producers.insert(rd);
+        if (rd != static_cast<int>(i)) {
+          producers.insert(rd);
+          other_readers = true;
+        }
+      if (!other_readers && last_writer[static_cast<size_t>(op.out)] >= 0)
+        producers.insert(last_writer[static_cast<size_t>(op.out)]);
     }
     for (int t = 0; t < n_tiles[i]; ++t) {
       Task task;
@@ -119,6 +130,10 @@ Schedule compile(const DecodeProgram& p, int n_rows, int W) {
         // other's keys, so attention waits for every row's store.
         if (my_row >= 0 && op_is_row_tiled(pop) && pop.kind != OpKind::StoreKV) {
           s.deps.push_back(flag_base[static_cast<size_t>(pr)] + my_row);
+        } else if (my_row >= 0 && pop.kind == OpKind::Attention) {
+          // Attention tiles are (row, head): a single-row consumer needs
+          // only its row's heads.
+          for (int h = 0; h < pop.n_head; ++h) s.deps.push_back(flag_base[static_cast<size_t>(pr)] + my_row * pop.n_head + h);
         } else {
           for (int pt = 0; pt < n_tiles[static_cast<size_t>(pr)]; ++pt)
             s.deps.push_back(flag_base[static_cast<size_t>(pr)] + pt);
@@ -136,6 +151,11 @@ Schedule compile(const DecodeProgram& p, int n_rows, int W) {
       readers_since[static_cast<size_t>(op.out)].clear();
     }
   }
+  for (const auto& tasks : s.worker_tasks) {
+    std::vector<size_t> prefix(tasks.size() + 1, 0);
+    for (size_t k = 0; k < tasks.size(); ++k) prefix[k + 1] = prefix[k] + tasks[k].weights.bytes;
+    s.weight_prefix.push_back(std::move(prefix));
+  }
   return s;
 }
 
@@ -147,29 +167,28 @@ inline void prefetch_l2(const uint8_t* p) {
 #endif
 }
 
-// A worker's walk over the weights of its upcoming tiles.
+// A worker's walk over the weights of its upcoming tiles. Positions are
+// absolute byte offsets into the concatenation of the worker's tile weights
+// (prefix[k] = bytes of tiles before k), so "how far ahead" is a subtraction.
 struct PrefetchCursor {
   const std::vector<Task>* tasks = nullptr;
-  size_t task = 0;    // tile whose weights the cursor is in
-  size_t offset = 0;  // bytes of that tile already prefetched
-  size_t ahead = 0;   // bytes prefetched beyond the tile being computed
+  const std::vector<size_t>* prefix = nullptr;  // [tasks + 1]
+  size_t task = 0;    // the next line to prefetch is in this tile...
+  size_t offset = 0;  // ...at this byte offset
+  size_t limit = 0;   // absolute position the cursor must not pass
 
-  // The compute position moved to tile i: drop what it has consumed.
-  void computing(size_t i) {
-    if (task <= i) {
+  // The worker is about to run tile i: the cursor never lags behind it and
+  // may run `budget` bytes past its start.
+  void at_tile(size_t i, size_t budget) {
+    if (task < i) {
       task = i;
       offset = 0;
-      ahead = 0;
-    } else {
-      // Bytes of tiles between i and the cursor stay counted as ahead; the
-      // tile just reached no longer is.
-      const size_t b = (*tasks)[i].weights.bytes;
-      ahead = ahead > b ? ahead - b : 0;
     }
+    limit = (*prefix)[i] + budget;
   }
-  // Issues up to `lines` prefetches, never going past `budget` bytes ahead.
-  void issue(size_t lines, size_t budget) {
-    while (lines > 0 && ahead < budget && task < tasks->size()) {
+  // Issues up to `lines` prefetches.
+  void issue(size_t lines) {
+    while (lines > 0 && task < tasks->size() && (*prefix)[task] + offset < limit) {
       const Region& r = (*tasks)[task].weights;
       if (offset >= r.bytes) {
         ++task;
@@ -178,7 +197,6 @@ struct PrefetchCursor {
       }
       prefetch_l2(r.begin + offset);
       offset += 64;
-      ahead += 64;
       --lines;
     }
   }
@@ -235,23 +253,24 @@ class MegaExecutor final : public Executor {
     std::vector<TraceEvent>* events = trace_ ? &worker_events_[static_cast<size_t>(w)] : nullptr;
     PrefetchCursor pf;
     pf.tasks = &tasks;
+    pf.prefix = &s.weight_prefix[static_cast<size_t>(w)];
     const size_t budget = opts_.prefetch_bytes;
     for (size_t i = 0; i < tasks.size(); ++i) {
       const Task& t = tasks[i];
-      if (budget) pf.computing(i);
+      if (budget) pf.at_tile(i, budget);
       const double wait_start = events ? now_us() : 0;
       for (uint32_t d = t.dep_begin; d < t.dep_end; ++d) {
         const auto& f = flags_[static_cast<size_t>(s.deps[d])].epoch;
         int spins = 0;
         while (f.load(std::memory_order_acquire) < epoch) {
-          if (budget) pf.issue(4, budget);
+          if (budget) pf.issue(4);
           spin_pause();
           if (++spins > kSpinsBeforeYield) std::this_thread::yield();
         }
       }
       const Op& op = p_.ops[static_cast<size_t>(t.op)];
       // A small tile leaves the memory system idle; start the next stream.
-      if (budget && op.kind != OpKind::MatMul) pf.issue(64, budget);
+      if (budget && op.kind != OpKind::MatMul) pf.issue(64);
       if (events) {
         const double start = now_us();
         if (start - wait_start > 0.05) events->push_back({w, -1, 0, wait_start, start - wait_start});
