@@ -22,13 +22,17 @@
 namespace megakern {
 
 class ThreadPool;
+struct RecurrentState;  // exec/recurrent_kernels.h
 
 // One row of a step: a token of some sequence at position pos, whose keys and
-// values go to (and are read from) `cache`.
+// values go to (and are read from) `cache`. Programs with recurrent layers
+// (DecodeProgram::recurrent) also need the sequence's `state`, which the step
+// advances by one token; such a step holds at most one row per sequence.
 struct RowInput {
   int32_t token = 0;
   int32_t pos = 0;
   KVCache* cache = nullptr;
+  RecurrentState* state = nullptr;
 };
 
 // One span of a worker's time in a traced step: a tile it computed, or a wait

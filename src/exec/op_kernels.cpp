@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "exec/recurrent_kernels.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/quant_rows.h"
@@ -12,7 +13,9 @@
 
 namespace megakern {
 
-bool op_is_row_tiled(const Op& op) { return op.kind != OpKind::MatMul && op.kind != OpKind::Attention; }
+bool op_is_row_tiled(const Op& op) {
+  return op.kind != OpKind::MatMul && op.kind != OpKind::Attention && op.kind != OpKind::DeltaRule;
+}
 
 int op_tile_count(const Op& op, int n_rows, int n_workers) {
   switch (op.kind) {
@@ -21,7 +24,8 @@ int op_tile_count(const Op& op, int n_rows, int n_workers) {
       const int64_t max_tiles = std::max<int64_t>(1, op.mat.rows / 4);
       return static_cast<int>(std::min<int64_t>(n_workers, max_tiles));
     }
-    case OpKind::Attention: return n_rows * op.n_head;
+    case OpKind::Attention:
+    case OpKind::DeltaRule: return n_rows * op.n_head;
     default: return n_rows;
   }
 }
@@ -44,6 +48,7 @@ void validate_rows(const DecodeProgram& p, const std::vector<RowInput>& rows) {
       fail("row {}: position {} is outside its context of {} tokens", r, in.pos, in.cache->n_ctx);
     if (in.cache->kv_dim != p.kv_dim) fail("row {}: KV cache width {} does not match the model's {}", r, in.cache->kv_dim, p.kv_dim);
   }
+  if (p.recurrent) validate_recurrent_rows(p, rows.data(), static_cast<int>(rows.size()));
 }
 
 namespace {
@@ -69,15 +74,15 @@ void attention_tile(const Op& op, const StepContext& ctx, int r, int h) {
   thread_local std::vector<float> scores;
   scores.resize(static_cast<size_t>(pos - start + 1));
   auto dot = ctx.scalar ? dot_f32_scalar : dot_f32;
-  for (int p = start; p <= pos; ++p) scores[static_cast<size_t>(p - start)] = dot(qh, cache.k_at(op.layer, p) + kvh * hd, hd) * op.scale;
+  for (int p = start; p <= pos; ++p) scores[static_cast<size_t>(p - start)] = dot(qh, cache.k_at(op.cache_layer(), p) + kvh * hd, hd) * op.scale;
   softmax_inplace(scores.data(), static_cast<int64_t>(scores.size()));
   float* out = row_of(ctx, op.out, r) + h * hd;
   std::fill(out, out + hd, 0.f);
   for (int p = start; p <= pos; ++p) {
     if (ctx.scalar)
-      axpy_f32_scalar(scores[static_cast<size_t>(p - start)], cache.v_at(op.layer, p) + kvh * hd, out, hd);
+      axpy_f32_scalar(scores[static_cast<size_t>(p - start)], cache.v_at(op.cache_layer(), p) + kvh * hd, out, hd);
     else
-      axpy_f32(scores[static_cast<size_t>(p - start)], cache.v_at(op.layer, p) + kvh * hd, out, hd);
+      axpy_f32(scores[static_cast<size_t>(p - start)], cache.v_at(op.cache_layer(), p) + kvh * hd, out, hd);
   }
 }
 
@@ -122,8 +127,8 @@ void run_op_tile(const Op& op, const StepContext& ctx, int t, int n_tiles) {
     case OpKind::StoreKV: {
       KVCache& c = *ctx.rows[t].cache;
       const int pos = ctx.rows[t].pos;
-      std::memcpy(c.k_at(op.layer, pos), row_of(ctx, op.in, t), sizeof(float) * static_cast<size_t>(p.kv_dim));
-      std::memcpy(c.v_at(op.layer, pos), row_of(ctx, op.in2, t), sizeof(float) * static_cast<size_t>(p.kv_dim));
+      std::memcpy(c.k_at(op.cache_layer(), pos), row_of(ctx, op.in, t), sizeof(float) * static_cast<size_t>(p.kv_dim));
+      std::memcpy(c.v_at(op.cache_layer(), pos), row_of(ctx, op.in2, t), sizeof(float) * static_cast<size_t>(p.kv_dim));
       break;
     }
     case OpKind::Attention:
@@ -154,6 +159,10 @@ void run_op_tile(const Op& op, const StepContext& ctx, int t, int n_tiles) {
       }
       break;
     }
+    case OpKind::SigmoidGate: sigmoid_gate_tile(op, ctx, t); break;
+    case OpKind::CausalConvSilu: causal_conv_silu_tile(op, ctx, t); break;
+    case OpKind::DeltaRule: delta_rule_tile(op, ctx, t / op.n_head, t % op.n_head); break;
+    case OpKind::GatedRmsNorm: gated_rmsnorm_tile(op, ctx, t); break;
   }
 }
 

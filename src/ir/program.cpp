@@ -16,6 +16,10 @@ const char* op_kind_name(OpKind k) {
     case OpKind::Attention: return "attention";
     case OpKind::GluAct: return "glu_act";
     case OpKind::Residual: return "residual";
+    case OpKind::SigmoidGate: return "sigmoid_gate";
+    case OpKind::CausalConvSilu: return "causal_conv_silu";
+    case OpKind::DeltaRule: return "delta_rule";
+    case OpKind::GatedRmsNorm: return "gated_rmsnorm";
   }
   return "?";
 }
@@ -23,6 +27,7 @@ const char* op_kind_name(OpKind k) {
 size_t Op::weight_bytes() const {
   if (kind == OpKind::MatMul) return mat.row_bytes * static_cast<size_t>(mat.rows);
   if (kind == OpKind::Embed) return 0;  // one row per token, negligible
+  if (kind == OpKind::DeltaRule) return 2 * sizeof(float) * static_cast<size_t>(n_norm);  // A_log, dt_bias
   return sizeof(float) * static_cast<size_t>(n_norm);
 }
 
@@ -30,7 +35,10 @@ std::vector<int> Op::reads() const {
   std::vector<int> r;
   if (in >= 0) r.push_back(in);
   if (in2 >= 0) r.push_back(in2);
-  if ((kind == OpKind::HeadNormRope || kind == OpKind::Residual) && out >= 0) r.push_back(out);
+  if ((kind == OpKind::HeadNormRope || kind == OpKind::Residual || kind == OpKind::SigmoidGate ||
+       kind == OpKind::CausalConvSilu || kind == OpKind::GatedRmsNorm) &&
+      out >= 0)
+    r.push_back(out);
   return r;
 }
 
@@ -97,6 +105,30 @@ void DecodeProgram::verify() const {
       case OpKind::Residual:
         MK_CHECK(op.in >= 0 && width(op.in) == width(op.out), "{}: widths", where);
         MK_CHECK(!op.norm || op.n_norm == width(op.in), "{}: norm length", where);
+        break;
+      case OpKind::SigmoidGate:
+        MK_CHECK(op.in >= 0 && width(op.in) == width(op.out), "{}: widths", where);
+        break;
+      case OpKind::CausalConvSilu:
+        MK_CHECK(recurrent && op.cache_layer() >= 0, "{}: needs a recurrent program and a state layer", where);
+        MK_CHECK(op.norm && width(op.out) > 0 && op.n_norm % width(op.out) == 0 && op.n_norm / width(op.out) >= 1,
+                 "{}: conv taps ({} floats) vs {} channels", where, op.n_norm, width(op.out));
+        break;
+      case OpKind::DeltaRule: {
+        MK_CHECK(recurrent && op.cache_layer() >= 0, "{}: needs a recurrent program and a state layer", where);
+        MK_CHECK(op.in >= 0 && op.in2 >= 0 && op.n_head > 0 && op.n_head_kv > 0 && op.n_head % op.n_head_kv == 0 &&
+                     op.head_dim > 0, "{}: heads", where);
+        MK_CHECK(width(op.out) == op.n_head * op.head_dim, "{}: output width", where);
+        MK_CHECK(width(op.in2) == 2 * op.n_head, "{}: [b | a] width {} vs {} heads", where, width(op.in2), op.n_head);
+        const int kq = width(op.in) - op.n_head * op.head_dim;
+        MK_CHECK(kq > 0 && kq % (2 * op.n_head_kv) == 0, "{}: q|k|v width {}", where, width(op.in));
+        MK_CHECK(op.norm && op.dt_bias && op.n_norm == op.n_head, "{}: A_log / dt_bias", where);
+        break;
+      }
+      case OpKind::GatedRmsNorm:
+        MK_CHECK(op.in >= 0 && width(op.in) == width(op.out) && op.n_head > 0 && op.n_head * op.head_dim == width(op.out),
+                 "{}: widths", where);
+        MK_CHECK(op.norm && op.n_norm == op.head_dim, "{}: norm length", where);
         break;
     }
     if (op.out >= 0) written[static_cast<size_t>(op.out)] = true;

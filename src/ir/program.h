@@ -10,7 +10,10 @@
 // its own position with its own KV cache; several rows may belong to the same
 // sequence at consecutive positions (a prefill chunk or a speculative verify
 // block), in which case attention is causal within the block because every
-// row's keys are stored before any row attends.
+// row's keys are stored before any row attends. Programs with recurrent
+// layers (`recurrent`, e.g. Qwen3.8's Gated DeltaNet) advance a per-sequence
+// RecurrentState by one token per row, so for now their steps hold at most one
+// row per sequence (checked by validate_rows; a chunked prefill op would lift it).
 //
 // Slots hold [max_rows][width] f32 activations, row-major.
 #pragma once
@@ -34,6 +37,18 @@ enum class OpKind : uint8_t {
                  // window; in = q, in2 = the cache marker written by StoreKV
   GluAct,        // out[r] = act(in[r]) * in2[r]                       (gate, up)
   Residual,      // out[r] += norm ? rmsnorm(in[r]) * norm : in[r]
+  // Recurrent / gated ops (Qwen3.8, exec/recurrent_kernels.h). Ops that keep
+  // per-sequence state use RowInput::state; a step of a program with
+  // `recurrent` set holds at most one row per sequence (validate_rows).
+  SigmoidGate,     // out[r] *= sigmoid(in[r])                          (attention output gate)
+  CausalConvSilu,  // in-place on `out` (the q|k|v channels): depthwise causal conv over the
+                   // row's conv window for state layer cache_index (taps in norm, [C][K], tap
+                   // K-1 = current input), window updated, then SiLU
+  DeltaRule,       // out[r] = gated delta rule read-out per value head; in = conv'd q|k|v,
+                   // in2 = [b | a] (2 * n_head); q, k L2-normed per key head (eps), q *= scale;
+                   // norm = A_log, dt_bias = dt_bias (n_head each); updates S of state layer
+                   // cache_index; tiles (row, value head)
+  GatedRmsNorm,    // in-place on `out`, per head: rmsnorm(out) * norm * silu(in)   (in = z)
 };
 
 const char* op_kind_name(OpKind k);
@@ -61,6 +76,11 @@ struct Op {
   bool rope_neox = false;
   int window = 0;                   // Attention: sliding window (0: none)
   bool gelu = false;                // GluAct: GELU(tanh) instead of SiLU
+  // StoreKV / Attention: layer index in the KV cache; CausalConvSilu /
+  // DeltaRule: layer index in the RecurrentState. -1: use `layer`.
+  int cache_index = -1;
+  const float* dt_bias = nullptr;   // DeltaRule: [n_head]
+  int cache_layer() const { return cache_index >= 0 ? cache_index : layer; }
 
   // Bytes of weights this op streams per step (independent of the row count).
   size_t weight_bytes() const;
@@ -75,6 +95,9 @@ struct DecodeProgram {
   int n_vocab = 0;
   int kv_dim = 0;       // per layer, per position, for K and for V
   int logits_slot = -1;
+  // Set when the program has ops with per-sequence recurrent state: every row
+  // then needs RowInput::state, and a step holds at most one row per sequence.
+  bool recurrent = false;
   std::vector<Slot> slots;
   std::vector<Op> ops;
 

@@ -1,0 +1,52 @@
+// Per-sequence recurrent state of Gated DeltaNet layers and the per-tile
+// kernels of the recurrent / gated ops (SigmoidGate, CausalConvSilu,
+// DeltaRule, GatedRmsNorm; see ir/program.h). Used by every executor through
+// run_op_tile.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "ir/program.h"
+
+namespace megakern {
+
+struct StepContext;
+struct RowInput;
+
+// The recurrent state of one sequence, for n_layer DeltaNet layers (indexed by
+// Op::cache_index, not the model's layer number). All f32, zero at the start
+// of a sequence.
+//   conv: [n_layer][conv_hist][conv_dim], the conv_hist = kernel - 1 previous
+//         q|k|v conv inputs of each layer, oldest first (as transformers'
+//         conv cache without its current column, and reference.json's conv_window);
+//   S:    [n_layer][n_v_heads][v_dim][k_dim], row-major: S[h][i][j] couples value
+//         component i with key component j (the [v][k] orientation of the
+//         reference: o = S q, pred = S k; flash-linear-attention stores the transpose).
+// A step advances it by exactly one token, so a step holds at most one row per
+// sequence (validate_rows rejects two rows with the same state).
+struct RecurrentState {
+  int n_layer = 0, conv_dim = 0, conv_hist = 0, n_v_heads = 0, v_dim = 0, k_dim = 0;
+  std::vector<float> conv, S;
+
+  RecurrentState() = default;
+  RecurrentState(int n_layer, int conv_dim, int conv_hist, int n_v_heads, int v_dim, int k_dim);
+  void reset();
+  float* conv_at(int layer) { return conv.data() + static_cast<size_t>(layer) * conv_hist * conv_dim; }
+  float* S_at(int layer, int head) {
+    return S.data() + (static_cast<size_t>(layer) * n_v_heads + head) * static_cast<size_t>(v_dim) * k_dim;
+  }
+  size_t bytes() const { return sizeof(float) * (conv.size() + S.size()); }
+};
+
+// Tile kernels; t is the row for row-tiled ops, row * n_head + head for DeltaRule.
+void sigmoid_gate_tile(const Op& op, const StepContext& ctx, int r);
+void causal_conv_silu_tile(const Op& op, const StepContext& ctx, int r);
+void delta_rule_tile(const Op& op, const StepContext& ctx, int r, int h);
+void gated_rmsnorm_tile(const Op& op, const StepContext& ctx, int r);
+
+// Throws megakern::Error when a row's state is missing, shared with another
+// row of the step, or does not fit the program's recurrent ops.
+void validate_recurrent_rows(const DecodeProgram& p, const RowInput* rows, int n_rows);
+
+}  // namespace megakern

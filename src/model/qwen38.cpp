@@ -1,0 +1,359 @@
+#include "model/qwen38.h"
+
+#include <cmath>
+#include <cstring>
+#include <map>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "io/hf_config.h"
+#include "io/safetensors.h"
+
+namespace megakern {
+
+Qwen38Model::~Qwen38Model() = default;
+
+namespace {
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + "]";
+}
+
+bool view_dtype(const std::string& d, DType& out, size_t& elem) {
+  if (d == "F32") { out = DType::F32; elem = 4; return true; }
+  if (d == "F16") { out = DType::F16; elem = 2; return true; }
+  if (d == "BF16") { out = DType::BF16; elem = 2; return true; }
+  return false;
+}
+
+}  // namespace
+
+struct Qwen38Loader {
+  Qwen38Model& m;
+  const SafetensorsModel& st;
+
+  const SafetensorsTensor& get(const std::string& name) const {
+    const SafetensorsTensor* t = st.find(m.prefix_ + name);
+    if (!t && name == "lm_head.weight") t = st.find(name);
+    if (!t) fail("{}: tensor '{}' is missing", st.path(), name == "lm_head.weight" ? name : m.prefix_ + name);
+    return *t;
+  }
+
+  std::vector<float>& own(size_t bytes) {
+    m.owned_.emplace_back((bytes + 3) / 4);
+    return m.owned_.back();
+  }
+
+  // Rows [b, e) of several 2-D tensors, stacked, as one matrix. Zero-copy when
+  // there is one piece of a supported dtype with aligned data.
+  struct Piece {
+    const SafetensorsTensor* t;
+    int64_t begin, end;
+  };
+  MatView stack(const std::vector<Piece>& pieces) {
+    const int64_t cols = pieces[0].t->shape[1];
+    DType dt = DType::F32;
+    size_t elem = 4;
+    bool keep = view_dtype(pieces[0].t->dtype, dt, elem);
+    for (const auto& p : pieces) {
+      DType d2;
+      size_t e2;
+      if (!view_dtype(p.t->dtype, d2, e2) || d2 != dt) keep = false;
+      MK_CHECK(p.t->shape.size() == 2 && p.t->shape[1] == cols, "stacked pieces must share their width");
+    }
+    if (!keep) {
+      dt = DType::F32;
+      elem = 4;
+    }
+    MatView v;
+    v.type = dt;
+    v.cols = cols;
+    v.row_bytes = static_cast<size_t>(cols) * elem;
+    for (const auto& p : pieces) v.rows += p.end - p.begin;
+    if (keep && pieces.size() == 1 && pieces[0].begin == 0 &&
+        reinterpret_cast<uintptr_t>(pieces[0].t->data) % elem == 0) {
+      v.data = pieces[0].t->data;
+      return v;
+    }
+    auto& buf = own(v.row_bytes * static_cast<size_t>(v.rows));
+    uint8_t* dst = reinterpret_cast<uint8_t*>(buf.data());
+    std::map<const SafetensorsTensor*, std::vector<float>> converted;  // each source converted once
+    for (const auto& p : pieces) {
+      const size_t n = static_cast<size_t>(p.end - p.begin) * v.row_bytes;
+      if (keep) {
+        std::memcpy(dst, p.t->data + static_cast<size_t>(p.begin) * v.row_bytes, n);
+      } else {
+        auto it = converted.find(p.t);
+        if (it == converted.end()) it = converted.emplace(p.t, to_f32(*p.t)).first;
+        std::memcpy(dst, it->second.data() + static_cast<size_t>(p.begin) * cols, n);
+      }
+      dst += n;
+    }
+    v.data = reinterpret_cast<const uint8_t*>(buf.data());
+    return v;
+  }
+  MatView mat(const std::string& name) {
+    const auto& t = get(name);
+    return stack({{&t, 0, t.shape[0]}});
+  }
+  std::vector<float> vec(const std::string& name, float add = 0.f) {
+    std::vector<float> v = to_f32(get(name));
+    if (add != 0.f)
+      for (auto& x : v) x += add;
+    return v;
+  }
+};
+
+std::unique_ptr<Qwen38Model> Qwen38Model::load(const std::string& dir) {
+  std::unique_ptr<Qwen38Model> m(new Qwen38Model());
+  const HFConfig hf = HFConfig::load(dir);
+  m->cfg_ = qwen38_config_from_hf(hf);
+  const Qwen38Config& c = m->cfg_;
+  m->st_ = std::make_unique<SafetensorsModel>(SafetensorsModel::open(dir));
+  const SafetensorsModel& st = *m->st_;
+  if (st.find("model.embed_tokens.weight"))
+    m->prefix_ = "model.";
+  else if (st.find("model.language_model.embed_tokens.weight"))
+    m->prefix_ = "model.language_model.";
+  else
+    fail("{}: no 'model.embed_tokens.weight' nor 'model.language_model.embed_tokens.weight'; not a Qwen3.5-family "
+         "checkpoint",
+         st.path());
+
+  // Every tensor with its expected shape, before anything is read.
+  for (const Qwen38Tensor& t : qwen38_tensors(c, m->prefix_)) {
+    const SafetensorsTensor* f = st.find(t.name);
+    if (!f) fail("{}: tensor '{}' is missing (expected shape {})", st.path(), t.name, shape_str(t.shape));
+    if (f->shape != t.shape)
+      fail("{}: tensor '{}' has shape {}, expected {} for config {}", st.path(), t.name, shape_str(f->shape),
+           shape_str(t.shape), hf.name());
+    DType d;
+    size_t e;
+    if (t.matrix && !view_dtype(f->dtype, d, e) && f->dtype != "F64" && f->dtype.rfind("F8", 0) != 0)
+      fail("{}: tensor '{}' has dtype {}; expected a float type (F32, F16, BF16)", st.path(), t.name, f->dtype);
+  }
+
+  Qwen38Loader L{*m, st};
+  // "model.language_model." checkpoints keep lm_head.weight at the top level,
+  // which get() handles; embed/norm carry the prefix.
+  m->tok_embd_ = L.mat("embed_tokens.weight");
+  m->lm_head_ = L.mat("lm_head.weight");
+  m->final_norm_ = L.vec("norm.weight", 1.f);
+  int n_attn = 0, n_delta = 0;
+  const int64_t Dh = c.head_dim;
+  for (int l = 0; l < c.n_layer; ++l) {
+    Qwen38Layer Ly;
+    const std::string p = fmt::format("layers.{}.", l);
+    Ly.attention = c.is_full_attention(l);
+    Ly.input_norm = L.vec(p + "input_layernorm.weight", 1.f);
+    Ly.post_norm = L.vec(p + "post_attention_layernorm.weight", 1.f);
+    if (Ly.attention) {
+      Ly.cache_index = n_attn++;
+      const std::string a = p + "self_attn.";
+      const auto& q = L.get(a + "q_proj.weight");
+      std::vector<Qwen38Loader::Piece> qp, gp;
+      for (int64_t h = 0; h < c.n_head; ++h) {
+        qp.push_back({&q, 2 * h * Dh, 2 * h * Dh + Dh});
+        gp.push_back({&q, 2 * h * Dh + Dh, 2 * h * Dh + 2 * Dh});
+      }
+      Ly.wq = L.stack(qp);
+      Ly.wgate = L.stack(gp);
+      Ly.wk = L.mat(a + "k_proj.weight");
+      Ly.wv = L.mat(a + "v_proj.weight");
+      Ly.wo = L.mat(a + "o_proj.weight");
+      Ly.q_norm = L.vec(a + "q_norm.weight", 1.f);
+      Ly.k_norm = L.vec(a + "k_norm.weight", 1.f);
+    } else {
+      Ly.cache_index = n_delta++;
+      const std::string a = p + "linear_attn.";
+      Ly.w_qkv = L.mat(a + "in_proj_qkv.weight");
+      Ly.w_z = L.mat(a + "in_proj_z.weight");
+      const auto& b = L.get(a + "in_proj_b.weight");
+      const auto& av = L.get(a + "in_proj_a.weight");
+      Ly.w_ba = L.stack({{&b, 0, b.shape[0]}, {&av, 0, av.shape[0]}});
+      Ly.w_out = L.mat(a + "out_proj.weight");
+      Ly.conv = L.vec(a + "conv1d.weight");  // [C][1][K] row-major is [C][K]
+      Ly.a_log = L.vec(a + "A_log");
+      Ly.dt_bias = L.vec(a + "dt_bias");
+      Ly.gated_norm = L.vec(a + "norm.weight");
+    }
+    const std::string mp = p + "mlp.";
+    Ly.w_gate = L.mat(mp + "gate_proj.weight");
+    Ly.w_up = L.mat(mp + "up_proj.weight");
+    Ly.w_down = L.mat(mp + "down_proj.weight");
+    m->layers_.push_back(std::move(Ly));
+  }
+  return m;
+}
+
+KVCache Qwen38Model::make_cache(int n_ctx) const {
+  KVCache c;
+  if (n_ctx <= 0) fail("context size must be positive, got {}", n_ctx);
+  c.n_ctx = n_ctx;
+  c.n_layer = n_attention_layers();
+  c.kv_dim = cfg_.n_head_kv * cfg_.head_dim;
+  const size_t n = static_cast<size_t>(n_attention_layers()) * static_cast<size_t>(n_ctx) * c.kv_dim;
+  c.k.assign(n, 0.f);
+  c.v.assign(n, 0.f);
+  return c;
+}
+
+RecurrentState Qwen38Model::make_state() const {
+  return RecurrentState(n_deltanet_layers(), static_cast<int>(cfg_.la_conv_dim()), cfg_.conv_kernel - 1,
+                        cfg_.la_n_v_heads, cfg_.la_v_head_dim, cfg_.la_k_head_dim);
+}
+
+DecodeProgram build_qwen38_program(const Qwen38Model& model, int max_rows) {
+  if (max_rows < 1 || max_rows > 64) fail("max_rows must be in [1, 64], got {}", max_rows);
+  const Qwen38Config& c = model.config();
+  DecodeProgram p;
+  p.model_name = c.name.empty() ? "qwen3.8" : c.name;
+  p.n_layer = c.n_layer;
+  p.max_rows = max_rows;
+  p.n_vocab = c.vocab;
+  p.kv_dim = c.n_head_kv * c.head_dim;
+  p.recurrent = c.n_deltanet_layers() > 0;
+  const int H = c.hidden, FF = c.intermediate, qd = c.n_head * c.head_dim, kvd = p.kv_dim;
+  const int C = static_cast<int>(c.la_conv_dim()), VD = static_cast<int>(c.la_value_dim());
+  const float eps = static_cast<float>(c.rms_eps);
+
+  const int x = p.add_slot("x", -1, H);
+  const int xn = p.add_slot("xn", -1, H);
+  const int proj = p.add_slot("proj", -1, H);
+  const int gate = p.add_slot("gate", -1, FF);
+  const int up = p.add_slot("up", -1, FF);
+  const int act = p.add_slot("act", -1, FF);
+  int q = -1, qgate = -1, k = -1, v = -1, att = -1, qkv = -1, z = -1, ba = -1, o = -1;
+  if (c.n_full_attention_layers() > 0) {
+    q = p.add_slot("q", -1, qd);
+    qgate = p.add_slot("q_gate", -1, qd);
+    k = p.add_slot("k", -1, kvd);
+    v = p.add_slot("v", -1, kvd);
+    att = p.add_slot("att", -1, qd);
+  }
+  if (c.n_deltanet_layers() > 0) {
+    qkv = p.add_slot("qkv", -1, C);
+    z = p.add_slot("z", -1, VD);
+    ba = p.add_slot("ba", -1, 2 * c.la_n_v_heads);
+    o = p.add_slot("delta_o", -1, VD);
+  }
+
+  Op& emb = p.add_op(OpKind::Embed, -1, "token_embd");
+  emb.mat = model.tok_embd();
+  emb.out = x;
+
+  auto norm_op = [&](int layer, const char* name, const std::vector<float>& w, int in, int out) {
+    Op& op = p.add_op(OpKind::RmsNorm, layer, name);
+    op.in = in;
+    op.out = out;
+    op.norm = w.data();
+    op.n_norm = static_cast<int>(w.size());
+    op.eps = eps;
+  };
+  auto matmul_op = [&](int layer, const char* name, const MatView& w, int in, int out) {
+    Op& op = p.add_op(OpKind::MatMul, layer, name);
+    op.mat = w;
+    op.in = in;
+    op.out = out;
+  };
+  auto residual_op = [&](int layer, const char* name, int in) {
+    Op& op = p.add_op(OpKind::Residual, layer, name);
+    op.in = in;
+    op.out = x;
+  };
+
+  for (int l = 0; l < c.n_layer; ++l) {
+    const Qwen38Layer& L = model.layers()[static_cast<size_t>(l)];
+    norm_op(l, "attn_norm", L.input_norm, x, xn);
+    if (L.attention) {
+      const int kv_marker = p.add_slot("kv_cache", l, 0);
+      matmul_op(l, "attn_q", L.wq, xn, q);
+      matmul_op(l, "attn_q_gate", L.wgate, xn, qgate);
+      matmul_op(l, "attn_k", L.wk, xn, k);
+      matmul_op(l, "attn_v", L.wv, xn, v);
+      for (int which = 0; which < 2; ++which) {
+        Op& op = p.add_op(OpKind::HeadNormRope, l, which == 0 ? "q_norm_rope" : "k_norm_rope");
+        op.out = which == 0 ? q : k;
+        op.n_head = which == 0 ? c.n_head : c.n_head_kv;
+        op.head_dim = c.head_dim;
+        op.rope_dim = c.rotary_dim;
+        op.rope_base = static_cast<float>(c.rope_theta);
+        op.rope_neox = true;  // rotate-half
+        op.eps = eps;
+        const std::vector<float>& w = which == 0 ? L.q_norm : L.k_norm;
+        op.norm = w.data();
+        op.n_norm = static_cast<int>(w.size());
+      }
+      Op& st = p.add_op(OpKind::StoreKV, l, "store_kv");
+      st.in = k;
+      st.in2 = v;
+      st.out = kv_marker;
+      st.cache_index = L.cache_index;
+      Op& at = p.add_op(OpKind::Attention, l, "attention");
+      at.in = q;
+      at.in2 = kv_marker;
+      at.out = att;
+      at.n_head = c.n_head;
+      at.n_head_kv = c.n_head_kv;
+      at.head_dim = c.head_dim;
+      at.scale = 1.f / std::sqrt(static_cast<float>(c.head_dim));
+      at.cache_index = L.cache_index;
+      Op& g = p.add_op(OpKind::SigmoidGate, l, "attn_gate");
+      g.in = qgate;
+      g.out = att;
+      matmul_op(l, "attn_output", L.wo, att, proj);
+    } else {
+      matmul_op(l, "la_qkv", L.w_qkv, xn, qkv);
+      matmul_op(l, "la_z", L.w_z, xn, z);
+      matmul_op(l, "la_ba", L.w_ba, xn, ba);
+      Op& cv = p.add_op(OpKind::CausalConvSilu, l, "la_conv");
+      cv.out = qkv;
+      cv.norm = L.conv.data();
+      cv.n_norm = static_cast<int>(L.conv.size());
+      cv.cache_index = L.cache_index;
+      Op& dr = p.add_op(OpKind::DeltaRule, l, "la_delta");
+      dr.in = qkv;
+      dr.in2 = ba;
+      dr.out = o;
+      dr.n_head = c.la_n_v_heads;
+      dr.n_head_kv = c.la_n_k_heads;
+      dr.head_dim = c.la_v_head_dim;
+      dr.scale = 1.f / std::sqrt(static_cast<float>(c.la_k_head_dim));
+      dr.eps = 1e-6f;  // the L2 norm's, fixed in the reference
+      dr.norm = L.a_log.data();
+      dr.n_norm = static_cast<int>(L.a_log.size());
+      dr.dt_bias = L.dt_bias.data();
+      dr.cache_index = L.cache_index;
+      Op& gn = p.add_op(OpKind::GatedRmsNorm, l, "la_gated_norm");
+      gn.in = z;
+      gn.out = o;
+      gn.n_head = c.la_n_v_heads;
+      gn.head_dim = c.la_v_head_dim;
+      gn.norm = L.gated_norm.data();
+      gn.n_norm = static_cast<int>(L.gated_norm.size());
+      gn.eps = eps;
+      matmul_op(l, "la_output", L.w_out, o, proj);
+    }
+    residual_op(l, "attn_residual", proj);
+    norm_op(l, "ffn_norm", L.post_norm, x, xn);
+    matmul_op(l, "ffn_gate", L.w_gate, xn, gate);
+    matmul_op(l, "ffn_up", L.w_up, xn, up);
+    Op& g = p.add_op(OpKind::GluAct, l, "ffn_act");
+    g.in = gate;
+    g.in2 = up;
+    g.out = act;
+    matmul_op(l, "ffn_down", L.w_down, act, proj);
+    residual_op(l, "ffn_residual", proj);
+  }
+  const int logits = p.add_slot("logits", -1, c.vocab);
+  norm_op(-1, "output_norm", model.final_norm(), x, xn);
+  matmul_op(-1, "output", model.lm_head(), xn, logits);
+  p.logits_slot = logits;
+  p.verify();
+  return p;
+}
+
+}  // namespace megakern

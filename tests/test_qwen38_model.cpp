@@ -1,0 +1,389 @@
+// Qwen3.8 (Gated DeltaNet + gated attention) through the DecodeProgram, on the
+// committed transformers fixture tests/fixtures/qwen38_mini/: the 24 reference
+// tokens are decoded one row per step by every executor; megakernel and
+// op-by-op agree bit for bit, and each agrees with transformers' logits, final
+// DeltaNet states, conv windows and cached keys/values within 1e-4 of the
+// largest reference magnitude (f32 everywhere).
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/half.h"
+#include "core/thread_pool.h"
+#include "exec/executor.h"
+#include "exec/recurrent_kernels.h"
+#include "io/safetensors.h"
+#include "model/qwen38.h"
+#include "test_util.h"
+
+namespace megakern {
+namespace {
+
+const std::string& mini_dir() {
+  static const std::string d = fixture_path("qwen38_mini");
+  return d;
+}
+
+const nlohmann::json& reference() {
+  static const nlohmann::json j = [] {
+    std::ifstream f(mini_dir() + "/reference.json");
+    return nlohmann::json::parse(f);
+  }();
+  return j;
+}
+
+const Qwen38Model& mini() {
+  static const std::unique_ptr<Qwen38Model> m = Qwen38Model::load(mini_dir());
+  return *m;
+}
+
+std::vector<float> flatten(const nlohmann::json& j) {
+  std::vector<float> out;
+  std::function<void(const nlohmann::json&)> rec = [&](const nlohmann::json& e) {
+    if (e.is_array())
+      for (const auto& x : e) rec(x);
+    else
+      out.push_back(e.get<float>());
+  };
+  rec(j);
+  return out;
+}
+
+// max |a - b| / max |b|
+double rel_diff(const float* a, const float* b, size_t n) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; ++i) {
+    num = std::max(num, static_cast<double>(std::fabs(a[i] - b[i])));
+    den = std::max(den, static_cast<double>(std::fabs(b[i])));
+  }
+  return num / std::max(den, 1e-30);
+}
+
+struct DecodeRun {
+  std::vector<float> logits;  // [T][V]
+  KVCache cache;
+  RecurrentState state;
+};
+
+DecodeRun decode(const Qwen38Model& m, Executor& ex, const std::vector<int32_t>& tokens) {
+  DecodeRun r{{}, m.make_cache(64), m.make_state()};
+  const int V = m.config().vocab;
+  r.logits.resize(tokens.size() * static_cast<size_t>(V));
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    RowInput row{tokens[t], static_cast<int32_t>(t), &r.cache, &r.state};
+    ex.step({row}, &r.logits[t * static_cast<size_t>(V)]);
+  }
+  return r;
+}
+
+
+// Copies the fixture checkpoint to dir under the "model.language_model."
+// prefix (lm_head.weight kept), optionally with every tensor in dtype (BF16 or
+// F64; "" keeps F32), and with
+// the header padded so that the data buffer starts at an odd address offset:
+// every tensor is then misaligned and the loader must copy it.
+void rewrite_checkpoint(const std::filesystem::path& dir, const std::string& dtype) {
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy_file(mini_dir() + "/config.json", dir / "config.json",
+                             std::filesystem::copy_options::overwrite_existing);
+  auto src = SafetensorsFile::open(mini_dir() + "/model.safetensors");
+  nlohmann::json header = nlohmann::json::object();
+  std::string data;
+  for (const SafetensorsTensor& t : src->tensors()) {
+    std::string name = t.name;
+    if (name.rfind("model.", 0) == 0) name = "model.language_model." + name.substr(6);
+    std::string bytes;
+    if (dtype == "BF16") {
+      for (float x : to_f32(t)) {
+        const uint16_t h = f32_to_bf16(x);
+        bytes.append(reinterpret_cast<const char*>(&h), 2);
+      }
+    } else if (dtype == "F64") {
+      for (float x : to_f32(t)) {
+        const double d = x;
+        bytes.append(reinterpret_cast<const char*>(&d), 8);
+      }
+    } else {
+      bytes.assign(reinterpret_cast<const char*>(t.data), t.n_bytes);
+    }
+    header[name] = {{"dtype", dtype.empty() ? t.dtype : dtype},
+                    {"shape", t.shape},
+                    {"data_offsets", {data.size(), data.size() + bytes.size()}}};
+    data += bytes;
+  }
+  std::string h = header.dump();
+  while ((8 + h.size()) % 4 != 1) h += ' ';
+  const uint64_t n = h.size();
+  std::ofstream out(dir / "model.safetensors", std::ios::binary);
+  out.write(reinterpret_cast<const char*>(&n), 8);
+  out.write(h.data(), static_cast<std::streamsize>(h.size()));
+  out.write(data.data(), static_cast<std::streamsize>(data.size()));
+}
+
+std::vector<int32_t> ref_tokens() { return reference()["tokens"].get<std::vector<int32_t>>(); }
+
+TEST(Qwen38Model, LoadsMiniFixture) {
+  const Qwen38Model& m = mini();
+  const Qwen38Config& c = m.config();
+  EXPECT_EQ(c.n_layer, 4);
+  EXPECT_EQ(c.vocab, 256);
+  EXPECT_EQ(m.n_attention_layers(), 1);
+  EXPECT_EQ(m.n_deltanet_layers(), 3);
+  EXPECT_EQ(m.tensor_prefix(), "model.");
+  const Qwen38Layer& a = m.layers()[3];
+  ASSERT_TRUE(a.attention);
+  EXPECT_EQ(a.wq.rows, c.n_head * c.head_dim);
+  EXPECT_EQ(a.wgate.rows, c.n_head * c.head_dim);
+  EXPECT_EQ(m.layers()[0].w_ba.rows, 2 * c.la_n_v_heads);
+  const DecodeProgram p = build_qwen38_program(m, 4);
+  EXPECT_NO_THROW(p.verify());
+  EXPECT_TRUE(p.recurrent);
+  const std::string d = p.dump();
+  EXPECT_NE(d.find("delta_rule"), std::string::npos);
+  EXPECT_NE(d.find("sigmoid_gate"), std::string::npos);
+  DecodeProgram broken = p;
+  broken.recurrent = false;  // recurrent ops need a recurrent program
+  EXPECT_THROW(broken.verify(), std::logic_error);
+  broken = p;
+  for (Op& op : broken.ops)
+    if (op.kind == OpKind::DeltaRule) op.n_norm = 1;  // A_log length
+  EXPECT_THROW(broken.verify(), std::logic_error);
+  RecurrentState s = m.make_state();
+  EXPECT_EQ(static_cast<int64_t>(s.bytes()), recurrent_state_bytes(c).total());
+}
+
+TEST(Qwen38Model, ExecutorsMatchTransformers) {
+  const Qwen38Model& m = mini();
+  const Qwen38Config& c = m.config();
+  const DecodeProgram prog = build_qwen38_program(m, 4);
+  ThreadPool pool(2);
+  const auto tokens = ref_tokens();
+  const std::vector<float> ref_logits = flatten(reference()["logits"]);
+  const std::vector<float> ref_state = flatten(reference()["delta_state"]);
+  const std::vector<float> ref_conv = flatten(reference()["conv_window"]);
+  const std::vector<float> ref_k = flatten(reference()["k_cache"]);
+  const std::vector<float> ref_v = flatten(reference()["v_cache"]);
+  const auto kv_pos = reference()["kv_positions"].get<std::vector<int>>();
+  ASSERT_EQ(reference()["attn_layer"].get<int>(), 3);
+  ASSERT_EQ(ref_logits.size(), tokens.size() * static_cast<size_t>(c.vocab));
+
+  std::map<std::string, DecodeRun> runs;
+  for (const char* kind : {"reference", "opbyop", "mega"}) {
+    auto ex = make_executor(kind, prog, pool);
+    DecodeRun r = decode(m, *ex, tokens);
+    ASSERT_EQ(r.state.S.size(), ref_state.size());
+    ASSERT_EQ(r.state.conv.size(), ref_conv.size());
+    const double dl = rel_diff(r.logits.data(), ref_logits.data(), ref_logits.size());
+    const double ds = rel_diff(r.state.S.data(), ref_state.data(), ref_state.size());
+    const double dc = rel_diff(r.state.conv.data(), ref_conv.data(), ref_conv.size());
+    std::vector<float> k, v;
+    for (int pos : kv_pos) {
+      k.insert(k.end(), r.cache.k_at(0, pos), r.cache.k_at(0, pos) + prog.kv_dim);
+      v.insert(v.end(), r.cache.v_at(0, pos), r.cache.v_at(0, pos) + prog.kv_dim);
+    }
+    const double dk = rel_diff(k.data(), ref_k.data(), ref_k.size());
+    const double dv = rel_diff(v.data(), ref_v.data(), ref_v.size());
+    std::printf("qwen3.8-mini %-9s vs transformers (max |diff| / max |ref|): logits %.3e, delta state %.3e, "
+                "conv window %.3e, k %.3e, v %.3e\n",
+                kind, dl, ds, dc, dk, dv);
+    EXPECT_LT(dl, 1e-4) << kind;
+    EXPECT_LT(ds, 1e-4) << kind;
+    EXPECT_LT(dc, 1e-4) << kind;
+    EXPECT_LT(dk, 1e-4) << kind;
+    EXPECT_LT(dv, 1e-4) << kind;
+    int top1 = 0;
+    for (size_t t = 0; t < tokens.size(); ++t) {
+      const float* a = &r.logits[t * c.vocab];
+      const float* b = &ref_logits[t * c.vocab];
+      top1 += std::max_element(a, a + c.vocab) - a == std::max_element(b, b + c.vocab) - b;
+    }
+    EXPECT_EQ(top1, static_cast<int>(tokens.size())) << kind;
+    runs.emplace(kind, std::move(r));
+  }
+  const DecodeRun& a = runs.at("opbyop");
+  const DecodeRun& b = runs.at("mega");
+  ASSERT_EQ(0, std::memcmp(a.logits.data(), b.logits.data(), sizeof(float) * a.logits.size()));
+  ASSERT_EQ(0, std::memcmp(a.state.S.data(), b.state.S.data(), sizeof(float) * a.state.S.size()));
+  ASSERT_EQ(0, std::memcmp(a.state.conv.data(), b.state.conv.data(), sizeof(float) * a.state.conv.size()));
+}
+
+// Rows of different sequences in one step: each row's logits and state are
+// those of its sequence decoded alone (bit for bit in opbyop and mega).
+TEST(Qwen38Model, BatchedSequencesMatchAlone) {
+  const Qwen38Model& m = mini();
+  const int V = m.config().vocab;
+  const DecodeProgram prog = build_qwen38_program(m, 4);
+  ThreadPool pool(2);
+  const auto tokens = ref_tokens();
+  const int n_seq = 3, steps = 10;
+  auto tok = [&](int s, int t) { return tokens[static_cast<size_t>((t * (s + 1) + 5 * s) % tokens.size())]; };
+  for (const char* kind : {"reference", "opbyop", "mega"}) {
+    auto ex = make_executor(kind, prog, pool);
+    std::vector<KVCache> caches;
+    std::vector<RecurrentState> states;
+    for (int s = 0; s < n_seq; ++s) {
+      caches.push_back(m.make_cache(32));
+      states.push_back(m.make_state());
+    }
+    // Sequence s starts s steps late, so rows sit at different positions.
+    std::vector<std::vector<float>> batched(n_seq);
+    std::vector<float> out(static_cast<size_t>(n_seq) * V);
+    for (int step = 0; step < steps + n_seq - 1; ++step) {
+      std::vector<RowInput> rows;
+      std::vector<int> who;
+      for (int s = 0; s < n_seq; ++s) {
+        const int t = step - s;
+        if (t < 0 || t >= steps) continue;
+        rows.push_back({tok(s, t), t, &caches[static_cast<size_t>(s)], &states[static_cast<size_t>(s)]});
+        who.push_back(s);
+      }
+      ex->step(rows, out.data());
+      for (size_t i = 0; i < who.size(); ++i)
+        batched[static_cast<size_t>(who[i])].insert(batched[static_cast<size_t>(who[i])].end(), &out[i * V],
+                                                      &out[(i + 1) * V]);
+    }
+    for (int s = 0; s < n_seq; ++s) {
+      KVCache c = m.make_cache(32);
+      RecurrentState st = m.make_state();
+      std::vector<float> alone;
+      std::vector<float> one(static_cast<size_t>(V));
+      for (int t = 0; t < steps; ++t) {
+        ex->step({{tok(s, t), t, &c, &st}}, one.data());
+        alone.insert(alone.end(), one.begin(), one.end());
+      }
+      ASSERT_EQ(alone.size(), batched[static_cast<size_t>(s)].size());
+      if (std::string(kind) == "reference") {
+        EXPECT_LT(rel_diff(alone.data(), batched[static_cast<size_t>(s)].data(), alone.size()), 1e-6) << s;
+      } else {
+        EXPECT_EQ(0, std::memcmp(alone.data(), batched[static_cast<size_t>(s)].data(), sizeof(float) * alone.size()))
+            << kind << " sequence " << s;
+        EXPECT_EQ(0, std::memcmp(st.S.data(), states[static_cast<size_t>(s)].S.data(), sizeof(float) * st.S.size()))
+            << kind << " sequence " << s;
+      }
+    }
+  }
+}
+
+// The same weights under the multimodal checkpoints' "model.language_model."
+// prefix, misaligned (copied at load), or in F64: identical logits. In BF16: mega ==
+// op-by-op bit for bit, and close to the f32 reference.
+TEST(Qwen38Model, PrefixMisalignedAndBf16Checkpoints) {
+  namespace fs = std::filesystem;
+  const fs::path base = fs::temp_directory_path() / fmt::format("mk_q38_ckpt_{}", ::getpid());
+  const auto tokens = ref_tokens();
+  const std::vector<float> ref_logits = flatten(reference()["logits"]);
+  ThreadPool pool(2);
+  const DecodeProgram p0 = build_qwen38_program(mini(), 2);
+  auto mega0 = make_mega_executor(p0, pool);
+  const DecodeRun want = decode(mini(), *mega0, tokens);
+  {
+    rewrite_checkpoint(base / "f32", "");
+    auto m = Qwen38Model::load((base / "f32").string());
+    EXPECT_EQ(m->tensor_prefix(), "model.language_model.");
+    EXPECT_EQ(m->tok_embd().type, DType::F32);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(m->lm_head().data) % 4, 0u);  // copied, aligned
+    const DecodeProgram p = build_qwen38_program(*m, 2);
+    auto mega = make_mega_executor(p, pool);
+    const DecodeRun got = decode(*m, *mega, tokens);
+    EXPECT_EQ(0, std::memcmp(got.logits.data(), want.logits.data(), sizeof(float) * want.logits.size()));
+  }
+  {
+    // F64 is converted to F32 at load (exactly, here): identical logits.
+    rewrite_checkpoint(base / "f64", "F64");
+    auto m = Qwen38Model::load((base / "f64").string());
+    EXPECT_EQ(m->layers()[3].wq.type, DType::F32);
+    const DecodeProgram p = build_qwen38_program(*m, 2);
+    auto mega = make_mega_executor(p, pool);
+    const DecodeRun got = decode(*m, *mega, tokens);
+    EXPECT_EQ(0, std::memcmp(got.logits.data(), want.logits.data(), sizeof(float) * want.logits.size()));
+  }
+  {
+    rewrite_checkpoint(base / "bf16", "BF16");
+    auto m = Qwen38Model::load((base / "bf16").string());
+    EXPECT_EQ(m->tok_embd().type, DType::BF16);
+    EXPECT_EQ(m->layers()[3].wq.type, DType::BF16);
+    EXPECT_EQ(m->layers()[0].w_ba.type, DType::BF16);
+    const DecodeProgram p = build_qwen38_program(*m, 2);
+    auto mega = make_mega_executor(p, pool);
+    auto obo = make_opbyop_executor(p, pool);
+    auto ref = make_reference_executor(p);
+    const DecodeRun a = decode(*m, *mega, tokens);
+    const DecodeRun b = decode(*m, *obo, tokens);
+    const DecodeRun r = decode(*m, *ref, tokens);
+    EXPECT_EQ(0, std::memcmp(a.logits.data(), b.logits.data(), sizeof(float) * a.logits.size()));
+    const double d_ref = rel_diff(a.logits.data(), r.logits.data(), r.logits.size());
+    const double d_tf = rel_diff(a.logits.data(), ref_logits.data(), ref_logits.size());
+    std::printf("qwen3.8-mini bf16 weights: mega vs scalar reference %.3e, vs transformers f32 %.3e\n", d_ref, d_tf);
+    EXPECT_LT(d_ref, 1e-4);
+    EXPECT_LT(d_tf, 3e-2);  // bf16 rounding of every weight (2^-9 relative)
+  }
+  fs::remove_all(base);
+}
+
+TEST(Qwen38Model, BadRowsAreRejected) {
+  const Qwen38Model& m = mini();
+  const DecodeProgram prog = build_qwen38_program(m, 4);
+  ThreadPool pool(2);
+  auto mega = make_mega_executor(prog, pool);
+  KVCache c = m.make_cache(8), c2 = m.make_cache(8);
+  RecurrentState s = m.make_state();
+  std::vector<float> out(static_cast<size_t>(4) * m.config().vocab);
+  EXPECT_THROW(mega->step({{1, 0, &c}}, out.data()), Error);  // no state
+  EXPECT_THROW(mega->step({{1, 0, &c, &s}, {2, 1, &c, &s}}, out.data()), Error);  // one sequence twice
+  EXPECT_THROW(mega->step({{1, 0, &c, &s}, {2, 1, &c2, &s}}, out.data()), Error);  // shared state
+  RecurrentState wrong(1, 8, 3, 2, 4, 4);
+  EXPECT_THROW(mega->step({{1, 0, &c, &wrong}}, out.data()), Error);
+  EXPECT_NO_THROW(mega->step({{1, 0, &c, &s}}, out.data()));
+}
+
+TEST(Qwen38Model, LoadErrorsAreClear) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / fmt::format("mk_q38_{}", ::getpid());
+  fs::create_directories(dir);
+  // A config whose layer count the checkpoint does not match: the missing
+  // tensor is named.
+  {
+    std::ifstream f(mini_dir() + "/config.json");
+    nlohmann::json j = nlohmann::json::parse(f);
+    j["num_hidden_layers"] = 8;
+    j["layer_types"] = nlohmann::json::array();
+    for (int l = 0; l < 8; ++l) j["layer_types"].push_back(l % 4 == 3 ? "full_attention" : "linear_attention");
+    std::ofstream(dir / "config.json") << j.dump();
+    fs::copy_file(mini_dir() + "/model.safetensors", dir / "model.safetensors", fs::copy_options::overwrite_existing);
+    try {
+      Qwen38Model::load(dir.string());
+      ADD_FAILURE() << "loaded a checkpoint with missing layers";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("model.layers.4."), std::string::npos) << e.what();
+    }
+  }
+  // A wider hidden size: the shape mismatch is named.
+  {
+    std::ifstream f(mini_dir() + "/config.json");
+    nlohmann::json j = nlohmann::json::parse(f);
+    j["intermediate_size"] = 192;
+    std::ofstream(dir / "config.json") << j.dump();
+    try {
+      Qwen38Model::load(dir.string());
+      ADD_FAILURE() << "loaded a checkpoint with the wrong MLP width";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("has shape"), std::string::npos) << e.what();
+    }
+  }
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace megakern
