@@ -180,6 +180,24 @@ TEST(Exec, BadRowsAreRejected) {
   EXPECT_THROW(mega->step({{-1, 0, &c}}, out.data()), Error);
   EXPECT_THROW(mega->step({{1, 4, &c}}, out.data()), Error);
   EXPECT_THROW(make_executor("warp", prog, pool), Error);
+  // Two rows writing the same KV entry, or a block with a gap.
+  KVCache c8 = m->make_cache(8);
+  EXPECT_THROW(mega->step({{1, 2, &c8}, {1, 2, &c8}}, out.data()), Error);
+  EXPECT_THROW(mega->step({{1, 2, &c8}, {1, 4, &c8}}, out.data()), Error);
+  EXPECT_NO_THROW(mega->step({{1, 2, &c8}, {1, 3, &c8}}, out.data()));
+  // A cache made for a model with fewer layers.
+  TinySpec small = spec;
+  small.n_layer = 1;
+  const auto small_bytes = tiny_model(small);
+  auto sf = GGUFFile::parse(small_bytes.data(), small_bytes.size(), "small.gguf");
+  auto sm = DenseModel::load(*sf);
+  KVCache short_cache = sm->make_cache(8);
+  EXPECT_THROW(mega->step({{1, 0, &short_cache}}, out.data()), Error);
+  KVCache empty;
+  empty.n_ctx = 8;
+  empty.kv_dim = prog.kv_dim;
+  empty.n_layer = prog.n_layer;
+  EXPECT_THROW(mega->step({{1, 0, &empty}}, out.data()), Error);
 }
 
 TEST(Exec, ProgramVerifiesAndDumps) {
@@ -200,6 +218,11 @@ TEST(Exec, ProgramVerifiesAndDumps) {
   DecodeProgram broken = prog;
   broken.ops[3].in = 99999;
   EXPECT_THROW(broken.verify(), std::logic_error);
+  // Attention must read the cache marker of its own layer's store.
+  DecodeProgram miswired = prog;
+  for (auto& op : miswired.ops)
+    if (op.kind == OpKind::Attention && op.layer == 2) op.in2 = 0;
+  EXPECT_THROW(miswired.verify(), std::logic_error);
 }
 
 TEST(Exec, RealSmolLM2MegaEqualsOpByOp) {

@@ -39,6 +39,9 @@ void matmul_tile_range(const Op& op, int t, int n, int64_t& begin, int64_t& end)
 void validate_rows(const DecodeProgram& p, const std::vector<RowInput>& rows) {
   if (rows.empty() || static_cast<int>(rows.size()) > p.max_rows)
     fail("a step needs 1 to {} rows, got {}", p.max_rows, rows.size());
+  int n_cache_layers = 0;
+  for (const Op& op : p.ops)
+    if (op.kind == OpKind::StoreKV) n_cache_layers = std::max(n_cache_layers, op.cache_layer() + 1);
   for (size_t r = 0; r < rows.size(); ++r) {
     const RowInput& in = rows[r];
     if (!in.cache) fail("row {} has no KV cache", r);
@@ -47,6 +50,19 @@ void validate_rows(const DecodeProgram& p, const std::vector<RowInput>& rows) {
     if (in.pos < 0 || in.pos >= in.cache->n_ctx)
       fail("row {}: position {} is outside its context of {} tokens", r, in.pos, in.cache->n_ctx);
     if (in.cache->kv_dim != p.kv_dim) fail("row {}: KV cache width {} does not match the model's {}", r, in.cache->kv_dim, p.kv_dim);
+    const size_t need = static_cast<size_t>(n_cache_layers) * static_cast<size_t>(in.cache->n_ctx) *
+                        static_cast<size_t>(in.cache->kv_dim);
+    if (in.cache->n_layer < n_cache_layers || in.cache->k.size() < need || in.cache->v.size() < need)
+      fail("row {}: the KV cache holds {} layers, the program needs {}", r, in.cache->n_layer, n_cache_layers);
+    // Rows sharing a cache are one sequence's block: adjacent in the row
+    // list at consecutive positions, so no two rows write the same entry and
+    // each row's history is complete when it attends.
+    for (size_t q = 0; q + 1 < r; ++q)
+      if (rows[q].cache == in.cache && rows[r - 1].cache != in.cache)
+        fail("rows {} and {} share a KV cache but are not adjacent in the step", q, r);
+    if (r > 0 && rows[r - 1].cache == in.cache && rows[r - 1].pos + 1 != in.pos)
+      fail("rows {} and {} share a KV cache but have positions {} and {} (must be consecutive)", r - 1, r,
+           rows[r - 1].pos, in.pos);
   }
   if (p.recurrent) validate_recurrent_rows(p, rows.data(), static_cast<int>(rows.size()));
 }

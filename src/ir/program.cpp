@@ -66,6 +66,10 @@ void DecodeProgram::verify() const {
   const int n_slots = static_cast<int>(slots.size());
   std::vector<bool> written(static_cast<size_t>(n_slots), false);
   auto width = [&](int s) { return slots[static_cast<size_t>(s)].width; };
+  MK_CHECK(max_rows >= 1, "max_rows must be at least 1, got {}", max_rows);
+  // For each cache-marker slot, the cache layer of the StoreKV that wrote it:
+  // the megakernel orders attention after the store only through this slot.
+  std::vector<int> marker_layer(static_cast<size_t>(n_slots), -1);
   for (size_t i = 0; i < ops.size(); ++i) {
     const Op& op = ops[i];
     const std::string where = fmt::format("op {} ({} '{}' layer {})", i, op_kind_name(op.kind), op.name, op.layer);
@@ -76,6 +80,7 @@ void DecodeProgram::verify() const {
     switch (op.kind) {
       case OpKind::Embed:
         MK_CHECK(op.mat.data && width(op.out) == op.mat.cols, "{}: table width {} vs slot {}", where, op.mat.cols, width(op.out));
+        MK_CHECK(op.mat.rows >= n_vocab, "{}: table has {} rows for a vocabulary of {}", where, op.mat.rows, n_vocab);
         break;
       case OpKind::RmsNorm:
         MK_CHECK(op.in >= 0 && op.norm && op.n_norm == width(op.in) && width(op.out) == width(op.in), "{}: widths", where);
@@ -87,7 +92,7 @@ void DecodeProgram::verify() const {
         break;
       case OpKind::HeadNormRope:
         MK_CHECK(op.n_head > 0 && op.head_dim > 0 && op.n_head * op.head_dim == width(op.out), "{}: heads", where);
-        MK_CHECK(op.rope_dim % 2 == 0 && op.rope_dim <= op.head_dim, "{}: rope_dim", where);
+        MK_CHECK(op.rope_dim >= 0 && op.rope_dim % 2 == 0 && op.rope_dim <= op.head_dim, "{}: rope_dim", where);
         MK_CHECK(!op.norm || op.n_norm == op.head_dim, "{}: head norm length", where);
         break;
       case OpKind::StoreKV:
@@ -98,6 +103,8 @@ void DecodeProgram::verify() const {
         MK_CHECK(op.in >= 0 && op.in2 >= 0 && op.n_head_kv > 0 && op.n_head % op.n_head_kv == 0, "{}: heads", where);
         MK_CHECK(width(op.in) == op.n_head * op.head_dim && width(op.out) == width(op.in), "{}: widths", where);
         MK_CHECK(op.n_head_kv * op.head_dim == kv_dim, "{}: kv heads", where);
+        MK_CHECK(marker_layer[static_cast<size_t>(op.in2)] == op.cache_layer() && op.cache_layer() >= 0,
+                 "{}: in2 must be the cache marker written by the store_kv of cache layer {}", where, op.cache_layer());
         break;
       case OpKind::GluAct:
         MK_CHECK(op.in >= 0 && op.in2 >= 0 && width(op.in) == width(op.in2) && width(op.out) == width(op.in), "{}: widths", where);
@@ -131,6 +138,8 @@ void DecodeProgram::verify() const {
         MK_CHECK(op.norm && op.n_norm == op.head_dim, "{}: norm length", where);
         break;
     }
+    MK_CHECK(op.kind != OpKind::MatMul || op.in != op.out, "{}: a matrix product cannot write its own input", where);
+    if (op.kind == OpKind::StoreKV) marker_layer[static_cast<size_t>(op.out)] = op.cache_layer();
     if (op.out >= 0) written[static_cast<size_t>(op.out)] = true;
   }
   MK_CHECK(logits_slot >= 0 && logits_slot < n_slots && written[static_cast<size_t>(logits_slot)], "no logits slot");
