@@ -38,6 +38,7 @@ struct BenchOptions {
   std::string trace;
   std::string svg;
   size_t probe_mib = 1024;
+  size_t prefetch_kib = MegaOptions{}.prefetch_bytes / 1024;
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -188,7 +189,13 @@ void bench_cmd(const BenchOptions& o) {
   std::vector<std::unique_ptr<Executor>> ex;
   std::vector<double> build_ms;
   for (const auto& e : execs) {
-    ex.push_back(make_executor(e, prog, pool));
+    if (e == "mega") {
+      MegaOptions mo;
+      mo.prefetch_bytes = o.prefetch_kib * 1024;
+      ex.push_back(make_mega_executor(prog, pool, mo));
+    } else {
+      ex.push_back(make_executor(e, prog, pool));
+    }
     const auto t0 = Clock::now();
     for (int b : batches) ex.back()->prepare(b);
     build_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
@@ -196,8 +203,9 @@ void bench_cmd(const BenchOptions& o) {
 
   fmt::print("model {} ({} layers, {} ops), weights read per step {:.1f} MB, load {:.0f} ms\n", L.name,
              prog.n_layer, prog.ops.size(), weight_mb, load_ms);
-  fmt::print("threads {}, read bandwidth probe {:.2f} GB/s; {} timed steps per point, best of {} rounds\n",
-             pool.size(), probe, o.steps, o.rounds);
+  fmt::print("threads {}, read bandwidth probe {:.2f} GB/s; {} timed steps per point, best of {} rounds; "
+             "megakernel prefetch {} KiB\n",
+             pool.size(), probe, o.steps, o.rounds, o.prefetch_kib);
   for (size_t i = 0; i < execs.size(); ++i)
     fmt::print("schedule build ({}, batch sizes {}): {:.2f} ms\n", execs[i], o.batches, build_ms[i]);
   fmt::print("\n{:<10} {:>5} {:>10} {:>10} {:>9} {:>8} {:>9}\n", "executor", "batch", "ms/step", "tokens/s",
@@ -296,6 +304,10 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--rounds", o->rounds, "Repetitions per point (best is kept)")->capture_default_str()->check(CLI::Range(1, 100));
   cmd->add_option("-t,--threads", o->threads, "Worker threads (0: one per core)")->capture_default_str()->check(CLI::Range(0, 1024));
   cmd->add_option("--probe-mib", o->probe_mib, "Bandwidth probe buffer size in MiB")->capture_default_str()->check(CLI::Range(64, 16384));
+  cmd->add_option("--prefetch-kib", o->prefetch_kib,
+                  "Megakernel: KiB of upcoming weights each worker may prefetch ahead (0 disables)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--json", o->json, "Also write the results to this JSON file");
   cmd->add_option("--trace", o->trace, "Write a Chrome/Perfetto trace of one step per executor (largest batch)");
   cmd->add_option("--svg", o->svg, "Write a bar chart of tokens/s per batch size");
