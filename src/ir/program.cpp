@@ -56,6 +56,81 @@ Op& DecodeProgram::add_op(OpKind kind, int layer, const std::string& name) {
   return op;
 }
 
+Op& DecodeProgram::add_rmsnorm(int layer, const std::string& name, const std::vector<float>& w, float eps, int in,
+                               int out) {
+  Op& o = add_op(OpKind::RmsNorm, layer, name);
+  o.in = in;
+  o.out = out;
+  o.norm = w.data();
+  o.n_norm = static_cast<int>(w.size());
+  o.eps = eps;
+  return o;
+}
+
+Op& DecodeProgram::add_matmul(int layer, const std::string& name, const MatView& w, int in, int out) {
+  Op& o = add_op(OpKind::MatMul, layer, name);
+  o.mat = w;
+  o.in = in;
+  o.out = out;
+  return o;
+}
+
+Op& DecodeProgram::add_residual(int layer, const std::string& name, int x, int in, const std::vector<float>& post_norm,
+                                float eps) {
+  Op& o = add_op(OpKind::Residual, layer, name);
+  o.in = in;
+  o.out = x;
+  o.eps = eps;
+  if (!post_norm.empty()) {
+    o.norm = post_norm.data();
+    o.n_norm = static_cast<int>(post_norm.size());
+  }
+  return o;
+}
+
+Op& DecodeProgram::add_glu(int layer, const std::string& name, int gate, int up, int out, bool gelu) {
+  Op& o = add_op(OpKind::GluAct, layer, name);
+  o.in = gate;
+  o.in2 = up;
+  o.out = out;
+  o.gelu = gelu;
+  return o;
+}
+
+void DecodeProgram::add_attention_core(const AttentionSpec& a) {
+  for (int which = 0; which < 2; ++which) {
+    Op& o = add_op(OpKind::HeadNormRope, a.layer, which == 0 ? "q_norm_rope" : "k_norm_rope");
+    o.out = which == 0 ? a.q : a.k;
+    o.n_head = which == 0 ? a.n_head : a.n_head_kv;
+    o.head_dim = a.head_dim;
+    o.rope_dim = a.rope_dim;
+    o.rope_base = a.rope_base;
+    o.rope_neox = a.rope_neox;
+    o.eps = a.eps;
+    const std::vector<float>* w = which == 0 ? a.q_norm : a.k_norm;
+    if (w && !w->empty()) {
+      o.norm = w->data();
+      o.n_norm = static_cast<int>(w->size());
+    }
+  }
+  const int marker = add_slot("kv_cache", a.layer, 0);
+  Op& st = add_op(OpKind::StoreKV, a.layer, "store_kv");
+  st.in = a.k;
+  st.in2 = a.v;
+  st.out = marker;
+  st.cache_index = a.cache_index;
+  Op& at = add_op(OpKind::Attention, a.layer, "attention");
+  at.in = a.q;
+  at.in2 = marker;
+  at.out = a.att;
+  at.n_head = a.n_head;
+  at.n_head_kv = a.n_head_kv;
+  at.head_dim = a.head_dim;
+  at.scale = a.scale;
+  at.window = a.window;
+  at.cache_index = a.cache_index;
+}
+
 size_t DecodeProgram::weight_bytes() const {
   size_t b = 0;
   for (const auto& op : ops) b += op.weight_bytes();

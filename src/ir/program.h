@@ -103,6 +103,33 @@ struct DecodeProgram {
 
   int add_slot(const std::string& name, int layer, int width);
   Op& add_op(OpKind kind, int layer, const std::string& name);
+
+  // Builder helpers shared by the architecture builders. The returned
+  // reference is valid until the next op is added.
+  Op& add_rmsnorm(int layer, const std::string& name, const std::vector<float>& w, float eps, int in, int out);
+  Op& add_matmul(int layer, const std::string& name, const MatView& w, int in, int out);
+  // x += post_norm.empty() ? in : rmsnorm(in) * post_norm
+  Op& add_residual(int layer, const std::string& name, int x, int in, const std::vector<float>& post_norm, float eps);
+  Op& add_glu(int layer, const std::string& name, int gate, int up, int out, bool gelu);
+
+  // The attention core of a layer whose q, k and v are already projected:
+  // per-head q/k norm (when given) and RoPE, the KV store into a new
+  // cache-marker slot, and attention into `att`.
+  struct AttentionSpec {
+    int layer = 0;
+    int q = -1, k = -1, v = -1, att = -1;  // slots
+    int n_head = 0, n_head_kv = 0, head_dim = 0;
+    int rope_dim = 0;
+    float rope_base = 10000.f;
+    bool rope_neox = false;
+    float eps = 1e-6f;
+    const std::vector<float>* q_norm = nullptr;  // [head_dim] or null/empty
+    const std::vector<float>* k_norm = nullptr;
+    float scale = 1.f;
+    int window = 0;
+    int cache_index = -1;  // KV cache layer; -1: the layer itself
+  };
+  void add_attention_core(const AttentionSpec& a);
   size_t weight_bytes() const;
   // Checks slot ids, widths against weight shapes, head arithmetic, and that
   // every slot is written before it is read; throws std::logic_error naming

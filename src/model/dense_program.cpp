@@ -32,83 +32,43 @@ DecodeProgram build_dense_program(const DenseModel& model, int max_rows) {
   emb.scale = c.embd_scale;
   emb.out = x;
 
-  auto norm_op = [&](int layer, const char* name, const std::vector<float>& w, int in, int out) {
-    Op& o = p.add_op(OpKind::RmsNorm, layer, name);
-    o.in = in;
-    o.out = out;
-    o.norm = w.data();
-    o.n_norm = static_cast<int>(w.size());
-    o.eps = c.eps;
-  };
-  auto matmul_op = [&](int layer, const char* name, const MatView& w, int in, int out) {
-    Op& o = p.add_op(OpKind::MatMul, layer, name);
-    o.mat = w;
-    o.in = in;
-    o.out = out;
-  };
-  auto residual_op = [&](int layer, const char* name, const std::vector<float>& post_norm, int in) {
-    Op& o = p.add_op(OpKind::Residual, layer, name);
-    o.in = in;
-    o.out = x;
-    o.eps = c.eps;
-    if (!post_norm.empty()) {
-      o.norm = post_norm.data();
-      o.n_norm = static_cast<int>(post_norm.size());
-    }
-  };
-
   for (int l = 0; l < c.n_layer; ++l) {
     const DenseLayer& L = model.layers()[static_cast<size_t>(l)];
     const bool swa = c.layer_swa[static_cast<size_t>(l)];
-    const int kv_marker = p.add_slot("kv_cache", l, 0);
-    norm_op(l, "attn_norm", L.attn_norm, x, xn);
-    matmul_op(l, "attn_q", L.wq, xn, q);
-    matmul_op(l, "attn_k", L.wk, xn, k);
-    matmul_op(l, "attn_v", L.wv, xn, v);
-    for (int which = 0; which < 2; ++which) {
-      Op& o = p.add_op(OpKind::HeadNormRope, l, which == 0 ? "q_norm_rope" : "k_norm_rope");
-      o.out = which == 0 ? q : k;
-      o.n_head = which == 0 ? c.n_head : c.n_head_kv;
-      o.head_dim = c.head_dim;
-      o.rope_dim = c.rope_dim;
-      o.rope_base = swa ? c.rope_base_local : c.rope_base;
-      o.rope_neox = c.rope_neox;
-      o.eps = c.eps;
-      const std::vector<float>& w = which == 0 ? L.q_norm : L.k_norm;
-      if (!w.empty()) {
-        o.norm = w.data();
-        o.n_norm = static_cast<int>(w.size());
-      }
-    }
-    Op& st = p.add_op(OpKind::StoreKV, l, "store_kv");
-    st.in = k;
-    st.in2 = v;
-    st.out = kv_marker;
-    Op& at = p.add_op(OpKind::Attention, l, "attention");
-    at.in = q;
-    at.in2 = kv_marker;
-    at.out = att;
-    at.n_head = c.n_head;
-    at.n_head_kv = c.n_head_kv;
-    at.head_dim = c.head_dim;
-    at.scale = c.attn_scale;
-    at.window = swa ? c.sliding_window : 0;
-    matmul_op(l, "attn_output", L.wo, att, proj);
-    residual_op(l, "attn_residual", L.post_attn_norm, proj);
-    norm_op(l, "ffn_norm", L.ffn_norm, x, xn);
-    matmul_op(l, "ffn_gate", L.w_gate, xn, gate);
-    matmul_op(l, "ffn_up", L.w_up, xn, up);
-    Op& g = p.add_op(OpKind::GluAct, l, "ffn_act");
-    g.in = gate;
-    g.in2 = up;
-    g.out = act;
-    g.gelu = c.gelu;
-    matmul_op(l, "ffn_down", L.w_down, act, proj);
-    residual_op(l, "ffn_residual", L.post_ffn_norm, proj);
+    p.add_rmsnorm(l, "attn_norm", L.attn_norm, c.eps, x, xn);
+    p.add_matmul(l, "attn_q", L.wq, xn, q);
+    p.add_matmul(l, "attn_k", L.wk, xn, k);
+    p.add_matmul(l, "attn_v", L.wv, xn, v);
+    DecodeProgram::AttentionSpec a;
+    a.layer = l;
+    a.q = q;
+    a.k = k;
+    a.v = v;
+    a.att = att;
+    a.n_head = c.n_head;
+    a.n_head_kv = c.n_head_kv;
+    a.head_dim = c.head_dim;
+    a.rope_dim = c.rope_dim;
+    a.rope_base = swa ? c.rope_base_local : c.rope_base;
+    a.rope_neox = c.rope_neox;
+    a.eps = c.eps;
+    a.q_norm = &L.q_norm;
+    a.k_norm = &L.k_norm;
+    a.scale = c.attn_scale;
+    a.window = swa ? c.sliding_window : 0;
+    p.add_attention_core(a);
+    p.add_matmul(l, "attn_output", L.wo, att, proj);
+    p.add_residual(l, "attn_residual", x, proj, L.post_attn_norm, c.eps);
+    p.add_rmsnorm(l, "ffn_norm", L.ffn_norm, c.eps, x, xn);
+    p.add_matmul(l, "ffn_gate", L.w_gate, xn, gate);
+    p.add_matmul(l, "ffn_up", L.w_up, xn, up);
+    p.add_glu(l, "ffn_act", gate, up, act, c.gelu);
+    p.add_matmul(l, "ffn_down", L.w_down, act, proj);
+    p.add_residual(l, "ffn_residual", x, proj, L.post_ffn_norm, c.eps);
   }
   const int logits = p.add_slot("logits", -1, c.n_vocab);
-  norm_op(-1, "output_norm", model.output_norm(), x, xn);
-  matmul_op(-1, "output", model.output(), xn, logits);
+  p.add_rmsnorm(-1, "output_norm", model.output_norm(), c.eps, x, xn);
+  p.add_matmul(-1, "output", model.output(), xn, logits);
   p.logits_slot = logits;
   p.verify();
   return p;

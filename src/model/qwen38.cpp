@@ -245,70 +245,40 @@ DecodeProgram build_qwen38_program(const Qwen38Model& model, int max_rows) {
   emb.mat = model.tok_embd();
   emb.out = x;
 
-  auto norm_op = [&](int layer, const char* name, const std::vector<float>& w, int in, int out) {
-    Op& op = p.add_op(OpKind::RmsNorm, layer, name);
-    op.in = in;
-    op.out = out;
-    op.norm = w.data();
-    op.n_norm = static_cast<int>(w.size());
-    op.eps = eps;
-  };
-  auto matmul_op = [&](int layer, const char* name, const MatView& w, int in, int out) {
-    Op& op = p.add_op(OpKind::MatMul, layer, name);
-    op.mat = w;
-    op.in = in;
-    op.out = out;
-  };
-  auto residual_op = [&](int layer, const char* name, int in) {
-    Op& op = p.add_op(OpKind::Residual, layer, name);
-    op.in = in;
-    op.out = x;
-  };
-
   for (int l = 0; l < c.n_layer; ++l) {
     const Qwen38Layer& L = model.layers()[static_cast<size_t>(l)];
-    norm_op(l, "attn_norm", L.input_norm, x, xn);
+    p.add_rmsnorm(l, "attn_norm", L.input_norm, eps, x, xn);
     if (L.attention) {
-      const int kv_marker = p.add_slot("kv_cache", l, 0);
-      matmul_op(l, "attn_q", L.wq, xn, q);
-      matmul_op(l, "attn_q_gate", L.wgate, xn, qgate);
-      matmul_op(l, "attn_k", L.wk, xn, k);
-      matmul_op(l, "attn_v", L.wv, xn, v);
-      for (int which = 0; which < 2; ++which) {
-        Op& op = p.add_op(OpKind::HeadNormRope, l, which == 0 ? "q_norm_rope" : "k_norm_rope");
-        op.out = which == 0 ? q : k;
-        op.n_head = which == 0 ? c.n_head : c.n_head_kv;
-        op.head_dim = c.head_dim;
-        op.rope_dim = c.rotary_dim;
-        op.rope_base = static_cast<float>(c.rope_theta);
-        op.rope_neox = true;  // rotate-half
-        op.eps = eps;
-        const std::vector<float>& w = which == 0 ? L.q_norm : L.k_norm;
-        op.norm = w.data();
-        op.n_norm = static_cast<int>(w.size());
-      }
-      Op& st = p.add_op(OpKind::StoreKV, l, "store_kv");
-      st.in = k;
-      st.in2 = v;
-      st.out = kv_marker;
-      st.cache_index = L.cache_index;
-      Op& at = p.add_op(OpKind::Attention, l, "attention");
-      at.in = q;
-      at.in2 = kv_marker;
-      at.out = att;
-      at.n_head = c.n_head;
-      at.n_head_kv = c.n_head_kv;
-      at.head_dim = c.head_dim;
-      at.scale = 1.f / std::sqrt(static_cast<float>(c.head_dim));
-      at.cache_index = L.cache_index;
+      p.add_matmul(l, "attn_q", L.wq, xn, q);
+      p.add_matmul(l, "attn_q_gate", L.wgate, xn, qgate);
+      p.add_matmul(l, "attn_k", L.wk, xn, k);
+      p.add_matmul(l, "attn_v", L.wv, xn, v);
+      DecodeProgram::AttentionSpec a;
+      a.layer = l;
+      a.q = q;
+      a.k = k;
+      a.v = v;
+      a.att = att;
+      a.n_head = c.n_head;
+      a.n_head_kv = c.n_head_kv;
+      a.head_dim = c.head_dim;
+      a.rope_dim = c.rotary_dim;
+      a.rope_base = static_cast<float>(c.rope_theta);
+      a.rope_neox = true;  // rotate-half
+      a.eps = eps;
+      a.q_norm = &L.q_norm;
+      a.k_norm = &L.k_norm;
+      a.scale = 1.f / std::sqrt(static_cast<float>(c.head_dim));
+      a.cache_index = L.cache_index;
+      p.add_attention_core(a);
       Op& g = p.add_op(OpKind::SigmoidGate, l, "attn_gate");
       g.in = qgate;
       g.out = att;
-      matmul_op(l, "attn_output", L.wo, att, proj);
+      p.add_matmul(l, "attn_output", L.wo, att, proj);
     } else {
-      matmul_op(l, "la_qkv", L.w_qkv, xn, qkv);
-      matmul_op(l, "la_z", L.w_z, xn, z);
-      matmul_op(l, "la_ba", L.w_ba, xn, ba);
+      p.add_matmul(l, "la_qkv", L.w_qkv, xn, qkv);
+      p.add_matmul(l, "la_z", L.w_z, xn, z);
+      p.add_matmul(l, "la_ba", L.w_ba, xn, ba);
       Op& cv = p.add_op(OpKind::CausalConvSilu, l, "la_conv");
       cv.out = qkv;
       cv.norm = L.conv.data();
@@ -335,22 +305,19 @@ DecodeProgram build_qwen38_program(const Qwen38Model& model, int max_rows) {
       gn.norm = L.gated_norm.data();
       gn.n_norm = static_cast<int>(L.gated_norm.size());
       gn.eps = eps;
-      matmul_op(l, "la_output", L.w_out, o, proj);
+      p.add_matmul(l, "la_output", L.w_out, o, proj);
     }
-    residual_op(l, "attn_residual", proj);
-    norm_op(l, "ffn_norm", L.post_norm, x, xn);
-    matmul_op(l, "ffn_gate", L.w_gate, xn, gate);
-    matmul_op(l, "ffn_up", L.w_up, xn, up);
-    Op& g = p.add_op(OpKind::GluAct, l, "ffn_act");
-    g.in = gate;
-    g.in2 = up;
-    g.out = act;
-    matmul_op(l, "ffn_down", L.w_down, act, proj);
-    residual_op(l, "ffn_residual", proj);
+    p.add_residual(l, "attn_residual", x, proj, {}, eps);
+    p.add_rmsnorm(l, "ffn_norm", L.post_norm, eps, x, xn);
+    p.add_matmul(l, "ffn_gate", L.w_gate, xn, gate);
+    p.add_matmul(l, "ffn_up", L.w_up, xn, up);
+    p.add_glu(l, "ffn_act", gate, up, act, /*gelu=*/false);
+    p.add_matmul(l, "ffn_down", L.w_down, act, proj);
+    p.add_residual(l, "ffn_residual", x, proj, {}, eps);
   }
   const int logits = p.add_slot("logits", -1, c.vocab);
-  norm_op(-1, "output_norm", model.final_norm(), x, xn);
-  matmul_op(-1, "output", model.lm_head(), xn, logits);
+  p.add_rmsnorm(-1, "output_norm", model.final_norm(), eps, x, xn);
+  p.add_matmul(-1, "output", model.lm_head(), xn, logits);
   p.logits_slot = logits;
   p.verify();
   return p;
