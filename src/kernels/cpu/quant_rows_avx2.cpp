@@ -2,16 +2,13 @@
 // into four vectors v[0..3] (elements 0-7, 8-15, 16-23, 24-31) using exactly
 // the scalar reference's arithmetic: an integer quant converted to float,
 // multiplied by the scale, then the offset subtracted or added, with no fused
-// multiply-add. The fused dot accumulates v[k] * x into accumulator k with an
-// FMA, which is what dot_f32_avx2 does with the stored row, so both paths give
-// identical bits.
+// multiply-add, so the decoded floats equal the reference's.
 #include <immintrin.h>
 
 #include <cstring>
 
 #include "core/half.h"
 #include "kernels/cpu/quant_rows.h"
-#include "kernels/cpu/vec.h"
 
 namespace megakern {
 namespace {
@@ -144,30 +141,6 @@ void dequant(const uint8_t* w, float* dst, int64_t n) {
   }
 }
 
-inline float hsum(__m256 v) {
-  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-  lo = _mm_add_ps(lo, hi);
-  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-  return _mm_cvtss_f32(lo);
-}
-
-template <typename F>
-float dot(const uint8_t* w, const float* x, int64_t n) {
-  __m256 s[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-  __m256 v[4];
-  for (int64_t b = 0; b < n / F::kBlock; ++b) {
-    const uint8_t* blk = w + b * F::kBytes;
-    for (int sb = 0; sb < F::kBlock / 32; ++sb) {
-      F::decode(blk, sb, v);
-      const float* xs = x + b * F::kBlock + sb * 32;
-      for (int k = 0; k < 4; ++k) s[k] = _mm256_fmadd_ps(v[k], _mm256_loadu_ps(xs + 8 * k), s[k]);
-    }
-  }
-  // The same final reduction as dot_f32_avx2.
-  return hsum(_mm256_add_ps(_mm256_add_ps(s[0], s[1]), _mm256_add_ps(s[2], s[3])));
-}
-
 }  // namespace
 
 bool avx2_row_kernels_support(DType t) {
@@ -199,18 +172,5 @@ void dequantize_row_avx2(DType t, const void* wv, float* dst, int64_t n) {
   }
 }
 
-float dot_row_avx2(DType t, const void* wv, const float* x, int64_t n) {
-  const auto* w = static_cast<const uint8_t*>(wv);
-  switch (t) {
-    case DType::F32: return dot_f32_avx2(reinterpret_cast<const float*>(w), x, n);
-    case DType::Q4_0: return dot<Q4_0>(w, x, n);
-    case DType::Q4_1: return dot<Q4_1>(w, x, n);
-    case DType::Q5_0: return dot<Q5_0>(w, x, n);
-    case DType::Q8_0: return dot<Q8_0>(w, x, n);
-    case DType::Q4_K: return dot<Q4_K>(w, x, n);
-    case DType::Q6_K: return dot<Q6_K>(w, x, n);
-    default: return 0.f;
-  }
-}
 
 }  // namespace megakern
