@@ -11,32 +11,14 @@
 
 #include "core/dtype.h"
 #include "core/half.h"
+#include "kernels/cpu/avx2_common.h"
 #include "kernels/cpu/qmatmul.h"
 
 namespace megakern {
 namespace {
 
-inline float f16_at(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return _cvtsh_ss(h);
-}
-
-inline float hsum(__m256 v) {
-  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-  lo = _mm_add_ps(lo, hi);
-  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-  return _mm_cvtss_f32(lo);
-}
-
-// 16 packed bytes -> 32 codes: low nibbles first (elements 0..15), then high.
-inline __m256i nibbles(const uint8_t* qs) {
-  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  const __m128i m = _mm_set1_epi8(0x0f);
-  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
-}
-
+using avx2::hsum;
+using avx2::nibbles;
 
 inline float e8m0_half(uint8_t e) {
   const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
@@ -102,7 +84,7 @@ struct Q4_0 {
     const __m256i eight = _mm256_set1_epi16(8);
     s.lo = _mm256_sub_epi16(lo, eight);
     s.hi = _mm256_sub_epi16(hi, eight);
-    s.sc = f16_at(b);
+    s.sc = avx2::load_f16(b);
   }
 };
 struct Q4_1 {
@@ -110,8 +92,8 @@ struct Q4_1 {
   static constexpr bool kTwoScales = false, kMin = true;
   static void decode(const uint8_t* b, int, Sub& s) {
     nibble_halves16(b + 4, s.lo, s.hi);
-    s.sc = f16_at(b);
-    s.mn = f16_at(b + 2);
+    s.sc = avx2::load_f16(b);
+    s.mn = avx2::load_f16(b + 2);
   }
 };
 struct Q5_0 {
@@ -126,7 +108,7 @@ struct Q5_0 {
     bytes = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
     const __m256i hi = _mm256_and_si256(bytes, _mm256_set1_epi8(0x10));
     widen_s8(_mm256_sub_epi8(_mm256_or_si256(nibbles(b + 6), hi), _mm256_set1_epi8(16)), s);
-    s.sc = f16_at(b);
+    s.sc = avx2::load_f16(b);
   }
 };
 struct Q8_0 {
@@ -135,7 +117,7 @@ struct Q8_0 {
   static void decode(const uint8_t* b, int, Sub& s) {
     widen_s8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2)),
              _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 18)), s);
-    s.sc = f16_at(b);
+    s.sc = avx2::load_f16(b);
   }
 };
 struct Q4_K {
@@ -158,9 +140,9 @@ struct Q4_K {
     const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(u));
     const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
     const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8)));
-    _mm256_store_ps(st.sc, _mm256_mul_ps(_mm256_set1_ps(f16_at(b)), sc));
+    _mm256_store_ps(st.sc, _mm256_mul_ps(_mm256_set1_ps(avx2::load_f16(b)), sc));
     // Negation by flipping the sign bit, exactly as the scalar -(x).
-    _mm256_store_ps(st.mn, _mm256_xor_ps(_mm256_mul_ps(_mm256_set1_ps(f16_at(b + 2)), m), _mm256_set1_ps(-0.0f)));
+    _mm256_store_ps(st.mn, _mm256_xor_ps(_mm256_mul_ps(_mm256_set1_ps(avx2::load_f16(b + 2)), m), _mm256_set1_ps(-0.0f)));
   }
   static void decode(const uint8_t* b, int sb, const State& st, Sub& s) {
     const uint8_t* q = b + 16 + 32 * (sb / 2);
@@ -191,7 +173,7 @@ struct Q6_K {
     const __m256i high =
         _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(2 * j)), _mm256_set1_epi8(3));
     widen_s8(_mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(high, 4)), _mm256_set1_epi8(32)), s);
-    const float d = f16_at(b + 208);
+    const float d = avx2::load_f16(b + 208);
     s.sc = d * (float)sc[0];
     s.sc1 = d * (float)sc[1];
   }
@@ -232,7 +214,7 @@ struct INT4_G128 {
     const __m256i eight = _mm256_set1_epi16(8);
     s.lo = _mm256_sub_epi16(lo, eight);
     s.hi = _mm256_sub_epi16(hi, eight);
-    s.sc = f16_at(b);
+    s.sc = avx2::load_f16(b);
   }
 };
 struct INT8_COL {

@@ -8,16 +8,14 @@
 #include <cstring>
 
 #include "core/half.h"
+#include "kernels/cpu/avx2_common.h"
 #include "kernels/cpu/quant_rows.h"
 
 namespace megakern {
 namespace {
 
-inline float load_f16(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return f16_to_f32(h);
-}
+using avx2::load_f16;
+using avx2::nibbles;
 
 // Four vectors of 8 floats from 32 signed bytes.
 inline void bytes_to_floats(__m256i q, __m256 v[4]) {
@@ -26,13 +24,6 @@ inline void bytes_to_floats(__m256i q, __m256 v[4]) {
   v[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
   v[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
   v[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
-}
-
-// 16 packed bytes -> 32 bytes: low nibbles first (elements 0..15), then high.
-inline __m256i nibbles(const uint8_t* qs) {
-  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  const __m128i m = _mm_set1_epi8(0x0f);
-  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
 }
 
 inline void scale_vecs(__m256 v[4], __m256 d) {

@@ -4,18 +4,10 @@
 
 #include <cmath>
 
+#include "kernels/cpu/avx2_common.h"
 #include "kernels/cpu/vec.h"
 
 namespace megakern {
-namespace {
-inline float hsum(__m256 v) {
-  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-  lo = _mm_add_ps(lo, hi);
-  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-  return _mm_cvtss_f32(lo);
-}
-}  // namespace
 
 float dot_f32_avx2(const float* a, const float* b, int64_t n) {
   __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(),
@@ -28,7 +20,7 @@ float dot_f32_avx2(const float* a, const float* b, int64_t n) {
     s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
   }
   for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-  float r = hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+  float r = avx2::hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
   // The tail is fused explicitly: GCC would contract "r += a * b" here in
   // some inlining contexts and not others, and callers (the matrix kernels)
   // must be able to reproduce this function's bits.

@@ -1,0 +1,35 @@
+// Small AVX2 helpers shared by the *_avx2.cpp kernel files. Include only from
+// files compiled with AVX2/FMA/F16C enabled.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace megakern::avx2 {
+
+// Horizontal sum of 8 floats, in a fixed order.
+inline float hsum(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+  return _mm_cvtss_f32(lo);
+}
+
+// An unaligned little-endian IEEE half at p, widened exactly to f32.
+inline float load_f16(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+// 16 packed bytes -> 32 codes: low nibbles first (elements 0..15), then high.
+inline __m256i nibbles(const uint8_t* qs) {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i m = _mm_set1_epi8(0x0f);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
+}
+
+}  // namespace megakern::avx2
