@@ -311,16 +311,7 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--json", o->json, "Also write the results to this JSON file");
   cmd->add_option("--trace", o->trace, "Write a Chrome/Perfetto trace of one step per executor (largest batch)");
   cmd->add_option("--svg", o->svg, "Write a bar chart of tokens/s per batch size");
-  cmd->callback([o] {
-    try {
-      bench_cmd(*o);
-      set_exit_code(0);
-    } catch (const std::exception& e) {
-      std::fflush(stdout);
-      fmt::print(stderr, "error: {}\n", e.what());
-      set_exit_code(1);
-    }
-  });
+  cmd->callback([o] { run_guarded([&] { bench_cmd(*o); }); });
 }
 
 }  // namespace megakern::cli

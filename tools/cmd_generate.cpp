@@ -22,8 +22,6 @@
 namespace megakern::cli {
 namespace {
 
-int g_exit_code = 0;
-
 using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
@@ -219,22 +217,8 @@ void chat_cmd(const GenOptions& o) {
   }
 }
 
-template <typename F>
-void guarded(F&& f) {
-  try {
-    f();
-    g_exit_code = 0;
-  } catch (const std::exception& e) {
-    std::fflush(stdout);
-    fmt::print(stderr, "error: {}\n", e.what());
-    g_exit_code = 1;
-  }
-}
 
 }  // namespace
-
-int exit_code() { return g_exit_code; }
-void set_exit_code(int rc) { g_exit_code = rc; }
 
 void register_run(CLI::App& app) {
   auto o = std::make_shared<GenOptions>();
@@ -243,7 +227,7 @@ void register_run(CLI::App& app) {
   cmd->add_flag("--raw", o->raw, "Feed the prompt as plain text, without the chat template");
   cmd->add_flag("-q,--quiet", o->quiet, "Do not print statistics");
   add_common(cmd, *o);
-  cmd->callback([o] { guarded([&] { run_cmd(*o); }); });
+  cmd->callback([o] { run_guarded([&] { run_cmd(*o); }); });
 }
 
 void register_chat(CLI::App& app) {
@@ -254,7 +238,7 @@ void register_chat(CLI::App& app) {
   auto* cmd = app.add_subcommand("chat", "Interactive chat in the terminal (one user turn per line of input)");
   cmd->add_flag("-q,--quiet", o->quiet, "Do not print statistics");
   add_common(cmd, *o);
-  cmd->callback([o] { guarded([&] { chat_cmd(*o); }); });
+  cmd->callback([o] { run_guarded([&] { chat_cmd(*o); }); });
 }
 
 }  // namespace megakern::cli

@@ -176,16 +176,7 @@ void register_inspect(CLI::App& app) {
   cmd->add_flag("--no-tensors", o->no_tensors, "Omit the tensor table");
   cmd->add_flag("--no-metadata", o->no_metadata, "Omit the metadata");
   cmd->add_option("--max-array", o->max_array, "Array elements shown per metadata value")->capture_default_str();
-  cmd->callback([o] {
-    try {
-      inspect_cmd(*o);
-      set_exit_code(0);
-    } catch (const std::exception& e) {
-      std::fflush(stdout);
-      fmt::print(stderr, "error: {}\n", e.what());
-      set_exit_code(1);
-    }
-  });
+  cmd->callback([o] { run_guarded([&] { inspect_cmd(*o); }); });
 }
 
 }  // namespace megakern::cli

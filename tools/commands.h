@@ -2,6 +2,8 @@
 // callback; the callback reports errors on stderr and sets the exit code.
 #pragma once
 
+#include <functional>
+
 namespace CLI {
 class App;
 }
@@ -15,6 +17,9 @@ void register_bench(CLI::App& app);
 
 // The exit status left by the subcommand that ran.
 int exit_code();
-void set_exit_code(int rc);
+
+// Runs a subcommand's body: on success the exit status is 0; an exception is
+// reported on stderr as "error: ..." (after flushing stdout) and gives 1.
+void run_guarded(const std::function<void()>& body);
 
 }  // namespace megakern::cli
