@@ -17,7 +17,8 @@
 #include "core/thread_pool.h"
 #include "exec/executor.h"
 #include "model/dense_program.h"
-#include "model/load.h"
+#include "runtime/model.h"
+#include "runtime/session.h"
 #include "model/presets.h"
 #include "tools/commands.h"
 
@@ -28,6 +29,7 @@ using Clock = std::chrono::steady_clock;
 
 struct BenchOptions {
   std::string model = "dense-bench";
+  std::string weights;
   std::string batches = "1,2,4,8";
   std::string executors = "opbyop,mega";
   int steps = 16;
@@ -91,18 +93,18 @@ struct Result {
 };
 
 // Best-of-rounds ms per step of `steps` steps at batch size b.
-double time_steps(const DenseModel& m, Executor& ex, int b, int warmup, int steps) {
+double time_steps(const Model& m, Executor& ex, int b, int warmup, int steps) {
   const int n_ctx = warmup + steps + 8;
-  std::vector<KVCache> caches;
-  for (int r = 0; r < b; ++r) caches.push_back(m.make_cache(n_ctx));
-  std::vector<float> logits(static_cast<size_t>(b) * static_cast<size_t>(m.config().n_vocab));
+  std::vector<SequenceState> seqs;
+  for (int r = 0; r < b; ++r) seqs.push_back(m.new_sequence(n_ctx));
+  std::vector<float> logits(static_cast<size_t>(b) * static_cast<size_t>(m.n_vocab()));
   std::vector<RowInput> rows(static_cast<size_t>(b));
   Clock::time_point t0;
   for (int s = 0; s < warmup + steps; ++s) {
     if (s == warmup) t0 = Clock::now();
     for (int r = 0; r < b; ++r)
-      rows[static_cast<size_t>(r)] = {static_cast<int32_t>((s * 7 + r * 13 + 1) % m.config().n_vocab), s,
-                                      &caches[static_cast<size_t>(r)]};
+      rows[static_cast<size_t>(r)] =
+          seqs[static_cast<size_t>(r)].row(static_cast<int32_t>((s * 7 + r * 13 + 1) % m.n_vocab()), s);
     ex.step(rows, logits.data());
   }
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count() / steps;
@@ -178,10 +180,16 @@ void bench_cmd(const BenchOptions& o) {
   ThreadPool pool(o.threads);
   fmt::print(stderr, "[bench] loading {} ...\n", o.model);
   const auto t_load = Clock::now();
-  LoadedDense L = load_dense(o.model);
+  ModelOptions mo;
+  if (!o.weights.empty()) {
+    mo.weights = dtype_from_name(o.weights);
+    if (!mo.weights) fail("--weights: unknown weight format '{}' (e.g. bf16, q8_0, q4_0)", o.weights);
+  }
+  const std::unique_ptr<Model> model = load_model(o.model, mo);
+  const Model& M = *model;
   const double load_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_load).count();
   const int max_b = *std::max_element(batches.begin(), batches.end());
-  const DecodeProgram prog = build_dense_program(*L.model, max_b);
+  const DecodeProgram prog = M.build_program(max_b);
   const double weight_mb = static_cast<double>(prog.weight_bytes()) / 1e6;
   fmt::print(stderr, "[bench] probing read bandwidth ({} MiB buffer, {} threads) ...\n", o.probe_mib, pool.size());
   const double probe = probe_bandwidth_gbs(pool, o.probe_mib);
@@ -201,7 +209,7 @@ void bench_cmd(const BenchOptions& o) {
     build_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
   }
 
-  fmt::print("model {} ({} layers, {} ops), weights read per step {:.1f} MB, load {:.0f} ms\n", L.name,
+  fmt::print("model {} ({} layers, {} ops), weights read per step {:.1f} MB, load {:.0f} ms\n", M.name(),
              prog.n_layer, prog.ops.size(), weight_mb, load_ms);
   fmt::print("threads {}, read bandwidth probe {:.2f} GB/s; {} timed steps per point, best of {} rounds; "
              "megakernel prefetch {} KiB\n",
@@ -220,7 +228,7 @@ void bench_cmd(const BenchOptions& o) {
       for (size_t k = 0; k < execs.size(); ++k) {
         // Odd rounds run the executors in reverse order.
         const size_t i = round % 2 ? execs.size() - 1 - k : k;
-        best[i] = std::min(best[i], time_steps(*L.model, *ex[i], b, o.warmup, o.steps));
+        best[i] = std::min(best[i], time_steps(M, *ex[i], b, o.warmup, o.steps));
       }
     const double base = best[0];
     for (size_t i = 0; i < execs.size(); ++i) {
@@ -243,7 +251,7 @@ void bench_cmd(const BenchOptions& o) {
     for (size_t i = 0; i < execs.size(); ++i) {
       std::vector<TraceEvent> events;
       ex[i]->set_trace(&events);
-      time_steps(*L.model, *ex[i], max_b, 0, 1);
+      time_steps(M, *ex[i], max_b, 0, 1);
       ex[i]->set_trace(nullptr);
       std::string one = trace_to_json(prog, events);
       // Strip the wrapper and renumber the process id.
@@ -263,12 +271,12 @@ void bench_cmd(const BenchOptions& o) {
     fmt::print("trace of one step per executor at batch {} written to {}\n", max_b, o.trace);
   }
   if (!o.svg.empty()) {
-    write_svg(o.svg, L.name, execs, batches, results);
+    write_svg(o.svg, M.name(), execs, batches, results);
     fmt::print("chart written to {}\n", o.svg);
   }
   if (!o.json.empty()) {
     nlohmann::json j;
-    j["model"] = L.name;
+    j["model"] = M.name();
     j["threads"] = pool.size();
     j["probe_gbs"] = probe;
     j["weight_bytes_per_step"] = prog.weight_bytes();
@@ -292,10 +300,13 @@ void bench_cmd(const BenchOptions& o) {
 void register_bench(CLI::App& app) {
   auto o = std::make_shared<BenchOptions>();
   auto* cmd = app.add_subcommand("bench", "Decode benchmark: op-by-op vs megakernel executors, with a bandwidth probe");
-  std::string presets;
-  for (const auto& p : dense_presets()) presets += (presets.empty() ? "" : ", ") + p.name;
-  cmd->add_option("-m,--model", o->model, "Bench preset (" + presets + "), GGUF path or fetched model name")
+  cmd->add_option("-m,--model", o->model,
+                  "Model: a preset or fetched model (" +
+                      fmt::format("{}", fmt::join(known_model_and_preset_names(), ", ")) +
+                      "), a GGUF file or a checkpoint directory")
       ->capture_default_str();
+  cmd->add_option("--weights", o->weights,
+                  "Convert weight matrices to this format at load (presets and checkpoint directories), e.g. q4_0");
   cmd->add_option("--batch", o->batches, "Comma-separated batch sizes (rows per step)")->capture_default_str();
   cmd->add_option("--executor", o->executors, "Comma-separated executors; the first is the speedup baseline")
       ->capture_default_str();

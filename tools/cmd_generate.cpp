@@ -13,6 +13,7 @@
 #include "core/thread_pool.h"
 #include "io/gguf.h"
 #include "model/dense.h"
+#include "runtime/model.h"
 #include "runtime/sampler.h"
 #include "runtime/session.h"
 #include "tokenizer/chat_template.h"
@@ -37,11 +38,18 @@ struct GenOptions {
   bool raw = false;
   bool quiet = false;
   std::string executor = "mega";
+  std::string weights;
   SamplingParams sampling;
 };
 
 void add_common(CLI::App* cmd, GenOptions& o) {
-  cmd->add_option("-m,--model", o.model, "Model: a GGUF path or a fetched model name")->capture_default_str();
+  cmd->add_option("-m,--model", o.model,
+                  "Model: a GGUF file, a checkpoint directory, a fetched model name or a preset (" +
+                      fmt::format("{}", fmt::join(known_model_and_preset_names(), ", ")) + ")")
+      ->capture_default_str();
+  cmd->add_option("--weights", o.weights,
+                  "Convert weight matrices to this format at load (checkpoint directories and presets), e.g. q8_0, "
+                  "q4_0, bf16");
   cmd->add_option("-s,--system", o.system, "System message (chat template only)");
   cmd->add_option("-n,--n-predict", o.n_predict, "Maximum tokens to generate per answer")
       ->capture_default_str()
@@ -61,22 +69,23 @@ void add_common(CLI::App* cmd, GenOptions& o) {
 
 // Everything a generation needs, loaded once.
 struct Loaded {
-  std::unique_ptr<GGUFFile> file;
-  std::unique_ptr<DenseModel> model;
-  std::unique_ptr<Tokenizer> tokenizer;
-  ChatTemplate chat = ChatTemplate::None;
+  std::unique_ptr<Model> model;
+  const Tokenizer* tokenizer = nullptr;
   std::unique_ptr<ThreadPool> pool;
   double load_ms = 0;
 };
 
 Loaded load(const GenOptions& o) {
   validate(o.sampling);
+  ModelOptions mo;
+  if (!o.weights.empty()) {
+    mo.weights = dtype_from_name(o.weights);
+    if (!mo.weights) fail("--weights: unknown weight format '{}' (e.g. f32, bf16, q8_0, q4_0, q4_1, mxfp4)", o.weights);
+  }
   auto t0 = Clock::now();
   Loaded L;
-  L.file = GGUFFile::open(resolve_model_path(o.model));
-  L.model = DenseModel::load(*L.file);
-  L.tokenizer = Tokenizer::from_gguf(*L.file);
-  L.chat = detect_chat_template(*L.file);
+  L.model = load_model(o.model, mo);
+  L.tokenizer = &L.model->tokenizer();
   L.pool = std::make_unique<ThreadPool>(o.threads);
   L.load_ms = ms_since(t0);
   return L;
@@ -122,7 +131,8 @@ std::string generate(Loaded& L, Session& s, Sampler& sampler, int n_predict, FIL
 }
 
 void print_stats(const Loaded& L, const GenStats& st) {
-  fmt::print(stderr, "\n[model {} | load {:.0f} ms | {} threads]\n", L.file->name(), L.load_ms, L.pool->size());
+  fmt::print(stderr, "\n[model {} | {} | load {:.0f} ms | {} threads]\n", L.model->name(), L.model->description(),
+             L.load_ms, L.pool->size());
   fmt::print(stderr, "[prompt: {} tokens ({} computed) in {:.1f} ms, {:.1f} tok/s]\n", st.prompt_tokens,
              st.new_prompt_tokens, st.prefill_ms,
              st.prefill_ms > 0 ? st.new_prompt_tokens * 1000.0 / st.prefill_ms : 0.0);
@@ -131,7 +141,7 @@ void print_stats(const Loaded& L, const GenStats& st) {
 }
 
 std::vector<int32_t> encode_conversation(const Loaded& L, const std::vector<ChatMessage>& msgs) {
-  const std::string text = render_chat(L.chat, msgs, /*add_generation_prompt=*/true);
+  const std::string text = render_chat(L.model->chat_format(), msgs, /*add_generation_prompt=*/true);
   return L.tokenizer->encode(text, L.tokenizer->add_bos_default(), /*parse_special=*/true);
 }
 
@@ -140,13 +150,14 @@ void run_cmd(const GenOptions& o) {
   std::vector<int32_t> tokens;
   // A model without a chat template in its metadata is treated as a base
   // model: the prompt is continued as plain text (gemma3-270m is one).
-  const bool has_template = L.file->has("tokenizer.chat_template");
+  const bool has_template = L.model->declares_chat_template();
+  const ChatTemplate chat = L.model->chat_format().kind;
   if (!o.raw && !has_template)
     fmt::print(stderr, "[{} has no chat template in its metadata: continuing the prompt as plain text]\n", o.model);
-  else if (!o.raw && L.chat == ChatTemplate::None)
+  else if (!o.raw && chat == ChatTemplate::None)
     fmt::print(stderr, "[{}'s chat template is not one this engine knows: continuing the prompt as plain text]\n",
                o.model);
-  if (o.raw || !has_template || L.chat == ChatTemplate::None) {
+  if (o.raw || !has_template || chat == ChatTemplate::None) {
     tokens = L.tokenizer->encode(o.prompt, L.tokenizer->add_bos_default(), /*parse_special=*/false);
   } else {
     std::vector<ChatMessage> msgs;
@@ -169,11 +180,11 @@ void run_cmd(const GenOptions& o) {
 
 void chat_cmd(const GenOptions& o) {
   Loaded L = load(o);
-  if (L.chat == ChatTemplate::None)
+  if (L.model->chat_format().kind == ChatTemplate::None)
     fail("model '{}' has no chat template this engine knows; use 'megakern run --raw' instead", o.model);
-  if (!L.file->has("tokenizer.chat_template"))
+  if (!L.model->declares_chat_template())
     fmt::print(stderr, "[{} has no chat template in its metadata; using the {} turn format of its architecture, "
-               "which a base model may not follow]\n", o.model, L.file->get_string("general.architecture"));
+               "which a base model may not follow]\n", o.model, chat_template_name(L.model->chat_format().kind));
   Session s(*L.model, *L.pool, o.n_ctx, o.executor);
   Sampler sampler(o.sampling);
   std::vector<ChatMessage> msgs;

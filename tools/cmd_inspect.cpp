@@ -15,7 +15,7 @@
 #include "io/hf_config.h"
 #include "io/safetensors.h"
 #include "model/dense_program.h"
-#include "model/load.h"
+#include "runtime/model.h"
 #include "model/qwen38_config.h"
 #include "runtime/session.h"
 #include "tools/commands.h"
@@ -123,8 +123,8 @@ bool looks_like_gguf(const std::string& path) {
 }
 
 void inspect_program(const InspectOptions& o) {
-  LoadedDense L = load_dense(o.model);
-  const DecodeProgram p = build_dense_program(*L.model, o.max_rows);
+  const std::unique_ptr<Model> m = load_model(o.model);
+  const DecodeProgram p = m->build_program(o.max_rows);
   fmt::print("{}", p.dump());
 }
 

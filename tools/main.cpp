@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   megakern::cli::register_chat(app);
   megakern::cli::register_inspect(app);
   megakern::cli::register_bench(app);
+  megakern::cli::register_gen_model(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -370,6 +370,14 @@ void SafetensorsModel::add_file(std::unique_ptr<SafetensorsFile> file) {
   files_.push_back(std::move(file));
 }
 
+SafetensorsModel SafetensorsModel::from_file(std::unique_ptr<SafetensorsFile> file, const std::string& path) {
+  SafetensorsModel m;
+  m.path_ = path;
+  m.metadata_ = file->metadata();
+  m.add_file(std::move(file));
+  return m;
+}
+
 SafetensorsModel SafetensorsModel::open(const std::string& path_or_dir) {
   SafetensorsModel m;
   m.path_ = path_or_dir;

@@ -105,6 +105,9 @@ class SafetensorsModel {
   // index assigns to it; the index is authoritative, so a tensor a shard holds
   // but the index does not list is not visible. Throws megakern::Error.
   static SafetensorsModel open(const std::string& path_or_dir);
+  // A model of one already parsed file (e.g. SafetensorsFile::parse over a
+  // buffer the caller keeps alive); `path` is used in messages.
+  static SafetensorsModel from_file(std::unique_ptr<SafetensorsFile> file, const std::string& path);
 
   SafetensorsModel(SafetensorsModel&&) noexcept;
   SafetensorsModel& operator=(SafetensorsModel&&) noexcept;

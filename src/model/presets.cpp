@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "core/half.h"
+#include "core/rng.h"
 #include "io/gguf.h"
 
 namespace megakern {
@@ -24,17 +25,6 @@ const DensePreset* find_dense_preset(const std::string& name) {
 }
 
 namespace {
-
-// SplitMix64: a fast, well-mixed deterministic stream.
-struct Rng {
-  uint64_t s;
-  uint64_t next() {
-    uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-};
 
 // Random blocks of `type` for a [rows][cols] matrix: uniform quants with a
 // block scale that gives each element a standard deviation of 1/sqrt(cols).

@@ -1,14 +1,19 @@
 #include "model/qwen38.h"
 
 #include <cmath>
+#include <filesystem>
 #include <cstring>
 #include <map>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "io/hf_config.h"
 #include "io/safetensors.h"
+#include "io/safetensors_writer.h"
+#include "core/rng.h"
+#include "kernels/cpu/matmul.h"
 
 namespace megakern {
 
@@ -34,6 +39,7 @@ bool view_dtype(const std::string& d, DType& out, size_t& elem) {
 struct Qwen38Loader {
   Qwen38Model& m;
   const SafetensorsModel& st;
+  std::optional<DType> target;  // convert matrices to this format
 
   const SafetensorsTensor& get(const std::string& name) const {
     const SafetensorsTensor* t = st.find(m.prefix_ + name);
@@ -73,6 +79,39 @@ struct Qwen38Loader {
     v.cols = cols;
     v.row_bytes = static_cast<size_t>(cols) * elem;
     for (const auto& p : pieces) v.rows += p.end - p.begin;
+    if (target && *target != dt) {
+      const size_t n_owned = m.owned_.size();
+      const MatView q = convert(stack_as_is(pieces, v, keep), *pieces[0].t);
+      if (m.owned_.size() == n_owned + 2)  // drop the intermediate copy
+        m.owned_.erase(m.owned_.begin() + static_cast<std::ptrdiff_t>(n_owned));
+      return q;
+    }
+    return stack_as_is(pieces, v, keep);
+  }
+  // v re-encoded row by row in the target format.
+  MatView convert(const MatView& v, const SafetensorsTensor& src) {
+    const auto& tr = dtype_traits(*target);
+    if (v.cols % tr.block_size != 0)
+      fail("{}: tensor '{}' has rows of {} values, which {} blocks of {} do not divide; load it in another format",
+           st.path(), src.name, v.cols, tr.name, tr.block_size);
+    MatView q;
+    q.type = *target;
+    q.cols = v.cols;
+    q.rows = v.rows;
+    q.row_bytes = row_bytes(*target, v.cols);
+    auto& buf = own(q.row_bytes * static_cast<size_t>(q.rows));
+    uint8_t* dst = reinterpret_cast<uint8_t*>(buf.data());
+    std::vector<float> row(static_cast<size_t>(v.cols));
+    for (int64_t j = 0; j < v.rows; ++j) {
+      dequantize_row(v, j, row.data());
+      tr.quantize(row.data(), dst + static_cast<size_t>(j) * q.row_bytes, v.cols);
+    }
+    q.data = dst;
+    return q;
+  }
+  MatView stack_as_is(const std::vector<Piece>& pieces, MatView v, bool keep) {
+    const int64_t cols = v.cols;
+    const size_t elem = v.row_bytes / static_cast<size_t>(cols);
     if (keep && pieces.size() == 1 && pieces[0].begin == 0 &&
         reinterpret_cast<uintptr_t>(pieces[0].t->data) % elem == 0) {
       v.data = pieces[0].t->data;
@@ -107,12 +146,29 @@ struct Qwen38Loader {
   }
 };
 
-std::unique_ptr<Qwen38Model> Qwen38Model::load(const std::string& dir) {
+std::unique_ptr<Qwen38Model> Qwen38Model::load(const std::string& dir, std::optional<DType> weights) {
   std::unique_ptr<Qwen38Model> m(new Qwen38Model());
   const HFConfig hf = HFConfig::load(dir);
   m->cfg_ = qwen38_config_from_hf(hf);
-  const Qwen38Config& c = m->cfg_;
   m->st_ = std::make_unique<SafetensorsModel>(SafetensorsModel::open(dir));
+  return load_from(std::move(m), hf.name(), weights);
+}
+
+std::unique_ptr<Qwen38Model> Qwen38Model::synthetic(const Qwen38Config& c, uint64_t seed,
+                                                    std::optional<DType> weights) {
+  c.validate();
+  std::unique_ptr<Qwen38Model> m(new Qwen38Model());
+  m->cfg_ = c;
+  m->image_ = safetensors_bytes(qwen38_synthetic_tensors(c, seed));
+  const std::string name = fmt::format("{} (synthetic, seed {})", c.name, seed);
+  m->st_ = std::make_unique<SafetensorsModel>(
+      SafetensorsModel::from_file(SafetensorsFile::parse(m->image_.data(), m->image_.size(), name), name));
+  return load_from(std::move(m), c.name, weights);
+}
+
+std::unique_ptr<Qwen38Model> Qwen38Model::load_from(std::unique_ptr<Qwen38Model> m, const std::string& config_name,
+                                                    std::optional<DType> weights) {
+  const Qwen38Config& c = m->cfg_;
   const SafetensorsModel& st = *m->st_;
   if (st.find("model.embed_tokens.weight"))
     m->prefix_ = "model.";
@@ -129,14 +185,14 @@ std::unique_ptr<Qwen38Model> Qwen38Model::load(const std::string& dir) {
     if (!f) fail("{}: tensor '{}' is missing (expected shape {})", st.path(), t.name, shape_str(t.shape));
     if (f->shape != t.shape)
       fail("{}: tensor '{}' has shape {}, expected {} for config {}", st.path(), t.name, shape_str(f->shape),
-           shape_str(t.shape), hf.name());
+           shape_str(t.shape), config_name);
     DType d;
     size_t e;
     if (t.matrix && !view_dtype(f->dtype, d, e) && f->dtype != "F64" && f->dtype.rfind("F8", 0) != 0)
       fail("{}: tensor '{}' has dtype {}; expected a float type (F32, F16, BF16)", st.path(), t.name, f->dtype);
   }
 
-  Qwen38Loader L{*m, st};
+  Qwen38Loader L{*m, st, weights};
   // "model.language_model." checkpoints keep lm_head.weight at the top level,
   // which get() handles; embed/norm carry the prefix.
   m->tok_embd_ = L.mat("embed_tokens.weight");
@@ -321,6 +377,73 @@ DecodeProgram build_qwen38_program(const Qwen38Model& model, int max_rows) {
   p.logits_slot = logits;
   p.verify();
   return p;
+}
+
+std::string qwen38_hf_config_json(const Qwen38Config& c) {
+  nlohmann::ordered_json j;
+  j["model_type"] = "qwen3_5_text";
+  j["architectures"] = {"Qwen3_5ForCausalLM"};
+  j["num_hidden_layers"] = c.n_layer;
+  j["hidden_size"] = c.hidden;
+  j["intermediate_size"] = c.intermediate;
+  j["vocab_size"] = c.vocab;
+  j["rms_norm_eps"] = c.rms_eps;
+  j["hidden_act"] = "silu";
+  j["num_attention_heads"] = c.n_head;
+  j["num_key_value_heads"] = c.n_head_kv;
+  j["head_dim"] = c.head_dim;
+  j["linear_num_key_heads"] = c.la_n_k_heads;
+  j["linear_num_value_heads"] = c.la_n_v_heads;
+  j["linear_key_head_dim"] = c.la_k_head_dim;
+  j["linear_value_head_dim"] = c.la_v_head_dim;
+  j["linear_conv_kernel_dim"] = c.conv_kernel;
+  j["full_attention_interval"] = c.full_attn_interval;
+  j["tie_word_embeddings"] = false;
+  j["attention_bias"] = false;
+  j["rope_parameters"] = {{"rope_type", "default"},
+                          {"rope_theta", c.rope_theta},
+                          {"partial_rotary_factor", static_cast<double>(c.rotary_dim) / c.head_dim}};
+  nlohmann::ordered_json types = nlohmann::ordered_json::array();
+  for (int l = 0; l < c.n_layer; ++l) types.push_back(c.is_full_attention(l) ? "full_attention" : "linear_attention");
+  j["layer_types"] = types;
+  return j.dump(2) + "\n";
+}
+
+std::vector<SafetensorsOut> qwen38_synthetic_tensors(const Qwen38Config& c, uint64_t seed) {
+  c.validate();
+  std::vector<SafetensorsOut> out;
+  Rng rng(seed);
+  for (const Qwen38Tensor& t : qwen38_tensors(c)) {
+    std::vector<float> v(static_cast<size_t>(t.numel()));
+    const auto ends = [&](const char* suffix) { return t.name.ends_with(suffix); };
+    if (t.matrix) {
+      float std = 1.f / std::sqrt(static_cast<float>(t.shape[1]));
+      if (t.kind == Qwen38Tensor::Kind::Embedding) std = 1.f;
+      if (t.kind == Qwen38Tensor::Kind::LmHead) std *= 2.f;
+      for (auto& x : v) x = rng.centred(std);
+    } else if (ends("A_log")) {
+      for (auto& x : v) x = std::log(1.f + 15.f * rng.uniform());
+    } else if (ends("dt_bias")) {
+      for (auto& x : v) x = 1.f + rng.centred(0.1f);
+    } else if (ends("conv1d.weight")) {
+      for (auto& x : v) x = rng.centred(0.5f);
+    } else if (ends("linear_attn.norm.weight")) {
+      for (auto& x : v) x = 1.f + rng.centred(0.1f);  // used as is
+    } else {
+      for (auto& x : v) x = rng.centred(0.1f);  // zero-centred norms: 1 + w
+    }
+    out.push_back(t.matrix ? safetensors_bf16(t.name, t.shape, v) : safetensors_f32(t.name, t.shape, v));
+  }
+  return out;
+}
+
+void write_qwen38_synthetic(const Qwen38Config& c, uint64_t seed, const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) fail("cannot create directory '{}': {}", dir, ec.message());
+  write_safetensors(dir + "/model.safetensors", qwen38_synthetic_tensors(c, seed),
+                    {{"format", "pt"}, {"megakern.synthetic_seed", std::to_string(seed)}, {"megakern.preset", c.name}});
+  write_file_atomic(dir + "/config.json", qwen38_hf_config_json(c));
 }
 
 }  // namespace megakern

@@ -21,7 +21,9 @@
 // over a Qwen3.8 program hold at most one row per sequence.
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,6 +36,7 @@
 namespace megakern {
 
 class SafetensorsModel;
+struct SafetensorsOut;
 
 struct Qwen38Layer {
   bool attention = false;
@@ -64,7 +67,14 @@ class Qwen38Model {
   // SafetensorsModel::open). Tensor names may carry the "model." or the
   // "model.language_model." prefix. Throws megakern::Error naming a missing
   // tensor, a wrong shape or an unsupported dtype.
-  static std::unique_ptr<Qwen38Model> load(const std::string& dir);
+  // With `weights`, every matrix (embedding and LM head included) is
+  // converted to that format at load (e.g. Q8_0, Q4_0, MXFP4); its block size
+  // must divide the matrix widths.
+  static std::unique_ptr<Qwen38Model> load(const std::string& dir, std::optional<DType> weights = {});
+  // The deterministic synthetic checkpoint of qwen38_synthetic_tensors(c,
+  // seed), built in memory and loaded as load() would load it from disk.
+  static std::unique_ptr<Qwen38Model> synthetic(const Qwen38Config& c, uint64_t seed,
+                                                std::optional<DType> weights = {});
   ~Qwen38Model();
 
   const Qwen38Config& config() const { return cfg_; }
@@ -83,7 +93,10 @@ class Qwen38Model {
  private:
   Qwen38Model() = default;
   Qwen38Config cfg_;
+  static std::unique_ptr<Qwen38Model> load_from(std::unique_ptr<Qwen38Model> m, const std::string& config_name,
+                                                std::optional<DType> weights);
   std::unique_ptr<SafetensorsModel> st_;
+  std::vector<uint8_t> image_;  // the checkpoint bytes of a synthetic model
   std::vector<std::vector<float>> owned_;  // backing store of transformed matrices
   std::string prefix_;
   MatView tok_embd_, lm_head_;
@@ -91,6 +104,20 @@ class Qwen38Model {
   std::vector<Qwen38Layer> layers_;
   friend struct Qwen38Loader;
 };
+
+// config.json text for c in the Hugging Face Qwen3.5 naming (model_type
+// "qwen3_5_text"), which qwen38_config_from_hf reads back as c.
+std::string qwen38_hf_config_json(const Qwen38Config& c);
+// Deterministic synthetic weights in the checkpoint naming of
+// qwen38_tensors(c): matrices bf16 with entries of standard deviation
+// 1/sqrt(fan-in) (the embedding 1, the LM head 2/sqrt(H) so the next-token
+// distribution is not flat), zero-centred norm weights near 0, conv taps,
+// A_log = log(U[1, 16]) and dt_bias near 1 as the public initialisation
+// draws them. Activations stay finite over all 64 layers of qwen3.8-bench.
+std::vector<SafetensorsOut> qwen38_synthetic_tensors(const Qwen38Config& c, uint64_t seed);
+// `megakern gen-model`: writes dir/config.json and dir/model.safetensors
+// (creating dir), loadable by Qwen38Model::load.
+void write_qwen38_synthetic(const Qwen38Config& c, uint64_t seed, const std::string& dir);
 
 // The decode step: embedding; per layer zero-centred input norm, the mixer
 // (gated attention at l % 4 == 3, else Gated DeltaNet), residual,

@@ -11,23 +11,45 @@
 
 namespace megakern {
 
-Session::Session(const DenseModel& model, ThreadPool& pool, int n_ctx, const std::string& executor)
-    : model_(model),
-      pool_(pool),
-      cache_(model.make_cache(n_ctx)),
-      program_(build_dense_program(model, 1)),
-      exec_(make_executor(executor, program_, pool)) {}
+Engine::Engine(const Model& model, ThreadPool& pool, int max_rows, const std::string& executor)
+    : model_(model), pool_(pool), program_(model.build_program(max_rows)), exec_(make_executor(executor, program_, pool)) {}
+
+void Engine::step(const std::vector<RowInput>& rows, float* logits) { exec_->step(rows, logits); }
+
+void Engine::prefill(SequenceState& seq, const int32_t* tokens, int n, int pos0, float* logits) {
+  if (n <= 0) fail("prefill of {} tokens: nothing to compute", n);
+  if (pos0 < 0 || static_cast<int64_t>(pos0) + n > seq.n_ctx())
+    fail("prefill of {} tokens at position {} does not fit the context of {} tokens", n, pos0, seq.n_ctx());
+  if (model_.prompt_forward(pool_, seq, tokens, n, pos0, logits)) return;
+  const int block = seq.recurrent ? 1 : max_rows();
+  const size_t V = static_cast<size_t>(n_vocab());
+  block_logits_.resize(static_cast<size_t>(block) * V);
+  std::vector<RowInput> rows;
+  for (int i = 0; i < n; i += block) {
+    const int m = std::min(block, n - i);
+    rows.clear();
+    for (int r = 0; r < m; ++r) rows.push_back(seq.row(tokens[i + r], pos0 + i + r));
+    exec_->step(rows, block_logits_.data());
+    if (i + m == n) std::copy_n(block_logits_.data() + static_cast<size_t>(m - 1) * V, V, logits);
+  }
+}
+
+Session::Session(const Model& model, ThreadPool& pool, int n_ctx, const std::string& executor, int max_rows)
+    : engine_(model, pool, max_rows > 0 ? max_rows : (model.recurrent() ? 1 : 8), executor),
+      seq_(model.new_sequence(n_ctx)) {}
 
 const std::vector<float>& Session::set_tokens(const std::vector<int32_t>& tokens) {
   if (tokens.empty()) fail("the prompt is empty: there is nothing to run");
-  if (static_cast<int64_t>(tokens.size()) > cache_.n_ctx)
-    fail("the prompt has {} tokens, more than the context of {} (raise --context)", tokens.size(), cache_.n_ctx);
+  if (static_cast<int64_t>(tokens.size()) > seq_.n_ctx())
+    fail("the prompt has {} tokens, more than the context of {} (raise --context)", tokens.size(), seq_.n_ctx());
   const size_t common = reusable_prefix(tokens);
+  if (common == 0) seq_.clear();
   const int n = static_cast<int>(tokens.size() - common);
-  // Until the forward pass succeeds, only the shared prefix is valid.
-  tokens_.resize(common);
-  logits_.resize(static_cast<size_t>(model_.config().n_vocab));
-  model_.forward(pool_, cache_, tokens.data() + common, n, static_cast<int>(common), 1, logits_.data());
+  // Until the pass succeeds, only the shared prefix is valid (for recurrent
+  // models not even that: their state may be half advanced).
+  tokens_.resize(seq_.recurrent ? 0 : common);
+  logits_.resize(static_cast<size_t>(engine_.n_vocab()));
+  engine_.prefill(seq_, tokens.data() + common, n, static_cast<int>(common), logits_.data());
   tokens_ = tokens;
   return logits_;
 }
@@ -35,15 +57,19 @@ const std::vector<float>& Session::set_tokens(const std::vector<int32_t>& tokens
 size_t Session::reusable_prefix(const std::vector<int32_t>& tokens) const {
   size_t common = 0;
   while (common < tokens_.size() && common < tokens.size() && tokens_[common] == tokens[common]) ++common;
-  if (!tokens.empty() && common == tokens.size()) --common;
+  if (seq_.recurrent && common < tokens_.size()) return 0;
+  if (!tokens.empty() && common == tokens.size()) {
+    if (seq_.recurrent) return 0;
+    --common;
+  }
   return common;
 }
 
 const std::vector<float>& Session::append(int32_t token) {
-  if (static_cast<int64_t>(tokens_.size()) >= cache_.n_ctx)
-    fail("context full: all {} positions are used (raise --context)", cache_.n_ctx);
-  logits_.resize(static_cast<size_t>(model_.config().n_vocab));
-  exec_->step({{token, static_cast<int32_t>(tokens_.size()), &cache_}}, logits_.data());
+  if (static_cast<int64_t>(tokens_.size()) >= seq_.n_ctx())
+    fail("context full: all {} positions are used (raise --context)", seq_.n_ctx());
+  logits_.resize(static_cast<size_t>(engine_.n_vocab()));
+  engine_.step({seq_.row(token, static_cast<int32_t>(tokens_.size()))}, logits_.data());
   tokens_.push_back(token);
   return logits_;
 }
@@ -62,7 +88,7 @@ std::string resolve_model_path(const std::string& name_or_path) {
   if (!known) {
     if (fs::exists(name_or_path, ec)) fail("model '{}' is not a regular file", name_or_path);
     fail("model '{}' not found: it is neither a file nor a known model name (known: {})", name_or_path,
-         fmt::join(known_model_names(), ", "));
+         fmt::join(known_model_and_preset_names(), ", "));
   }
   std::vector<fs::path> dirs;
   if (const char* env = std::getenv("MEGAKERN_MODELS_DIR")) dirs.emplace_back(env);

@@ -1,5 +1,4 @@
-// One sequence being generated: its KV cache, the tokens already in it, and
-// the logits of the last position.
+// Engines and sessions over a runtime Model.
 #pragma once
 
 #include <cstdint>
@@ -10,26 +9,64 @@
 #include "exec/executor.h"
 #include "ir/program.h"
 #include "model/dense.h"
+#include "runtime/model.h"
 
 namespace megakern {
 
 class ThreadPool;
 
+// Steps of one model's DecodeProgram on one executor, for any set of
+// sequences: the batching primitive under sessions, the server and
+// speculative decoding.
+class Engine {
+ public:
+  // The program is built for up to max_rows rows per step.
+  Engine(const Model& model, ThreadPool& pool, int max_rows, const std::string& executor = "mega");
+  // The executor refers to program_, so an Engine stays where it was built.
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  const Model& model() const { return model_; }
+  const DecodeProgram& program() const { return program_; }
+  Executor& executor() { return *exec_; }
+  ThreadPool& pool() { return pool_; }
+  int max_rows() const { return program_.max_rows; }
+  int n_vocab() const { return program_.n_vocab; }
+
+  // One step; logits [rows.size()][n_vocab]. Throws megakern::Error on bad rows.
+  void step(const std::vector<RowInput>& rows, float* logits);
+  // Computes tokens[0..n) of seq at positions pos0.., writing the logits of
+  // the last one: the model's batched prompt pass when it has one, else
+  // executor steps (blocks of up to max_rows positions, or one position per
+  // step for recurrent models).
+  void prefill(SequenceState& seq, const int32_t* tokens, int n, int pos0, float* logits);
+
+ private:
+  const Model& model_;
+  ThreadPool& pool_;
+  DecodeProgram program_;
+  std::unique_ptr<Executor> exec_;
+  std::vector<float> block_logits_;
+};
+
+// One sequence being generated: its state, the tokens already in it, and the
+// logits of the last position.
 class Session {
  public:
-  // Decode steps run on `executor` ("mega", "opbyop" or "reference") over the
-  // model's DecodeProgram; prompts are prefilled by the batched forward pass.
-  Session(const DenseModel& model, ThreadPool& pool, int n_ctx, const std::string& executor = "mega");
-  // The executor refers to program_, so a Session stays where it was built.
+  // Decode steps run on `executor` ("mega", "opbyop" or "reference"); the
+  // program takes up to max_rows rows (0: 8, or 1 for recurrent models).
+  Session(const Model& model, ThreadPool& pool, int n_ctx, const std::string& executor = "mega", int max_rows = 0);
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
 
   // Number of leading tokens of `tokens` already in the cache, at most
   // tokens.size() - 1 (the last one is always recomputed for its logits).
+  // Recurrent models can only reuse the whole cached sequence (their state
+  // cannot be rewound), so for them it is tokens_.size() or 0.
   size_t reusable_prefix(const std::vector<int32_t>& tokens) const;
 
-  // Makes the cache hold exactly `tokens`: the longest prefix already cached
-  // is kept and only the rest is computed (prefill). Returns the logits of the
+  // Makes the cache hold exactly `tokens`: the longest reusable prefix is
+  // kept and only the rest is computed (prefill). Returns the logits of the
   // last token. Throws megakern::Error if tokens is empty or exceeds the context.
   const std::vector<float>& set_tokens(const std::vector<int32_t>& tokens);
   // Appends one token (decode step) and returns the new logits.
@@ -37,15 +74,17 @@ class Session {
 
   const std::vector<int32_t>& tokens() const { return tokens_; }
   const std::vector<float>& logits() const { return logits_; }
-  int n_ctx() const { return cache_.n_ctx; }
-  void reset() { tokens_.clear(); }
+  int n_ctx() const { return seq_.n_ctx(); }
+  void reset() {
+    tokens_.clear();
+    seq_.clear();
+  }
+  Engine& engine() { return engine_; }
+  SequenceState& sequence() { return seq_; }
 
  private:
-  const DenseModel& model_;
-  ThreadPool& pool_;
-  KVCache cache_;
-  DecodeProgram program_;
-  std::unique_ptr<Executor> exec_;
+  Engine engine_;
+  SequenceState seq_;
   std::vector<int32_t> tokens_;  // what the cache holds, in order
   std::vector<float> logits_;    // [n_vocab] of the last token
 };

@@ -706,4 +706,21 @@ std::string StreamDecoder::flush() {
   return out;
 }
 
+Vocab byte_vocab(int32_t n_vocab) {
+  if (n_vocab < 256) fail("a byte vocabulary needs at least 256 tokens, the model has {}", n_vocab);
+  Vocab v;
+  v.kind = TokenizerKind::ByteLevelBPE;
+  v.pre = "gpt2";
+  const auto& table = byte_level_table();
+  for (int b = 0; b < 256; ++b) v.tokens.push_back(table.byte_to_utf8[static_cast<size_t>(b)]);
+  v.types.assign(256, TokenType::Normal);
+  for (int32_t id = 256; id < n_vocab; ++id) {
+    const bool eos = id == n_vocab - 1;
+    v.tokens.push_back(eos ? std::string("<|endoftext|>") : fmt::format("<|reserved_{}|>", id - 256));
+    v.types.push_back(TokenType::Control);
+  }
+  if (n_vocab > 256) v.eos_id = n_vocab - 1;
+  return v;
+}
+
 }  // namespace megakern

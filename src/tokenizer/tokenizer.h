@@ -78,6 +78,13 @@ struct Vocab {
   bool add_space_prefix = false;  // SentencePiece only: prepend "▁" to the text
 };
 
+// A byte vocabulary for models without a tokenizer of their own (the
+// synthetic presets): token b < 256 is the single byte b (spelled in the
+// byte-level alphabet, no merges, so every byte of the text becomes its own
+// token), ids 256..n_vocab-1 are control tokens "<|reserved_N|>", and the last
+// one, when n_vocab > 256, is the end-of-text token. n_vocab must be >= 256.
+Vocab byte_vocab(int32_t n_vocab);
+
 class Tokenizer {
  public:
   // Validates `vocab` and builds the lookup tables; throws megakern::Error on

@@ -1,0 +1,102 @@
+#include "io/safetensors_writer.h"
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/half.h"
+#include "io/safetensors.h"
+
+namespace megakern {
+
+std::vector<uint8_t> safetensors_bytes(const std::vector<SafetensorsOut>& tensors,
+                                       const std::map<std::string, std::string>& metadata) {
+  nlohmann::ordered_json h = nlohmann::ordered_json::object();
+  if (!metadata.empty()) {
+    nlohmann::ordered_json m = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : metadata) m[k] = v;
+    h["__metadata__"] = m;
+  }
+  std::set<std::string> names;
+  size_t offset = 0;
+  for (const auto& t : tensors) {
+    if (t.name.empty() || t.name == "__metadata__") fail("safetensors writer: invalid tensor name '{}'", t.name);
+    if (!names.insert(t.name).second) fail("safetensors writer: tensor '{}' is given twice", t.name);
+    const size_t eb = safetensors_dtype_bytes(t.dtype);
+    if (eb == 0) fail("safetensors writer: tensor '{}' has unknown dtype '{}'", t.name, t.dtype);
+    size_t n = 1;
+    for (int64_t d : t.shape) {
+      if (d < 0) fail("safetensors writer: tensor '{}' has a negative extent", t.name);
+      n *= static_cast<size_t>(d);
+    }
+    if (n * eb != t.data.size())
+      fail("safetensors writer: tensor '{}' has {} bytes, its shape and dtype need {}", t.name, t.data.size(), n * eb);
+    h[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.data.size()}}};
+    offset += t.data.size();
+  }
+  std::string header = h.dump();
+  header.append((8 - header.size() % 8) % 8, ' ');
+  std::vector<uint8_t> out(8 + header.size() + offset);
+  const uint64_t hl = header.size();
+  for (int i = 0; i < 8; ++i) out[static_cast<size_t>(i)] = static_cast<uint8_t>(hl >> (8 * i));
+  std::memcpy(out.data() + 8, header.data(), header.size());
+  uint8_t* p = out.data() + 8 + header.size();
+  for (const auto& t : tensors) {
+    if (!t.data.empty()) std::memcpy(p, t.data.data(), t.data.size());
+    p += t.data.size();
+  }
+  return out;
+}
+
+namespace {
+
+void write_bytes_atomic(const std::string& path, const void* data, size_t n) {
+  const std::string tmp = path + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f) fail("cannot write '{}': {}", path, std::strerror(errno));
+  const bool ok = (n == 0 || std::fwrite(data, 1, n, f) == n);
+  const bool closed = std::fclose(f) == 0;
+  if (!ok || !closed) {
+    std::remove(tmp.c_str());
+    fail("cannot write '{}': {}", path, std::strerror(errno));
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    std::remove(tmp.c_str());
+    fail("cannot write '{}': {}", path, ec.message());
+  }
+}
+
+}  // namespace
+
+void write_safetensors(const std::string& path, const std::vector<SafetensorsOut>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  const auto bytes = safetensors_bytes(tensors, metadata);
+  write_bytes_atomic(path, bytes.data(), bytes.size());
+}
+
+void write_file_atomic(const std::string& path, const std::string& text) {
+  write_bytes_atomic(path, text.data(), text.size());
+}
+
+SafetensorsOut safetensors_f32(const std::string& name, std::vector<int64_t> shape, const std::vector<float>& v) {
+  SafetensorsOut t{name, "F32", std::move(shape), std::vector<uint8_t>(v.size() * 4)};
+  if (!v.empty()) std::memcpy(t.data.data(), v.data(), t.data.size());
+  return t;
+}
+
+SafetensorsOut safetensors_bf16(const std::string& name, std::vector<int64_t> shape, const std::vector<float>& v) {
+  SafetensorsOut t{name, "BF16", std::move(shape), std::vector<uint8_t>(v.size() * 2)};
+  for (size_t i = 0; i < v.size(); ++i) {
+    const uint16_t b = f32_to_bf16(v[i]);
+    std::memcpy(t.data.data() + 2 * i, &b, 2);
+  }
+  return t;
+}
+
+}  // namespace megakern

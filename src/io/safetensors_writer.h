@@ -1,0 +1,37 @@
+// Writing safetensors files: an 8-byte little-endian header length, a JSON
+// header {name: {dtype, shape, data_offsets}, "__metadata__": {...}} padded
+// with spaces to a multiple of 8 bytes, then the tensors' bytes back to back in
+// the order given. Used by `megakern gen-model` and by tests.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace megakern {
+
+struct SafetensorsOut {
+  std::string name;
+  std::string dtype;            // "F32", "BF16", "U8", ... (safetensors spelling)
+  std::vector<int64_t> shape;   // row-major; product * element size must equal data.size()
+  std::vector<uint8_t> data;
+};
+
+// The whole file as bytes. Throws megakern::Error on an unknown dtype, a size
+// that does not match the shape, or a duplicate name.
+std::vector<uint8_t> safetensors_bytes(const std::vector<SafetensorsOut>& tensors,
+                                       const std::map<std::string, std::string>& metadata = {});
+// Writes it to path (through a temporary file renamed into place, so a
+// reader never sees half a file). Throws megakern::Error naming the path.
+void write_safetensors(const std::string& path, const std::vector<SafetensorsOut>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+
+// Helpers for building tensors from f32 values.
+SafetensorsOut safetensors_f32(const std::string& name, std::vector<int64_t> shape, const std::vector<float>& v);
+SafetensorsOut safetensors_bf16(const std::string& name, std::vector<int64_t> shape, const std::vector<float>& v);
+
+// Writes text to path the same way (temporary file, then rename).
+void write_file_atomic(const std::string& path, const std::string& text);
+
+}  // namespace megakern

@@ -1,0 +1,141 @@
+#include "runtime/model.h"
+
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "io/gguf.h"
+#include "io/hf_config.h"
+#include "model/dense_program.h"
+#include "model/presets.h"
+#include "model/qwen38.h"
+#include "model/qwen38_config.h"
+#include "runtime/session.h"
+
+namespace megakern {
+
+Model::~Model() = default;
+
+bool Model::prompt_forward(ThreadPool&, SequenceState&, const int32_t*, int, int, float*) const { return false; }
+
+namespace {
+
+std::unique_ptr<Tokenizer> byte_tokenizer(int n_vocab, const std::string& model) {
+  if (n_vocab < 256)
+    fail("model '{}' has no tokenizer of its own and a vocabulary of {} tokens, too small for the byte tokenizer "
+         "(256 needed)",
+         model, n_vocab);
+  return std::make_unique<Tokenizer>(byte_vocab(n_vocab));
+}
+
+// Dense transformers from GGUF (files, fetched models, bench presets).
+class DenseRuntimeModel final : public Model {
+ public:
+  DenseRuntimeModel(const std::string& name_or_path) {
+    name_ = name_or_path;
+    if (const DensePreset* p = find_dense_preset(name_or_path)) {
+      image_ = make_dense_gguf(*p);
+      file_ = GGUFFile::parse(image_.data(), image_.size(), p->name);
+    } else {
+      file_ = GGUFFile::open(resolve_model_path(name_or_path));
+    }
+    model_ = DenseModel::load(*file_);
+    const DenseConfig& c = model_->config();
+    n_vocab_ = c.n_vocab;
+    train_ctx_ = c.n_ctx_train;
+    if (file_->has("tokenizer.ggml.model")) {
+      tokenizer_ = Tokenizer::from_gguf(*file_);
+      chat_ = detect_chat_format(*file_);
+      chat_declared_ = file_->has("tokenizer.chat_template");
+    } else {
+      tokenizer_ = byte_tokenizer(n_vocab_, name_);
+    }
+    description_ = fmt::format("{}: {} layers, hidden {}, {} heads ({} kv), vocab {}, {} ({:.1f} MB read per step)",
+                               c.arch_name, c.n_layer, c.n_embd, c.n_head, c.n_head_kv, c.n_vocab,
+                               dtype_traits(model_->layers()[0].w_up.type).name, model_->weight_bytes() / 1e6);
+  }
+  DecodeProgram build_program(int max_rows) const override { return build_dense_program(*model_, max_rows); }
+  SequenceState new_sequence(int n_ctx) const override {
+    SequenceState s;
+    s.cache = model_->make_cache(n_ctx);
+    return s;
+  }
+  bool prompt_forward(ThreadPool& pool, SequenceState& seq, const int32_t* tokens, int n, int pos0,
+                      float* logits) const override {
+    model_->forward(pool, seq.cache, tokens, n, pos0, 1, logits);
+    return true;
+  }
+
+ private:
+  std::vector<uint8_t> image_;
+  std::unique_ptr<GGUFFile> file_;
+  std::unique_ptr<DenseModel> model_;
+};
+
+class Qwen38RuntimeModel final : public Model {
+ public:
+  Qwen38RuntimeModel(const std::string& name, std::unique_ptr<Qwen38Model> m) : model_(std::move(m)) {
+    const Qwen38Config& c = model_->config();
+    name_ = name;
+    n_vocab_ = c.vocab;
+    recurrent_ = true;
+    tokenizer_ = byte_tokenizer(n_vocab_, name_);
+    size_t bytes = build_program(1).weight_bytes();
+    description_ = fmt::format(
+        "qwen3.8 (Gated DeltaNet + gated attention): {} layers, hidden {}, vocab {}, {} ({:.1f} MB read per step)",
+        c.n_layer, c.hidden, c.vocab, dtype_traits(model_->layers()[0].w_up.type).name, bytes / 1e6);
+  }
+  DecodeProgram build_program(int max_rows) const override { return build_qwen38_program(*model_, max_rows); }
+  SequenceState new_sequence(int n_ctx) const override {
+    SequenceState s;
+    s.cache = model_->make_cache(n_ctx);
+    s.state = model_->make_state();
+    s.recurrent = true;
+    return s;
+  }
+
+ private:
+  std::unique_ptr<Qwen38Model> model_;
+};
+
+std::string too_big(const std::string& name, double gb) {
+  return fmt::format("preset '{}' is the full-size configuration ({:.0f} GB of weights); it can be described "
+                     "(megakern inspect --config {}) but not generated here",
+                     name, gb, name);
+}
+
+}  // namespace
+
+std::vector<std::string> known_model_and_preset_names() {
+  std::vector<std::string> v = known_model_names();
+  for (const auto& p : dense_presets()) v.push_back(p.name);
+  for (const auto& p : qwen38_presets())
+    if (p.name != "qwen3.8-27b") v.push_back(p.name);
+  return v;
+}
+
+std::unique_ptr<Model> load_model(const std::string& name_or_path, const ModelOptions& opts) {
+  namespace fs = std::filesystem;
+  if (const Qwen38Config* c = find_qwen38_preset(name_or_path)) {
+    if (c->name == "qwen3.8-27b") fail("{}", too_big(c->name, weight_bytes_total(*c, DType::BF16) / 1e9));
+    return std::make_unique<Qwen38RuntimeModel>(name_or_path, Qwen38Model::synthetic(*c, opts.seed, opts.weights));
+  }
+  std::error_code ec;
+  if (fs::is_directory(name_or_path, ec)) {
+    const HFConfig hf = HFConfig::load(name_or_path);
+    const std::string mt = hf.model_type();
+    if (mt == "qwen3_5_text" || mt == "qwen3_5")
+      return std::make_unique<Qwen38RuntimeModel>(name_or_path, Qwen38Model::load(name_or_path, opts.weights));
+    fail("{}: model_type '{}' is not an architecture this engine runs from a checkpoint directory "
+         "(supported: qwen3_5_text)",
+         name_or_path, mt);
+  }
+  if (opts.weights)
+    fail("model '{}': converting the weight format at load is only supported for checkpoint directories and "
+         "synthetic presets",
+         name_or_path);
+  return std::make_unique<DenseRuntimeModel>(name_or_path);
+}
+
+}  // namespace megakern

@@ -1,0 +1,99 @@
+// A model as the runtime drives it, whatever its architecture: the builder of
+// its DecodeProgram, the per-sequence state its rows need, a tokenizer and a
+// chat format. Commands, the server and speculative decoding see only this.
+//
+// load_model() accepts
+//  - a GGUF file or the name of a fetched model ("smollm2-135m"): a dense
+//    transformer (llama, qwen3, gemma3) with its own tokenizer;
+//  - a dense bench preset ("dense-bench", "dense-mini"), generated in memory;
+//  - a Hugging Face checkpoint directory (config.json + safetensors) of a
+//    supported architecture (Qwen3.5 / Qwen3.8 "qwen3_5_text");
+//  - a synthetic architecture preset ("qwen3.8-mini", "qwen3.8-bench"): the
+//    deterministic weights `megakern gen-model` writes, built in memory.
+// Models without a tokenizer of their own (presets, checkpoint directories)
+// use the byte vocabulary of byte_vocab(): one token per byte.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "exec/executor.h"
+#include "exec/recurrent_kernels.h"
+#include "ir/program.h"
+#include "model/dense.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+namespace megakern {
+
+class ThreadPool;
+
+// Everything one sequence carries between steps.
+struct SequenceState {
+  KVCache cache;
+  RecurrentState state;    // empty unless the model is recurrent
+  bool recurrent = false;
+  int n_ctx() const { return cache.n_ctx; }
+  RowInput row(int32_t token, int32_t pos) { return {token, pos, &cache, recurrent ? &state : nullptr}; }
+  // Forgets the sequence: recurrent state back to zero (KV entries are
+  // simply overwritten by later positions).
+  void clear() {
+    if (recurrent) state.reset();
+  }
+};
+
+class Model {
+ public:
+  virtual ~Model();
+  // The name it was loaded by, and a one-line description (architecture,
+  // sizes, weight format).
+  const std::string& name() const { return name_; }
+  const std::string& description() const { return description_; }
+  int n_vocab() const { return n_vocab_; }
+  // The longest context the model was trained for (0 when unknown).
+  int train_context() const { return train_ctx_; }
+  // Whether rows carry recurrent state (at most one row per sequence per step).
+  bool recurrent() const { return recurrent_; }
+
+  virtual DecodeProgram build_program(int max_rows) const = 0;
+  virtual SequenceState new_sequence(int n_ctx) const = 0;
+  // A batched prompt pass (dense models): computes tokens[0..n) of seq at
+  // positions pos0.., writing the logits of the last one. Returns false when
+  // the model has none; the engine then prefills with executor steps.
+  virtual bool prompt_forward(ThreadPool& pool, SequenceState& seq, const int32_t* tokens, int n, int pos0,
+                              float* logits) const;
+
+  const Tokenizer& tokenizer() const { return *tokenizer_; }
+  // The chat format, and whether the model declares one itself (a GGUF
+  // chat template) rather than having it inferred from the architecture.
+  const ChatFormat& chat_format() const { return chat_; }
+  bool declares_chat_template() const { return chat_declared_; }
+
+ protected:
+  std::string name_, description_;
+  int n_vocab_ = 0;
+  int train_ctx_ = 0;
+  bool recurrent_ = false;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  ChatFormat chat_;
+  bool chat_declared_ = false;
+};
+
+struct ModelOptions {
+  // Convert every weight matrix to this format at load (checkpoint
+  // directories and synthetic presets; GGUF files keep their formats).
+  std::optional<DType> weights;
+  uint64_t seed = 1;  // synthetic presets
+};
+
+// Throws megakern::Error naming what could not be found or read.
+std::unique_ptr<Model> load_model(const std::string& name_or_path, const ModelOptions& opts = {});
+
+// Names load_model() knows without a path: fetched models, then presets.
+std::vector<std::string> known_model_and_preset_names();
+
+}  // namespace megakern

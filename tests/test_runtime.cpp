@@ -1,0 +1,199 @@
+// The runtime over any architecture: load_model for presets and checkpoint
+// directories, gen-model checkpoints, weight conversion at load, the byte
+// tokenizer, and sessions over a recurrent model.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "model/qwen38.h"
+#include "model/qwen38_config.h"
+#include "runtime/model.h"
+#include "runtime/sampler.h"
+#include "runtime/session.h"
+#include "tokenizer/tokenizer.h"
+#include "test_util.h"
+
+namespace megakern {
+namespace {
+
+struct TempDir {
+  std::string path;
+  TempDir() {
+    char tmpl[] = "/tmp/megakern-test-XXXXXX";
+    path = mkdtemp(tmpl);
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+};
+
+std::vector<int32_t> greedy(Session& s, const std::vector<int32_t>& prompt, int n) {
+  std::vector<int32_t> out;
+  s.set_tokens(prompt);
+  for (int i = 0; i < n; ++i) {
+    const int32_t t = argmax(s.logits().data(), static_cast<int64_t>(s.logits().size()));
+    out.push_back(t);
+    s.append(t);
+  }
+  return out;
+}
+
+TEST(ByteVocab, EveryByteIsItsOwnTokenAndRoundTrips) {
+  Tokenizer tok(byte_vocab(300));
+  const std::string text = "Hello, w\xc3\xb6rld!\n\t 12 \xf0\x9f\x98\x80";
+  const auto ids = tok.encode(text, false, false);
+  ASSERT_EQ(ids.size(), text.size());
+  for (size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(ids[i], static_cast<uint8_t>(text[i]));
+  EXPECT_EQ(tok.decode(ids, true), text);
+  EXPECT_EQ(tok.eos_id(), 299);
+  EXPECT_TRUE(tok.is_end_of_generation(299));
+  EXPECT_EQ(Tokenizer(byte_vocab(256)).eos_id(), -1);
+  EXPECT_THROW(byte_vocab(100), Error);
+}
+
+TEST(Runtime, PresetAndGeneratedCheckpointGiveTheSameModel) {
+  ThreadPool pool(2);
+  auto preset = load_model("qwen3.8-mini");
+  EXPECT_TRUE(preset->recurrent());
+  EXPECT_EQ(preset->n_vocab(), 256);
+  TempDir dir;
+  write_qwen38_synthetic(*find_qwen38_preset("qwen3.8-mini"), 1, dir.path);
+  auto loaded = load_model(dir.path);
+  const std::vector<int32_t> prompt = {72, 101, 108, 108, 111};
+  Session a(*preset, pool, 64), b(*loaded, pool, 64);
+  a.set_tokens(prompt);
+  b.set_tokens(prompt);
+  EXPECT_EQ(a.logits(), b.logits());  // bit for bit: the same bytes, loaded the same way
+  // Another seed gives another model.
+  ModelOptions mo;
+  mo.seed = 2;
+  auto other = load_model("qwen3.8-mini", mo);
+  Session c(*other, pool, 64);
+  c.set_tokens(prompt);
+  EXPECT_NE(a.logits(), c.logits());
+}
+
+TEST(Runtime, SyntheticActivationsStayFiniteOverAllBenchLayers) {
+  // qwen3.8-bench at a width a test can afford: the same 64-layer pattern.
+  Qwen38Config c = *find_qwen38_preset("qwen3.8-bench");
+  c.hidden = 128;
+  c.intermediate = 256;
+  c.vocab = 512;
+  c.n_head = 2;
+  c.head_dim = 64;
+  c.rotary_dim = 16;
+  c.la_k_head_dim = c.la_v_head_dim = 32;
+  auto m = Qwen38Model::synthetic(c, 7);
+  ThreadPool pool(2);
+  const DecodeProgram p = build_qwen38_program(*m, 1);
+  auto ex = make_executor("opbyop", p, pool);
+  KVCache cache = m->make_cache(32);
+  RecurrentState st = m->make_state();
+  std::vector<float> logits(static_cast<size_t>(c.vocab));
+  float max_abs = 0;
+  for (int pos = 0; pos < 24; ++pos) {
+    ex->step({{static_cast<int32_t>((pos * 37) % c.vocab), pos, &cache, &st}}, logits.data());
+    for (float x : logits) {
+      ASSERT_TRUE(std::isfinite(x)) << "position " << pos;
+      max_abs = std::max(max_abs, std::fabs(x));
+    }
+  }
+  EXPECT_GT(max_abs, 0.5f);   // not collapsed to a constant
+  EXPECT_LT(max_abs, 1e3f);
+}
+
+TEST(Runtime, WeightConversionAtLoadStaysCloseToBf16) {
+  ThreadPool pool(2);
+  auto bf16 = load_model("qwen3.8-mini");
+  const std::vector<int32_t> prompt = {10};
+  Session a(*bf16, pool, 64);
+  a.set_tokens(prompt);
+  // Root-mean-square error of the logits of the first token relative to their
+  // RMS: 8-bit blocks within 3 %, 4-bit blocks within 30 %. (Over longer
+  // prompts the random model's recurrence amplifies the difference, to about
+  // 4 % and 40 % after 6 tokens, so one token measures the weights alone.)
+  for (auto [fmt, tol] : {std::pair{"q8_0", 0.03}, std::pair{"q4_0", 0.3}, std::pair{"f32", 1e-6}}) {
+    ModelOptions mo;
+    mo.weights = dtype_from_name(fmt);
+    auto q = load_model("qwen3.8-mini", mo);
+    EXPECT_NE(q->description().find(fmt), std::string::npos) << q->description();
+    Session b(*q, pool, 64);
+    b.set_tokens(prompt);
+    double ref2 = 0, err2 = 0;
+    for (size_t i = 0; i < a.logits().size(); ++i) {
+      ref2 += double(a.logits()[i]) * a.logits()[i];
+      err2 += double(a.logits()[i] - b.logits()[i]) * (a.logits()[i] - b.logits()[i]);
+    }
+    EXPECT_LE(std::sqrt(err2 / ref2), tol) << fmt;
+    if (std::string(fmt) != "f32") EXPECT_GT(err2, 0) << fmt << ": conversion changed nothing";
+  }
+  ModelOptions bad;
+  bad.weights = DType::Q4_K;  // 256-value blocks do not divide the 64-wide rows
+  try {
+    load_model("qwen3.8-mini", bad);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("q4_k"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Runtime, RecurrentSessionExtendsOrRestartsButNeverRewinds) {
+  ThreadPool pool(2);
+  auto m = load_model("qwen3.8-mini");
+  Session s(*m, pool, 64, "mega");
+  const std::vector<int32_t> p1 = {1, 2, 3, 4};
+  s.set_tokens(p1);
+  const auto ref1 = s.logits();
+  std::vector<int32_t> p2 = p1;
+  p2.push_back(5);
+  EXPECT_EQ(s.reusable_prefix(p2), 4u);  // extending: the state carries on
+  s.set_tokens(p2);
+  const auto ext = s.logits();
+  EXPECT_EQ(s.reusable_prefix({1, 2, 9}), 0u);  // diverging: start over
+  s.set_tokens({1, 2, 9});
+  s.set_tokens(p2);
+  EXPECT_EQ(s.logits(), ext);
+  s.set_tokens(p1);  // a prefix of what is cached: recomputed from scratch
+  EXPECT_EQ(s.logits(), ref1);
+  // Decoding through the session equals prefilling the same tokens.
+  Session t(*m, pool, 64, "opbyop");
+  const auto gen = greedy(t, p1, 6);
+  std::vector<int32_t> all = p1;
+  all.insert(all.end(), gen.begin(), gen.end() - 1);
+  Session u(*m, pool, 64, "reference");
+  u.set_tokens(all);
+  EXPECT_EQ(argmax(u.logits().data(), 256), gen.back());
+}
+
+TEST(Runtime, LoadModelErrorsNameTheProblem) {
+  auto msg = [](const std::string& name) {
+    try {
+      load_model(name);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(msg("qwen3.8-27b").find("full-size"), std::string::npos);
+  EXPECT_NE(msg("no-such-model").find("qwen3.8-mini"), std::string::npos);  // lists presets
+  TempDir dir;
+  EXPECT_NE(msg(dir.path).find("config.json"), std::string::npos) << msg(dir.path);
+  std::ofstream(dir.path + "/config.json") << R"({"model_type": "bert"})";
+  EXPECT_NE(msg(dir.path).find("bert"), std::string::npos);
+  // A checkpoint with a tensor of the wrong shape.
+  TempDir d2;
+  Qwen38Config c = *find_qwen38_preset("qwen3.8-mini");
+  write_qwen38_synthetic(c, 1, d2.path);
+  c.intermediate = 96;  // the config now disagrees with the tensors
+  std::ofstream(d2.path + "/config.json") << qwen38_hf_config_json(c);
+  EXPECT_NE(msg(d2.path).find("mlp.gate_proj.weight' has shape [160, 64], expected [96, 64]"), std::string::npos)
+      << msg(d2.path);
+}
+
+}  // namespace
+}  // namespace megakern
