@@ -27,7 +27,7 @@ struct RecurrentState;  // exec/recurrent_kernels.h
 // One row of a step: a token of some sequence at position pos, whose keys and
 // values go to (and are read from) `cache`. Programs with recurrent layers
 // (DecodeProgram::recurrent) also need the sequence's `state`, which the step
-// advances by one token; such a step holds at most one row per sequence.
+// advances by one token per row of the sequence (its rows adjacent).
 struct RowInput {
   int32_t token = 0;
   int32_t pos = 0;

@@ -14,7 +14,10 @@
 namespace megakern {
 
 bool op_is_row_tiled(const Op& op) {
-  return op.kind != OpKind::MatMul && op.kind != OpKind::Attention && op.kind != OpKind::DeltaRule;
+  // The recurrent ops compute a sequence's rows together (its first row's
+  // tile does the block), so a tile of theirs is not one row's work.
+  return op.kind != OpKind::MatMul && op.kind != OpKind::Attention && op.kind != OpKind::DeltaRule &&
+         op.kind != OpKind::CausalConvSilu;
 }
 
 int op_tile_count(const Op& op, int n_rows, int n_workers) {

@@ -52,39 +52,70 @@ void sigmoid_gate_tile(const Op& op, const StepContext& ctx, int r) {
   for (int i = 0; i < n; ++i) o[i] *= sigmoidf(g[i]);
 }
 
+namespace {
+
+// Rows of one sequence form a block of adjacent rows sharing a state; the
+// block's first row does the work of the whole block, in order.
+bool continues_block(const StepContext& ctx, int r) { return r > 0 && ctx.rows[r - 1].state == ctx.rows[r].state; }
+int block_end(const StepContext& ctx, int r) {
+  int e = r + 1;
+  while (e < ctx.n_rows && ctx.rows[e].state == ctx.rows[r].state) ++e;
+  return e;
+}
+
+}  // namespace
+
 void causal_conv_silu_tile(const Op& op, const StepContext& ctx, int r) {
+  if (continues_block(ctx, r)) return;
   RecurrentState& st = *ctx.rows[r].state;
-  float* x = row_of(ctx, op.out, r);
   const int C = width_of(ctx, op.out), K = op.n_norm / C, hist = K - 1;
   float* win = st.conv_at(op.cache_layer());
-  for (int c = 0; c < C; ++c) {
-    const float* w = op.norm + static_cast<size_t>(c) * K;
-    float acc = 0.f;
-    for (int j = 0; j < hist; ++j) acc += w[j] * win[static_cast<size_t>(j) * C + c];
-    acc += w[hist] * x[c];
-    for (int j = 0; j + 1 < hist; ++j) win[static_cast<size_t>(j) * C + c] = win[static_cast<size_t>(j + 1) * C + c];
-    if (hist > 0) win[static_cast<size_t>(hist - 1) * C + c] = x[c];
-    x[c] = silu(acc);
+  const int end = block_end(ctx, r);
+  for (int rr = r; rr < end; ++rr) {
+    float* x = row_of(ctx, op.out, rr);
+    for (int c = 0; c < C; ++c) {
+      const float* w = op.norm + static_cast<size_t>(c) * K;
+      float acc = 0.f;
+      for (int j = 0; j < hist; ++j) acc += w[j] * win[static_cast<size_t>(j) * C + c];
+      acc += w[hist] * x[c];
+      for (int j = 0; j + 1 < hist; ++j) win[static_cast<size_t>(j) * C + c] = win[static_cast<size_t>(j + 1) * C + c];
+      if (hist > 0) win[static_cast<size_t>(hist - 1) * C + c] = x[c];
+      x[c] = silu(acc);
+    }
   }
 }
 
-void delta_rule_tile(const Op& op, const StepContext& ctx, int r, int h) {
-  RecurrentState& st = *ctx.rows[r].state;
+namespace {
+
+// The per-row inputs of value head h at row r: q and k L2-normed (q scaled),
+// v, beta = sigmoid(b), and the log decay g = -exp(A_log) * softplus(a + dt_bias).
+struct DeltaInputs {
+  const float* v;
+  float beta, g;
+};
+DeltaInputs delta_inputs(const Op& op, const StepContext& ctx, int r, int h, int Dk, float* qn, float* kn) {
   const int Hv = op.n_head, Hk = op.n_head_kv, Dv = op.head_dim;
-  const int Dk = key_dim_of(op, width_of(ctx, op.in));
   const int kh = h / (Hv / Hk);
   const float* qkv = row_of(ctx, op.in, r);
   const float* ba = row_of(ctx, op.in2, r);
+  l2norm(qkv + static_cast<size_t>(kh) * Dk, Dk, op.eps, op.scale, qn);
+  l2norm(qkv + static_cast<size_t>(Hk + kh) * Dk, Dk, op.eps, 1.f, kn);
+  DeltaInputs in;
+  in.v = qkv + static_cast<size_t>(2 * Hk) * Dk + static_cast<size_t>(h) * Dv;
+  in.beta = sigmoidf(ba[h]);
+  in.g = -std::exp(op.norm[h]) * softplusf(ba[Hv + h] + op.dt_bias[h]);
+  return in;
+}
+
+// One token: S = exp(g) S; pred = S k; S += beta (v - pred) k^T; o = S q.
+void delta_rule_step(const Op& op, const StepContext& ctx, int r, int h, int Dk) {
+  const int Dv = op.head_dim;
   thread_local std::vector<float> qn, kn;
   qn.resize(static_cast<size_t>(Dk));
   kn.resize(static_cast<size_t>(Dk));
-  l2norm(qkv + static_cast<size_t>(kh) * Dk, Dk, op.eps, op.scale, qn.data());
-  l2norm(qkv + static_cast<size_t>(Hk + kh) * Dk, Dk, op.eps, 1.f, kn.data());
-  const float* v = qkv + static_cast<size_t>(2 * Hk) * Dk + static_cast<size_t>(h) * Dv;
-  const float beta = sigmoidf(ba[h]);
-  const float g = -std::exp(op.norm[h]) * softplusf(ba[Hv + h] + op.dt_bias[h]);
-  const float decay = std::exp(g);
-  float* S = st.S_at(op.cache_layer(), h);
+  const DeltaInputs in = delta_inputs(op, ctx, r, h, Dk, qn.data(), kn.data());
+  const float decay = std::exp(in.g);
+  float* S = ctx.rows[r].state->S_at(op.cache_layer(), h);
   float* o = row_of(ctx, op.out, r) + static_cast<size_t>(h) * Dv;
   auto dot = ctx.scalar ? dot_f32_scalar : dot_f32;
   auto axpy = ctx.scalar ? axpy_f32_scalar : axpy_f32;
@@ -94,9 +125,88 @@ void delta_rule_tile(const Op& op, const StepContext& ctx, int r, int h) {
     float* Si = S + static_cast<size_t>(i) * Dk;
     for (int j = 0; j < Dk; ++j) Si[j] *= decay;
     const float pred = dot(Si, kn.data(), Dk);
-    axpy(beta * (v[i] - pred), kn.data(), Si, Dk);
+    axpy(in.beta * (in.v[i] - pred), kn.data(), Si, Dk);
     o[i] = dot(Si, qn.data(), Dk);
   }
+}
+
+// A block of T tokens of one sequence in the chunked form. With the log
+// decays cumulated over the block, G_t = g_0 + ... + g_t, the state after
+// token t is
+//   S_t = e^{G_t} S_0 + sum_{j<=t} e^{G_t - G_j} u_j k_j^T,
+// where the corrections u_t = beta_t (v_t - pred_t) solve the lower-triangular
+// system
+//   u_t + sum_{j<t} beta_t e^{G_t - G_j} (k_t . k_j) u_j = beta_t (v_t - e^{G_t} S_0 k_t),
+// the outputs are o_t = e^{G_t} S_0 q_t + sum_{j<=t} e^{G_t - G_j} (k_j . q_t) u_j,
+// and the block leaves S_{T-1}. Every coefficient couples tokens only, so each
+// row i of S (value component i) is processed on its own: S_0 is read and
+// the new state written once per block, whatever T.
+void delta_rule_block(const Op& op, const StepContext& ctx, int r0, int T, int h, int Dk) {
+  const int Dv = op.head_dim;
+  const size_t uT = static_cast<size_t>(T), uDk = static_cast<size_t>(Dk);
+  thread_local std::vector<float> Q, K, A, B, G, beta, sk, sq, u, coef;
+  thread_local std::vector<const float*> V;
+  Q.resize(uT * uDk);
+  K.resize(uT * uDk);
+  A.assign(uT * uT, 0.f);
+  B.assign(uT * uT, 0.f);
+  G.resize(uT);
+  beta.resize(uT);
+  V.resize(uT);
+  sk.resize(uT);
+  sq.resize(uT);
+  u.resize(uT);
+  coef.resize(uT);
+  auto dot = ctx.scalar ? dot_f32_scalar : dot_f32;
+  auto axpy = ctx.scalar ? axpy_f32_scalar : axpy_f32;
+  float cum = 0.f;
+  for (int t = 0; t < T; ++t) {
+    const DeltaInputs in = delta_inputs(op, ctx, r0 + t, h, Dk, &Q[t * uDk], &K[t * uDk]);
+    V[static_cast<size_t>(t)] = in.v;
+    beta[static_cast<size_t>(t)] = in.beta;
+    cum += in.g;
+    G[static_cast<size_t>(t)] = cum;
+  }
+  for (int t = 0; t < T; ++t)
+    for (int j = 0; j <= t; ++j) {
+      const float d = std::exp(G[static_cast<size_t>(t)] - G[static_cast<size_t>(j)]);
+      if (j < t) A[t * uT + j] = beta[static_cast<size_t>(t)] * d * dot(&K[t * uDk], &K[j * uDk], Dk);
+      B[t * uT + j] = d * dot(&K[j * uDk], &Q[t * uDk], Dk);
+    }
+  const float tail = G[uT - 1];
+  for (int t = 0; t < T; ++t) coef[static_cast<size_t>(t)] = std::exp(tail - G[static_cast<size_t>(t)]);
+  float* S = ctx.rows[r0].state->S_at(op.cache_layer(), h);
+  for (int i = 0; i < Dv; ++i) {
+    float* Si = S + static_cast<size_t>(i) * uDk;
+    for (int t = 0; t < T; ++t) {
+      sk[static_cast<size_t>(t)] = dot(Si, &K[t * uDk], Dk);
+      sq[static_cast<size_t>(t)] = dot(Si, &Q[t * uDk], Dk);
+    }
+    for (int t = 0; t < T; ++t) {
+      const float e = std::exp(G[static_cast<size_t>(t)]);
+      float ut = beta[static_cast<size_t>(t)] * (V[static_cast<size_t>(t)][i] - e * sk[static_cast<size_t>(t)]);
+      for (int j = 0; j < t; ++j) ut -= A[t * uT + j] * u[static_cast<size_t>(j)];
+      u[static_cast<size_t>(t)] = ut;
+      float ot = e * sq[static_cast<size_t>(t)];
+      for (int j = 0; j <= t; ++j) ot += B[t * uT + j] * u[static_cast<size_t>(j)];
+      row_of(ctx, op.out, r0 + t)[static_cast<size_t>(h) * Dv + i] = ot;
+    }
+    const float keep = std::exp(tail);
+    for (int j = 0; j < Dk; ++j) Si[j] *= keep;
+    for (int t = 0; t < T; ++t) axpy(coef[static_cast<size_t>(t)] * u[static_cast<size_t>(t)], &K[t * uDk], Si, Dk);
+  }
+}
+
+}  // namespace
+
+void delta_rule_tile(const Op& op, const StepContext& ctx, int r, int h) {
+  if (continues_block(ctx, r)) return;
+  const int Dk = key_dim_of(op, width_of(ctx, op.in));
+  const int T = block_end(ctx, r) - r;
+  if (T == 1)
+    delta_rule_step(op, ctx, r, h, Dk);
+  else
+    delta_rule_block(op, ctx, r, T, h, Dk);
 }
 
 void gated_rmsnorm_tile(const Op& op, const StepContext& ctx, int r) {
@@ -115,10 +225,18 @@ void validate_recurrent_rows(const DecodeProgram& p, const RowInput* rows, int n
   for (int r = 0; r < n_rows; ++r) {
     const RecurrentState* st = rows[r].state;
     if (!st) fail("row {} has no recurrent state ({} has recurrent layers)", r, p.model_name);
-    for (int q = 0; q < r; ++q)
-      if (rows[q].state == st || rows[q].cache == rows[r].cache)
-        fail("rows {} and {} belong to the same sequence; a step of {} holds at most one row per sequence", q, r,
-             p.model_name);
+    // Rows of one sequence (one state, one cache) must be adjacent: they are
+    // computed as one block, in order.
+    for (int q = 0; q < r; ++q) {
+      const bool same_state = rows[q].state == st, same_cache = rows[q].cache == rows[r].cache;
+      if (same_state != same_cache)
+        fail("rows {} and {} share a {} but not a {}: a sequence's rows need both the same KV cache and the same "
+             "recurrent state",
+             q, r, same_state ? "recurrent state" : "KV cache", same_state ? "KV cache" : "recurrent state");
+      if (same_state && rows[r - 1].state != st)
+        fail("rows {} and {} share a recurrent state but are not adjacent in the step", q, r);
+    }
+    if (r > 0 && rows[r - 1].state == st) continue;  // checked with the block's first row
     for (const Op& op : p.ops) {
       if (op.kind != OpKind::CausalConvSilu && op.kind != OpKind::DeltaRule) continue;
       if (op.cache_layer() >= st->n_layer)

@@ -23,8 +23,10 @@ struct RowInput;
 //   S:    [n_layer][n_v_heads][v_dim][k_dim], row-major: S[h][i][j] couples value
 //         component i with key component j (the [v][k] orientation of the
 //         reference: o = S q, pred = S k; flash-linear-attention stores the transpose).
-// A step advances it by exactly one token, so a step holds at most one row per
-// sequence (validate_rows rejects two rows with the same state).
+// A step advances it by one token per row of its sequence: a sequence's rows
+// (adjacent, consecutive positions, one state and one cache) form a block
+// that the first row's tiles compute in order; blocks of several tokens use
+// the chunked form of the delta rule (prefill, speculative verification).
 struct RecurrentState {
   int n_layer = 0, conv_dim = 0, conv_hist = 0, n_v_heads = 0, v_dim = 0, k_dim = 0;
   std::vector<float> conv, S;
@@ -45,8 +47,9 @@ void causal_conv_silu_tile(const Op& op, const StepContext& ctx, int r);
 void delta_rule_tile(const Op& op, const StepContext& ctx, int r, int h);
 void gated_rmsnorm_tile(const Op& op, const StepContext& ctx, int r);
 
-// Throws megakern::Error when a row's state is missing, shared with another
-// row of the step, or does not fit the program's recurrent ops.
+// Throws megakern::Error when a row's state is missing, shared with a row that
+// is not of its block (adjacent rows with the same cache), or does not fit the
+// program's recurrent ops.
 void validate_recurrent_rows(const DecodeProgram& p, const RowInput* rows, int n_rows);
 
 }  // namespace megakern

@@ -12,8 +12,8 @@
 // block), in which case attention is causal within the block because every
 // row's keys are stored before any row attends. Programs with recurrent
 // layers (`recurrent`, e.g. Qwen3.8's Gated DeltaNet) advance a per-sequence
-// RecurrentState by one token per row, so for now their steps hold at most one
-// row per sequence (checked by validate_rows; a chunked prefill op would lift it).
+// RecurrentState by one token per row; the recurrent ops compute a sequence's
+// rows as one block, in order (the delta rule in its chunked form).
 //
 // Slots hold [max_rows][width] f32 activations, row-major.
 #pragma once
@@ -38,8 +38,8 @@ enum class OpKind : uint8_t {
   GluAct,        // out[r] = act(in[r]) * in2[r]                       (gate, up)
   Residual,      // out[r] += norm ? rmsnorm(in[r]) * norm : in[r]
   // Recurrent / gated ops (Qwen3.8, exec/recurrent_kernels.h). Ops that keep
-  // per-sequence state use RowInput::state; a step of a program with
-  // `recurrent` set holds at most one row per sequence (validate_rows).
+  // per-sequence state use RowInput::state and compute the rows of one
+  // sequence together, in order (the tile of its first row does the block).
   SigmoidGate,     // out[r] *= sigmoid(in[r])                          (attention output gate)
   CausalConvSilu,  // in-place on `out` (the q|k|v channels): depthwise causal conv over the
                    // row's conv window for state layer cache_index (taps in norm, [C][K], tap
@@ -96,7 +96,7 @@ struct DecodeProgram {
   int kv_dim = 0;       // per layer, per position, for K and for V
   int logits_slot = -1;
   // Set when the program has ops with per-sequence recurrent state: every row
-  // then needs RowInput::state, and a step holds at most one row per sequence.
+  // then needs RowInput::state (a sequence's rows adjacent in the step).
   bool recurrent = false;
   std::vector<Slot> slots;
   std::vector<Op> ops;

@@ -17,8 +17,8 @@
 //
 // Per-sequence state: a KVCache holding only the full-attention layers
 // (Op::cache_index numbers them 0..n_attn-1) and a RecurrentState for the
-// DeltaNet layers (numbered 0..n_deltanet-1 in layer order). Executor steps
-// over a Qwen3.8 program hold at most one row per sequence.
+// DeltaNet layers (numbered 0..n_deltanet-1 in layer order). Several adjacent
+// rows of one sequence in a step are computed as a block (chunked delta rule).
 #pragma once
 
 #include <cstdint>

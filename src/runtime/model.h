@@ -56,7 +56,7 @@ class Model {
   int n_vocab() const { return n_vocab_; }
   // The longest context the model was trained for (0 when unknown).
   int train_context() const { return train_ctx_; }
-  // Whether rows carry recurrent state (at most one row per sequence per step).
+  // Whether rows carry recurrent state (a sequence's state cannot be rewound).
   bool recurrent() const { return recurrent_; }
 
   virtual DecodeProgram build_program(int max_rows) const = 0;

@@ -21,7 +21,7 @@ void Engine::prefill(SequenceState& seq, const int32_t* tokens, int n, int pos0,
   if (pos0 < 0 || static_cast<int64_t>(pos0) + n > seq.n_ctx())
     fail("prefill of {} tokens at position {} does not fit the context of {} tokens", n, pos0, seq.n_ctx());
   if (model_.prompt_forward(pool_, seq, tokens, n, pos0, logits)) return;
-  const int block = seq.recurrent ? 1 : max_rows();
+  const int block = max_rows();
   const size_t V = static_cast<size_t>(n_vocab());
   block_logits_.resize(static_cast<size_t>(block) * V);
   std::vector<RowInput> rows;
@@ -35,7 +35,7 @@ void Engine::prefill(SequenceState& seq, const int32_t* tokens, int n, int pos0,
 }
 
 Session::Session(const Model& model, ThreadPool& pool, int n_ctx, const std::string& executor, int max_rows)
-    : engine_(model, pool, max_rows > 0 ? max_rows : (model.recurrent() ? 1 : 8), executor),
+    : engine_(model, pool, max_rows > 0 ? max_rows : 8, executor),
       seq_(model.new_sequence(n_ctx)) {}
 
 const std::vector<float>& Session::set_tokens(const std::vector<int32_t>& tokens) {

@@ -37,8 +37,7 @@ class Engine {
   void step(const std::vector<RowInput>& rows, float* logits);
   // Computes tokens[0..n) of seq at positions pos0.., writing the logits of
   // the last one: the model's batched prompt pass when it has one, else
-  // executor steps (blocks of up to max_rows positions, or one position per
-  // step for recurrent models).
+  // executor steps over blocks of up to max_rows positions.
   void prefill(SequenceState& seq, const int32_t* tokens, int n, int pos0, float* logits);
 
  private:
@@ -54,7 +53,7 @@ class Engine {
 class Session {
  public:
   // Decode steps run on `executor` ("mega", "opbyop" or "reference"); the
-  // program takes up to max_rows rows (0: 8, or 1 for recurrent models).
+  // program takes up to max_rows rows (0: 8), the prefill block size.
   Session(const Model& model, ThreadPool& pool, int n_ctx, const std::string& executor = "mega", int max_rows = 0);
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
