@@ -196,6 +196,20 @@ TEST(Runtime, LongPrefillBlocksAgreeWithOneTokenSteps) {
   }
 }
 
+TEST(Runtime, StateBytesPerRowCountKvAndRecurrentState) {
+  auto dense = load_model("dense-mini");
+  const DecodeProgram p = dense->build_program(1);
+  // Per layer: K and V written for this position, read for positions 0..pos.
+  const size_t kv = sizeof(float) * static_cast<size_t>(p.kv_dim);
+  EXPECT_EQ(p.state_bytes_per_row(9), static_cast<size_t>(p.n_layer) * (2 * kv + 2 * 10 * kv));
+  auto q = load_model("qwen3.8-mini");
+  const DecodeProgram pq = q->build_program(1);
+  SequenceState seq = q->new_sequence(16);
+  // One attention layer (K/V written + read at pos 0) and the whole recurrent
+  // state read and written.
+  EXPECT_EQ(pq.state_bytes_per_row(0), 4 * sizeof(float) * static_cast<size_t>(pq.kv_dim) + 2 * seq.state.bytes());
+}
+
 TEST(Runtime, LoadModelErrorsNameTheProblem) {
   auto msg = [](const std::string& name) {
     try {

@@ -90,6 +90,7 @@ struct Result {
   double ms_per_step = 0;
   double tokens_per_s = 0;
   double gbs = 0;
+  double mb_per_step = 0;  // weights + per-row state moved
 };
 
 // Best-of-rounds ms per step of `steps` steps at batch size b.
@@ -216,8 +217,10 @@ void bench_cmd(const BenchOptions& o) {
              pool.size(), probe, o.steps, o.rounds, o.prefetch_kib);
   for (size_t i = 0; i < execs.size(); ++i)
     fmt::print("schedule build ({}, batch sizes {}): {:.2f} ms\n", execs[i], o.batches, build_ms[i]);
-  fmt::print("\n{:<10} {:>5} {:>10} {:>10} {:>9} {:>8} {:>9}\n", "executor", "batch", "ms/step", "tokens/s",
-             "GB/s", "%probe", "speedup");
+  fmt::print("state moved per row and step (KV read and written, recurrent state read and written): {:.2f} MB\n",
+             static_cast<double>(prog.state_bytes_per_row(o.warmup + o.steps / 2)) / 1e6);
+  fmt::print("\n{:<10} {:>5} {:>10} {:>10} {:>9} {:>9} {:>8} {:>9}\n", "executor", "batch", "ms/step", "tokens/s",
+             "MB/step", "GB/s", "%probe", "speedup");
 
   std::vector<Result> results;
   for (int b : batches) {
@@ -237,10 +240,14 @@ void bench_cmd(const BenchOptions& o) {
       r.batch = b;
       r.ms_per_step = best[i];
       r.tokens_per_s = b * 1000.0 / best[i];
-      r.gbs = weight_mb / best[i];  // MB per ms = GB/s
+      // Weights once, plus each row's KV and recurrent state at the mean
+      // timed position.
+      const int mean_pos = o.warmup + o.steps / 2;
+      r.mb_per_step = weight_mb + b * static_cast<double>(prog.state_bytes_per_row(mean_pos)) / 1e6;
+      r.gbs = r.mb_per_step / best[i];  // MB per ms = GB/s
       results.push_back(r);
-      fmt::print("{:<10} {:>5} {:>10.3f} {:>10.1f} {:>9.2f} {:>7.1f}% {:>8.2f}x\n", r.executor, b, r.ms_per_step,
-                 r.tokens_per_s, r.gbs, 100.0 * r.gbs / probe, base / best[i]);
+      fmt::print("{:<10} {:>5} {:>10.3f} {:>10.1f} {:>9.1f} {:>9.2f} {:>7.1f}% {:>8.2f}x\n", r.executor, b,
+                 r.ms_per_step, r.tokens_per_s, r.mb_per_step, r.gbs, 100.0 * r.gbs / probe, base / best[i]);
     }
   }
   if (!o.trace.empty()) {
@@ -287,6 +294,7 @@ void bench_cmd(const BenchOptions& o) {
                               {"batch", r.batch},
                               {"ms_per_step", r.ms_per_step},
                               {"tokens_per_s", r.tokens_per_s},
+                              {"bytes_per_step", r.mb_per_step * 1e6},
                               {"gbs", r.gbs},
                               {"fraction_of_probe", r.gbs / probe}});
     std::ofstream out(o.json);

@@ -42,6 +42,33 @@ std::vector<int> Op::reads() const {
   return r;
 }
 
+size_t DecodeProgram::state_bytes_per_row(int pos) const {
+  size_t b = 0;
+  for (const Op& op : ops) {
+    switch (op.kind) {
+      case OpKind::StoreKV: b += 2 * sizeof(float) * static_cast<size_t>(kv_dim); break;
+      case OpKind::Attention: {
+        const int n = op.window > 0 ? std::min(pos + 1, op.window) : pos + 1;
+        b += 2 * sizeof(float) * static_cast<size_t>(n) * op.n_head_kv * op.head_dim;
+        break;
+      }
+      case OpKind::CausalConvSilu: {
+        const int C = slots[static_cast<size_t>(op.out)].width;
+        b += 2 * sizeof(float) * static_cast<size_t>(op.n_norm - C);  // (K - 1) x C, read and written
+        break;
+      }
+      case OpKind::DeltaRule: {
+        const int in_w = slots[static_cast<size_t>(op.in)].width;
+        const int dk = (in_w - op.n_head * op.head_dim) / (2 * op.n_head_kv);
+        b += 2 * sizeof(float) * static_cast<size_t>(op.n_head) * op.head_dim * dk;
+        break;
+      }
+      default: break;
+    }
+  }
+  return b;
+}
+
 int DecodeProgram::add_slot(const std::string& name, int layer, int width) {
   slots.push_back({name, layer, width});
   return static_cast<int>(slots.size()) - 1;

@@ -131,6 +131,11 @@ struct DecodeProgram {
   };
   void add_attention_core(const AttentionSpec& a);
   size_t weight_bytes() const;
+  // Bytes of per-sequence state one row moves in a step at position pos: the
+  // keys and values attention reads (pos + 1 positions, or the window) and
+  // StoreKV writes, and the recurrent state (conv window, delta-rule S) read
+  // and written back; all f32.
+  size_t state_bytes_per_row(int pos) const;
   // Checks slot ids, widths against weight shapes, head arithmetic, and that
   // every slot is written before it is read; throws std::logic_error naming
   // the op. Builders call it; tests call it on every model.
