@@ -1,6 +1,9 @@
 // Sampling: greedy, temperature, top-k, top-p and seeding.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <random>
+
 #include <cmath>
 #include <map>
 
@@ -73,6 +76,53 @@ TEST(Sampler, FrequenciesFollowTheDistribution) {
     chi2 += (count[i] - e) * (count[i] - e) / e;
   }
   EXPECT_LT(chi2, 30.0);  // 3 degrees of freedom
+}
+
+// The nucleus is found by sorting only a growing head of the vocabulary; it
+// must equal the nucleus of a full sort, for heads that need growing too.
+TEST(Sampler, NucleusOfPartialSortEqualsFullSort) {
+  std::mt19937_64 g(7);
+  std::normal_distribution<float> nd(0.f, 3.f);
+  for (int trial = 0; trial < 6; ++trial) {
+    const int n = 5000;
+    std::vector<float> l(n);
+    for (auto& x : l) x = nd(g);
+    l[static_cast<size_t>(trial)] = l[static_cast<size_t>(trial + 1)];  // a tie
+    for (float top_p : {0.05f, 0.5f, 0.9f, 0.999f}) {
+      const float T = trial % 2 ? 0.6f : 2.5f;  // 2.5: the nucleus spans thousands of tokens
+      Sampler s({T, 0, top_p, 1});
+      const auto d = s.distribution(l.data(), n);
+      std::vector<int> ids(n);
+      for (int i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = i;
+      std::sort(ids.begin(), ids.end(), [&](int a, int b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+      double z = 0;
+      for (int i : ids) z += std::exp((l[i] - l[ids[0]]) / T);
+      size_t cut = 0;
+      double cum = 0;
+      while (cut < ids.size()) {
+        cum += std::exp((l[ids[cut]] - l[ids[0]]) / T) / z;
+        ++cut;
+        if (cum >= top_p) break;
+      }
+      ASSERT_EQ(d.size(), cut) << "top_p " << top_p << " T " << T;
+      for (size_t i = 0; i < cut; ++i) EXPECT_EQ(d[i].first, ids[i]);
+    }
+  }
+}
+
+// Sampling with a nucleus follows the renormalised nucleus.
+TEST(Sampler, NucleusFrequenciesFollowTheDistribution) {
+  const std::vector<float> l = {0.f, 0.5f, 1.f, 1.5f, -3.f};
+  Sampler s({1.f, 0, 0.8f, 99});
+  const auto d = s.distribution(l.data(), 5);
+  ASSERT_EQ(d.size(), 3u);  // 1.5, 1.0, 0.5 hold >= 80 %
+  const int N = 30000;
+  std::map<int, int> count;
+  for (int i = 0; i < N; ++i) count[s.sample(l.data(), 5)]++;
+  double chi2 = 0;
+  for (const auto& [id, p] : d) chi2 += (count[id] - N * p) * (count[id] - N * p) / (N * p);
+  EXPECT_EQ(count[0] + count[4], 0);
+  EXPECT_LT(chi2, 30.0);
 }
 
 TEST(Sampler, InfiniteLogitsDoNotBreakSampling) {

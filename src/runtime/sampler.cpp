@@ -52,29 +52,41 @@ std::vector<std::pair<int32_t, double>> Sampler::distribution(const float* logit
   for (int64_t i = 0; i < n; ++i)
     if (std::isfinite(logits[i])) ids.push_back(static_cast<int32_t>(i));
   auto by_logit = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
-  size_t keep = ids.size();
-  if (p_.top_k > 0 && static_cast<size_t>(p_.top_k) < keep) {
-    keep = static_cast<size_t>(p_.top_k);
+  const double mx = logits[*std::min_element(ids.begin(), ids.end(), by_logit)];
+  auto weight = [&](int32_t id) { return std::exp((logits[id] - mx) / p_.temperature); };
+  // Softmax at the temperature, in double: `sum` is the mass of every
+  // candidate top-k keeps.
+  double sum = 0;
+  if (p_.top_k > 0 && static_cast<size_t>(p_.top_k) < ids.size()) {
+    const size_t keep = static_cast<size_t>(p_.top_k);
     std::partial_sort(ids.begin(), ids.begin() + static_cast<ptrdiff_t>(keep), ids.end(), by_logit);
     ids.resize(keep);
+    for (int32_t id : ids) sum += weight(id);
   } else {
-    std::sort(ids.begin(), ids.end(), by_logit);
+    for (int32_t id : ids) sum += weight(id);
+    if (p_.top_p < 1.f) {
+      // Only the nucleus needs ordering: sort a growing head of the
+      // candidates until its mass reaches top_p (usually a few dozen tokens).
+      size_t m = std::min<size_t>(64, ids.size());
+      for (;;) {
+        std::partial_sort(ids.begin(), ids.begin() + static_cast<ptrdiff_t>(m), ids.end(), by_logit);
+        double mass = 0;
+        for (size_t i = 0; i < m; ++i) mass += weight(ids[i]);
+        if (mass >= p_.top_p * sum || m == ids.size()) break;
+        m = std::min(ids.size(), m * 4);
+      }
+      ids.resize(m);
+    } else {
+      std::sort(ids.begin(), ids.end(), by_logit);
+    }
   }
-  // Softmax at the temperature, in double, over the kept candidates.
-  const double mx = logits[ids[0]];
   std::vector<std::pair<int32_t, double>> dist;
   dist.reserve(ids.size());
-  double sum = 0;
-  for (int32_t id : ids) {
-    const double w = std::exp((logits[id] - mx) / p_.temperature);
-    dist.emplace_back(id, w);
-    sum += w;
-  }
+  for (int32_t id : ids) dist.emplace_back(id, weight(id) / sum);
   // Nucleus: the shortest prefix whose mass reaches top_p.
   double cum = 0;
   size_t cut = dist.size();
   for (size_t i = 0; i < dist.size(); ++i) {
-    dist[i].second /= sum;
     cum += dist[i].second;
     if (cum >= p_.top_p) {
       cut = i + 1;
@@ -89,6 +101,36 @@ std::vector<std::pair<int32_t, double>> Sampler::distribution(const float* logit
 }
 
 int32_t Sampler::sample(const float* logits, int64_t n) {
+  if (p_.temperature > 0.f && p_.top_k == 0 && p_.top_p >= 1.f) {
+    // Plain temperature: the whole vocabulary in id order, no sorting.
+    float mx = -INFINITY;
+    bool finite = false;
+    for (int64_t i = 0; i < n; ++i) {
+      if (logits[i] == INFINITY) return sample_sorted(logits, n);  // the +inf entries share the mass
+      if (std::isfinite(logits[i])) {
+        mx = std::max(mx, logits[i]);
+        finite = true;
+      }
+    }
+    if (!finite) fail("cannot sample: no logit is finite");
+    double sum = 0;
+    for (int64_t i = 0; i < n; ++i)
+      if (std::isfinite(logits[i])) sum += std::exp((logits[i] - mx) / p_.temperature);
+    const double u = static_cast<double>(rng_() >> 11) * 0x1.0p-53 * sum;
+    double cum = 0;
+    int64_t last = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      if (!std::isfinite(logits[i])) continue;
+      cum += std::exp((logits[i] - mx) / p_.temperature);
+      last = i;
+      if (u < cum) return static_cast<int32_t>(i);
+    }
+    return static_cast<int32_t>(last);
+  }
+  return sample_sorted(logits, n);
+}
+
+int32_t Sampler::sample_sorted(const float* logits, int64_t n) {
   const auto dist = distribution(logits, n);
   if (dist.size() == 1) return dist[0].first;
   // A uniform double in [0, 1) from the top 53 bits: portable across standard

@@ -33,6 +33,7 @@ class Sampler {
   std::vector<std::pair<int32_t, double>> distribution(const float* logits, int64_t n) const;
 
  private:
+  int32_t sample_sorted(const float* logits, int64_t n);  // walks distribution()
   SamplingParams p_;
   std::mt19937_64 rng_;
 };
