@@ -474,13 +474,18 @@ TEST(MuseModel, SyntheticIsDeterministicAndFiniteOverManyLayers) {
   c.name = "muse-deep";
   c.n_layer = 62;
   c.n_expert = 4;
-  const auto a = MuseModel::synthetic(c, 3, DType::BF16, DType::NVFP4);
-  const auto b = MuseModel::synthetic(c, 3, DType::BF16, DType::NVFP4);
-  const auto& ea = a->layers()[10].experts;
-  const auto& eb = b->layers()[10].experts;
-  EXPECT_EQ(std::memcmp(ea.down[3].data, eb.down[3].data, ea.down_bytes(3)), 0);
-  EXPECT_EQ(ea.gate_scale, eb.gate_scale);
-  EXPECT_NE(ea.gate_scale[0], 1.f);  // NVFP4 carries its global scale
+  {
+    const auto a = MuseModel::synthetic(mini_config(), 3, DType::BF16, DType::NVFP4);
+    const auto b = MuseModel::synthetic(mini_config(), 3, DType::BF16, DType::NVFP4);
+    const auto& ea = a->layers()[2].experts;
+    const auto& eb = b->layers()[2].experts;
+    EXPECT_EQ(std::memcmp(ea.down[3].data, eb.down[3].data, ea.down_bytes(3)), 0);
+    EXPECT_EQ(ea.gate_scale, eb.gate_scale);
+    EXPECT_NE(ea.gate_scale[0], 1.f);  // NVFP4 carries its global scale
+    const auto other = MuseModel::synthetic(mini_config(), 4, DType::BF16, DType::NVFP4);
+    EXPECT_NE(std::memcmp(ea.down[3].data, other->layers()[2].experts.down[3].data, ea.down_bytes(3)), 0);
+  }
+  const auto a = MuseModel::synthetic(c, 3, DType::BF16, DType::INT4_G128);
   const DecodeProgram prog = build_muse_program(*a, 2);
   auto ex = make_reference_executor(prog);
   KVCache cache = a->make_cache(32, 2);
