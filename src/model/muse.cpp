@@ -88,7 +88,7 @@ constexpr float kNvfp4Range = 448.f * 6.f;
 // Fills the bytes of tensor t (index ti in muse_tensors order) from seed.
 // Expert matrices in NVFP4 get a global scale per expert, returned in scales
 // (for the moe.experts.scale tensor of the same layer, [3][E]).
-void synth_tensor(const MuseConfig& c, const MuseTensor& t, size_t ti, uint64_t seed, DType d, uint8_t* out,
+void synth_tensor(const MuseTensor& t, size_t ti, uint64_t seed, DType d, uint8_t* out,
                   float* expert_scales) {
   Rng rng{seed * 0x2545f4914f6cdd1dull + ti * 0x9e3779b97f4a7c15ull + 1};
   const std::string& n = t.name;
@@ -115,7 +115,6 @@ void synth_tensor(const MuseConfig& c, const MuseTensor& t, size_t ti, uint64_t 
   const size_t mat_bytes = static_cast<size_t>(rows) * row_bytes(d, cols);
   std::vector<float> w(static_cast<size_t>(rows * cols));
   const int which = ends_with("gate") ? 0 : ends_with("up") ? 1 : 2;
-  (void)c;
   for (int64_t m = 0; m < mats; ++m) {
     float amax = 0.f;
     for (auto& x : w) {
@@ -176,12 +175,12 @@ std::unique_ptr<MuseModel> MuseModel::synthetic(const MuseConfig& c, uint64_t se
       float* scales = nullptr;
       if (t.kind == MuseTensor::Kind::Experts)
         scales = reinterpret_cast<float*>(m->owned_[i + (t.name.ends_with("gate") ? 3 : t.name.ends_with("up") ? 2 : 1)].data());
-      synth_tensor(c, t, i, seed, format_of(t, dense, experts), m->owned_[i].data(), scales);
+      synth_tensor(t, i, seed, format_of(t, dense, experts), m->owned_[i].data(), scales);
     }
   };
   // The scales start at 1 before any expert matrix may overwrite them.
   for (size_t i = 0; i < ts.size(); ++i)
-    if (ts[i].name.ends_with("experts.scale")) synth_tensor(c, ts[i], i, seed, DType::F32, m->owned_[i].data(), nullptr);
+    if (ts[i].name.ends_with("experts.scale")) synth_tensor(ts[i], i, seed, DType::F32, m->owned_[i].data(), nullptr);
   const unsigned n_threads = std::max(1u, std::min(8u, std::thread::hardware_concurrency()));
   std::vector<std::thread> team;
   for (unsigned w = 1; w < n_threads; ++w) team.emplace_back(work);
