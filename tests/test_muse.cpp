@@ -14,6 +14,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -294,6 +295,139 @@ TEST(MuseKernels, ActivationsAndGates) {
   const std::vector<float> pos = residual_gate_coefficients({30.f});
   EXPECT_FLOAT_EQ(pos[0], std::sqrt(1e-3f));
   EXPECT_FLOAT_EQ(pos[1], 1.f);
+}
+
+// The MoE ops with the other flags (Kimi-style: SiTU activation, no
+// per-expert norm, no router bias, scale 1) on a hand-made f32 bank, run by
+// every executor against a direct double-precision computation:
+//   x = E[token]; route on W_r x; out = W_o sum_j w_j ds_e W_down,e situ(gs_e W_g,e x, us_e W_u,e x)
+TEST(MuseKernels, MoeOpsWithSiTUAndNoNormUnderEveryExecutor) {
+  const int V = 16, D = 64, F = 48, E = 6, K = 3;
+  std::mt19937 rng(21);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  auto fill = [&](size_t n, float s) {
+    std::vector<float> v(n);
+    for (auto& x : v) x = s * u(rng);
+    return v;
+  };
+  auto f32_view = [](const std::vector<float>& w, int64_t rows, int64_t cols) {
+    MatView m;
+    m.type = DType::F32;
+    m.rows = rows;
+    m.cols = cols;
+    m.row_bytes = static_cast<size_t>(cols) * 4;
+    m.data = reinterpret_cast<const uint8_t*>(w.data());
+    return m;
+  };
+  const std::vector<float> table = fill(static_cast<size_t>(V) * D, 1.f), wr = fill(static_cast<size_t>(E) * D, 0.3f),
+                           wo = fill(static_cast<size_t>(V) * D, 0.2f);
+  std::vector<std::vector<float>> wg, wu, wd;
+  ExpertBank bank;
+  bank.n_expert = E;
+  bank.d_in = D;
+  bank.d_ff = F;
+  bank.act = ExpertAct::SiTU;
+  for (int e = 0; e < E; ++e) {
+    wg.push_back(fill(static_cast<size_t>(F) * D, 0.3f));
+    wu.push_back(fill(static_cast<size_t>(F) * D, 0.3f));
+    wd.push_back(fill(static_cast<size_t>(D) * F, 0.3f));
+    bank.gate_scale.push_back(1.f + 0.1f * static_cast<float>(e));
+    bank.up_scale.push_back(2.f);
+    bank.down_scale.push_back(0.5f);
+  }
+  for (int e = 0; e < E; ++e) {
+    bank.gate.push_back(f32_view(wg[static_cast<size_t>(e)], F, D));
+    bank.up.push_back(f32_view(wu[static_cast<size_t>(e)], F, D));
+    bank.down.push_back(f32_view(wd[static_cast<size_t>(e)], D, F));
+  }
+  DecodeProgram p;
+  p.model_name = "moe-situ";
+  p.n_layer = 1;
+  p.max_rows = 4;
+  p.n_vocab = V;
+  const int x = p.add_slot("x", -1, D), rl = p.add_slot("router_logits", -1, E), route = p.add_slot("route", -1, 2 * K);
+  const int h = p.add_slot("h", -1, K * F), y = p.add_slot("y", -1, K * D), mo = p.add_slot("moe_out", -1, D);
+  const int logits = p.add_slot("logits", -1, V);
+  Op& emb = p.add_op(OpKind::Embed, -1, "embed");
+  emb.mat = f32_view(table, V, D);
+  emb.out = x;
+  p.add_matmul(0, "router", f32_view(wr, E, D), x, rl);
+  Op& rt = p.add_op(OpKind::MoeRoute, 0, "route");
+  rt.in = rl;
+  rt.out = route;
+  rt.top_k = K;
+  const OpKind kinds[3] = {OpKind::MoeGlu, OpKind::MoeDown, OpKind::MoeCombine};
+  const int ins[3] = {x, h, y}, outs[3] = {h, y, mo};
+  for (int i = 0; i < 3; ++i) {
+    Op& o = p.add_op(kinds[i], 0, "moe");
+    o.in = ins[i];
+    o.in2 = route;
+    o.out = outs[i];
+    o.top_k = K;
+    o.experts = &bank;
+  }
+  p.add_matmul(-1, "head", f32_view(wo, V, D), mo, logits);
+  p.logits_slot = logits;
+  p.verify();
+
+  // Direct computation in double.
+  auto direct = [&](int tok) {
+    const float* xv = &table[static_cast<size_t>(tok) * D];
+    std::vector<std::pair<double, int>> key;
+    std::vector<double> score(E);
+    for (int e = 0; e < E; ++e) {
+      double l = 0;
+      for (int i = 0; i < D; ++i) l += static_cast<double>(wr[static_cast<size_t>(e) * D + i]) * xv[i];
+      score[static_cast<size_t>(e)] = 1 / (1 + std::exp(-l));
+      key.push_back({-score[static_cast<size_t>(e)], e});
+    }
+    std::sort(key.begin(), key.end());
+    double sum = 0;
+    for (int j = 0; j < K; ++j) sum += score[static_cast<size_t>(key[static_cast<size_t>(j)].second)];
+    std::vector<double> r(D, 0.0), out(V, 0.0);
+    for (int j = 0; j < K; ++j) {
+      const size_t e = static_cast<size_t>(key[static_cast<size_t>(j)].second);
+      std::vector<double> hh(F);
+      for (int f = 0; f < F; ++f) {
+        double g = 0, uu = 0;
+        for (int i = 0; i < D; ++i) {
+          g += static_cast<double>(wg[e][static_cast<size_t>(f) * D + i]) * xv[i];
+          uu += static_cast<double>(wu[e][static_cast<size_t>(f) * D + i]) * xv[i];
+        }
+        g *= bank.gate_scale[e];
+        uu *= bank.up_scale[e];
+        hh[static_cast<size_t>(f)] = 4 * std::tanh(g / 4) / (1 + std::exp(-g)) * 25 * std::tanh(uu / 25);
+      }
+      for (int d = 0; d < D; ++d) {
+        double acc = 0;
+        for (int f = 0; f < F; ++f) acc += static_cast<double>(wd[e][static_cast<size_t>(d) * F + f]) * hh[static_cast<size_t>(f)];
+        r[static_cast<size_t>(d)] += score[e] / sum * bank.down_scale[e] * acc;
+      }
+    }
+    for (int v = 0; v < V; ++v)
+      for (int d = 0; d < D; ++d) out[static_cast<size_t>(v)] += static_cast<double>(wo[static_cast<size_t>(v) * D + d]) * r[static_cast<size_t>(d)];
+    return out;
+  };
+  const std::vector<int32_t> toks = {3, 7, 3, 12};  // rows 0 and 2 share their experts
+  std::vector<float> want;
+  for (int32_t t : toks)
+    for (double v : direct(t)) want.push_back(static_cast<float>(v));
+  ThreadPool pool(2);
+  std::map<std::string, std::vector<float>> got;
+  for (const char* kind : {"reference", "opbyop", "mega"}) {
+    auto ex = make_executor(kind, p, pool);
+    std::vector<KVCache> caches(4);
+    std::vector<RowInput> rows;
+    for (size_t r = 0; r < 4; ++r) {
+      caches[r].n_ctx = 1;
+      rows.push_back({toks[r], 0, &caches[r], nullptr});
+    }
+    std::vector<float> out(4 * static_cast<size_t>(V));
+    ex->step(rows, out.data());
+    EXPECT_LE(rel_diff(out.data(), want.data(), want.size()), 1e-5) << kind;
+    got[kind] = out;
+  }
+  EXPECT_TRUE(same_bits(got["mega"], got["opbyop"]));
 }
 
 // ---------------------------------------------------------------------------
