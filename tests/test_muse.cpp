@@ -668,6 +668,39 @@ TEST(MuseModel, SaveLoadRoundTrip) {
   EXPECT_EQ(s1, s2);
 }
 
+TEST(MuseModel, LoadsMisalignedTensors) {
+  // The fixture rewritten with its data buffer at an odd file offset: the
+  // BF16 and F32 tensors are then misaligned and must be copied on load.
+  TempDir dir("odd");
+  fs::create_directories(dir.path);
+  fs::copy_file(mini_dir() + "/config.json", dir.path / "config.json");
+  std::ifstream in(mini_dir() + "/model.safetensors", std::ios::binary);
+  const std::string file((std::istreambuf_iterator<char>(in)), {});
+  uint64_t n = 0;
+  std::memcpy(&n, file.data(), 8);
+  const std::string data = file.substr(8 + n);
+  std::string header = file.substr(8, n);
+  while (!header.empty() && header.back() == ' ') header.pop_back();
+  while ((8 + header.size()) % 4 != 1) header += ' ';
+  n = header.size();
+  {
+    std::ofstream out(dir.path / "model.safetensors", std::ios::binary);
+    out.write(reinterpret_cast<const char*>(&n), 8);
+    out.write(header.data(), static_cast<std::streamsize>(header.size()));
+    out.write(data.data(), static_cast<std::streamsize>(data.size()));
+  }
+  const auto odd = MuseModel::load(dir.path.string());
+  const MuseModel& m = fixture_model();
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(m.tok_embd().data) % 2, 0u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(odd->tok_embd().data) % 2, 0u);  // copied
+  const DecodeProgram p1 = build_muse_program(m, 1), p2 = build_muse_program(*odd, 1);
+  auto e1 = make_reference_executor(p1);
+  auto e2 = make_reference_executor(p2);
+  const auto toks = random_tokens(6, m.config().vocab_used, 13);
+  KVCache c1 = m.make_cache(8, 1), c2 = odd->make_cache(8, 1);
+  EXPECT_TRUE(same_bits(decode(m, *e1, toks, c1), decode(*odd, *e2, toks, c2)));
+}
+
 std::string error_of(const std::function<void()>& fn) {
   try {
     fn();
