@@ -560,6 +560,30 @@ TEST(MuseModel, MegaMatchesOpByOpBitwiseAtEveryBatch) {
   }
 }
 
+TEST(MuseModel, TileCutsDoNotChangeResults) {
+  // Team sizes 1, 2 and 5 cut the expert products into 1..3 output ranges
+  // per selected expert (and the matrices differently): same bits.
+  const MuseModel& m = synthetic_mini(DType::INT8_COL, DType::NVFP4);
+  const DecodeProgram prog = build_muse_program(m, 4);
+  const auto toks = random_tokens(9, m.config().vocab_used, 17);
+  std::vector<std::vector<float>> runs;
+  for (int w : {1, 2, 5}) {
+    ThreadPool pool(w);
+    auto ex = make_executor("mega", prog, pool);
+    KVCache c = m.make_cache(16, 4);
+    runs.push_back(decode(m, *ex, toks, c, 3));
+  }
+  for (const Op& op : prog.ops)
+    if (op.kind == OpKind::MoeGlu) {
+      EXPECT_EQ(op_tile_count(op, 1, 1), 2);  // top-2: two slots of one range
+      EXPECT_EQ(op_tile_count(op, 1, 5), 6);  // three ranges each
+      EXPECT_EQ(op_tile_count(op, 8, 5), 8);  // at most n_expert slots
+      break;
+    }
+  EXPECT_TRUE(same_bits(runs[0], runs[1]));
+  EXPECT_TRUE(same_bits(runs[0], runs[2]));
+}
+
 TEST(MuseModel, PrefillBlocksMatchSingleSteps) {
   const MuseModel& m = synthetic_mini(DType::BF16, DType::INT4_G128);
   const DecodeProgram prog = build_muse_program(m, 8);
