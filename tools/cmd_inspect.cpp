@@ -15,6 +15,7 @@
 #include "io/hf_config.h"
 #include "io/safetensors.h"
 #include "model/dense_program.h"
+#include "model/muse_config.h"
 #include "runtime/model.h"
 #include "model/qwen38_config.h"
 #include "runtime/session.h"
@@ -133,8 +134,13 @@ void inspect_config(const std::string& name) {
     fmt::print("{}", describe(*c));
     return;
   }
+  if (const MuseConfig* c = find_muse_preset(name)) {
+    fmt::print("{}", describe(*c));
+    return;
+  }
   std::string known;
   for (const auto& c : qwen38_presets()) known += (known.empty() ? "" : ", ") + c.name;
+  for (const auto& c : muse_presets()) known += ", " + c.name;
   fail("unknown config preset '{}' (known: {})", name, known);
 }
 

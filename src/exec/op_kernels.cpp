@@ -5,6 +5,8 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "exec/gate_kernels.h"
+#include "exec/moe_kernels.h"
 #include "exec/recurrent_kernels.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/ops.h"
@@ -15,9 +17,10 @@ namespace megakern {
 
 bool op_is_row_tiled(const Op& op) {
   // The recurrent ops compute a sequence's rows together (its first row's
-  // tile does the block), so a tile of theirs is not one row's work.
+  // tile does the block), and the expert ops are tiled by (expert, output
+  // range): a tile of theirs is not one row's work.
   return op.kind != OpKind::MatMul && op.kind != OpKind::Attention && op.kind != OpKind::DeltaRule &&
-         op.kind != OpKind::CausalConvSilu;
+         op.kind != OpKind::CausalConvSilu && op.kind != OpKind::MoeGlu && op.kind != OpKind::MoeDown;
 }
 
 int op_tile_count(const Op& op, int n_rows, int n_workers) {
@@ -29,6 +32,8 @@ int op_tile_count(const Op& op, int n_rows, int n_workers) {
     }
     case OpKind::Attention:
     case OpKind::DeltaRule: return n_rows * op.n_head;
+    case OpKind::MoeGlu:
+    case OpKind::MoeDown: return moe_tile_count(op, n_rows, n_workers);
     default: return n_rows;
   }
 }
@@ -53,8 +58,7 @@ void validate_rows(const DecodeProgram& p, const std::vector<RowInput>& rows) {
     if (in.pos < 0 || in.pos >= in.cache->n_ctx)
       fail("row {}: position {} is outside its context of {} tokens", r, in.pos, in.cache->n_ctx);
     if (in.cache->kv_dim != p.kv_dim) fail("row {}: KV cache width {} does not match the model's {}", r, in.cache->kv_dim, p.kv_dim);
-    const size_t need = static_cast<size_t>(n_cache_layers) * static_cast<size_t>(in.cache->n_ctx) *
-                        static_cast<size_t>(in.cache->kv_dim);
+    const size_t need = in.cache->floats_for(n_cache_layers);
     if (in.cache->n_layer < n_cache_layers || in.cache->k.size() < need || in.cache->v.size() < need)
       fail("row {}: the KV cache holds {} layers, the program needs {}", r, in.cache->n_layer, n_cache_layers);
     // Rows sharing a cache are one sequence's block: adjacent in the row
@@ -66,6 +70,23 @@ void validate_rows(const DecodeProgram& p, const std::vector<RowInput>& rows) {
     if (r > 0 && rows[r - 1].cache == in.cache && rows[r - 1].pos + 1 != in.pos)
       fail("rows {} and {} share a KV cache but have positions {} and {} (must be consecutive)", r - 1, r,
            rows[r - 1].pos, in.pos);
+  }
+  // A ring-buffer layer keeps its last ring_len(layer) positions: attention
+  // over it must be windowed, and the window of a block's first row must
+  // survive the stores of the whole block (window + block - 1 positions).
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const KVCache& c = *rows[r].cache;
+    if (c.ring.empty()) continue;
+    size_t first = r;
+    while (first > 0 && rows[first - 1].cache == &c) --first;
+    const int block = static_cast<int>(r - first) + 1;
+    for (const Op& op : p.ops) {
+      if (op.kind != OpKind::Attention || c.ring_len(op.cache_layer()) == 0) continue;
+      const int len = c.ring_len(op.cache_layer());
+      if (op.window <= 0 || op.window + block - 1 > len)
+        fail("row {}: KV layer {} keeps {} positions, too few for attention window {} over a block of {} rows", r,
+             op.cache_layer(), len, op.window, block);
+    }
   }
   if (p.recurrent) validate_recurrent_rows(p, rows.data(), static_cast<int>(rows.size()));
 }
@@ -182,6 +203,13 @@ void run_op_tile(const Op& op, const StepContext& ctx, int t, int n_tiles) {
     case OpKind::CausalConvSilu: causal_conv_silu_tile(op, ctx, t); break;
     case OpKind::DeltaRule: delta_rule_tile(op, ctx, t / op.n_head, t % op.n_head); break;
     case OpKind::GatedRmsNorm: gated_rmsnorm_tile(op, ctx, t); break;
+    case OpKind::GatedResidual: gated_residual_tile(op, ctx, t); break;
+    case OpKind::HeadNormGate: head_norm_gate_tile(op, ctx, t); break;
+    case OpKind::LogitSoftcap: logit_softcap_tile(op, ctx, t); break;
+    case OpKind::MoeRoute: moe_route_tile(op, ctx, t); break;
+    case OpKind::MoeGlu: moe_glu_tile(op, ctx, t, n_tiles); break;
+    case OpKind::MoeDown: moe_down_tile(op, ctx, t, n_tiles); break;
+    case OpKind::MoeCombine: moe_combine_tile(op, ctx, t); break;
   }
 }
 

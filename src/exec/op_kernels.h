@@ -1,6 +1,7 @@
 // The per-tile work of each op, shared by all executors. A tile is the unit
 // of work an executor schedules: a contiguous range of output rows for a
-// matrix product, one row for row-wise ops, one (row, head) for attention.
+// matrix product, one row for row-wise ops, one (row, head) for attention,
+// one (selected expert, output range) for the MoE expert products.
 #pragma once
 
 #include <cstdint>

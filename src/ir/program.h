@@ -26,6 +26,8 @@
 
 namespace megakern {
 
+struct ExpertBank;  // ir/expert_bank.h
+
 enum class OpKind : uint8_t {
   Embed,         // out[r] = scale * E[token[r]]                       weights: mat (the table)
   RmsNorm,       // out[r] = rmsnorm(in[r]) * norm
@@ -49,6 +51,22 @@ enum class OpKind : uint8_t {
                    // norm = A_log, dt_bias = dt_bias (n_head each); updates S of state layer
                    // cache_index; tiles (row, value head)
   GatedRmsNorm,    // in-place on `out`, per head: rmsnorm(out) * norm * silu(in)   (in = z)
+  // Gated residual, gated head norm, logit soft-cap (exec/gate_kernels.h).
+  GatedResidual,   // out[r] = alpha * out[r] + beta * in[r] * rsqrt(mean(in[r]^2) + eps);
+                   // norm = [alpha | beta], 2 * width floats
+  HeadNormGate,    // in-place on `out`, per head h: rmsnorm(out_h) (* norm when given) * sigmoid(gate),
+                   // gate = in[h] when in has n_head values, else in[h * head_dim + i]
+  LogitSoftcap,    // in-place on `out`: cap * tanh(out * scale / cap) (+ norm[i], an additive
+                   // mask, when given; -inf removes a token)
+  // Mixture of experts (exec/moe_kernels.h). A route slot holds, per row,
+  // top_k expert ids (as floats) then their top_k weights.
+  MoeRoute,        // out[r] = route(in[r]): in = router logits [E]; score = scale * sigmoid(logit);
+                   // top_k of score + norm (the bias, optional), ties to the lowest index;
+                   // weights = score / sum of the selected scores
+  MoeGlu,          // out[r][j] = act(gate_e in[r], up_e in[r]) for e = expert j of row r (in2 = route);
+                   // tiles: (distinct selected expert, d_ff range), weights read once per step
+  MoeDown,         // out[r][j] = down_e in[r][j]   (in = the MoeGlu slot, in2 = route); tiled as MoeGlu
+  MoeCombine,      // out[r] = sum_j weight_j * norm_e(in[r][j])   (in = the MoeDown slot, in2 = route)
 };
 
 const char* op_kind_name(OpKind k);
@@ -80,6 +98,9 @@ struct Op {
   // DeltaRule: layer index in the RecurrentState. -1: use `layer`.
   int cache_index = -1;
   const float* dt_bias = nullptr;   // DeltaRule: [n_head]
+  float cap = 0.f;                  // LogitSoftcap
+  int top_k = 0;                    // MoeRoute, MoeGlu, MoeDown, MoeCombine
+  const ExpertBank* experts = nullptr;  // MoeGlu, MoeDown, MoeCombine
   int cache_layer() const { return cache_index >= 0 ? cache_index : layer; }
 
   // Bytes of weights this op streams per step (independent of the row count).
