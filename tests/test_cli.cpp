@@ -81,15 +81,17 @@ TEST(Cli, SmolLM2AnswersTheCapitalOfFrance) {
   EXPECT_NE(r.out.find("tok/s"), std::string::npos) << r.out;
 }
 
-TEST(Cli, SyntheticPresetGeneratesUnderEveryExecutor) {
-  std::string first;
-  for (const char* ex : {"mega", "opbyop", "reference"}) {
-    const Result r = run(std::string("run -m qwen3.8-mini -p Hello -n 12 --executor ") + ex);
-    ASSERT_EQ(r.status, 0) << ex << ": " << r.out;
-    EXPECT_NE(r.out.find("decode: 12 tokens"), std::string::npos) << r.out;
-    const std::string text = r.out.substr(0, r.out.find("\n[model"));
-    if (first.empty()) first = text;
-    EXPECT_EQ(text, first) << ex;  // greedy: the same bytes whatever the executor
+TEST(Cli, SyntheticPresetsGenerateUnderEveryExecutor) {
+  for (const char* model : {"qwen3.8-mini", "muse-spark-mini"}) {
+    std::string first;
+    for (const char* ex : {"mega", "opbyop", "reference"}) {
+      const Result r = run(std::string("run -m ") + model + " -p Hello -n 12 --executor " + ex);
+      ASSERT_EQ(r.status, 0) << model << " " << ex << ": " << r.out;
+      EXPECT_NE(r.out.find("decode: 12 tokens"), std::string::npos) << r.out;
+      const std::string text = r.out.substr(0, r.out.find("\n[model"));
+      if (first.empty()) first = text;
+      EXPECT_EQ(text, first) << model << " " << ex;  // greedy: the same bytes whatever the executor
+    }
   }
 }
 
@@ -112,6 +114,15 @@ TEST(Cli, GenModelWritesALoadableCheckpoint) {
   r = run("gen-model --config nope -o " + dir + "/x");
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.out.find("unknown preset 'nope'"), std::string::npos) << r.out;
+  r = run("gen-model --config muse-spark-mini --experts nvfp4 -o " + dir + "/muse");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const Result c = run("run -m " + dir + "/muse -p Hi -n 6 -q --raw");
+  const Result d = run("run -m muse-spark-mini --experts nvfp4 -p Hi -n 6 -q --raw");
+  ASSERT_EQ(c.status, 0) << c.out;
+  EXPECT_EQ(c.out, d.out);
+  r = run("gen-model --config muse-spark-1.2 -o " + dir + "/big");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("too large"), std::string::npos) << r.out;
   r = run("run -m qwen3.8-mini -p Hi --weights q9_9");
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.out.find("unknown weight format 'q9_9'"), std::string::npos) << r.out;

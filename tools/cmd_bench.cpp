@@ -29,7 +29,7 @@ using Clock = std::chrono::steady_clock;
 
 struct BenchOptions {
   std::string model = "dense-bench";
-  std::string weights;
+  ModelFlags model_flags;
   std::string batches = "1,2,4,8";
   std::string executors = "opbyop,mega";
   int steps = 16;
@@ -181,12 +181,7 @@ void bench_cmd(const BenchOptions& o) {
   ThreadPool pool(o.threads);
   fmt::print(stderr, "[bench] loading {} ...\n", o.model);
   const auto t_load = Clock::now();
-  ModelOptions mo;
-  if (!o.weights.empty()) {
-    mo.weights = dtype_from_name(o.weights);
-    if (!mo.weights) fail("--weights: unknown weight format '{}' (e.g. bf16, q8_0, q4_0)", o.weights);
-  }
-  const std::unique_ptr<Model> model = load_model(o.model, mo);
+  const std::unique_ptr<Model> model = load_model(o.model, o.model_flags.options());
   const Model& M = *model;
   const double load_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_load).count();
   const int max_b = *std::max_element(batches.begin(), batches.end());
@@ -308,13 +303,7 @@ void bench_cmd(const BenchOptions& o) {
 void register_bench(CLI::App& app) {
   auto o = std::make_shared<BenchOptions>();
   auto* cmd = app.add_subcommand("bench", "Decode benchmark: op-by-op vs megakernel executors, with a bandwidth probe");
-  cmd->add_option("-m,--model", o->model,
-                  "Model: a preset or fetched model (" +
-                      fmt::format("{}", fmt::join(known_model_and_preset_names(), ", ")) +
-                      "), a GGUF file or a checkpoint directory")
-      ->capture_default_str();
-  cmd->add_option("--weights", o->weights,
-                  "Convert weight matrices to this format at load (presets and checkpoint directories), e.g. q4_0");
+  add_model_flags(cmd, o->model, o->model_flags);
   cmd->add_option("--batch", o->batches, "Comma-separated batch sizes (rows per step)")->capture_default_str();
   cmd->add_option("--executor", o->executors, "Comma-separated executors; the first is the speedup baseline")
       ->capture_default_str();

@@ -38,18 +38,12 @@ struct GenOptions {
   bool raw = false;
   bool quiet = false;
   std::string executor = "mega";
-  std::string weights;
+  ModelFlags model_flags;
   SamplingParams sampling;
 };
 
 void add_common(CLI::App* cmd, GenOptions& o) {
-  cmd->add_option("-m,--model", o.model,
-                  "Model: a GGUF file, a checkpoint directory, a fetched model name or a preset (" +
-                      fmt::format("{}", fmt::join(known_model_and_preset_names(), ", ")) + ")")
-      ->capture_default_str();
-  cmd->add_option("--weights", o.weights,
-                  "Convert weight matrices to this format at load (checkpoint directories and presets), e.g. q8_0, "
-                  "q4_0, bf16");
+  add_model_flags(cmd, o.model, o.model_flags);
   cmd->add_option("-s,--system", o.system, "System message (chat template only)");
   cmd->add_option("-n,--n-predict", o.n_predict, "Maximum tokens to generate per answer")
       ->capture_default_str()
@@ -77,11 +71,7 @@ struct Loaded {
 
 Loaded load(const GenOptions& o) {
   validate(o.sampling);
-  ModelOptions mo;
-  if (!o.weights.empty()) {
-    mo.weights = dtype_from_name(o.weights);
-    if (!mo.weights) fail("--weights: unknown weight format '{}' (e.g. f32, bf16, q8_0, q4_0, q4_1, mxfp4)", o.weights);
-  }
+  const ModelOptions mo = o.model_flags.options();
   auto t0 = Clock::now();
   Loaded L;
   L.model = load_model(o.model, mo);

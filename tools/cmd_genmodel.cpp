@@ -10,6 +10,8 @@
 #include <string>
 
 #include "core/error.h"
+#include "model/muse.h"
+#include "model/muse_config.h"
 #include "model/qwen38.h"
 #include "model/qwen38_config.h"
 #include "tools/commands.h"
@@ -22,12 +24,21 @@ struct GenModelOptions {
   std::string out;
   uint64_t seed = 1;
   bool force = false;
+  std::string weights, experts;
 };
 
 std::string preset_list() {
   std::string s;
   for (const auto& c : qwen38_presets()) s += (s.empty() ? "" : ", ") + c.name;
+  for (const auto& c : muse_presets()) s += ", " + c.name;
   return s;
+}
+
+DType format_flag(const std::string& flag, const std::string& v, DType dflt) {
+  if (v.empty()) return dflt;
+  const auto t = dtype_from_name(v);
+  if (!t) fail("{}: unknown weight format '{}'", flag, v);
+  return *t;
 }
 
 void gen_model_cmd(const GenModelOptions& o) {
@@ -40,7 +51,15 @@ void gen_model_cmd(const GenModelOptions& o) {
   if (const Qwen38Config* c = find_qwen38_preset(o.config)) {
     const double gb = static_cast<double>(weight_bytes_total(*c, DType::BF16)) / 1e9;
     if (gb > 8) fail("--config {}: {:.0f} GB of bf16 weights is too large to generate; use a mini or bench preset", o.config, gb);
+    if (!o.weights.empty() || !o.experts.empty())
+      fail("--config {}: the checkpoint is written in bf16 (convert at load with --weights)", o.config);
     write_qwen38_synthetic(*c, o.seed, o.out);
+  } else if (const MuseConfig* m = find_muse_preset(o.config)) {
+    if (m->name == "muse-spark-1.2")
+      fail("--config {}: ~446 GB of weights is too large to generate; use a mini or bench preset", o.config);
+    MuseModel::synthetic(*m, o.seed, format_flag("--weights", o.weights, DType::BF16),
+                         format_flag("--experts", o.experts, DType::INT4_G128))
+        ->save(o.out);
   } else {
     fail("--config: unknown preset '{}' (known: {})", o.config, preset_list());
   }
@@ -58,6 +77,8 @@ void register_gen_model(CLI::App& app) {
   cmd->add_option("-o,--output", o->out, "Output directory (created if missing)")->required();
   cmd->add_option("--seed", o->seed, "Seed of the weights")->capture_default_str();
   cmd->add_flag("-f,--force", o->force, "Overwrite an existing checkpoint in the directory");
+  cmd->add_option("--weights", o->weights, "MoE presets: format of the dense matrices (bf16, int8_col, f32)");
+  cmd->add_option("--experts", o->experts, "MoE presets: format of the routed experts (int4_g128, nvfp4, ...)");
   cmd->callback([o] { run_guarded([&] { gen_model_cmd(*o); }); });
 }
 

@@ -1,6 +1,10 @@
 #include "tools/commands.h"
 
+#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "core/error.h"
 
 #include <cstdio>
 #include <exception>
@@ -11,6 +15,31 @@ int g_exit_code = 0;
 }  // namespace
 
 int exit_code() { return g_exit_code; }
+
+ModelOptions ModelFlags::options() const {
+  ModelOptions o;
+  o.seed = seed;
+  auto parse = [](const std::string& flag, const std::string& v) {
+    const auto t = dtype_from_name(v);
+    if (!t) fail("{}: unknown weight format '{}' (e.g. f32, bf16, q8_0, q4_0, q4_1, mxfp4, int4_g128, nvfp4, int8_col)", flag, v);
+    return *t;
+  };
+  if (!weights.empty()) o.weights = parse("--weights", weights);
+  if (!experts.empty()) o.experts = parse("--experts", experts);
+  return o;
+}
+
+void add_model_flags(CLI::App* cmd, std::string& model, ModelFlags& f) {
+  cmd->add_option("-m,--model", model,
+                  "Model: a GGUF file, a checkpoint directory, a fetched model or a preset (" +
+                      fmt::format("{}", fmt::join(known_model_and_preset_names(), ", ")) + ")")
+      ->capture_default_str();
+  cmd->add_option("--weights", f.weights,
+                  "Weight format of a checkpoint directory or preset, converted at load (e.g. q8_0, q4_0, bf16; for "
+                  "MoE presets the dense matrices: bf16, int8_col)");
+  cmd->add_option("--experts", f.experts, "MoE presets: format of the routed experts (int4_g128, nvfp4, ...)");
+  cmd->add_option("--model-seed", f.seed, "Seed of a synthetic preset's weights")->capture_default_str();
+}
 
 void run_guarded(const std::function<void()>& body) {
   try {

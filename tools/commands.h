@@ -3,6 +3,9 @@
 #pragma once
 
 #include <functional>
+#include <string>
+
+#include "runtime/model.h"
 
 namespace CLI {
 class App;
@@ -18,6 +21,15 @@ void register_gen_model(CLI::App& app);
 
 // The exit status left by the subcommand that ran.
 int exit_code();
+
+// The -m/--model, --weights and --experts options every model-loading
+// command shares, and the ModelOptions they describe.
+struct ModelFlags {
+  std::string weights, experts;
+  uint64_t seed = 1;
+  ModelOptions options() const;  // throws megakern::Error on an unknown format name
+};
+void add_model_flags(CLI::App* cmd, std::string& model, ModelFlags& f);
 
 // Runs a subcommand's body: on success the exit status is 0; an exception is
 // reported on stderr as "error: ..." (after flushing stdout) and gives 1.

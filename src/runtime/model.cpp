@@ -9,6 +9,8 @@
 #include "io/hf_config.h"
 #include "model/dense_program.h"
 #include "model/presets.h"
+#include "model/muse.h"
+#include "model/muse_config.h"
 #include "model/qwen38.h"
 #include "model/qwen38_config.h"
 #include "runtime/session.h"
@@ -99,6 +101,30 @@ class Qwen38RuntimeModel final : public Model {
   std::unique_ptr<Qwen38Model> model_;
 };
 
+class MuseRuntimeModel final : public Model {
+ public:
+  MuseRuntimeModel(const std::string& name, std::unique_ptr<MuseModel> m) : model_(std::move(m)) {
+    const MuseConfig& c = model_->config();
+    name_ = name;
+    n_vocab_ = c.vocab;
+    tokenizer_ = byte_tokenizer(n_vocab_, name_);
+    description_ = fmt::format(
+        "muse-spark (MoE, sliding-window + NoPE attention): {} layers, hidden {}, {} experts top-{}, vocab {}, dense "
+        "{}, experts {} ({:.1f} MB read per step)",
+        c.n_layer, c.hidden, c.n_expert, c.top_k, c.vocab, dtype_traits(model_->dense_format()).name,
+        dtype_traits(model_->expert_format()).name, build_program(1).weight_bytes() / 1e6);
+  }
+  DecodeProgram build_program(int max_rows) const override { return build_muse_program(*model_, max_rows); }
+  SequenceState new_sequence(int n_ctx) const override {
+    SequenceState s;
+    s.cache = model_->make_cache(n_ctx);
+    return s;
+  }
+
+ private:
+  std::unique_ptr<MuseModel> model_;
+};
+
 std::string too_big(const std::string& name, double gb) {
   return fmt::format("preset '{}' is the full-size configuration ({:.0f} GB of weights); it can be described "
                      "(megakern inspect --config {}) but not generated here",
@@ -112,6 +138,8 @@ std::vector<std::string> known_model_and_preset_names() {
   for (const auto& p : dense_presets()) v.push_back(p.name);
   for (const auto& p : qwen38_presets())
     if (p.name != "qwen3.8-27b") v.push_back(p.name);
+  for (const auto& p : muse_presets())
+    if (p.name != "muse-spark-1.2") v.push_back(p.name);
   return v;
 }
 
@@ -121,14 +149,25 @@ std::unique_ptr<Model> load_model(const std::string& name_or_path, const ModelOp
     if (c->name == "qwen3.8-27b") fail("{}", too_big(c->name, weight_bytes_total(*c, DType::BF16) / 1e9));
     return std::make_unique<Qwen38RuntimeModel>(name_or_path, Qwen38Model::synthetic(*c, opts.seed, opts.weights));
   }
+  if (const MuseConfig* c = find_muse_preset(name_or_path)) {
+    if (c->name == "muse-spark-1.2") fail("{}", too_big(c->name, 446.5));
+    return std::make_unique<MuseRuntimeModel>(
+        name_or_path, MuseModel::synthetic(*c, opts.seed, opts.weights.value_or(DType::BF16),
+                                           opts.experts.value_or(DType::INT4_G128)));
+  }
+  if (opts.experts) fail("--experts applies to the synthetic MoE presets only");
   std::error_code ec;
   if (fs::is_directory(name_or_path, ec)) {
     const HFConfig hf = HFConfig::load(name_or_path);
     const std::string mt = hf.model_type();
     if (mt == "qwen3_5_text" || mt == "qwen3_5")
       return std::make_unique<Qwen38RuntimeModel>(name_or_path, Qwen38Model::load(name_or_path, opts.weights));
+    if (mt == "muse_spark") {
+      if (opts.weights) fail("{}: a Muse Spark checkpoint keeps the formats it was written in (drop --weights)", name_or_path);
+      return std::make_unique<MuseRuntimeModel>(name_or_path, MuseModel::load(name_or_path));
+    }
     fail("{}: model_type '{}' is not an architecture this engine runs from a checkpoint directory "
-         "(supported: qwen3_5_text)",
+         "(supported: qwen3_5_text, muse_spark)",
          name_or_path, mt);
   }
   if (opts.weights)

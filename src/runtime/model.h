@@ -7,9 +7,11 @@
 //    transformer (llama, qwen3, gemma3) with its own tokenizer;
 //  - a dense bench preset ("dense-bench", "dense-mini"), generated in memory;
 //  - a Hugging Face checkpoint directory (config.json + safetensors) of a
-//    supported architecture (Qwen3.5 / Qwen3.8 "qwen3_5_text");
-//  - a synthetic architecture preset ("qwen3.8-mini", "qwen3.8-bench"): the
-//    deterministic weights `megakern gen-model` writes, built in memory.
+//    supported architecture (Qwen3.5 / Qwen3.8 "qwen3_5_text", Muse Spark
+//    "muse_spark" as MuseModel::save writes it);
+//  - a synthetic architecture preset ("qwen3.8-mini", "qwen3.8-bench",
+//    "muse-spark-mini", "muse-spark-bench"): the deterministic weights
+//    `megakern gen-model` writes, built in memory.
 // Models without a tokenizer of their own (presets, checkpoint directories)
 // use the byte vocabulary of byte_vocab(): one token per byte.
 #pragma once
@@ -86,7 +88,10 @@ class Model {
 struct ModelOptions {
   // Convert every weight matrix to this format at load (checkpoint
   // directories and synthetic presets; GGUF files keep their formats).
+  // For MoE presets: this is the dense format, and `experts` the routed
+  // experts' (defaults bf16 and int4_g128 for Muse Spark).
   std::optional<DType> weights;
+  std::optional<DType> experts;
   uint64_t seed = 1;  // synthetic presets
 };
 
