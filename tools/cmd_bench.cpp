@@ -212,6 +212,9 @@ void bench_cmd(const BenchOptions& o) {
              pool.size(), probe, o.steps, o.rounds, o.prefetch_kib);
   for (size_t i = 0; i < execs.size(); ++i)
     fmt::print("schedule build ({}, batch sizes {}): {:.2f} ms\n", execs[i], o.batches, build_ms[i]);
+  if (prog.has_routed_experts())
+    fmt::print("routed experts: bytes per step count the expected distinct experts of the batch's rows under uniform "
+               "routing (batch 1: top-k experts)\n");
   fmt::print("state moved per row and step (KV read and written, recurrent state read and written): {:.2f} MB\n",
              static_cast<double>(prog.state_bytes_per_row(o.warmup + o.steps / 2)) / 1e6);
   fmt::print("\n{:<10} {:>5} {:>10} {:>10} {:>9} {:>9} {:>8} {:>9}\n", "executor", "batch", "ms/step", "tokens/s",
@@ -238,7 +241,7 @@ void bench_cmd(const BenchOptions& o) {
       // Weights once, plus each row's KV and recurrent state at the mean
       // timed position.
       const int mean_pos = o.warmup + o.steps / 2;
-      r.mb_per_step = weight_mb + b * static_cast<double>(prog.state_bytes_per_row(mean_pos)) / 1e6;
+      r.mb_per_step = prog.weight_bytes_for_rows(b) / 1e6 + b * static_cast<double>(prog.state_bytes_per_row(mean_pos)) / 1e6;
       r.gbs = r.mb_per_step / best[i];  // MB per ms = GB/s
       results.push_back(r);
       fmt::print("{:<10} {:>5} {:>10.3f} {:>10.1f} {:>9.1f} {:>9.2f} {:>7.1f}% {:>8.2f}x\n", r.executor, b,

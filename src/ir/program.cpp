@@ -1,5 +1,7 @@
 #include "ir/program.h"
 
+#include <cmath>
+
 #include <fmt/format.h>
 
 #include "core/error.h"
@@ -176,6 +178,27 @@ void DecodeProgram::add_attention_core(const AttentionSpec& a) {
 size_t DecodeProgram::weight_bytes() const {
   size_t b = 0;
   for (const auto& op : ops) b += op.weight_bytes();
+  return b;
+}
+
+bool DecodeProgram::has_routed_experts() const {
+  for (const auto& op : ops)
+    if ((op.kind == OpKind::MoeGlu || op.kind == OpKind::MoeDown) && op.experts) return true;
+  return false;
+}
+
+double DecodeProgram::weight_bytes_for_rows(int n_rows) const {
+  double b = 0;
+  for (const auto& op : ops) {
+    const double w = static_cast<double>(op.weight_bytes());
+    if ((op.kind == OpKind::MoeGlu || op.kind == OpKind::MoeDown) && op.experts && op.top_k > 0) {
+      const double E = op.experts->n_expert, k = op.top_k;
+      const double distinct = E * (1.0 - std::pow(1.0 - k / E, n_rows));
+      b += w / k * distinct;
+    } else {
+      b += w;
+    }
+  }
   return b;
 }
 

@@ -152,6 +152,11 @@ struct DecodeProgram {
   };
   void add_attention_core(const AttentionSpec& a);
   size_t weight_bytes() const;
+  // Weight bytes a step of n_rows rows reads: weight_bytes() plus, for routed
+  // experts, the expected number of distinct experts n rows select under
+  // uniform independent routing, E (1 - (1 - k/E)^n), instead of k.
+  double weight_bytes_for_rows(int n_rows) const;
+  bool has_routed_experts() const;
   // Bytes of per-sequence state one row moves in a step at position pos: the
   // keys and values attention reads (pos + 1 positions, or the window) and
   // StoreKV writes, and the recurrent state (conv window, delta-rule S) read
