@@ -16,6 +16,7 @@
 #include "io/safetensors.h"
 #include "model/dense_program.h"
 #include "model/load.h"
+#include "model/kimi_config.h"
 #include "model/qwen38_config.h"
 #include "runtime/session.h"
 #include "tools/commands.h"
@@ -133,8 +134,13 @@ void inspect_config(const std::string& name) {
     fmt::print("{}", describe(*c));
     return;
   }
+  if (const KimiConfig* c = find_kimi_preset(name)) {
+    fmt::print("{}", describe(*c));
+    return;
+  }
   std::string known;
   for (const auto& c : qwen38_presets()) known += (known.empty() ? "" : ", ") + c.name;
+  for (const auto& c : kimi_presets()) known += ", " + c.name;
   fail("unknown config preset '{}' (known: {})", name, known);
 }
 

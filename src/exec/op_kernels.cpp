@@ -5,6 +5,8 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "exec/kimi_kernels.h"
+#include "exec/moe_kernels.h"
 #include "exec/recurrent_kernels.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/ops.h"
@@ -14,7 +16,14 @@
 namespace megakern {
 
 bool op_is_row_tiled(const Op& op) {
-  return op.kind != OpKind::MatMul && op.kind != OpKind::Attention && op.kind != OpKind::DeltaRule;
+  return op.kind != OpKind::MatMul && op.kind != OpKind::Attention && op.kind != OpKind::DeltaRule &&
+         op.kind != OpKind::MoeExperts;
+}
+
+int op_tiles_per_row(const Op& op) {
+  if (op.kind == OpKind::Attention) return op.n_head;
+  if (op.kind == OpKind::MoeExperts) return op.n_expert_used;
+  return 0;
 }
 
 int op_tile_count(const Op& op, int n_rows, int n_workers) {
@@ -26,6 +35,7 @@ int op_tile_count(const Op& op, int n_rows, int n_workers) {
     }
     case OpKind::Attention:
     case OpKind::DeltaRule: return n_rows * op.n_head;
+    case OpKind::MoeExperts: return n_rows * op.n_expert_used;
     default: return n_rows;
   }
 }
@@ -49,10 +59,14 @@ void validate_rows(const DecodeProgram& p, const std::vector<RowInput>& rows) {
       fail("row {}: token id {} is outside the vocabulary of {} tokens", r, in.token, p.n_vocab);
     if (in.pos < 0 || in.pos >= in.cache->n_ctx)
       fail("row {}: position {} is outside its context of {} tokens", r, in.pos, in.cache->n_ctx);
-    if (in.cache->kv_dim != p.kv_dim) fail("row {}: KV cache width {} does not match the model's {}", r, in.cache->kv_dim, p.kv_dim);
+    if (in.cache->kv_dim != p.kv_dim || in.cache->v_width() != p.v_width())
+      fail("row {}: KV cache widths K {} / V {} do not match the model's {} / {}", r, in.cache->kv_dim,
+           in.cache->v_width(), p.kv_dim, p.v_width());
     const size_t need = static_cast<size_t>(n_cache_layers) * static_cast<size_t>(in.cache->n_ctx) *
                         static_cast<size_t>(in.cache->kv_dim);
-    if (in.cache->n_layer < n_cache_layers || in.cache->k.size() < need || in.cache->v.size() < need)
+    const size_t need_v = static_cast<size_t>(n_cache_layers) * static_cast<size_t>(in.cache->n_ctx) *
+                          static_cast<size_t>(in.cache->v_width());
+    if (in.cache->n_layer < n_cache_layers || in.cache->k.size() < need || in.cache->v.size() < need_v)
       fail("row {}: the KV cache holds {} layers, the program needs {}", r, in.cache->n_layer, n_cache_layers);
     // Rows sharing a cache are one sequence's block: adjacent in the row
     // list at consecutive positions, so no two rows write the same entry and
@@ -84,6 +98,7 @@ void attention_tile(const Op& op, const StepContext& ctx, int r, int h) {
   const RowInput& row = ctx.rows[r];
   KVCache& cache = *row.cache;
   const int hd = op.head_dim, kvh = h / (op.n_head / op.n_head_kv);
+  const int vd = op.v_head_dim > 0 ? op.v_head_dim : hd;
   const int pos = row.pos;
   const int start = op.window > 0 ? std::max(0, pos - op.window + 1) : 0;
   const float* qh = row_of(ctx, op.in, r) + h * hd;
@@ -92,13 +107,13 @@ void attention_tile(const Op& op, const StepContext& ctx, int r, int h) {
   auto dot = ctx.scalar ? dot_f32_scalar : dot_f32;
   for (int p = start; p <= pos; ++p) scores[static_cast<size_t>(p - start)] = dot(qh, cache.k_at(op.cache_layer(), p) + kvh * hd, hd) * op.scale;
   softmax_inplace(scores.data(), static_cast<int64_t>(scores.size()));
-  float* out = row_of(ctx, op.out, r) + h * hd;
-  std::fill(out, out + hd, 0.f);
+  float* out = row_of(ctx, op.out, r) + h * vd;
+  std::fill(out, out + vd, 0.f);
   for (int p = start; p <= pos; ++p) {
     if (ctx.scalar)
-      axpy_f32_scalar(scores[static_cast<size_t>(p - start)], cache.v_at(op.cache_layer(), p) + kvh * hd, out, hd);
+      axpy_f32_scalar(scores[static_cast<size_t>(p - start)], cache.v_at(op.cache_layer(), p) + kvh * vd, out, vd);
     else
-      axpy_f32(scores[static_cast<size_t>(p - start)], cache.v_at(op.cache_layer(), p) + kvh * hd, out, hd);
+      axpy_f32(scores[static_cast<size_t>(p - start)], cache.v_at(op.cache_layer(), p) + kvh * vd, out, vd);
   }
 }
 
@@ -144,7 +159,7 @@ void run_op_tile(const Op& op, const StepContext& ctx, int t, int n_tiles) {
       KVCache& c = *ctx.rows[t].cache;
       const int pos = ctx.rows[t].pos;
       std::memcpy(c.k_at(op.cache_layer(), pos), row_of(ctx, op.in, t), sizeof(float) * static_cast<size_t>(p.kv_dim));
-      std::memcpy(c.v_at(op.cache_layer(), pos), row_of(ctx, op.in2, t), sizeof(float) * static_cast<size_t>(p.kv_dim));
+      std::memcpy(c.v_at(op.cache_layer(), pos), row_of(ctx, op.in2, t), sizeof(float) * static_cast<size_t>(p.v_width()));
       break;
     }
     case OpKind::Attention:
@@ -155,7 +170,9 @@ void run_op_tile(const Op& op, const StepContext& ctx, int t, int n_tiles) {
       const float* u = row_of(ctx, op.in2, t);
       float* o = row_of(ctx, op.out, t);
       const int n = p.slots[static_cast<size_t>(op.out)].width;
-      if (op.gelu)
+      if (op.situ)
+        for (int i = 0; i < n; ++i) o[i] = situ(g[i], u[i]);
+      else if (op.gelu)
         for (int i = 0; i < n; ++i) o[i] = gelu_tanh(g[i]) * u[i];
       else
         for (int i = 0; i < n; ++i) o[i] = silu(g[i]) * u[i];
@@ -179,6 +196,12 @@ void run_op_tile(const Op& op, const StepContext& ctx, int t, int n_tiles) {
     case OpKind::CausalConvSilu: causal_conv_silu_tile(op, ctx, t); break;
     case OpKind::DeltaRule: delta_rule_tile(op, ctx, t / op.n_head, t % op.n_head); break;
     case OpKind::GatedRmsNorm: gated_rmsnorm_tile(op, ctx, t); break;
+    case OpKind::AttnResMix: attn_res_mix_tile(op, ctx, t); break;
+    case OpKind::AttnResAdd: attn_res_add_tile(op, ctx, t); break;
+    case OpKind::MlaKey: mla_key_tile(op, ctx, t); break;
+    case OpKind::MoeRoute: moe_route_tile(op, ctx, t); break;
+    case OpKind::MoeExperts: moe_experts_tile(op, ctx, t / op.n_expert_used, t % op.n_expert_used); break;
+    case OpKind::MoeCombine: moe_combine_tile(op, ctx, t); break;
   }
 }
 

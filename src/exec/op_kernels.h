@@ -25,6 +25,9 @@ int op_tile_count(const Op& op, int n_rows, int n_workers);
 void matmul_tile_range(const Op& op, int t, int n, int64_t& begin, int64_t& end);
 // Whether tiles of this op correspond one-to-one to rows.
 bool op_is_row_tiled(const Op& op);
+// For ops whose tiles each touch one row but several tiles share it (attention:
+// (row, head); experts: (row, selection)), the tiles per row; 0 otherwise.
+int op_tiles_per_row(const Op& op);
 
 // Runs tile t of n_tiles of op on the context.
 void run_op_tile(const Op& op, const StepContext& ctx, int t, int n_tiles);

@@ -23,6 +23,9 @@ struct RowInput;
 //   S:    [n_layer][n_v_heads][v_dim][k_dim], row-major: S[h][i][j] couples value
 //         component i with key component j (the [v][k] orientation of the
 //         reference: o = S q, pred = S k; flash-linear-attention stores the transpose).
+//         KDA layers (Op::kda, Kimi K3) store their heads' S the other way,
+//         [k_dim][v_dim] (S[h][j][i], as flash-linear-attention), in the same
+//         space; their key and value widths are equal.
 // A step advances it by exactly one token, so a step holds at most one row per
 // sequence (validate_rows rejects two rows with the same state).
 struct RecurrentState {

@@ -20,6 +20,12 @@ const char* op_kind_name(OpKind k) {
     case OpKind::CausalConvSilu: return "causal_conv_silu";
     case OpKind::DeltaRule: return "delta_rule";
     case OpKind::GatedRmsNorm: return "gated_rmsnorm";
+    case OpKind::AttnResMix: return "attn_res_mix";
+    case OpKind::AttnResAdd: return "attn_res_add";
+    case OpKind::MlaKey: return "mla_key";
+    case OpKind::MoeRoute: return "moe_route";
+    case OpKind::MoeExperts: return "moe_experts";
+    case OpKind::MoeCombine: return "moe_combine";
   }
   return "?";
 }
@@ -27,7 +33,14 @@ const char* op_kind_name(OpKind k) {
 size_t Op::weight_bytes() const {
   if (kind == OpKind::MatMul) return mat.row_bytes * static_cast<size_t>(mat.rows);
   if (kind == OpKind::Embed) return 0;  // one row per token, negligible
+  if (kind == OpKind::DeltaRule && kda)  // A_log [n_head], dt_bias [n_head * head_dim]
+    return sizeof(float) * static_cast<size_t>(n_norm + n_head * head_dim);
   if (kind == OpKind::DeltaRule) return 2 * sizeof(float) * static_cast<size_t>(n_norm);  // A_log, dt_bias
+  if (kind == OpKind::MoeRoute) return sizeof(float) * static_cast<size_t>(bias ? n_expert : 0);
+  // Experts: the k selected experts of one row (what batch 1 reads).
+  if (kind == OpKind::MoeExperts)
+    return static_cast<size_t>(n_expert_used) *
+           (2 * static_cast<size_t>(expert_ff) * mat.row_bytes + static_cast<size_t>(mat2.cols > 0 ? mat2.rows / n_expert : 0) * mat2.row_bytes);
   return sizeof(float) * static_cast<size_t>(n_norm);
 }
 
@@ -35,8 +48,9 @@ std::vector<int> Op::reads() const {
   std::vector<int> r;
   if (in >= 0) r.push_back(in);
   if (in2 >= 0) r.push_back(in2);
+  if (in3 >= 0) r.push_back(in3);
   if ((kind == OpKind::HeadNormRope || kind == OpKind::Residual || kind == OpKind::SigmoidGate ||
-       kind == OpKind::CausalConvSilu || kind == OpKind::GatedRmsNorm) &&
+       kind == OpKind::CausalConvSilu || kind == OpKind::GatedRmsNorm || kind == OpKind::AttnResAdd) &&
       out >= 0)
     r.push_back(out);
   return r;
@@ -148,7 +162,7 @@ void DecodeProgram::verify() const {
   for (size_t i = 0; i < ops.size(); ++i) {
     const Op& op = ops[i];
     const std::string where = fmt::format("op {} ({} '{}' layer {})", i, op_kind_name(op.kind), op.name, op.layer);
-    for (int s : {op.in, op.in2, op.out})
+    for (int s : {op.in, op.in2, op.in3, op.out})
       MK_CHECK(s >= -1 && s < n_slots, "{}: slot id {} out of range", where, s);
     MK_CHECK(op.out >= 0, "{}: no output slot", where);
     for (int s : op.reads()) MK_CHECK(written[static_cast<size_t>(s)], "{}: reads slot '{}' before any op writes it", where, slots[static_cast<size_t>(s)].name);
@@ -171,13 +185,16 @@ void DecodeProgram::verify() const {
         MK_CHECK(!op.norm || op.n_norm == op.head_dim, "{}: head norm length", where);
         break;
       case OpKind::StoreKV:
-        MK_CHECK(op.in >= 0 && op.in2 >= 0 && width(op.in) == kv_dim && width(op.in2) == kv_dim, "{}: kv widths", where);
+        MK_CHECK(op.in >= 0 && op.in2 >= 0 && width(op.in) == kv_dim && width(op.in2) == v_width(), "{}: kv widths", where);
         MK_CHECK(op.layer >= 0 && op.layer < n_layer, "{}: layer", where);
         break;
       case OpKind::Attention:
         MK_CHECK(op.in >= 0 && op.in2 >= 0 && op.n_head_kv > 0 && op.n_head % op.n_head_kv == 0, "{}: heads", where);
-        MK_CHECK(width(op.in) == op.n_head * op.head_dim && width(op.out) == width(op.in), "{}: widths", where);
-        MK_CHECK(op.n_head_kv * op.head_dim == kv_dim, "{}: kv heads", where);
+        MK_CHECK(width(op.in) == op.n_head * op.head_dim, "{}: q width", where);
+        MK_CHECK(width(op.out) == op.n_head * (op.v_head_dim > 0 ? op.v_head_dim : op.head_dim), "{}: output width", where);
+        MK_CHECK(op.n_head_kv * op.head_dim == kv_dim &&
+                     op.n_head_kv * (op.v_head_dim > 0 ? op.v_head_dim : op.head_dim) == v_width(),
+                 "{}: kv heads", where);
         MK_CHECK(marker_layer[static_cast<size_t>(op.in2)] == op.cache_layer() && op.cache_layer() >= 0,
                  "{}: in2 must be the cache marker written by the store_kv of cache layer {}", where, op.cache_layer());
         break;
@@ -201,9 +218,16 @@ void DecodeProgram::verify() const {
         MK_CHECK(op.in >= 0 && op.in2 >= 0 && op.n_head > 0 && op.n_head_kv > 0 && op.n_head % op.n_head_kv == 0 &&
                      op.head_dim > 0, "{}: heads", where);
         MK_CHECK(width(op.out) == op.n_head * op.head_dim, "{}: output width", where);
-        MK_CHECK(width(op.in2) == 2 * op.n_head, "{}: [b | a] width {} vs {} heads", where, width(op.in2), op.n_head);
         const int kq = width(op.in) - op.n_head * op.head_dim;
         MK_CHECK(kq > 0 && kq % (2 * op.n_head_kv) == 0, "{}: q|k|v width {}", where, width(op.in));
+        if (op.kda) {
+          const int dk = kq / (2 * op.n_head_kv);
+          MK_CHECK(op.n_head_kv == op.n_head && width(op.in2) == op.n_head * dk, "{}: forget-gate input width {} vs {} heads x {}",
+                   where, width(op.in2), op.n_head, dk);
+          MK_CHECK(op.in3 >= 0 && width(op.in3) == op.n_head, "{}: beta width", where);
+        } else {
+          MK_CHECK(width(op.in2) == 2 * op.n_head, "{}: [b | a] width {} vs {} heads", where, width(op.in2), op.n_head);
+        }
         MK_CHECK(op.norm && op.dt_bias && op.n_norm == op.n_head, "{}: A_log / dt_bias", where);
         break;
       }
@@ -211,6 +235,40 @@ void DecodeProgram::verify() const {
         MK_CHECK(op.in >= 0 && width(op.in) == width(op.out) && op.n_head > 0 && op.n_head * op.head_dim == width(op.out),
                  "{}: widths", where);
         MK_CHECK(op.norm && op.n_norm == op.head_dim, "{}: norm length", where);
+        break;
+      case OpKind::AttnResMix:
+        MK_CHECK(op.in >= 0 && op.norm && op.n_norm == width(op.out) && op.block >= 1 &&
+                     op.block * width(op.out) <= width(op.in),
+                 "{}: {} blocks of {} from a slot of {}", where, op.block, width(op.out), width(op.in));
+        break;
+      case OpKind::AttnResAdd:
+        MK_CHECK(op.in >= 0 && op.block >= 0 && (op.block + 1) * width(op.in) <= width(op.out), "{}: block {} of {} in a slot of {}",
+                 where, op.block, width(op.in), width(op.out));
+        break;
+      case OpKind::MlaKey:
+        MK_CHECK(op.in >= 0 && op.in2 >= 0 && op.n_head > 0 && width(op.out) == op.n_head * op.head_dim &&
+                     width(op.in) + op.n_head * width(op.in2) == width(op.out),
+                 "{}: widths", where);
+        break;
+      case OpKind::MoeRoute:
+        MK_CHECK(op.in >= 0 && op.n_expert == width(op.in) && op.n_expert_used >= 1 && op.n_expert_used <= op.n_expert &&
+                     width(op.out) == 2 * op.n_expert_used,
+                 "{}: {} of {} experts, logits width {}, route width {}", where, op.n_expert_used, op.n_expert, width(op.in),
+                 width(op.out));
+        break;
+      case OpKind::MoeExperts:
+        MK_CHECK(op.in >= 0 && op.in2 >= 0 && width(op.in2) == 2 * op.n_expert_used && op.mat.data && op.mat2.data,
+                 "{}: needs input, route and weights", where);
+        MK_CHECK(op.mat.cols == width(op.in) && op.mat.rows == int64_t(op.n_expert) * 2 * op.expert_ff &&
+                     op.mat2.cols == op.expert_ff && op.mat2.rows % op.n_expert == 0 &&
+                     width(op.out) == op.n_expert_used * (op.mat2.rows / op.n_expert),
+                 "{}: expert shapes [{}][{}] / [{}][{}] vs slots {} -> {}", where, op.mat.rows, op.mat.cols, op.mat2.rows,
+                 op.mat2.cols, width(op.in), width(op.out));
+        break;
+      case OpKind::MoeCombine:
+        MK_CHECK(op.in >= 0 && op.in2 >= 0 && width(op.in2) == 2 * op.n_expert_used &&
+                     width(op.in) == op.n_expert_used * width(op.out),
+                 "{}: widths", where);
         break;
     }
     MK_CHECK(op.kind != OpKind::MatMul || op.in != op.out, "{}: a matrix product cannot write its own input", where);

@@ -54,13 +54,16 @@ struct DenseLayer {
 };
 
 // Keys and values of one sequence: [n_layer][n_ctx][n_head_kv*head_dim] each.
+// V may be narrower than K (MLA): v_dim floats per position then (0: kv_dim).
 struct KVCache {
   int n_ctx = 0;
   int n_layer = 0;
   int kv_dim = 0;
+  int v_dim = 0;
   std::vector<float> k, v;
+  int v_width() const { return v_dim > 0 ? v_dim : kv_dim; }
   float* k_at(int layer, int pos) { return k.data() + (static_cast<size_t>(layer) * n_ctx + pos) * kv_dim; }
-  float* v_at(int layer, int pos) { return v.data() + (static_cast<size_t>(layer) * n_ctx + pos) * kv_dim; }
+  float* v_at(int layer, int pos) { return v.data() + (static_cast<size_t>(layer) * n_ctx + pos) * v_width(); }
 };
 
 class DenseModel {
