@@ -50,7 +50,8 @@ std::vector<int> Op::reads() const {
   if (in2 >= 0) r.push_back(in2);
   if (in3 >= 0) r.push_back(in3);
   if ((kind == OpKind::HeadNormRope || kind == OpKind::Residual || kind == OpKind::SigmoidGate ||
-       kind == OpKind::CausalConvSilu || kind == OpKind::GatedRmsNorm || kind == OpKind::AttnResAdd) &&
+       kind == OpKind::CausalConvSilu || kind == OpKind::GatedRmsNorm ||
+       (kind == OpKind::AttnResAdd && !overwrite)) &&
       out >= 0)
     r.push_back(out);
   return r;
