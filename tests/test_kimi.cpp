@@ -192,6 +192,27 @@ TEST(KimiModel, SyntheticMiniRunsUnderEveryExecutor) {
   EXPECT_LT(rel_diff(b.data(), a.data(), a.size()), 2e-3);
 }
 
+TEST(KimiModel, ProgramReadsWhatTheConfigArithmeticSays) {
+  const KimiModel& m = synthetic_mini();
+  const KimiConfig& c = m.config();
+  const DecodeProgram p = build_kimi_program(m, 1);
+  // The config counts one embedding row, which the Embed op does not report.
+  EXPECT_EQ(static_cast<int64_t>(p.weight_bytes()) + static_cast<int64_t>(row_bytes(DType::BF16, c.hidden)),
+            weight_bytes_per_step(c, DType::BF16, DType::MXFP4));
+  const std::string d = p.dump();
+  EXPECT_NE(d.find("moe_experts"), std::string::npos);
+  EXPECT_NE(d.find("attn_res_restart"), std::string::npos);
+  int n_delta = 0, n_attention = 0, n_restart = 0;
+  for (const Op& op : p.ops) {
+    n_delta += op.kind == OpKind::DeltaRule && op.kda;
+    n_attention += op.kind == OpKind::Attention;
+    n_restart += op.kind == OpKind::AttnResAdd && op.overwrite && op.layer >= 0;
+  }
+  EXPECT_EQ(n_delta, 7);
+  EXPECT_EQ(n_attention, 3);
+  EXPECT_EQ(n_restart, 3);  // layers 0, 4 and 8
+}
+
 TEST(KimiModel, MegaMatchesOpByOpBitForBitAtBatch124) {
   const KimiModel& m = synthetic_mini();
   const DecodeProgram p = build_kimi_program(m, 4);
