@@ -32,7 +32,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "exec/executor.h"
-#include "exec/moe_kernels.h"
+#include "exec/op_kernels.h"
 #include "exec/recurrent_kernels.h"
 #include "io/safetensors.h"
 #include "model/kimi.h"
@@ -127,27 +127,51 @@ TEST(KimiConfig, BenchAndMiniPresets) {
 // ---------------------------------------------------------------------------
 // Router.
 
+// Runs the MoeRoute op of a Kimi MINI layer on given router logits; returns
+// [k ids | k weights].
+std::vector<float> route(const std::vector<float>& logits, const std::vector<float>& bias, int k) {
+  DecodeProgram p;
+  p.max_rows = 1;
+  const int in = p.add_slot("logits", -1, static_cast<int>(logits.size()));
+  const int out = p.add_slot("route", -1, 2 * k);
+  Op& op = p.add_op(OpKind::MoeRoute, 1, "moe_route");
+  op.in = in;
+  op.out = out;
+  op.norm = bias.data();
+  op.n_norm = static_cast<int>(bias.size());
+  op.top_k = k;
+  std::vector<float> x = logits, y(static_cast<size_t>(2 * k));
+  StepContext ctx;
+  ctx.program = &p;
+  ctx.slot = {x.data(), y.data()};
+  ctx.n_rows = 1;
+  for (bool scalar : {true, false}) {
+    ctx.scalar = scalar;
+    run_op_tile(p.ops[0], ctx, 0, 1);
+  }
+  return y;
+}
+
 TEST(KimiRouter, TiesGoToTheLowestIndex) {
-  // Scores 0.5 everywhere, no bias: the first k ids, equal weights.
-  std::vector<float> s(8, 0.5f);
-  int32_t ids[3];
-  float w[3];
-  moe_select(s.data(), nullptr, 8, 3, 1.f, ids, w);
-  EXPECT_EQ(ids[0], 0);
-  EXPECT_EQ(ids[1], 1);
-  EXPECT_EQ(ids[2], 2);
-  for (float x : w) EXPECT_FLOAT_EQ(x, 1.f / 3);
-  // The bias decides selection, the scores the weights; a tie in score + bias
-  // between 5 and 6 goes to 5.
-  s = {0.1f, 0.9f, 0.2f, 0.3f, 0.4f, 0.6f, 0.5f, 0.8f};
-  const std::vector<float> bias = {0.f, -1.f, 0.f, 0.f, 0.f, 0.f, 0.1f, 0.f};
-  moe_select(s.data(), bias.data(), 8, 3, 2.f, ids, w);
-  EXPECT_EQ(ids[0], 7);
-  EXPECT_EQ(ids[1], 5);
-  EXPECT_EQ(ids[2], 6);
-  EXPECT_FLOAT_EQ(w[0], 2.f * 0.8f / 1.9f);
-  EXPECT_FLOAT_EQ(w[1], 2.f * 0.6f / 1.9f);
-  EXPECT_FLOAT_EQ(w[2], 2.f * 0.5f / 1.9f);
+  // Equal scores, no bias: the first k ids, equal weights.
+  std::vector<float> r = route(std::vector<float>(8, 0.f), std::vector<float>(8, 0.f), 3);
+  EXPECT_EQ(r[0], 0.f);
+  EXPECT_EQ(r[1], 1.f);
+  EXPECT_EQ(r[2], 2.f);
+  for (int j = 0; j < 3; ++j) EXPECT_FLOAT_EQ(r[3 + j], 1.f / 3);
+  // The bias decides selection, the sigmoid scores the weights. Experts 5
+  // and 6 tie exactly (logit 0, bias 0.125) and 5 comes first; expert 1 has
+  // the best score but a bias that drops it.
+  const std::vector<float> lg = {-1.f, 3.f, -1.f, -1.f, -1.f, 0.f, 0.f, 2.f};
+  const std::vector<float> bias = {0.f, -1.f, 0.f, 0.f, 0.f, 0.125f, 0.125f, 0.f};
+  r = route(lg, bias, 3);
+  EXPECT_EQ(r[0], 7.f);
+  EXPECT_EQ(r[1], 5.f);
+  EXPECT_EQ(r[2], 6.f);
+  const float s7 = 1.f / (1.f + std::exp(-2.f)), sum = s7 + 0.5f + 0.5f;
+  EXPECT_NEAR(r[3], s7 / sum, 1e-6);
+  EXPECT_NEAR(r[4], 0.5f / sum, 1e-6);
+  EXPECT_NEAR(r[5], 0.5f / sum, 1e-6);
 }
 
 // ---------------------------------------------------------------------------
@@ -200,7 +224,7 @@ TEST(KimiModel, ProgramReadsWhatTheConfigArithmeticSays) {
   EXPECT_EQ(static_cast<int64_t>(p.weight_bytes()) + static_cast<int64_t>(row_bytes(DType::BF16, c.hidden)),
             weight_bytes_per_step(c, DType::BF16, DType::MXFP4));
   const std::string d = p.dump();
-  EXPECT_NE(d.find("moe_experts"), std::string::npos);
+  EXPECT_NE(d.find("moe_glu"), std::string::npos);
   EXPECT_NE(d.find("attn_res_restart"), std::string::npos);
   int n_delta = 0, n_attention = 0, n_restart = 0;
   for (const Op& op : p.ops) {

@@ -17,6 +17,7 @@
 #include "model/dense_program.h"
 #include "model/load.h"
 #include "model/kimi_config.h"
+#include "model/muse_config.h"
 #include "model/qwen38_config.h"
 #include "runtime/session.h"
 #include "tools/commands.h"
@@ -138,9 +139,14 @@ void inspect_config(const std::string& name) {
     fmt::print("{}", describe(*c));
     return;
   }
+  if (const MuseConfig* c = find_muse_preset(name)) {
+    fmt::print("{}", describe(*c));
+    return;
+  }
   std::string known;
   for (const auto& c : qwen38_presets()) known += (known.empty() ? "" : ", ") + c.name;
   for (const auto& c : kimi_presets()) known += ", " + c.name;
+  for (const auto& c : muse_presets()) known += ", " + c.name;
   fail("unknown config preset '{}' (known: {})", name, known);
 }
 

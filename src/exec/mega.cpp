@@ -122,7 +122,7 @@ Schedule compile(const DecodeProgram& p, int n_rows, int W) {
       task.weights = weight_region(op, t, n_tiles[i]);
       task.dep_begin = static_cast<uint32_t>(s.deps.size());
       // The row this tile touches, when it touches only one.
-      const int my_row = op_is_row_tiled(op) ? t : (op_tiles_per_row(op) > 0 ? t / op_tiles_per_row(op) : -1);
+      const int my_row = op_is_row_tiled(op) ? t : (op.kind == OpKind::Attention ? t / op.n_head : -1);
       for (int pr : producers) {
         const Op& pop = p.ops[static_cast<size_t>(pr)];
         // A row-wise producer feeds a single-row consumer through that row
@@ -130,11 +130,10 @@ Schedule compile(const DecodeProgram& p, int n_rows, int W) {
         // other's keys, so attention waits for every row's store.
         if (my_row >= 0 && op_is_row_tiled(pop) && pop.kind != OpKind::StoreKV) {
           s.deps.push_back(flag_base[static_cast<size_t>(pr)] + my_row);
-        } else if (my_row >= 0 && op_tiles_per_row(pop) > 0) {
-          // Attention tiles are (row, head), expert tiles (row, selection):
-          // a single-row consumer needs only its row's tiles.
-          const int per = op_tiles_per_row(pop);
-          for (int h = 0; h < per; ++h) s.deps.push_back(flag_base[static_cast<size_t>(pr)] + my_row * per + h);
+        } else if (my_row >= 0 && pop.kind == OpKind::Attention) {
+          // Attention tiles are (row, head): a single-row consumer needs
+          // only its row's heads.
+          for (int h = 0; h < pop.n_head; ++h) s.deps.push_back(flag_base[static_cast<size_t>(pr)] + my_row * pop.n_head + h);
         } else {
           for (int pt = 0; pt < n_tiles[static_cast<size_t>(pr)]; ++pt)
             s.deps.push_back(flag_base[static_cast<size_t>(pr)] + pt);

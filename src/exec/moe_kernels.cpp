@@ -1,16 +1,17 @@
 #include "exec/moe_kernels.h"
 
+#include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <vector>
 
 #include "core/error.h"
 #include "exec/op_kernels.h"
+#include "ir/expert_bank.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/ops.h"
-#include "kernels/cpu/vec.h"
 
 namespace megakern {
+
 namespace {
 
 int width_of(const StepContext& ctx, int slot) { return ctx.program->slots[static_cast<size_t>(slot)].width; }
@@ -19,90 +20,180 @@ float* row_of(const StepContext& ctx, int slot, int r) {
   return ctx.slot[static_cast<size_t>(slot)] + static_cast<size_t>(r) * static_cast<size_t>(width_of(ctx, slot));
 }
 
-// Rows [first, first + n) of W as a matrix of their own.
-MatView rows_of(const MatView& W, int64_t first, int64_t n) {
-  MatView v = W;
-  v.data = W.row(first);
-  v.rows = n;
-  return v;
+inline float sigmoidf(float x) { return 1.f / (1.f + std::exp(-x)); }
+
+int n_slots(const Op& op, int n_rows) { return std::min(op.experts->n_expert, n_rows * op.top_k); }
+
+// Output rows [begin, end) of chunk c of n over `rows` (balanced, multiples of 4).
+void chunk_range(int rows, int c, int n, int& begin, int& end) {
+  const int units = (rows + 3) / 4;
+  begin = std::min(rows, units * c / n * 4);
+  end = std::min(rows, units * (c + 1) / n * 4);
 }
 
-// y[j] = W[j] . x for all rows of W, with the optimised or the scalar kernel.
-void matvec(const MatView& W, const float* x, float* y, bool scalar) {
-  if (scalar) {
+// The rows (r, j) of the step that selected the expert of this tile's slot,
+// and that expert; false when the slot is unused this step.
+struct SlotWork {
+  int expert = -1;
+  std::vector<int> row, sel;  // [m]: step row and selection index j
+};
+
+bool slot_work(const Op& op, const StepContext& ctx, int slot, SlotWork& w) {
+  const int k = op.top_k;
+  thread_local std::vector<int> ids;
+  ids.clear();
+  for (int r = 0; r < ctx.n_rows; ++r) {
+    const float* route = row_of(ctx, op.in2, r);
+    for (int j = 0; j < k; ++j) ids.push_back(static_cast<int>(route[j]));
+  }
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  if (slot >= static_cast<int>(ids.size())) return false;
+  w.expert = ids[static_cast<size_t>(slot)];
+  MK_DCHECK(w.expert >= 0 && w.expert < op.experts->n_expert);
+  w.row.clear();
+  w.sel.clear();
+  for (int r = 0; r < ctx.n_rows; ++r) {
+    const float* route = row_of(ctx, op.in2, r);
+    for (int j = 0; j < k; ++j)
+      if (static_cast<int>(route[j]) == w.expert) {
+        w.row.push_back(r);
+        w.sel.push_back(j);
+      }
+  }
+  return true;
+}
+
+// Y[i][o] = W[o] . X[i] for o in [b, e): X [m][W.cols], Y [m][ldy].
+void expert_matmul(const StepContext& ctx, const MatView& W, const float* X, int m, float* Y, int64_t ldy, int b,
+                   int e) {
+  if (ctx.scalar) {
     const auto& tr = dtype_traits(W.type);
-    for (int64_t j = 0; j < W.rows; ++j) y[j] = tr.dot(W.row(j), x, W.cols);
+    for (int o = b; o < e; ++o)
+      for (int i = 0; i < m; ++i) Y[i * ldy + o] = tr.dot(W.row(o), X + static_cast<int64_t>(i) * W.cols, W.cols);
   } else {
-    matmul_rows(W, x, 1, y, W.rows, 0, W.rows);
+    matmul_rows(W, X, m, Y, ldy, b, e);
   }
 }
+
+float scale_of(const std::vector<float>& s, int e) { return s.empty() ? 1.f : s[static_cast<size_t>(e)]; }
 
 }  // namespace
 
-void moe_select(const float* scores, const float* bias, int n, int k, float scale, int32_t* ids, float* w) {
-  thread_local std::vector<uint8_t> taken;
-  taken.assign(static_cast<size_t>(n), 0);
-  double sum = 0;
-  for (int j = 0; j < k; ++j) {
-    int best = -1;
-    float best_v = 0.f;
-    for (int e = 0; e < n; ++e) {
-      if (taken[static_cast<size_t>(e)]) continue;
-      const float v = scores[e] + (bias ? bias[e] : 0.f);
-      // Strictly greater: among equal values the lowest id wins.
-      if (best < 0 || v > best_v) {
-        best = e;
-        best_v = v;
-      }
-    }
-    taken[static_cast<size_t>(best)] = 1;
-    ids[j] = best;
-    w[j] = scores[best];
-    sum += scores[best];
-  }
-  const float inv = sum > 0 ? static_cast<float>(scale / sum) : 0.f;
-  for (int j = 0; j < k; ++j) w[j] *= inv;
+float swiglu_act(float g, float u) { return silu(g) * u; }
+float situ_act(float g, float u) { return 4.f * std::tanh(g * 0.25f) * sigmoidf(g) * (25.f * std::tanh(u / 25.f)); }
+
+int moe_tile_count(const Op& op, int n_rows, int n_workers) {
+  const int slots = n_slots(op, n_rows);
+  const int out_rows = op.kind == OpKind::MoeGlu ? op.experts->d_ff : op.experts->d_in;
+  // Enough output ranges that a single-row step still spreads over the team,
+  // never ranges under 16 rows.
+  const int chunks = std::clamp((n_workers + slots - 1) / slots, 1, std::max(1, out_rows / 16));
+  return slots * chunks;
 }
 
 void moe_route_tile(const Op& op, const StepContext& ctx, int r) {
-  const float* logits = row_of(ctx, op.in, r);
-  float* route = row_of(ctx, op.out, r);
-  const int n = op.n_expert, k = op.n_expert_used;
-  thread_local std::vector<float> s;
-  thread_local std::vector<int32_t> ids;
-  s.resize(static_cast<size_t>(n));
-  ids.resize(static_cast<size_t>(k));
-  for (int e = 0; e < n; ++e) s[static_cast<size_t>(e)] = 1.f / (1.f + std::exp(-logits[e]));
-  moe_select(s.data(), op.bias, n, k, op.scale, ids.data(), route + k);
-  for (int j = 0; j < k; ++j) route[j] = static_cast<float>(ids[static_cast<size_t>(j)]);
+  const int E = width_of(ctx, op.in), k = op.top_k;
+  const float* logit = row_of(ctx, op.in, r);
+  float* out = row_of(ctx, op.out, r);
+  thread_local std::vector<float> score, key;
+  score.resize(static_cast<size_t>(E));
+  key.resize(static_cast<size_t>(E));
+  for (int e = 0; e < E; ++e) {
+    score[static_cast<size_t>(e)] = op.scale * sigmoidf(logit[e]);
+    key[static_cast<size_t>(e)] = score[static_cast<size_t>(e)] + (op.norm ? op.norm[e] : 0.f);
+  }
+  // k passes of an arg-max, strictly greater wins, so ties go to the lowest
+  // index; taken entries are marked -inf (a NaN key is never selected
+  // unless nothing else is left, then the lowest free index is).
+  float sum = 0.f;
+  for (int j = 0; j < k; ++j) {
+    int best = -1;
+    for (int e = 0; e < E; ++e) {
+      const float v = key[static_cast<size_t>(e)];
+      if (v == -INFINITY) continue;
+      if (best < 0 || v > key[static_cast<size_t>(best)]) best = e;
+    }
+    key[static_cast<size_t>(best)] = -INFINITY;
+    out[j] = static_cast<float>(best);
+    out[k + j] = score[static_cast<size_t>(best)];
+    sum += score[static_cast<size_t>(best)];
+  }
+  const float inv = sum > 0.f ? 1.f / sum : 0.f;
+  for (int j = 0; j < k; ++j) out[k + j] *= inv;
 }
 
-void moe_experts_tile(const Op& op, const StepContext& ctx, int r, int j) {
-  const float* x = row_of(ctx, op.in, r);
-  const float* route = row_of(ctx, op.in2, r);
-  const int F = op.expert_ff;
-  const int64_t d_out = op.mat2.rows / op.n_expert;
-  const int e = static_cast<int>(route[j]);
-  MK_DCHECK(e >= 0 && e < op.n_expert, "expert id {} out of range", e);
-  float* y = row_of(ctx, op.out, r) + static_cast<size_t>(j) * static_cast<size_t>(d_out);
-  thread_local std::vector<float> gu;  // [2F]: gate then up
-  gu.resize(2 * static_cast<size_t>(F));
-  matvec(rows_of(op.mat, static_cast<int64_t>(e) * 2 * F, 2 * F), x, gu.data(), ctx.scalar);
-  for (int i = 0; i < F; ++i) {
-    const float g = gu[static_cast<size_t>(i)], u = gu[static_cast<size_t>(F + i)];
-    gu[static_cast<size_t>(i)] = op.situ ? situ(g, u) : silu(g) * u;
+void moe_glu_tile(const Op& op, const StepContext& ctx, int t, int n_tiles) {
+  const ExpertBank& b = *op.experts;
+  const int chunks = n_tiles / n_slots(op, ctx.n_rows);
+  thread_local SlotWork w;
+  if (!slot_work(op, ctx, t / chunks, w)) return;
+  int fb, fe;
+  chunk_range(b.d_ff, t % chunks, chunks, fb, fe);
+  const int m = static_cast<int>(w.row.size()), D = b.d_in, F = b.d_ff;
+  thread_local std::vector<float> X, G, U;
+  X.resize(static_cast<size_t>(m) * D);
+  G.resize(static_cast<size_t>(m) * F);
+  U.resize(static_cast<size_t>(m) * F);
+  for (int i = 0; i < m; ++i) std::copy_n(row_of(ctx, op.in, w.row[static_cast<size_t>(i)]), D, X.data() + static_cast<size_t>(i) * D);
+  const int e = w.expert;
+  expert_matmul(ctx, b.gate[static_cast<size_t>(e)], X.data(), m, G.data(), F, fb, fe);
+  expert_matmul(ctx, b.up[static_cast<size_t>(e)], X.data(), m, U.data(), F, fb, fe);
+  const float gs = scale_of(b.gate_scale, e), us = scale_of(b.up_scale, e);
+  for (int i = 0; i < m; ++i) {
+    float* h = row_of(ctx, op.out, w.row[static_cast<size_t>(i)]) + static_cast<size_t>(w.sel[static_cast<size_t>(i)]) * F;
+    const float* g = G.data() + static_cast<size_t>(i) * F;
+    const float* u = U.data() + static_cast<size_t>(i) * F;
+    if (b.act == ExpertAct::SiTU)
+      for (int f = fb; f < fe; ++f) h[f] = situ_act(gs * g[f], us * u[f]);
+    else
+      for (int f = fb; f < fe; ++f) h[f] = swiglu_act(gs * g[f], us * u[f]);
   }
-  matvec(rows_of(op.mat2, e * d_out, d_out), gu.data(), y, ctx.scalar);
+}
+
+void moe_down_tile(const Op& op, const StepContext& ctx, int t, int n_tiles) {
+  const ExpertBank& b = *op.experts;
+  const int chunks = n_tiles / n_slots(op, ctx.n_rows);
+  thread_local SlotWork w;
+  if (!slot_work(op, ctx, t / chunks, w)) return;
+  int db, de;
+  chunk_range(b.d_in, t % chunks, chunks, db, de);
+  const int m = static_cast<int>(w.row.size()), D = b.d_in, F = b.d_ff;
+  thread_local std::vector<float> X, Y;
+  X.resize(static_cast<size_t>(m) * F);
+  Y.resize(static_cast<size_t>(m) * D);
+  for (int i = 0; i < m; ++i)
+    std::copy_n(row_of(ctx, op.in, w.row[static_cast<size_t>(i)]) + static_cast<size_t>(w.sel[static_cast<size_t>(i)]) * F,
+                F, X.data() + static_cast<size_t>(i) * F);
+  const int e = w.expert;
+  expert_matmul(ctx, b.down[static_cast<size_t>(e)], X.data(), m, Y.data(), D, db, de);
+  const float ds = scale_of(b.down_scale, e);
+  for (int i = 0; i < m; ++i) {
+    float* y = row_of(ctx, op.out, w.row[static_cast<size_t>(i)]) + static_cast<size_t>(w.sel[static_cast<size_t>(i)]) * D;
+    const float* src = Y.data() + static_cast<size_t>(i) * D;
+    for (int d = db; d < de; ++d) y[d] = ds * src[d];
+  }
 }
 
 void moe_combine_tile(const Op& op, const StepContext& ctx, int r) {
-  const int D = width_of(ctx, op.out), k = op.n_expert_used;
-  const float* ys = row_of(ctx, op.in, r);
-  const float* w = row_of(ctx, op.in2, r) + k;
+  const ExpertBank& b = *op.experts;
+  const int k = op.top_k, D = b.d_in;
+  const float* route = row_of(ctx, op.in2, r);
+  const float* y = row_of(ctx, op.in, r);
   float* out = row_of(ctx, op.out, r);
-  std::memset(out, 0, sizeof(float) * static_cast<size_t>(D));
-  auto axpy = ctx.scalar ? axpy_f32_scalar : axpy_f32;
-  for (int j = 0; j < k; ++j) axpy(w[j], ys + static_cast<size_t>(j) * D, out, D);
+  thread_local std::vector<float> tmp;
+  tmp.resize(static_cast<size_t>(D));
+  std::fill(out, out + D, 0.f);
+  for (int j = 0; j < k; ++j) {
+    const int e = static_cast<int>(route[j]);
+    const float wj = route[k + j];
+    const float* yj = y + static_cast<size_t>(j) * D;
+    if (!b.out_norm.empty()) {
+      rmsnorm(yj, b.out_norm.data() + static_cast<size_t>(e) * D, D, b.out_norm_eps, tmp.data());
+      yj = tmp.data();
+    }
+    for (int d = 0; d < D; ++d) out[d] += wj * yj[d];
+  }
 }
 
 }  // namespace megakern

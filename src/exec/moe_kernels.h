@@ -1,17 +1,23 @@
-// Per-tile kernels of the mixture-of-experts ops (MoeRoute, MoeExperts,
-// MoeCombine; see ir/program.h), written for any sigmoid-routed MoE:
-//  - routing: s = sigmoid(logits) in f32; the k experts with the largest
-//    s + bias are selected (ties to the lowest expert id), and their weights
-//    are scale * s_e / sum_selected s;
-//  - experts: one tile per (row, selection) computes the selected expert's
-//    gated MLP, y = W_down act(W_gate x, W_up x), act SiLU(g) * u or SiTU;
-//  - combine: sum_j w_j y_j over the selections in order, so the result does
-//    not depend on how tiles were spread over workers.
-// The route of a row is stored as floats: [k expert ids | k weights]; ids are
-// small integers, exact in f32.
+// Per-tile kernels of the mixture-of-experts ops (MoeRoute, MoeGlu, MoeDown,
+// MoeCombine; see ir/program.h and ir/expert_bank.h), shared by every
+// executor through run_op_tile.
+//
+// Data flow of one MoE block for a step of R rows (k = top_k):
+//   logits [R][E]  --MoeRoute-->   route [R][2k]    ids (as floats) | weights
+//   z [R][d_in]    --MoeGlu-->     h [R][k][d_ff]   h[r][j] from expert route[r][j]
+//   h              --MoeDown-->    y [R][k][d_in]
+//   y              --MoeCombine--> out [R][d_in]    sum_j w_j norm_e(y[r][j]), j in order
+// MoeRoute and MoeCombine are row-tiled. MoeGlu and MoeDown are tiled by
+// (slot, output range): slot s is the s-th smallest distinct expert selected
+// by any row of the step (known only after routing, so every tile derives it
+// from the route slot), and the tile multiplies that expert's rows
+// [begin, end) with the inputs of every row that selected it. So each
+// selected expert's weights are read once per step whatever the batch, and
+// a step has min(E, R * k) slots, of which the unused ones do nothing.
+// Every output value is one weight row times one input row (matmul_rows
+// computes it the same way for any batch or range), so a row's result does
+// not depend on its batch mates or on how the tiles were cut.
 #pragma once
-
-#include <cstdint>
 
 #include "ir/program.h"
 
@@ -19,12 +25,16 @@ namespace megakern {
 
 struct StepContext;
 
-// Selects the top k of score + bias (ties to the lowest index) and writes the
-// normalised weights: ids[k], w[k]. scores are the sigmoid scores [n].
-void moe_select(const float* scores, const float* bias, int n, int k, float scale, int32_t* ids, float* w);
+// Tiles of a MoeGlu / MoeDown op for n_rows rows on n_workers workers.
+int moe_tile_count(const Op& op, int n_rows, int n_workers);
 
 void moe_route_tile(const Op& op, const StepContext& ctx, int r);
-void moe_experts_tile(const Op& op, const StepContext& ctx, int r, int j);
+void moe_glu_tile(const Op& op, const StepContext& ctx, int t, int n_tiles);
+void moe_down_tile(const Op& op, const StepContext& ctx, int t, int n_tiles);
 void moe_combine_tile(const Op& op, const StepContext& ctx, int r);
+
+// The activations of ExpertBank::act, exposed for tests.
+float swiglu_act(float g, float u);
+float situ_act(float g, float u);
 
 }  // namespace megakern

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "exec/gate_kernels.h"
 #include "exec/kimi_kernels.h"
 #include "exec/moe_kernels.h"
 #include "exec/recurrent_kernels.h"
@@ -17,13 +18,7 @@ namespace megakern {
 
 bool op_is_row_tiled(const Op& op) {
   return op.kind != OpKind::MatMul && op.kind != OpKind::Attention && op.kind != OpKind::DeltaRule &&
-         op.kind != OpKind::MoeExperts;
-}
-
-int op_tiles_per_row(const Op& op) {
-  if (op.kind == OpKind::Attention) return op.n_head;
-  if (op.kind == OpKind::MoeExperts) return op.n_expert_used;
-  return 0;
+         op.kind != OpKind::MoeGlu && op.kind != OpKind::MoeDown;
 }
 
 int op_tile_count(const Op& op, int n_rows, int n_workers) {
@@ -35,7 +30,8 @@ int op_tile_count(const Op& op, int n_rows, int n_workers) {
     }
     case OpKind::Attention:
     case OpKind::DeltaRule: return n_rows * op.n_head;
-    case OpKind::MoeExperts: return n_rows * op.n_expert_used;
+    case OpKind::MoeGlu:
+    case OpKind::MoeDown: return moe_tile_count(op, n_rows, n_workers);
     default: return n_rows;
   }
 }
@@ -62,11 +58,9 @@ void validate_rows(const DecodeProgram& p, const std::vector<RowInput>& rows) {
     if (in.cache->kv_dim != p.kv_dim || in.cache->v_width() != p.v_width())
       fail("row {}: KV cache widths K {} / V {} do not match the model's {} / {}", r, in.cache->kv_dim,
            in.cache->v_width(), p.kv_dim, p.v_width());
-    const size_t need = static_cast<size_t>(n_cache_layers) * static_cast<size_t>(in.cache->n_ctx) *
-                        static_cast<size_t>(in.cache->kv_dim);
-    const size_t need_v = static_cast<size_t>(n_cache_layers) * static_cast<size_t>(in.cache->n_ctx) *
-                          static_cast<size_t>(in.cache->v_width());
-    if (in.cache->n_layer < n_cache_layers || in.cache->k.size() < need || in.cache->v.size() < need_v)
+    const size_t need = in.cache->floats_for(n_cache_layers);
+    if (in.cache->n_layer < n_cache_layers || in.cache->k.size() < need ||
+        in.cache->v.size() < in.cache->v_offset(need))
       fail("row {}: the KV cache holds {} layers, the program needs {}", r, in.cache->n_layer, n_cache_layers);
     // Rows sharing a cache are one sequence's block: adjacent in the row
     // list at consecutive positions, so no two rows write the same entry and
@@ -77,6 +71,23 @@ void validate_rows(const DecodeProgram& p, const std::vector<RowInput>& rows) {
     if (r > 0 && rows[r - 1].cache == in.cache && rows[r - 1].pos + 1 != in.pos)
       fail("rows {} and {} share a KV cache but have positions {} and {} (must be consecutive)", r - 1, r,
            rows[r - 1].pos, in.pos);
+  }
+  // A ring-buffer layer keeps its last ring_len(layer) positions: attention
+  // over it must be windowed, and the window of a block's first row must
+  // survive the stores of the whole block (window + block - 1 positions).
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const KVCache& c = *rows[r].cache;
+    if (c.ring.empty()) continue;
+    size_t first = r;
+    while (first > 0 && rows[first - 1].cache == &c) --first;
+    const int block = static_cast<int>(r - first) + 1;
+    for (const Op& op : p.ops) {
+      if (op.kind != OpKind::Attention || c.ring_len(op.cache_layer()) == 0) continue;
+      const int len = c.ring_len(op.cache_layer());
+      if (op.window <= 0 || op.window + block - 1 > len)
+        fail("row {}: KV layer {} keeps {} positions, too few for attention window {} over a block of {} rows", r,
+             op.cache_layer(), len, op.window, block);
+    }
   }
   if (p.recurrent) validate_recurrent_rows(p, rows.data(), static_cast<int>(rows.size()));
 }
@@ -171,7 +182,7 @@ void run_op_tile(const Op& op, const StepContext& ctx, int t, int n_tiles) {
       float* o = row_of(ctx, op.out, t);
       const int n = p.slots[static_cast<size_t>(op.out)].width;
       if (op.situ)
-        for (int i = 0; i < n; ++i) o[i] = situ(g[i], u[i]);
+        for (int i = 0; i < n; ++i) o[i] = situ_act(g[i], u[i]);
       else if (op.gelu)
         for (int i = 0; i < n; ++i) o[i] = gelu_tanh(g[i]) * u[i];
       else
@@ -196,11 +207,15 @@ void run_op_tile(const Op& op, const StepContext& ctx, int t, int n_tiles) {
     case OpKind::CausalConvSilu: causal_conv_silu_tile(op, ctx, t); break;
     case OpKind::DeltaRule: delta_rule_tile(op, ctx, t / op.n_head, t % op.n_head); break;
     case OpKind::GatedRmsNorm: gated_rmsnorm_tile(op, ctx, t); break;
+    case OpKind::GatedResidual: gated_residual_tile(op, ctx, t); break;
+    case OpKind::HeadNormGate: head_norm_gate_tile(op, ctx, t); break;
+    case OpKind::LogitSoftcap: logit_softcap_tile(op, ctx, t); break;
     case OpKind::AttnResMix: attn_res_mix_tile(op, ctx, t); break;
     case OpKind::AttnResAdd: attn_res_add_tile(op, ctx, t); break;
     case OpKind::MlaKey: mla_key_tile(op, ctx, t); break;
     case OpKind::MoeRoute: moe_route_tile(op, ctx, t); break;
-    case OpKind::MoeExperts: moe_experts_tile(op, ctx, t / op.n_expert_used, t % op.n_expert_used); break;
+    case OpKind::MoeGlu: moe_glu_tile(op, ctx, t, n_tiles); break;
+    case OpKind::MoeDown: moe_down_tile(op, ctx, t, n_tiles); break;
     case OpKind::MoeCombine: moe_combine_tile(op, ctx, t); break;
   }
 }

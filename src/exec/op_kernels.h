@@ -1,6 +1,7 @@
 // The per-tile work of each op, shared by all executors. A tile is the unit
 // of work an executor schedules: a contiguous range of output rows for a
-// matrix product, one row for row-wise ops, one (row, head) for attention.
+// matrix product, one row for row-wise ops, one (row, head) for attention,
+// one (selected expert, output range) for the MoE expert products.
 #pragma once
 
 #include <cstdint>
@@ -25,9 +26,6 @@ int op_tile_count(const Op& op, int n_rows, int n_workers);
 void matmul_tile_range(const Op& op, int t, int n, int64_t& begin, int64_t& end);
 // Whether tiles of this op correspond one-to-one to rows.
 bool op_is_row_tiled(const Op& op);
-// For ops whose tiles each touch one row but several tiles share it (attention:
-// (row, head); experts: (row, selection)), the tiles per row; 0 otherwise.
-int op_tiles_per_row(const Op& op);
 
 // Runs tile t of n_tiles of op on the context.
 void run_op_tile(const Op& op, const StepContext& ctx, int t, int n_tiles);

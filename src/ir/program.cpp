@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "ir/expert_bank.h"
 
 namespace megakern {
 
@@ -23,8 +24,12 @@ const char* op_kind_name(OpKind k) {
     case OpKind::AttnResMix: return "attn_res_mix";
     case OpKind::AttnResAdd: return "attn_res_add";
     case OpKind::MlaKey: return "mla_key";
+    case OpKind::GatedResidual: return "gated_residual";
+    case OpKind::HeadNormGate: return "head_norm_gate";
+    case OpKind::LogitSoftcap: return "logit_softcap";
     case OpKind::MoeRoute: return "moe_route";
-    case OpKind::MoeExperts: return "moe_experts";
+    case OpKind::MoeGlu: return "moe_glu";
+    case OpKind::MoeDown: return "moe_down";
     case OpKind::MoeCombine: return "moe_combine";
   }
   return "?";
@@ -36,11 +41,12 @@ size_t Op::weight_bytes() const {
   if (kind == OpKind::DeltaRule && kda)  // A_log [n_head], dt_bias [n_head * head_dim]
     return sizeof(float) * static_cast<size_t>(n_norm + n_head * head_dim);
   if (kind == OpKind::DeltaRule) return 2 * sizeof(float) * static_cast<size_t>(n_norm);  // A_log, dt_bias
-  if (kind == OpKind::MoeRoute) return sizeof(float) * static_cast<size_t>(bias ? n_expert : 0);
-  // Experts: the k selected experts of one row (what batch 1 reads).
-  if (kind == OpKind::MoeExperts)
-    return static_cast<size_t>(n_expert_used) *
-           (2 * static_cast<size_t>(expert_ff) * mat.row_bytes + static_cast<size_t>(mat2.cols > 0 ? mat2.rows / n_expert : 0) * mat2.row_bytes);
+  // Routed experts: what one row reads (top_k experts, sized as expert 0);
+  // a step reads the union of its rows' experts.
+  if (kind == OpKind::MoeGlu && experts) return static_cast<size_t>(top_k) * experts->glu_bytes(0);
+  if (kind == OpKind::MoeDown && experts) return static_cast<size_t>(top_k) * experts->down_bytes(0);
+  if (kind == OpKind::MoeCombine && experts)
+    return experts->out_norm.empty() ? 0 : sizeof(float) * static_cast<size_t>(top_k) * experts->d_in;
   return sizeof(float) * static_cast<size_t>(n_norm);
 }
 
@@ -50,8 +56,8 @@ std::vector<int> Op::reads() const {
   if (in2 >= 0) r.push_back(in2);
   if (in3 >= 0) r.push_back(in3);
   if ((kind == OpKind::HeadNormRope || kind == OpKind::Residual || kind == OpKind::SigmoidGate ||
-       kind == OpKind::CausalConvSilu || kind == OpKind::GatedRmsNorm ||
-       (kind == OpKind::AttnResAdd && !overwrite)) &&
+       kind == OpKind::CausalConvSilu || kind == OpKind::GatedRmsNorm || kind == OpKind::GatedResidual ||
+       kind == OpKind::HeadNormGate || kind == OpKind::LogitSoftcap || (kind == OpKind::AttnResAdd && !overwrite)) &&
       out >= 0)
     r.push_back(out);
   return r;
@@ -251,26 +257,54 @@ void DecodeProgram::verify() const {
                      width(op.in) + op.n_head * width(op.in2) == width(op.out),
                  "{}: widths", where);
         break;
-      case OpKind::MoeRoute:
-        MK_CHECK(op.in >= 0 && op.n_expert == width(op.in) && op.n_expert_used >= 1 && op.n_expert_used <= op.n_expert &&
-                     width(op.out) == 2 * op.n_expert_used,
-                 "{}: {} of {} experts, logits width {}, route width {}", where, op.n_expert_used, op.n_expert, width(op.in),
+      case OpKind::GatedResidual:
+        MK_CHECK(op.in >= 0 && width(op.in) == width(op.out), "{}: widths", where);
+        MK_CHECK(op.norm && op.n_norm == 2 * width(op.out), "{}: needs [alpha | beta] of 2 x {} floats", where,
                  width(op.out));
         break;
-      case OpKind::MoeExperts:
-        MK_CHECK(op.in >= 0 && op.in2 >= 0 && width(op.in2) == 2 * op.n_expert_used && op.mat.data && op.mat2.data,
-                 "{}: needs input, route and weights", where);
-        MK_CHECK(op.mat.cols == width(op.in) && op.mat.rows == int64_t(op.n_expert) * 2 * op.expert_ff &&
-                     op.mat2.cols == op.expert_ff && op.mat2.rows % op.n_expert == 0 &&
-                     width(op.out) == op.n_expert_used * (op.mat2.rows / op.n_expert),
-                 "{}: expert shapes [{}][{}] / [{}][{}] vs slots {} -> {}", where, op.mat.rows, op.mat.cols, op.mat2.rows,
-                 op.mat2.cols, width(op.in), width(op.out));
+      case OpKind::HeadNormGate:
+        MK_CHECK(op.in >= 0 && op.n_head > 0 && op.n_head * op.head_dim == width(op.out), "{}: heads", where);
+        MK_CHECK(width(op.in) == op.n_head || width(op.in) == width(op.out), "{}: gate width {} (want {} or {})",
+                 where, width(op.in), op.n_head, width(op.out));
+        MK_CHECK(!op.norm || op.n_norm == op.head_dim, "{}: norm length", where);
         break;
-      case OpKind::MoeCombine:
-        MK_CHECK(op.in >= 0 && op.in2 >= 0 && width(op.in2) == 2 * op.n_expert_used &&
-                     width(op.in) == op.n_expert_used * width(op.out),
-                 "{}: widths", where);
+      case OpKind::LogitSoftcap:
+        MK_CHECK(op.cap > 0 && op.in < 0, "{}: needs cap > 0 and no input", where);
+        MK_CHECK(!op.norm || op.n_norm == width(op.out), "{}: mask length {} vs {}", where, op.n_norm, width(op.out));
         break;
+      case OpKind::MoeRoute:
+        MK_CHECK(op.in >= 0 && op.top_k > 0 && op.top_k <= width(op.in), "{}: top_k {} of {}", where, op.top_k,
+                 width(op.in));
+        MK_CHECK(width(op.out) == 2 * op.top_k, "{}: route slot width {} vs 2 x top_k", where, width(op.out));
+        MK_CHECK(!op.norm || op.n_norm == width(op.in), "{}: bias length", where);
+        break;
+      case OpKind::MoeGlu:
+      case OpKind::MoeDown:
+      case OpKind::MoeCombine: {
+        const ExpertBank* b = op.experts;
+        MK_CHECK(b && b->n_expert > 0 && op.top_k > 0 && op.top_k <= b->n_expert, "{}: expert bank", where);
+        MK_CHECK(op.in >= 0 && op.in2 >= 0 && width(op.in2) == 2 * op.top_k, "{}: route slot", where);
+        const size_t E = static_cast<size_t>(b->n_expert);
+        MK_CHECK(b->gate.size() == E && b->up.size() == E && b->down.size() == E, "{}: bank matrices", where);
+        for (size_t e = 0; e < E; ++e)
+          MK_CHECK(b->gate[e].data && b->up[e].data && b->down[e].data && b->gate[e].rows == b->d_ff &&
+                       b->gate[e].cols == b->d_in && b->up[e].rows == b->d_ff && b->up[e].cols == b->d_in &&
+                       b->down[e].rows == b->d_in && b->down[e].cols == b->d_ff,
+                   "{}: expert {} matrices do not match [{}][{}] / [{}][{}]", where, e, b->d_ff, b->d_in, b->d_in,
+                   b->d_ff);
+        for (const auto* v : {&b->gate_scale, &b->up_scale, &b->down_scale})
+          MK_CHECK(v->empty() || v->size() == E, "{}: expert scales", where);
+        MK_CHECK(b->out_norm.empty() || b->out_norm.size() == E * static_cast<size_t>(b->d_in), "{}: expert norms",
+                 where);
+        const int k = op.top_k;
+        if (op.kind == OpKind::MoeGlu)
+          MK_CHECK(width(op.in) == b->d_in && width(op.out) == k * b->d_ff, "{}: widths", where);
+        else if (op.kind == OpKind::MoeDown)
+          MK_CHECK(width(op.in) == k * b->d_ff && width(op.out) == k * b->d_in, "{}: widths", where);
+        else
+          MK_CHECK(width(op.in) == k * b->d_in && width(op.out) == b->d_in, "{}: widths", where);
+        break;
+      }
     }
     MK_CHECK(op.kind != OpKind::MatMul || op.in != op.out, "{}: a matrix product cannot write its own input", where);
     if (op.kind == OpKind::StoreKV) marker_layer[static_cast<size_t>(op.out)] = op.cache_layer();

@@ -26,6 +26,8 @@
 
 namespace megakern {
 
+struct ExpertBank;  // ir/expert_bank.h
+
 enum class OpKind : uint8_t {
   Embed,         // out[r] = scale * E[token[r]]                       weights: mat (the table)
   RmsNorm,       // out[r] = rmsnorm(in[r]) * norm
@@ -50,17 +52,27 @@ enum class OpKind : uint8_t {
                    // cache_index; tiles (row, value head)
   GatedRmsNorm,    // in-place on `out`, per head: rmsnorm(out) * norm * silu(in)   (in = z);
                    // with `kda`: * sigmoid(in) instead of silu(in)
-  // Kimi K3 (exec/kimi_kernels.h, exec/moe_kernels.h).
+  // Gated residual, gated head norm, logit soft-cap (exec/gate_kernels.h).
+  GatedResidual,   // out[r] = alpha * out[r] + beta * in[r] * rsqrt(mean(in[r]^2) + eps);
+                   // norm = [alpha | beta], 2 * width floats
+  HeadNormGate,    // in-place on `out`, per head h: rmsnorm(out_h) (* norm when given) * sigmoid(gate),
+                   // gate = in[h] when in has n_head values, else in[h * head_dim + i]
+  LogitSoftcap,    // in-place on `out`: cap * tanh(out * scale / cap) (+ norm[i], an additive
+                   // mask, when given; -inf removes a token)
+  // Mixture of experts (exec/moe_kernels.h). A route slot holds, per row,
+  // top_k expert ids (as floats) then their top_k weights.
+  MoeRoute,        // out[r] = route(in[r]): in = router logits [E]; score = scale * sigmoid(logit);
+                   // top_k of score + norm (the bias, optional), ties to the lowest index;
+                   // weights = score / sum of the selected scores
+  MoeGlu,          // out[r][j] = act(gate_e in[r], up_e in[r]) for e = expert j of row r (in2 = route);
+                   // tiles: (distinct selected expert, d_ff range), weights read once per step
+  MoeDown,         // out[r][j] = down_e in[r][j]   (in = the MoeGlu slot, in2 = route); tiled as MoeGlu
+  MoeCombine,      // out[r] = sum_j weight_j * norm_e(in[r][j])   (in = the MoeDown slot, in2 = route)
+  // Kimi K3 residual stream and MLA (exec/kimi_kernels.h).
   AttnResMix,      // out[r] = softmax-weighted mixture of blocks 0..block-1 of `in` ([n_blocks][H] per
                    // row): score_i = (v_i . norm) * rsqrt(mean(v_i^2) + eps)  (attention residuals)
   AttnResAdd,      // block `block` of `out` ([n_blocks][H] per row) = in[r] (overwrite) or += in[r]
   MlaKey,          // out[r] = per head [in[r] head h (head_dim - w2) | in2[r] (w2, shared by all heads)]
-  MoeRoute,        // out[r] = [k expert ids (as floats) | k weights] from router logits in[r] [n_expert]:
-                   // s = sigmoid(logits), top-k of s + bias (ties to the lowest id), w = scale * s / sum s
-  MoeExperts,      // out[r] = [k][d_out] outputs of row r's k selected experts on in[r] (in2 = the route);
-                   // expert e: mat2_e act(mat_e in) with mat = [n_expert][2 * ff][d_in] (gate rows then
-                   // up rows), mat2 = [n_expert][d_out][ff]; tiles (row, selection)
-  MoeCombine,      // out[r] = sum_j w_j in[r][j] over the k selections in order (in2 = the route)
 };
 
 const char* op_kind_name(OpKind k);
@@ -92,18 +104,18 @@ struct Op {
   // DeltaRule: layer index in the RecurrentState. -1: use `layer`.
   int cache_index = -1;
   const float* dt_bias = nullptr;   // DeltaRule: [n_head] (with `kda`: [n_head * key dim])
-  // Kimi K3 additions.
+  float cap = 0.f;                  // LogitSoftcap
+  int top_k = 0;                    // MoeRoute, MoeGlu, MoeDown, MoeCombine
+  const ExpertBank* experts = nullptr;  // MoeGlu, MoeDown, MoeCombine
+  // Kimi K3.
   int in3 = -1;                     // DeltaRule with `kda`: beta logits [n_head]
   bool kda = false;                 // DeltaRule: KDA (per-channel decay, S stored [k][v], in2 = forget-gate
                                     // input [n_head * key dim], in3 = beta); GatedRmsNorm: sigmoid gate
   float gate_bound = -5.f;          // DeltaRule with `kda`: log decay a = gate_bound * sigmoid(exp(A_log) (g + dt_bias))
-  bool situ = false;                // GluAct, MoeExperts: SiTU act(g, u) = 4 tanh(g/4) sigmoid(g) 25 tanh(u/25)
+  bool situ = false;                // GluAct: SiTU act(g, u) = 4 tanh(g/4) sigmoid(g) 25 tanh(u/25)
   int v_head_dim = 0;               // Attention: value width per head when it differs from head_dim (0: head_dim)
   int block = 0;                    // AttnResMix: number of blocks mixed; AttnResAdd: the block written
   bool overwrite = false;           // AttnResAdd: set the block instead of adding to it
-  MatView mat2;                     // MoeExperts: down projections
-  const float* bias = nullptr;      // MoeRoute: selection bias [n_expert]
-  int n_expert = 0, n_expert_used = 0, expert_ff = 0;  // MoeRoute, MoeExperts, MoeCombine
   int cache_layer() const { return cache_index >= 0 ? cache_index : layer; }
 
   // Bytes of weights this op streams per step (independent of the row count).

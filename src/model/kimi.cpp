@@ -147,6 +147,30 @@ struct KimiBuilder {
 
 namespace {
 
+// The expert bank of a MoE layer: views of expert e's rows of the stacked matrices.
+void make_bank(KimiLayer& L, const KimiConfig& c) {
+  ExpertBank& b = L.experts;
+  b.n_expert = c.n_expert;
+  b.d_in = c.moe_latent;
+  b.d_ff = c.expert_ff;
+  b.act = ExpertAct::SiTU;
+  const int64_t F = c.expert_ff, Lt = c.moe_latent;
+  auto rows = [](const MatView& m, int64_t first, int64_t n) {
+    MatView v = m;
+    v.data = m.row(first);
+    v.rows = n;
+    return v;
+  };
+  b.gate.clear();
+  b.up.clear();
+  b.down.clear();
+  for (int64_t e = 0; e < c.n_expert; ++e) {
+    b.gate.push_back(rows(L.experts_gu, e * 2 * F, F));
+    b.up.push_back(rows(L.experts_gu, e * 2 * F + F, F));
+    b.down.push_back(rows(L.experts_down, e * Lt, Lt));
+  }
+}
+
 // ---------------------------------------------------------------------------
 // Synthetic weights.
 
@@ -236,6 +260,7 @@ std::unique_ptr<KimiModel> KimiModel::synthetic(const KimiConfig& c, uint64_t se
         L.experts_gu = B.mxfp4_to_fp8(L.experts_gu);
         L.experts_down = B.mxfp4_to_fp8(L.experts_down);
       }
+      make_bank(L, c);
       L.mlp_gate = S.mat(p + "shared_gate", c.shared_ff, H);
       L.mlp_up = S.mat(p + "shared_up", c.shared_ff, H);
       L.mlp_down = S.mat(p + "shared_down", H, c.shared_ff, 0.5f);
@@ -277,7 +302,6 @@ std::string kimi_config_to_json(const KimiConfig& c) {
   j["moe_intermediate_size"] = c.expert_ff;
   j["moe_latent_size"] = c.moe_latent;
   j["shared_expert_intermediate_size"] = c.shared_ff;
-  j["routed_scaling_factor"] = c.routed_scale;
   return j.dump(2) + "\n";
 }
 
@@ -334,7 +358,6 @@ KimiConfig kimi_config_from_json(const std::string& text, const std::string& whe
   c.expert_ff = get_int(j, "moe_intermediate_size", "");
   c.moe_latent = get_int(j, "moe_latent_size", "");
   c.shared_ff = get_int(j, "shared_expert_intermediate_size", "");
-  c.routed_scale = static_cast<float>(get_float(j, "routed_scaling_factor", "", 1.0));
   try {
     c.validate();
   } catch (const Error& e) {
@@ -692,6 +715,7 @@ std::unique_ptr<KimiModel> KimiModel::load(const std::string& dir, const KimiWei
         L.experts_gu = B.mxfp4_to_fp8(L.experts_gu);
         L.experts_down = B.mxfp4_to_fp8(L.experts_down);
       }
+      make_bank(L, c);
       L.mlp_gate = R.mat(mp + "shared_experts.gate_proj.weight", c.shared_ff, H);
       L.mlp_up = R.mat(mp + "shared_experts.up_proj.weight", c.shared_ff, H);
       L.mlp_down = R.mat(mp + "shared_experts.down_proj.weight", H, c.shared_ff);
@@ -783,11 +807,12 @@ DecodeProgram build_kimi_program(const KimiModel& model, int max_rows) {
     dup = p.add_slot("dense_up", -1, c.dense_ff);
     dact = p.add_slot("dense_act", -1, c.dense_ff);
   }
-  int rlog = -1, route = -1, z = -1, ye = -1, rl = -1, rln = -1, sgate = -1, sup = -1, sact = -1, proj2 = -1;
+  int rlog = -1, route = -1, z = -1, eh = -1, ye = -1, rl = -1, rln = -1, sgate = -1, sup = -1, sact = -1, proj2 = -1;
   if (c.n_dense_layers < c.n_layer) {
     rlog = p.add_slot("router_logits", -1, c.n_expert);
     route = p.add_slot("route", -1, 2 * c.n_expert_used);
     z = p.add_slot("moe_latent", -1, c.moe_latent);
+    eh = p.add_slot("expert_hidden", -1, c.n_expert_used * c.expert_ff);
     ye = p.add_slot("expert_out", -1, c.n_expert_used * c.moe_latent);
     rl = p.add_slot("moe_mix", -1, c.moe_latent);
     rln = p.add_slot("moe_mix_norm", -1, c.moe_latent);
@@ -922,28 +947,32 @@ DecodeProgram build_kimi_program(const KimiModel& model, int max_rows) {
       Op& rt = p.add_op(OpKind::MoeRoute, l, "moe_route");
       rt.in = rlog;
       rt.out = route;
-      rt.bias = L.router_bias.data();
-      rt.n_expert = c.n_expert;
-      rt.n_expert_used = c.n_expert_used;
-      rt.scale = c.routed_scale;
+      rt.norm = L.router_bias.data();
+      rt.n_norm = static_cast<int>(L.router_bias.size());
+      rt.top_k = c.n_expert_used;
       p.add_matmul(l, "latent_down", L.latent_down, xn, z);
       p.add_matmul(l, "shared_gate", L.mlp_gate, xn, sgate);
       p.add_matmul(l, "shared_up", L.mlp_up, xn, sup);
-      Op& ex = p.add_op(OpKind::MoeExperts, l, "moe_experts");
-      ex.in = z;
-      ex.in2 = route;
-      ex.out = ye;
-      ex.mat = L.experts_gu;
-      ex.mat2 = L.experts_down;
-      ex.n_expert = c.n_expert;
-      ex.n_expert_used = c.n_expert_used;
-      ex.expert_ff = c.expert_ff;
-      ex.situ = true;
+      // Routed experts in the latent space: [k][F] hidden, [k][L] outputs,
+      // then the weighted sum in selection order.
+      Op& eg = p.add_op(OpKind::MoeGlu, l, "moe_glu");
+      eg.in = z;
+      eg.in2 = route;
+      eg.out = eh;
+      eg.experts = &L.experts;
+      eg.top_k = c.n_expert_used;
+      Op& ed = p.add_op(OpKind::MoeDown, l, "moe_down");
+      ed.in = eh;
+      ed.in2 = route;
+      ed.out = ye;
+      ed.experts = &L.experts;
+      ed.top_k = c.n_expert_used;
       Op& cb = p.add_op(OpKind::MoeCombine, l, "moe_combine");
       cb.in = ye;
       cb.in2 = route;
       cb.out = rl;
-      cb.n_expert_used = c.n_expert_used;
+      cb.experts = &L.experts;
+      cb.top_k = c.n_expert_used;
       p.add_rmsnorm(l, "latent_norm", L.latent_norm, eps, rl, rln);
       p.add_matmul(l, "latent_up", L.latent_up, rln, proj);
       p.add_glu(l, "shared_act", sgate, sup, sact, false).situ = true;

@@ -58,6 +58,7 @@
 #include <vector>
 
 #include "exec/recurrent_kernels.h"
+#include "ir/expert_bank.h"
 #include "ir/program.h"
 #include "kernels/cpu/matmul.h"
 #include "model/dense.h"
@@ -94,6 +95,7 @@ struct KimiLayer {
   std::vector<float> latent_norm; // [L]
   MatView experts_gu;             // [E*2F][L]
   MatView experts_down;           // [E*L][F]
+  ExpertBank experts;             // per-expert views of the two matrices above, SiTU
 };
 
 struct KimiWeightOptions {

@@ -19,8 +19,10 @@
 //  - the KDA output gate is part of the fused input projection (full rank), the
 //    forget gate's low-rank path is hidden -> 128 -> n_head * head_dim, A_log is
 //    per head and dt_bias per channel (flash-linear-attention's KDA layout);
-//  - routed-expert weights are used as normalised (routed scale 1; the doc gives
-//    no extra scaling factor), one shared expert, one dense layer (layer 0);
+//  - routed-expert weights are used as normalised; a routed scaling factor
+//    (DeepSeek-V3's routed_scaling_factor) would cancel in the latent RMSNorm
+//    that follows the expert sum, so there is none; one shared expert, one
+//    dense layer (layer 0);
 //  - untied embeddings; every RMSNorm has eps 1e-5 and a plain (not zero-centred) weight.
 #pragma once
 
@@ -64,7 +66,6 @@ struct KimiConfig {
   int expert_ff = 0;        // per routed expert
   int moe_latent = 0;       // the latent space the routed experts run in
   int shared_ff = 0;        // the shared expert's width (on the hidden state)
-  float routed_scale = 1.f; // multiplies the normalised expert weights
 
   bool is_mla(int l) const { return l % mla_interval == mla_interval - 1 || l == n_layer - 1; }
   bool is_dense(int l) const { return l < n_dense_layers; }

@@ -22,10 +22,5 @@ void softmax_inplace(float* x, int64_t n);
 inline float silu(float x) { return x / (1.f + std::exp(-x)); }
 // GELU with the tanh approximation (as Gemma uses).
 float gelu_tanh(float x);
-// Kimi K3's gated activation "SiTU": 4 tanh(g/4) * sigmoid(g) * 25 tanh(u/25),
-// a SiLU-like gate and a linear-like up path, both softly capped.
-inline float situ(float g, float u) {
-  return 4.f * std::tanh(g * 0.25f) / (1.f + std::exp(-g)) * (25.f * std::tanh(u * 0.04f));
-}
 
 }  // namespace megakern

@@ -1,0 +1,131 @@
+// Muse Spark (model/muse_config.h for the architecture and its equations):
+// the model's weights, their on-disk form, and its DecodeProgram.
+//
+// On disk a model is a directory with
+//   config.json        {"model_type": "muse_spark", every MuseConfig field by
+//                       name (name, n_layer, hidden, vocab, vocab_used, rms_eps,
+//                       n_head, n_head_kv, head_dim, window, rope_theta,
+//                       full_attn_interval, full_attn_offset, n_expert, top_k,
+//                       expert_ff, expert_dim, router_scale, logit_scale,
+//                       logit_cap), "dense_format", "expert_format" (dtype
+//                       names as dtype_from_name reads them)}
+//   model.safetensors  the tensors of muse_tensors(config), by these names
+//                      (logical row-major shapes; l is the layer):
+//     embed.weight [V][H], lm_head.weight [V][H], final_norm [H]
+//     layers.l.attn_norm [H], layers.l.ffn_norm [H]
+//     layers.l.attn.q [qd][H], .k [kvd][H], .v [kvd][H], .gate [n_head][H], .o [H][qd]
+//     layers.l.attn_gamma [H], layers.l.ffn_gamma [H]      (residual gates' gamma)
+//     layers.l.moe.router [E][H] (always F32), layers.l.moe.router_bias [E]
+//     layers.l.moe.pre [D][H], layers.l.moe.pre_norm [D], layers.l.moe.post [H][D]
+//     layers.l.moe.experts.gate [E][F][D], .up [E][F][D], .down [E][D][F]
+//     layers.l.moe.experts.scale [3][E]   (global multipliers of gate, up, down;
+//                                          NVFP4's per-tensor scale, 1 otherwise)
+//     layers.l.moe.experts.norm [E][D]    (per-expert output RMSNorm weights)
+// Matrices (embed, lm_head, attn.*, moe.pre, moe.post: the dense format;
+// moe.experts.{gate,up,down}: the expert format) are stored as F32, F16 or
+// BF16 with their logical shape when the format is one of those, otherwise
+// as U8 with the last dimension replaced by the row's byte count in the
+// block format (row_bytes of core/dtype.h), rows quantised one at a time.
+// Vectors and the router are F32.
+//
+// Per-sequence state is a KVCache over all layers; the windowed layers are
+// ring buffers of window + max_block - 1 positions (make_cache), so a long
+// sequence grows only in the full-attention layers.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "ir/expert_bank.h"
+#include "ir/program.h"
+#include "kernels/cpu/matmul.h"
+#include "model/dense.h"
+#include "model/muse_config.h"
+
+namespace megakern {
+
+class SafetensorsModel;
+
+struct MuseLayer {
+  bool full = false;                         // full attention without RoPE (else windowed with RoPE)
+  std::vector<float> attn_norm, ffn_norm;    // [H]
+  MatView wq;                                // [qd][H]
+  MatView wk, wv;                            // [kvd][H]
+  MatView wgate;                             // [n_head][H]
+  MatView wo;                                // [H][qd]
+  std::vector<float> attn_gamma, ffn_gamma;  // [H] as stored
+  std::vector<float> attn_gate, ffn_gate;    // [2H]: [alpha | beta] from gamma
+  MatView router;                            // [E][H], f32
+  std::vector<float> router_bias;            // [E]
+  MatView pre;                               // [D][H]
+  std::vector<float> pre_norm;               // [D]
+  MatView post;                              // [H][D]
+  ExpertBank experts;                        // E x (gate, up [F][D], down [D][F]), norms [E][D]
+};
+
+class MuseModel {
+ public:
+  // Deterministic synthetic weights for a config: the same (config, seed,
+  // formats) always gives the same bytes. Matrices are uniform with unit
+  // output variance for unit-variance inputs (bound sqrt(3 / cols)); norm
+  // weights 1 +- 0.1; gammas in +-0.5; router biases in +-0.02. Every
+  // sublayer output is RMS-normalised before it enters the residual stream
+  // and alpha^2 + beta^2 stays near 1, so activations stay finite over any
+  // number of layers. dense: F32, F16, BF16 or INT8_COL; experts: F32, BF16,
+  // INT4_G128 or NVFP4 (any block format of dtype.h is accepted).
+  static std::unique_ptr<MuseModel> synthetic(const MuseConfig& c, uint64_t seed, DType dense = DType::BF16,
+                                              DType experts = DType::INT4_G128);
+  // Writes dir/config.json and dir/model.safetensors (creating dir).
+  void save(const std::string& dir) const;
+  // Reads a directory written by save() (or by any writer following the
+  // layout above). Throws megakern::Error naming a missing tensor, a wrong
+  // dtype or shape (with the expected one), or a bad config.
+  static std::unique_ptr<MuseModel> load(const std::string& dir);
+  ~MuseModel();
+
+  const MuseConfig& config() const { return cfg_; }
+  DType dense_format() const { return dense_; }
+  DType expert_format() const { return expert_; }
+  int n_vocab() const { return cfg_.vocab; }
+  // KV cache for n_ctx positions. With ring (the default) the windowed layers
+  // keep window + max_block - 1 positions, enough for steps whose rows of one
+  // sequence number at most max_block; ring = false keeps every position.
+  KVCache make_cache(int n_ctx, int max_block = 64, bool ring = true) const;
+
+  const MatView& tok_embd() const { return embed_; }
+  const MatView& lm_head() const { return lm_head_; }
+  const std::vector<float>& final_norm() const { return final_norm_; }
+  const std::vector<MuseLayer>& layers() const { return layers_; }
+  // [head_dim] ones: the weight of the parameter-free per-head norms.
+  const std::vector<float>& unit_norm() const { return ones_; }
+  // [vocab]: 0 for used ids, -inf for ids >= vocab_used.
+  const std::vector<float>& vocab_mask() const { return vocab_mask_; }
+
+ private:
+  MuseModel() = default;
+  // Points every view at tensor_data_ (filled by synthetic or load).
+  void bind();
+  MuseConfig cfg_;
+  DType dense_ = DType::BF16, expert_ = DType::INT4_G128;
+  std::unique_ptr<SafetensorsModel> st_;
+  std::vector<std::vector<uint8_t>> owned_;
+  std::map<std::string, const uint8_t*> tensor_data_;  // muse_tensors() name -> stored bytes
+  MatView embed_, lm_head_;
+  std::vector<float> final_norm_, ones_, vocab_mask_;
+  std::vector<MuseLayer> layers_;
+};
+
+// The decode step: embedding; per layer RMSNorm, q/k/v/gate products,
+// per-head q/k norm (+ RoPE on windowed layers), KV store, attention
+// (windowed or full), per-head output norm * sigmoid(gate), output product,
+// gated residual; RMSNorm, router product and top-k routing, pre-expert
+// product and norm, experts (gate/up, down, per-expert norm and weighted sum),
+// post product, gated residual; final norm, LM head, soft-cap and vocabulary
+// mask. KV cache layer l is model layer l. max_rows in [1, 64].
+DecodeProgram build_muse_program(const MuseModel& model, int max_rows);
+
+}  // namespace megakern
