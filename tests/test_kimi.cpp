@@ -3,7 +3,9 @@
 //  - Preset sizes against hand arithmetic.
 //  - The MINI model of the committed fixture tests/fixtures/kimi_mini/
 //    (weights and expected values from scripts/fixtures/gen_kimi_fixture.py,
-//    a plain NumPy implementation of the equations): every executor decodes
+//    a plain NumPy implementation of the equations, whose KDA the generator
+//    checked against flash-linear-attention and whose MLA and router against
+//    transformers' DeepSeek-V3, figures in reference.json): every executor decodes
 //    the reference tokens one row per step. With the experts re-blocked to
 //    FP8 (f32 activations everywhere) logits, final KDA states and conv
 //    windows agree within 1e-4 of the largest reference magnitude; with
@@ -429,6 +431,12 @@ TEST(KimiFixture, ConfigMatchesThePreset) {
   EXPECT_EQ(kimi_config_to_json(c), kimi_config_to_json(p));
   // The flash-linear-attention check the generator ran (fla computes in f32).
   for (const auto& [k, v] : reference()["fla_agreement"].items()) EXPECT_LT(v.get<double>(), 1e-5) << k;
+  // And of MLA and the router against transformers' DeepSeek-V3 modules
+  // (their softmax and router run in f32).
+  const auto& tf = reference()["transformers_deepseek_v3_agreement"];
+  EXPECT_LT(tf["mla_attention"].get<double>(), 1e-5);
+  EXPECT_LT(tf["router_weights"].get<double>(), 1e-5);
+  EXPECT_EQ(tf["router_ids_mismatch"].get<int>(), 0);
 }
 
 TEST(KimiFixture, ReferenceExecutorMatchesNumpy) {
