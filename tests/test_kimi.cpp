@@ -324,7 +324,19 @@ TEST(KimiModel, SaveLoadRoundTrip) {
   auto e3 = make_reference_executor(p3);
   const auto c = decode(*fp8, *e3, toks);
   EXPECT_LT(rel_diff(c.data(), a.data(), a.size()), 1e-5);
+  // Saving the FP8 form writes the original MXFP4 blocks back.
+  const fs::path dir2 = temp_dir("roundtrip_fp8");
+  fp8->save(dir2.string());
+  const auto again = KimiModel::load(dir2.string());
+  for (size_t l = 1; l < m.layers().size(); ++l) {
+    const MatView &x = m.layers()[l].experts_gu, &y = again->layers()[l].experts_gu;
+    const MatView &xd = m.layers()[l].experts_down, &yd = again->layers()[l].experts_down;
+    ASSERT_EQ(y.type, DType::MXFP4);
+    EXPECT_EQ(std::memcmp(x.data, y.data, x.row_bytes * static_cast<size_t>(x.rows)), 0) << "layer " << l;
+    EXPECT_EQ(std::memcmp(xd.data, yd.data, xd.row_bytes * static_cast<size_t>(xd.rows)), 0) << "layer " << l;
+  }
   fs::remove_all(dir);
+  fs::remove_all(dir2);
 }
 
 TEST(KimiModel, SyntheticIsDeterministic) {
@@ -491,6 +503,10 @@ TEST(KimiModel, BadInputGivesClearErrors) {
     std::ofstream(dir / "config.json") << j.dump();
     expect_error([&] { KimiModel::load(dir.string()); }, "kimi_k3");
     j["model_type"] = "kimi_k3";
+    j["num_experts_per_tok"] = 9;
+    std::ofstream(dir / "config.json") << j.dump();
+    expect_error([&] { KimiModel::load(dir.string()); }, "n_expert_used must be in [1, n_expert]");
+    j["num_experts_per_tok"] = 3;
     j["kv_lora_rank"] = 48;  // every MLA tensor now has the wrong shape
     std::ofstream(dir / "config.json") << j.dump();
     expect_error([&] { KimiModel::load(dir.string()); }, "model.layers.3.self_attn.kv_a_proj_with_mqa.weight' has shape [40, 64], expected [56, 64]");
