@@ -173,8 +173,11 @@ std::unique_ptr<MuseModel> MuseModel::synthetic(const MuseConfig& c, uint64_t se
       const MuseTensor& t = ts[i];
       if (t.name.ends_with("experts.scale")) continue;
       float* scales = nullptr;
-      if (t.kind == MuseTensor::Kind::Experts)
-        scales = reinterpret_cast<float*>(m->owned_[i + (t.name.ends_with("gate") ? 3 : t.name.ends_with("up") ? 2 : 1)].data());
+      if (t.kind == MuseTensor::Kind::Experts) {
+        // The layer's [3][E] scale tensor (the map is only read here).
+        const std::string layer = t.name.substr(0, t.name.rfind("experts.") + 8);
+        scales = reinterpret_cast<float*>(const_cast<uint8_t*>(m->tensor_data_.at(layer + "scale")));
+      }
       synth_tensor(t, i, seed, format_of(t, dense, experts), m->owned_[i].data(), scales);
     }
   };

@@ -300,7 +300,7 @@ std::string describe(const MuseConfig& c) {
   s += fmt::format("\n  KV cache per token: {} B f32, {} B bf16 ({} layers x K,V x {} x {});\n", with_commas(kv_bytes_per_token(c, 4)),
                    with_commas(kv_bytes_per_token(c, 2)), c.n_layer, c.n_head_kv, c.head_dim);
   s += fmt::format("    the {} windowed layers keep at most window + block - 1 positions, so past the window\n"
-                   "    a sequence grows by {} B f32 per token (the {} full layers only)\n",
+                   "    a sequence grows by {} B f32 per token (full-attention layers: {})\n",
                    c.n_window_layers(), with_commas(int64_t(c.n_full_layers()) * 2 * c.kv_dim() * 4),
                    c.n_full_layers());
   return s;
