@@ -117,6 +117,9 @@ class KimiModel {
   // Writes dir/config.json and dir/model.safetensors (dir is created) in the
   // naming above; load(dir) gives back the same weights.
   void save(const std::string& dir) const;
+  // Views point into buffers the model owns, so it is neither copied nor assigned.
+  KimiModel(const KimiModel&) = delete;
+  KimiModel& operator=(const KimiModel&) = delete;
 
   const KimiConfig& config() const { return cfg_; }
   int n_vocab() const { return cfg_.vocab; }
