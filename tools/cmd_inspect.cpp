@@ -15,6 +15,7 @@
 #include "io/hf_config.h"
 #include "io/safetensors.h"
 #include "model/dense_program.h"
+#include "model/kimi_config.h"
 #include "model/muse_config.h"
 #include "runtime/model.h"
 #include "model/qwen38_config.h"
@@ -134,12 +135,17 @@ void inspect_config(const std::string& name) {
     fmt::print("{}", describe(*c));
     return;
   }
+  if (const KimiConfig* c = find_kimi_preset(name)) {
+    fmt::print("{}", describe(*c));
+    return;
+  }
   if (const MuseConfig* c = find_muse_preset(name)) {
     fmt::print("{}", describe(*c));
     return;
   }
   std::string known;
   for (const auto& c : qwen38_presets()) known += (known.empty() ? "" : ", ") + c.name;
+  for (const auto& c : kimi_presets()) known += ", " + c.name;
   for (const auto& c : muse_presets()) known += ", " + c.name;
   fail("unknown config preset '{}' (known: {})", name, known);
 }

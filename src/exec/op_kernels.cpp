@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "exec/gate_kernels.h"
+#include "exec/kimi_kernels.h"
 #include "exec/moe_kernels.h"
 #include "exec/recurrent_kernels.h"
 #include "kernels/cpu/matmul.h"
@@ -57,9 +58,12 @@ void validate_rows(const DecodeProgram& p, const std::vector<RowInput>& rows) {
       fail("row {}: token id {} is outside the vocabulary of {} tokens", r, in.token, p.n_vocab);
     if (in.pos < 0 || in.pos >= in.cache->n_ctx)
       fail("row {}: position {} is outside its context of {} tokens", r, in.pos, in.cache->n_ctx);
-    if (in.cache->kv_dim != p.kv_dim) fail("row {}: KV cache width {} does not match the model's {}", r, in.cache->kv_dim, p.kv_dim);
+    if (in.cache->kv_dim != p.kv_dim || in.cache->v_width() != p.v_width())
+      fail("row {}: KV cache widths K {} / V {} do not match the model's {} / {}", r, in.cache->kv_dim,
+           in.cache->v_width(), p.kv_dim, p.v_width());
     const size_t need = in.cache->floats_for(n_cache_layers);
-    if (in.cache->n_layer < n_cache_layers || in.cache->k.size() < need || in.cache->v.size() < need)
+    if (in.cache->n_layer < n_cache_layers || in.cache->k.size() < need ||
+        in.cache->v.size() < in.cache->v_offset(need))
       fail("row {}: the KV cache holds {} layers, the program needs {}", r, in.cache->n_layer, n_cache_layers);
     // Rows sharing a cache are one sequence's block: adjacent in the row
     // list at consecutive positions, so no two rows write the same entry and
@@ -108,6 +112,7 @@ void attention_tile(const Op& op, const StepContext& ctx, int r, int h) {
   const RowInput& row = ctx.rows[r];
   KVCache& cache = *row.cache;
   const int hd = op.head_dim, kvh = h / (op.n_head / op.n_head_kv);
+  const int vd = op.v_head_dim > 0 ? op.v_head_dim : hd;
   const int pos = row.pos;
   const int start = op.window > 0 ? std::max(0, pos - op.window + 1) : 0;
   const float* qh = row_of(ctx, op.in, r) + h * hd;
@@ -116,13 +121,13 @@ void attention_tile(const Op& op, const StepContext& ctx, int r, int h) {
   auto dot = ctx.scalar ? dot_f32_scalar : dot_f32;
   for (int p = start; p <= pos; ++p) scores[static_cast<size_t>(p - start)] = dot(qh, cache.k_at(op.cache_layer(), p) + kvh * hd, hd) * op.scale;
   softmax_inplace(scores.data(), static_cast<int64_t>(scores.size()));
-  float* out = row_of(ctx, op.out, r) + h * hd;
-  std::fill(out, out + hd, 0.f);
+  float* out = row_of(ctx, op.out, r) + h * vd;
+  std::fill(out, out + vd, 0.f);
   for (int p = start; p <= pos; ++p) {
     if (ctx.scalar)
-      axpy_f32_scalar(scores[static_cast<size_t>(p - start)], cache.v_at(op.cache_layer(), p) + kvh * hd, out, hd);
+      axpy_f32_scalar(scores[static_cast<size_t>(p - start)], cache.v_at(op.cache_layer(), p) + kvh * vd, out, vd);
     else
-      axpy_f32(scores[static_cast<size_t>(p - start)], cache.v_at(op.cache_layer(), p) + kvh * hd, out, hd);
+      axpy_f32(scores[static_cast<size_t>(p - start)], cache.v_at(op.cache_layer(), p) + kvh * vd, out, vd);
   }
 }
 
@@ -168,7 +173,7 @@ void run_op_tile(const Op& op, const StepContext& ctx, int t, int n_tiles) {
       KVCache& c = *ctx.rows[t].cache;
       const int pos = ctx.rows[t].pos;
       std::memcpy(c.k_at(op.cache_layer(), pos), row_of(ctx, op.in, t), sizeof(float) * static_cast<size_t>(p.kv_dim));
-      std::memcpy(c.v_at(op.cache_layer(), pos), row_of(ctx, op.in2, t), sizeof(float) * static_cast<size_t>(p.kv_dim));
+      std::memcpy(c.v_at(op.cache_layer(), pos), row_of(ctx, op.in2, t), sizeof(float) * static_cast<size_t>(p.v_width()));
       break;
     }
     case OpKind::Attention:
@@ -179,7 +184,9 @@ void run_op_tile(const Op& op, const StepContext& ctx, int t, int n_tiles) {
       const float* u = row_of(ctx, op.in2, t);
       float* o = row_of(ctx, op.out, t);
       const int n = p.slots[static_cast<size_t>(op.out)].width;
-      if (op.gelu)
+      if (op.situ)
+        for (int i = 0; i < n; ++i) o[i] = situ_act(g[i], u[i]);
+      else if (op.gelu)
         for (int i = 0; i < n; ++i) o[i] = gelu_tanh(g[i]) * u[i];
       else
         for (int i = 0; i < n; ++i) o[i] = silu(g[i]) * u[i];
@@ -206,6 +213,9 @@ void run_op_tile(const Op& op, const StepContext& ctx, int t, int n_tiles) {
     case OpKind::GatedResidual: gated_residual_tile(op, ctx, t); break;
     case OpKind::HeadNormGate: head_norm_gate_tile(op, ctx, t); break;
     case OpKind::LogitSoftcap: logit_softcap_tile(op, ctx, t); break;
+    case OpKind::AttnResMix: attn_res_mix_tile(op, ctx, t); break;
+    case OpKind::AttnResAdd: attn_res_add_tile(op, ctx, t); break;
+    case OpKind::MlaKey: mla_key_tile(op, ctx, t); break;
     case OpKind::MoeRoute: moe_route_tile(op, ctx, t); break;
     case OpKind::MoeGlu: moe_glu_tile(op, ctx, t, n_tiles); break;
     case OpKind::MoeDown: moe_down_tile(op, ctx, t, n_tiles); break;

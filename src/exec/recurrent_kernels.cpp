@@ -107,6 +107,48 @@ DeltaInputs delta_inputs(const Op& op, const StepContext& ctx, int r, int h, int
   return in;
 }
 
+// KDA (Kimi Delta Attention) for head h of row r: the delta rule with a decay
+// per key channel, S stored [k][v] (row j couples key channel j with every
+// value component, flash-linear-attention's orientation):
+//   a_j = gate_bound * sigmoid(exp(A_log[h]) * (g_j + dt_bias_j)),
+//   S = diag(exp(a)) S;  pred = k^T S;  S += k (x) beta (v - pred);  o = q^T S.
+// Two passes over S: decay and predict, then update and read out; each row of
+// S is one axpy per pass, accumulated in row order.
+void kda_tile(const Op& op, const StepContext& ctx, int r, int h) {
+  RecurrentState& st = *ctx.rows[r].state;
+  const int H = op.n_head, Dv = op.head_dim;
+  const int Dk = key_dim_of(op, width_of(ctx, op.in));
+  const float* qkv = row_of(ctx, op.in, r);
+  const float* g = row_of(ctx, op.in2, r) + static_cast<size_t>(h) * Dk;
+  const float beta = sigmoidf(row_of(ctx, op.in3, r)[h]);
+  const float* dtb = op.dt_bias + static_cast<size_t>(h) * Dk;
+  const float A = std::exp(op.norm[h]);
+  thread_local std::vector<float> qn, kn, pred, d;
+  qn.resize(static_cast<size_t>(Dk));
+  kn.resize(static_cast<size_t>(Dk));
+  pred.assign(static_cast<size_t>(Dv), 0.f);
+  d.resize(static_cast<size_t>(Dv));
+  l2norm(qkv + static_cast<size_t>(h) * Dk, Dk, op.eps, op.scale, qn.data());
+  l2norm(qkv + static_cast<size_t>(H + h) * Dk, Dk, op.eps, 1.f, kn.data());
+  const float* v = qkv + static_cast<size_t>(2 * H) * Dk + static_cast<size_t>(h) * Dv;
+  float* S = st.S_at(op.cache_layer(), h);
+  float* o = row_of(ctx, op.out, r) + static_cast<size_t>(h) * Dv;
+  auto axpy = ctx.scalar ? axpy_f32_scalar : axpy_f32;
+  for (int j = 0; j < Dk; ++j) {
+    float* Sj = S + static_cast<size_t>(j) * Dv;
+    const float decay = std::exp(op.gate_bound * sigmoidf(A * (g[j] + dtb[j])));
+    for (int i = 0; i < Dv; ++i) Sj[i] *= decay;
+    axpy(kn[static_cast<size_t>(j)], Sj, pred.data(), Dv);
+  }
+  for (int i = 0; i < Dv; ++i) d[static_cast<size_t>(i)] = beta * (v[i] - pred[static_cast<size_t>(i)]);
+  std::fill(o, o + Dv, 0.f);
+  for (int j = 0; j < Dk; ++j) {
+    float* Sj = S + static_cast<size_t>(j) * Dv;
+    axpy(kn[static_cast<size_t>(j)], d.data(), Sj, Dv);
+    axpy(qn[static_cast<size_t>(j)], Sj, o, Dv);
+  }
+}
+
 // One token: S = exp(g) S; pred = S k; S += beta (v - pred) k^T; o = S q.
 void delta_rule_step(const Op& op, const StepContext& ctx, int r, int h, int Dk) {
   const int Dv = op.head_dim;
@@ -201,6 +243,10 @@ void delta_rule_block(const Op& op, const StepContext& ctx, int r0, int T, int h
 
 void delta_rule_tile(const Op& op, const StepContext& ctx, int r, int h) {
   if (continues_block(ctx, r)) return;
+  if (op.kda) {  // KDA: the block's tokens one after another
+    for (int rr = r, e = block_end(ctx, r); rr < e; ++rr) kda_tile(op, ctx, rr, h);
+    return;
+  }
   const int Dk = key_dim_of(op, width_of(ctx, op.in));
   const int T = block_end(ctx, r) - r;
   if (T == 1)
@@ -217,7 +263,10 @@ void gated_rmsnorm_tile(const Op& op, const StepContext& ctx, int r) {
     float* oh = o + static_cast<size_t>(h) * D;
     const float* zh = z + static_cast<size_t>(h) * D;
     rmsnorm(oh, op.norm, D, op.eps, oh);
-    for (int i = 0; i < D; ++i) oh[i] *= silu(zh[i]);
+    if (op.kda)
+      for (int i = 0; i < D; ++i) oh[i] *= sigmoidf(zh[i]);
+    else
+      for (int i = 0; i < D; ++i) oh[i] *= silu(zh[i]);
   }
 }
 

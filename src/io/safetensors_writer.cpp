@@ -1,5 +1,6 @@
 #include "io/safetensors_writer.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -82,6 +83,26 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsOut
 
 void write_file_atomic(const std::string& path, const std::string& text) {
   write_bytes_atomic(path, text.data(), text.size());
+}
+
+void SafetensorsWriter::add(const std::string& name, const std::string& dtype, std::vector<int64_t> shape,
+                            std::vector<uint8_t> bytes) {
+  const size_t eb = safetensors_dtype_bytes(dtype);
+  if (eb == 0) fail("safetensors writer: tensor '{}' has unknown dtype '{}'", name, dtype);
+  size_t n = 1;
+  for (int64_t d : shape) n *= static_cast<size_t>(std::max<int64_t>(d, 0));
+  if (n * eb != bytes.size())
+    fail("safetensors writer: tensor '{}' has {} bytes, its shape and dtype {} need {}", name, bytes.size(), dtype,
+         n * eb);
+  tensors_.push_back({name, dtype, std::move(shape), std::move(bytes)});
+}
+
+void SafetensorsWriter::add_f32(const std::string& name, std::vector<int64_t> shape, const float* data) {
+  size_t n = 1;
+  for (int64_t d : shape) n *= static_cast<size_t>(std::max<int64_t>(d, 0));
+  std::vector<uint8_t> b(n * 4);
+  if (n) std::memcpy(b.data(), data, b.size());
+  add(name, "F32", std::move(shape), std::move(b));
 }
 
 SafetensorsOut safetensors_f32(const std::string& name, std::vector<int64_t> shape, const std::vector<float>& v) {

@@ -31,6 +31,20 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsOut
 SafetensorsOut safetensors_f32(const std::string& name, std::vector<int64_t> shape, const std::vector<float>& v);
 SafetensorsOut safetensors_bf16(const std::string& name, std::vector<int64_t> shape, const std::vector<float>& v);
 
+// The same, collected one tensor at a time.
+class SafetensorsWriter {
+ public:
+  // Checks dtype and size against the shape at once (megakern::Error).
+  void add(const std::string& name, const std::string& dtype, std::vector<int64_t> shape, std::vector<uint8_t> bytes);
+  void add_f32(const std::string& name, std::vector<int64_t> shape, const float* data);
+  void set_metadata(const std::string& key, const std::string& value) { metadata_[key] = value; }
+  void write(const std::string& path) const { write_safetensors(path, tensors_, metadata_); }
+
+ private:
+  std::vector<SafetensorsOut> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
+
 // Writes text to path the same way (temporary file, then rename).
 void write_file_atomic(const std::string& path, const std::string& text);
 

@@ -23,6 +23,9 @@ const char* op_kind_name(OpKind k) {
     case OpKind::CausalConvSilu: return "causal_conv_silu";
     case OpKind::DeltaRule: return "delta_rule";
     case OpKind::GatedRmsNorm: return "gated_rmsnorm";
+    case OpKind::AttnResMix: return "attn_res_mix";
+    case OpKind::AttnResAdd: return "attn_res_add";
+    case OpKind::MlaKey: return "mla_key";
     case OpKind::GatedResidual: return "gated_residual";
     case OpKind::HeadNormGate: return "head_norm_gate";
     case OpKind::LogitSoftcap: return "logit_softcap";
@@ -37,6 +40,8 @@ const char* op_kind_name(OpKind k) {
 size_t Op::weight_bytes() const {
   if (kind == OpKind::MatMul) return mat.row_bytes * static_cast<size_t>(mat.rows);
   if (kind == OpKind::Embed) return 0;  // one row per token, negligible
+  if (kind == OpKind::DeltaRule && kda)  // A_log [n_head], dt_bias [n_head * head_dim]
+    return sizeof(float) * static_cast<size_t>(n_norm + n_head * head_dim);
   if (kind == OpKind::DeltaRule) return 2 * sizeof(float) * static_cast<size_t>(n_norm);  // A_log, dt_bias
   // Routed experts: what one row reads (top_k experts, sized as expert 0);
   // a step reads the union of its rows' experts.
@@ -51,9 +56,10 @@ std::vector<int> Op::reads() const {
   std::vector<int> r;
   if (in >= 0) r.push_back(in);
   if (in2 >= 0) r.push_back(in2);
+  if (in3 >= 0) r.push_back(in3);
   if ((kind == OpKind::HeadNormRope || kind == OpKind::Residual || kind == OpKind::SigmoidGate ||
        kind == OpKind::CausalConvSilu || kind == OpKind::GatedRmsNorm || kind == OpKind::GatedResidual ||
-       kind == OpKind::HeadNormGate || kind == OpKind::LogitSoftcap) &&
+       kind == OpKind::HeadNormGate || kind == OpKind::LogitSoftcap || (kind == OpKind::AttnResAdd && !overwrite)) &&
       out >= 0)
     r.push_back(out);
   return r;
@@ -213,7 +219,7 @@ void DecodeProgram::verify() const {
   for (size_t i = 0; i < ops.size(); ++i) {
     const Op& op = ops[i];
     const std::string where = fmt::format("op {} ({} '{}' layer {})", i, op_kind_name(op.kind), op.name, op.layer);
-    for (int s : {op.in, op.in2, op.out})
+    for (int s : {op.in, op.in2, op.in3, op.out})
       MK_CHECK(s >= -1 && s < n_slots, "{}: slot id {} out of range", where, s);
     MK_CHECK(op.out >= 0, "{}: no output slot", where);
     for (int s : op.reads()) MK_CHECK(written[static_cast<size_t>(s)], "{}: reads slot '{}' before any op writes it", where, slots[static_cast<size_t>(s)].name);
@@ -236,13 +242,16 @@ void DecodeProgram::verify() const {
         MK_CHECK(!op.norm || op.n_norm == op.head_dim, "{}: head norm length", where);
         break;
       case OpKind::StoreKV:
-        MK_CHECK(op.in >= 0 && op.in2 >= 0 && width(op.in) == kv_dim && width(op.in2) == kv_dim, "{}: kv widths", where);
+        MK_CHECK(op.in >= 0 && op.in2 >= 0 && width(op.in) == kv_dim && width(op.in2) == v_width(), "{}: kv widths", where);
         MK_CHECK(op.layer >= 0 && op.layer < n_layer, "{}: layer", where);
         break;
       case OpKind::Attention:
         MK_CHECK(op.in >= 0 && op.in2 >= 0 && op.n_head_kv > 0 && op.n_head % op.n_head_kv == 0, "{}: heads", where);
-        MK_CHECK(width(op.in) == op.n_head * op.head_dim && width(op.out) == width(op.in), "{}: widths", where);
-        MK_CHECK(op.n_head_kv * op.head_dim == kv_dim, "{}: kv heads", where);
+        MK_CHECK(width(op.in) == op.n_head * op.head_dim, "{}: q width", where);
+        MK_CHECK(width(op.out) == op.n_head * (op.v_head_dim > 0 ? op.v_head_dim : op.head_dim), "{}: output width", where);
+        MK_CHECK(op.n_head_kv * op.head_dim == kv_dim &&
+                     op.n_head_kv * (op.v_head_dim > 0 ? op.v_head_dim : op.head_dim) == v_width(),
+                 "{}: kv heads", where);
         MK_CHECK(marker_layer[static_cast<size_t>(op.in2)] == op.cache_layer() && op.cache_layer() >= 0,
                  "{}: in2 must be the cache marker written by the store_kv of cache layer {}", where, op.cache_layer());
         break;
@@ -266,9 +275,16 @@ void DecodeProgram::verify() const {
         MK_CHECK(op.in >= 0 && op.in2 >= 0 && op.n_head > 0 && op.n_head_kv > 0 && op.n_head % op.n_head_kv == 0 &&
                      op.head_dim > 0, "{}: heads", where);
         MK_CHECK(width(op.out) == op.n_head * op.head_dim, "{}: output width", where);
-        MK_CHECK(width(op.in2) == 2 * op.n_head, "{}: [b | a] width {} vs {} heads", where, width(op.in2), op.n_head);
         const int kq = width(op.in) - op.n_head * op.head_dim;
         MK_CHECK(kq > 0 && kq % (2 * op.n_head_kv) == 0, "{}: q|k|v width {}", where, width(op.in));
+        if (op.kda) {
+          const int dk = kq / (2 * op.n_head_kv);
+          MK_CHECK(op.n_head_kv == op.n_head && width(op.in2) == op.n_head * dk, "{}: forget-gate input width {} vs {} heads x {}",
+                   where, width(op.in2), op.n_head, dk);
+          MK_CHECK(op.in3 >= 0 && width(op.in3) == op.n_head, "{}: beta width", where);
+        } else {
+          MK_CHECK(width(op.in2) == 2 * op.n_head, "{}: [b | a] width {} vs {} heads", where, width(op.in2), op.n_head);
+        }
         MK_CHECK(op.norm && op.dt_bias && op.n_norm == op.n_head, "{}: A_log / dt_bias", where);
         break;
       }
@@ -276,6 +292,20 @@ void DecodeProgram::verify() const {
         MK_CHECK(op.in >= 0 && width(op.in) == width(op.out) && op.n_head > 0 && op.n_head * op.head_dim == width(op.out),
                  "{}: widths", where);
         MK_CHECK(op.norm && op.n_norm == op.head_dim, "{}: norm length", where);
+        break;
+      case OpKind::AttnResMix:
+        MK_CHECK(op.in >= 0 && op.norm && op.n_norm == width(op.out) && op.block >= 1 &&
+                     op.block * width(op.out) <= width(op.in),
+                 "{}: {} blocks of {} from a slot of {}", where, op.block, width(op.out), width(op.in));
+        break;
+      case OpKind::AttnResAdd:
+        MK_CHECK(op.in >= 0 && op.block >= 0 && (op.block + 1) * width(op.in) <= width(op.out), "{}: block {} of {} in a slot of {}",
+                 where, op.block, width(op.in), width(op.out));
+        break;
+      case OpKind::MlaKey:
+        MK_CHECK(op.in >= 0 && op.in2 >= 0 && op.n_head > 0 && width(op.out) == op.n_head * op.head_dim &&
+                     width(op.in) + op.n_head * width(op.in2) == width(op.out),
+                 "{}: widths", where);
         break;
       case OpKind::GatedResidual:
         MK_CHECK(op.in >= 0 && width(op.in) == width(op.out), "{}: widths", where);

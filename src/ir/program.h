@@ -50,7 +50,8 @@ enum class OpKind : uint8_t {
                    // in2 = [b | a] (2 * n_head); q, k L2-normed per key head (eps), q *= scale;
                    // norm = A_log, dt_bias = dt_bias (n_head each); updates S of state layer
                    // cache_index; tiles (row, value head)
-  GatedRmsNorm,    // in-place on `out`, per head: rmsnorm(out) * norm * silu(in)   (in = z)
+  GatedRmsNorm,    // in-place on `out`, per head: rmsnorm(out) * norm * silu(in)   (in = z);
+                   // with `kda`: * sigmoid(in) instead of silu(in)
   // Gated residual, gated head norm, logit soft-cap (exec/gate_kernels.h).
   GatedResidual,   // out[r] = alpha * out[r] + beta * in[r] * rsqrt(mean(in[r]^2) + eps);
                    // norm = [alpha | beta], 2 * width floats
@@ -67,6 +68,11 @@ enum class OpKind : uint8_t {
                    // tiles: (distinct selected expert, d_ff range), weights read once per step
   MoeDown,         // out[r][j] = down_e in[r][j]   (in = the MoeGlu slot, in2 = route); tiled as MoeGlu
   MoeCombine,      // out[r] = sum_j weight_j * norm_e(in[r][j])   (in = the MoeDown slot, in2 = route)
+  // Kimi K3 residual stream and MLA (exec/kimi_kernels.h).
+  AttnResMix,      // out[r] = softmax-weighted mixture of blocks 0..block-1 of `in` ([n_blocks][H] per
+                   // row): score_i = (v_i . norm) * rsqrt(mean(v_i^2) + eps)  (attention residuals)
+  AttnResAdd,      // block `block` of `out` ([n_blocks][H] per row) = in[r] (overwrite) or += in[r]
+  MlaKey,          // out[r] = per head [in[r] head h (head_dim - w2) | in2[r] (w2, shared by all heads)]
 };
 
 const char* op_kind_name(OpKind k);
@@ -97,10 +103,19 @@ struct Op {
   // StoreKV / Attention: layer index in the KV cache; CausalConvSilu /
   // DeltaRule: layer index in the RecurrentState. -1: use `layer`.
   int cache_index = -1;
-  const float* dt_bias = nullptr;   // DeltaRule: [n_head]
+  const float* dt_bias = nullptr;   // DeltaRule: [n_head] (with `kda`: [n_head * key dim])
   float cap = 0.f;                  // LogitSoftcap
   int top_k = 0;                    // MoeRoute, MoeGlu, MoeDown, MoeCombine
   const ExpertBank* experts = nullptr;  // MoeGlu, MoeDown, MoeCombine
+  // Kimi K3.
+  int in3 = -1;                     // DeltaRule with `kda`: beta logits [n_head]
+  bool kda = false;                 // DeltaRule: KDA (per-channel decay, S stored [k][v], in2 = forget-gate
+                                    // input [n_head * key dim], in3 = beta); GatedRmsNorm: sigmoid gate
+  float gate_bound = -5.f;          // DeltaRule with `kda`: log decay a = gate_bound * sigmoid(exp(A_log) (g + dt_bias))
+  bool situ = false;                // GluAct: SiTU act(g, u) = 4 tanh(g/4) sigmoid(g) 25 tanh(u/25)
+  int v_head_dim = 0;               // Attention: value width per head when it differs from head_dim (0: head_dim)
+  int block = 0;                    // AttnResMix: number of blocks mixed; AttnResAdd: the block written
+  bool overwrite = false;           // AttnResAdd: set the block instead of adding to it
   int cache_layer() const { return cache_index >= 0 ? cache_index : layer; }
 
   // Bytes of weights this op streams per step (independent of the row count).
@@ -115,6 +130,8 @@ struct DecodeProgram {
   int max_rows = 8;
   int n_vocab = 0;
   int kv_dim = 0;       // per layer, per position, for K and for V
+  int v_dim = 0;        // per layer, per position, for V when it differs from kv_dim (0: kv_dim)
+  int v_width() const { return v_dim > 0 ? v_dim : kv_dim; }
   int logits_slot = -1;
   // Set when the program has ops with per-sequence recurrent state: every row
   // then needs RowInput::state (a sequence's rows adjacent in the step).

@@ -55,6 +55,8 @@ struct DenseLayer {
 };
 
 // Keys and values of one sequence: [n_layer][n_ctx][n_head_kv*head_dim] each.
+// V may be narrower than K (MLA): v_dim floats per position then (0: kv_dim),
+// laid out as K with v_dim in place of kv_dim.
 //
 // Optionally some layers are ring buffers (sliding-window attention): when
 // `ring` is non-empty, layer l keeps only its last ring[l] positions
@@ -64,11 +66,17 @@ struct KVCache {
   int n_ctx = 0;
   int n_layer = 0;
   int kv_dim = 0;
+  int v_dim = 0;
   std::vector<float> k, v;
+  int v_width() const { return v_dim > 0 ? v_dim : kv_dim; }
   std::vector<int> ring;             // [n_layer] or empty
   std::vector<size_t> layer_offset;  // [n_layer + 1] when ring is set
   float* k_at(int layer, int pos) { return k.data() + offset(layer, pos); }
-  float* v_at(int layer, int pos) { return v.data() + offset(layer, pos); }
+  float* v_at(int layer, int pos) { return v.data() + v_offset(offset(layer, pos)); }
+  // A K offset (a multiple of kv_dim) as the matching V offset.
+  size_t v_offset(size_t k_offset) const {
+    return v_dim > 0 ? k_offset / static_cast<size_t>(kv_dim) * static_cast<size_t>(v_dim) : k_offset;
+  }
   size_t offset(int layer, int pos) const {
     if (ring.empty()) return (static_cast<size_t>(layer) * n_ctx + pos) * kv_dim;
     const int len = ring[static_cast<size_t>(layer)];
@@ -76,7 +84,7 @@ struct KVCache {
   }
   // Positions kept by a layer's ring (0 when the layer keeps all of them).
   int ring_len(int layer) const { return ring.empty() ? 0 : ring[static_cast<size_t>(layer)]; }
-  // Floats of k (and of v) that layers [0, n) occupy.
+  // Floats of k that layers [0, n) occupy (of v: v_offset of it).
   size_t floats_for(int n) const {
     if (ring.empty()) return static_cast<size_t>(n) * static_cast<size_t>(n_ctx) * static_cast<size_t>(kv_dim);
     return layer_offset[static_cast<size_t>(std::min(n, n_layer))];
@@ -93,7 +101,7 @@ struct KVCache {
       layer_offset[static_cast<size_t>(l) + 1] = layer_offset[static_cast<size_t>(l)] + static_cast<size_t>(kept) * kv_dim;
     }
     k.assign(layer_offset.back(), 0.f);
-    v.assign(layer_offset.back(), 0.f);
+    v.assign(v_offset(layer_offset.back()), 0.f);
   }
 };
 

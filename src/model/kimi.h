@@ -1,0 +1,159 @@
+// Kimi K3 (KDA + gated NoPE MLA, attention residuals, latent MoE; see
+// model/kimi_config.h and ../shared/docs/reference-system.md): weights
+// (synthetic or from a safetensors checkpoint) and the DecodeProgram.
+//
+// Checkpoint naming. Where a public implementation has the tensor, its name
+// is used: flash-linear-attention / Kimi-Linear for KDA, DeepSeek-V3 for MLA,
+// the router and the experts. Per layer l ("model.layers.l."):
+//   input_layernorm.weight           [H]    RMSNorm of the attention sublayer input
+//   post_attention_layernorm.weight  [H]    RMSNorm of the MLP sublayer input
+//   attn_res.weight, mlp_res.weight  [H]    attention-residual vectors (no public
+//                                            implementation; the doc's folded_w)
+// KDA layers:
+//   self_attn.{q,k,v}_proj.weight    [nh*D, H]
+//   self_attn.g_proj.weight          [nh*D, H]  output gate (full rank, see kimi_config.h)
+//   self_attn.b_proj.weight          [nh, H]    beta logits
+//   self_attn.f_a_proj.weight        [rank, H], self_attn.f_b_proj.weight [nh*D, rank]  forget-gate input g
+//   self_attn.{q,k,v}_conv1d.weight  [nh*D, 1, K]  depthwise causal conv (tap K-1 = current input)
+//   self_attn.A_log                  nh values (any shape, e.g. [1, 1, nh, 1] as Kimi-Linear)
+//   self_attn.dt_bias                [nh*D]
+//   self_attn.o_norm.weight          [D], self_attn.o_proj.weight [H, nh*D]
+// MLA layers (l % 4 == 3 and the last):
+//   self_attn.q_a_proj.weight [ql, H], q_a_layernorm.weight [ql], q_b_proj.weight [nh*(Dn+De), ql]
+//        (per head: Dn "nope" dims then De extra dims)
+//   self_attn.kv_a_proj_with_mqa.weight [kvl+De, H] (latent rows, then the shared extra key dims)
+//   self_attn.kv_a_layernorm.weight [kvl], self_attn.kv_b_proj.weight [nh*(Dn+Dv), kvl]
+//        (per head: Dn key rows then Dv value rows)
+//   self_attn.g_proj.weight [nh*Dv, H] (sigmoid output gate), self_attn.o_proj.weight [H, nh*Dv]
+// Dense layers (layer 0): mlp.{gate,up}_proj.weight [FF, H], mlp.down_proj.weight [H, FF]
+// MoE layers:
+//   mlp.gate.weight [E, H], mlp.gate.e_score_correction_bias [E]
+//   mlp.latent_down_proj.weight [L, H], mlp.latent_norm.weight [L], mlp.latent_up_proj.weight [H, L]
+//   mlp.experts.e.{gate,up}_proj.weight_blocks [F, L/32, 16] U8 and .weight_scales [F, L/32] U8,
+//   mlp.experts.e.down_proj.weight_blocks [L, F/32, 16] U8 and .weight_scales [L, F/32] U8:
+//        MXFP4 as gpt-oss stores it (byte i of a block holds element 2i in its low nibble and
+//        2i+1 in its high nibble; a scale byte is E8M0, 2^(s-127)); a float ".weight" instead
+//        is accepted and quantised to MXFP4 at load;
+//   mlp.shared_experts.{gate,up}_proj.weight [S, H], mlp.shared_experts.down_proj.weight [H, S]
+// Global: model.embed_tokens.weight [V, H], model.attn_res.weight [H] (the final mixture's
+// vector), model.norm.weight [H], lm_head.weight [V, H].
+// config.json: model_type "kimi_k3" with the fields written by save().
+//
+// In memory: dense matrices keep their float type (F32/F16/BF16; other float
+// types become F32); the fused KDA input projection is one matrix
+// [q | k | v | g | b]; kv_b is split into its key and value rows; routed
+// experts are [E * 2F][L] (gate rows, then up rows, per expert) and [E * L][F].
+// Their format is MXFP4, or with KimiWeightOptions::fp8_experts the same
+// values losslessly re-blocked to FP8 e4m3 (same E8M0 scale per 32), which
+// the matrix kernels compute with f32 activations.
+//
+// Per-sequence state: a KVCache of the MLA layers (expanded per-head K
+// [nh*(Dn+De)] and V [nh*Dv]; cache_index 0..n_mla-1) and a RecurrentState of
+// the KDA layers (0..n_kda-1). A step holds at most one row per sequence.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "exec/recurrent_kernels.h"
+#include "ir/expert_bank.h"
+#include "ir/program.h"
+#include "kernels/cpu/matmul.h"
+#include "model/dense.h"
+#include "model/kimi_config.h"
+
+namespace megakern {
+
+struct KimiLayer {
+  bool mla = false, dense = false;
+  int cache_index = 0;  // among the MLA layers (KV cache) or the KDA layers (state)
+  std::vector<float> attn_norm, mlp_norm;  // [H]
+  std::vector<float> attn_res, mlp_res;    // [H] attention-residual vectors
+  MatView o_proj;                          // [H][nh*D] (KDA) or [H][nh*Dv] (MLA)
+  // KDA.
+  MatView kda_in;                 // [4*nh*D + nh][H]: q, k, v, g (output gate), b
+  MatView f_a, f_b;               // [rank][H], [nh*D][rank]
+  std::vector<float> conv;        // [3*nh*D][K]
+  std::vector<float> a_log;       // [nh]
+  std::vector<float> dt_bias;     // [nh*D]
+  std::vector<float> o_norm;      // [D]
+  // MLA.
+  MatView q_a, q_b;               // [ql][H], [nh*(Dn+De)][ql]
+  MatView kv_a;                   // [kvl+De][H]
+  MatView kv_b_k, kv_b_v;         // [nh*Dn][kvl], [nh*Dv][kvl]
+  MatView gate;                   // [nh*Dv][H]
+  std::vector<float> q_a_norm, kv_a_norm;  // [ql], [kvl]
+  // Dense MLP (dense layers) or the shared expert (MoE layers).
+  MatView mlp_gate, mlp_up;       // [FF][H]
+  MatView mlp_down;               // [H][FF]
+  // Latent MoE.
+  MatView router;                 // [E][H]
+  std::vector<float> router_bias; // [E]
+  MatView latent_down, latent_up; // [L][H], [H][L]
+  std::vector<float> latent_norm; // [L]
+  MatView experts_gu;             // [E*2F][L]
+  MatView experts_down;           // [E*L][F]
+  ExpertBank experts;             // per-expert views of the two matrices above, SiTU
+};
+
+struct KimiWeightOptions {
+  DType dense = DType::BF16;   // synthetic(): the type of the dense matrices (F32, F16 or BF16)
+  bool fp8_experts = false;    // re-block the MXFP4 experts to FP8 e4m3 (lossless)
+};
+
+class KimiModel {
+ public:
+  // Deterministic synthetic weights for any config: the same (config, seed,
+  // options) give the same bits. Matrices are scaled by 1/sqrt(fan_in) (output
+  // projections by half that) so activations stay O(1) through all layers;
+  // experts are MXFP4-quantised.
+  static std::unique_ptr<KimiModel> synthetic(const KimiConfig& c, uint64_t seed, const KimiWeightOptions& o = {});
+  // Reads dir/config.json and dir/model.safetensors (or a sharded index; see
+  // SafetensorsModel::open). Throws megakern::Error naming a missing tensor, a
+  // wrong shape or dtype, or a bad config field.
+  static std::unique_ptr<KimiModel> load(const std::string& dir, const KimiWeightOptions& o = {});
+  // Writes dir/config.json and dir/model.safetensors (dir is created) in the
+  // naming above; load(dir) gives back the same weights.
+  void save(const std::string& dir) const;
+  // Views point into buffers the model owns, so it is neither copied nor assigned.
+  KimiModel(const KimiModel&) = delete;
+  KimiModel& operator=(const KimiModel&) = delete;
+
+  const KimiConfig& config() const { return cfg_; }
+  int n_vocab() const { return cfg_.vocab; }
+  KVCache make_cache(int n_ctx) const;
+  RecurrentState make_state() const;
+
+  const MatView& tok_embd() const { return tok_embd_; }
+  const MatView& lm_head() const { return lm_head_; }
+  const std::vector<float>& final_norm() const { return final_norm_; }
+  const std::vector<float>& final_res() const { return final_res_; }
+  const std::vector<KimiLayer>& layers() const { return layers_; }
+
+ private:
+  KimiModel() = default;
+  // A zero-filled buffer of `bytes` owned by the model.
+  uint8_t* own(size_t bytes);
+  KimiConfig cfg_;
+  std::vector<std::vector<uint8_t>> owned_;
+  MatView tok_embd_, lm_head_;
+  std::vector<float> final_norm_, final_res_;
+  std::vector<KimiLayer> layers_;
+  friend struct KimiBuilder;
+};
+
+// Reads a KimiConfig from a config.json object written by save() (model_type
+// "kimi_k3"); throws megakern::Error naming a missing or bad field.
+KimiConfig kimi_config_from_json(const std::string& json_text, const std::string& where);
+std::string kimi_config_to_json(const KimiConfig& c);
+
+// The decode step: embedding into residual block 0; per layer the attention
+// sublayer (residual mixture, RMSNorm, KDA or gated MLA, added to the prefix
+// or restarting it at a block boundary) and the MLP sublayer (mixture,
+// RMSNorm, dense SiTU MLP or latent MoE + shared expert, added to the prefix);
+// the final mixture, RMSNorm and LM head. `recurrent` is set.
+DecodeProgram build_kimi_program(const KimiModel& model, int max_rows);
+
+}  // namespace megakern
