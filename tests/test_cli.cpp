@@ -82,7 +82,7 @@ TEST(Cli, SmolLM2AnswersTheCapitalOfFrance) {
 }
 
 TEST(Cli, SyntheticPresetsGenerateUnderEveryExecutor) {
-  for (const char* model : {"qwen3.8-mini", "muse-spark-mini"}) {
+  for (const char* model : {"qwen3.8-mini", "kimi-k3-mini", "muse-spark-mini"}) {
     std::string first;
     for (const char* ex : {"mega", "opbyop", "reference"}) {
       const Result r = run(std::string("run -m ") + model + " -p Hello -n 12 --executor " + ex);
@@ -120,6 +120,12 @@ TEST(Cli, GenModelWritesALoadableCheckpoint) {
   const Result d = run("run -m muse-spark-mini --experts nvfp4 -p Hi -n 6 -q --raw");
   ASSERT_EQ(c.status, 0) << c.out;
   EXPECT_EQ(c.out, d.out);
+  r = run("gen-model --config kimi-k3-mini --experts fp8_e4m3 -o " + dir + "/kimi");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const Result e = run("run -m " + dir + "/kimi -p Hi -n 6 -q --raw");
+  const Result f = run("run -m kimi-k3-mini --experts fp8_e4m3 -p Hi -n 6 -q --raw");
+  ASSERT_EQ(e.status, 0) << e.out;
+  EXPECT_EQ(e.out, f.out);
   r = run("gen-model --config muse-spark-1.2 -o " + dir + "/big");
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.out.find("too large"), std::string::npos) << r.out;

@@ -10,6 +10,8 @@
 #include <string>
 
 #include "core/error.h"
+#include "model/kimi.h"
+#include "model/kimi_config.h"
 #include "model/muse.h"
 #include "model/muse_config.h"
 #include "model/qwen38.h"
@@ -30,6 +32,7 @@ struct GenModelOptions {
 std::string preset_list() {
   std::string s;
   for (const auto& c : qwen38_presets()) s += (s.empty() ? "" : ", ") + c.name;
+  for (const auto& c : kimi_presets()) s += ", " + c.name;
   for (const auto& c : muse_presets()) s += ", " + c.name;
   return s;
 }
@@ -54,6 +57,14 @@ void gen_model_cmd(const GenModelOptions& o) {
     if (!o.weights.empty() || !o.experts.empty())
       fail("--config {}: the checkpoint is written in bf16 (convert at load with --weights)", o.config);
     write_qwen38_synthetic(*c, o.seed, o.out);
+  } else if (const KimiConfig* k = find_kimi_preset(o.config)) {
+    if (k->name == "kimi-k3") fail("--config {}: ~1.5 TB of weights is too large to generate; use a mini or bench preset", o.config);
+    KimiWeightOptions ko;
+    ko.dense = format_flag("--weights", o.weights, DType::BF16);
+    const DType ex = format_flag("--experts", o.experts, DType::MXFP4);
+    if (ex != DType::MXFP4 && ex != DType::FP8_E4M3) fail("--experts: Kimi K3 experts are mxfp4 or fp8_e4m3");
+    ko.fp8_experts = ex == DType::FP8_E4M3;
+    KimiModel::synthetic(*k, o.seed, ko)->save(o.out);
   } else if (const MuseConfig* m = find_muse_preset(o.config)) {
     if (m->name == "muse-spark-1.2")
       fail("--config {}: ~446 GB of weights is too large to generate; use a mini or bench preset", o.config);

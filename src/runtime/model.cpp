@@ -9,6 +9,8 @@
 #include "io/hf_config.h"
 #include "model/dense_program.h"
 #include "model/presets.h"
+#include "model/kimi.h"
+#include "model/kimi_config.h"
 #include "model/muse.h"
 #include "model/muse_config.h"
 #include "model/qwen38.h"
@@ -125,6 +127,43 @@ class MuseRuntimeModel final : public Model {
   std::unique_ptr<MuseModel> model_;
 };
 
+class KimiRuntimeModel final : public Model {
+ public:
+  KimiRuntimeModel(const std::string& name, std::unique_ptr<KimiModel> m) : model_(std::move(m)) {
+    const KimiConfig& c = model_->config();
+    name_ = name;
+    n_vocab_ = c.vocab;
+    recurrent_ = true;
+    tokenizer_ = byte_tokenizer(n_vocab_, name_);
+    description_ = fmt::format("kimi-k3 (KDA + gated MLA, latent MoE): {} layers, hidden {}, {} experts top-{}, vocab {} "
+                               "({:.1f} MB read per step)",
+                               c.n_layer, c.hidden, c.n_expert, c.n_expert_used, c.vocab, build_program(1).weight_bytes() / 1e6);
+  }
+  DecodeProgram build_program(int max_rows) const override { return build_kimi_program(*model_, max_rows); }
+  SequenceState new_sequence(int n_ctx) const override {
+    SequenceState s;
+    s.cache = model_->make_cache(n_ctx);
+    s.state = model_->make_state();
+    s.recurrent = true;
+    return s;
+  }
+
+ private:
+  std::unique_ptr<KimiModel> model_;
+};
+
+KimiWeightOptions kimi_options(const ModelOptions& o) {
+  KimiWeightOptions k;
+  if (o.weights) k.dense = *o.weights;
+  if (o.experts) {
+    if (*o.experts == DType::FP8_E4M3)
+      k.fp8_experts = true;
+    else if (*o.experts != DType::MXFP4)
+      fail("--experts: Kimi K3 experts are mxfp4, or fp8_e4m3 re-blocked from them; got {}", dtype_traits(*o.experts).name);
+  }
+  return k;
+}
+
 std::string too_big(const std::string& name, double gb) {
   return fmt::format("preset '{}' is the full-size configuration ({:.0f} GB of weights); it can be described "
                      "(megakern inspect --config {}) but not generated here",
@@ -140,6 +179,8 @@ std::vector<std::string> known_model_and_preset_names() {
     if (p.name != "qwen3.8-27b") v.push_back(p.name);
   for (const auto& p : muse_presets())
     if (p.name != "muse-spark-1.2") v.push_back(p.name);
+  for (const auto& p : kimi_presets())
+    if (p.name != "kimi-k3") v.push_back(p.name);
   return v;
 }
 
@@ -155,19 +196,28 @@ std::unique_ptr<Model> load_model(const std::string& name_or_path, const ModelOp
         name_or_path, MuseModel::synthetic(*c, opts.seed, opts.weights.value_or(DType::BF16),
                                            opts.experts.value_or(DType::INT4_G128)));
   }
-  if (opts.experts) fail("--experts applies to the synthetic MoE presets only");
+  if (const KimiConfig* c = find_kimi_preset(name_or_path)) {
+    if (c->name == "kimi-k3") fail("{}", too_big(c->name, 1560));
+    return std::make_unique<KimiRuntimeModel>(name_or_path, KimiModel::synthetic(*c, opts.seed, kimi_options(opts)));
+  }
+  if (opts.experts && opts.experts != DType::FP8_E4M3)
+    fail("--experts applies to the synthetic MoE presets (and fp8_e4m3 to Kimi K3 checkpoints) only");
   std::error_code ec;
   if (fs::is_directory(name_or_path, ec)) {
     const HFConfig hf = HFConfig::load(name_or_path);
     const std::string mt = hf.model_type();
     if (mt == "qwen3_5_text" || mt == "qwen3_5")
       return std::make_unique<Qwen38RuntimeModel>(name_or_path, Qwen38Model::load(name_or_path, opts.weights));
+    if (mt == "kimi_k3") {
+      if (opts.weights) fail("{}: a Kimi K3 checkpoint keeps the dense format it was written in (drop --weights)", name_or_path);
+      return std::make_unique<KimiRuntimeModel>(name_or_path, KimiModel::load(name_or_path, kimi_options(opts)));
+    }
     if (mt == "muse_spark") {
       if (opts.weights) fail("{}: a Muse Spark checkpoint keeps the formats it was written in (drop --weights)", name_or_path);
       return std::make_unique<MuseRuntimeModel>(name_or_path, MuseModel::load(name_or_path));
     }
     fail("{}: model_type '{}' is not an architecture this engine runs from a checkpoint directory "
-         "(supported: qwen3_5_text, muse_spark)",
+         "(supported: qwen3_5_text, kimi_k3, muse_spark)",
          name_or_path, mt);
   }
   if (opts.weights)

@@ -7,11 +7,11 @@
 //    transformer (llama, qwen3, gemma3) with its own tokenizer;
 //  - a dense bench preset ("dense-bench", "dense-mini"), generated in memory;
 //  - a Hugging Face checkpoint directory (config.json + safetensors) of a
-//    supported architecture (Qwen3.5 / Qwen3.8 "qwen3_5_text", Muse Spark
-//    "muse_spark" as MuseModel::save writes it);
+//    supported architecture (Qwen3.5 / Qwen3.8 "qwen3_5_text", Kimi K3
+//    "kimi_k3" and Muse Spark "muse_spark" as their save() writes them);
 //  - a synthetic architecture preset ("qwen3.8-mini", "qwen3.8-bench",
-//    "muse-spark-mini", "muse-spark-bench"): the deterministic weights
-//    `megakern gen-model` writes, built in memory.
+//    "kimi-k3-mini", "kimi-k3-bench", "muse-spark-mini", "muse-spark-bench"):
+//    the deterministic weights `megakern gen-model` writes, built in memory.
 // Models without a tokenizer of their own (presets, checkpoint directories)
 // use the byte vocabulary of byte_vocab(): one token per byte.
 #pragma once
