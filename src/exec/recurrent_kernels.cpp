@@ -149,6 +149,84 @@ void kda_tile(const Op& op, const StepContext& ctx, int r, int h) {
   }
 }
 
+// A block of T tokens of one sequence through KDA in the chunked form. With
+// the per-channel log decays cumulated over the block, G_t = a_0 + ... + a_t
+// (vectors over the key channels) and D_t = diag(exp(G_t)), the state after
+// token t is
+//   S_t = D_t S_0 + sum_{j<=t} (exp(G_t - G_j) * k_j) u_j^T          (S is [k][v])
+// where the corrections u_t = beta_t (v_t - pred_t) solve
+//   u_t + beta_t sum_{j<t} <k_t, exp(G_t - G_j) * k_j> u_j = beta_t (v_t - S_0^T (exp(G_t) * k_t)),
+// the outputs are o_t = S_0^T (exp(G_t) * q_t) + sum_{j<=t} <q_t, exp(G_t - G_j) * k_j> u_j,
+// and the block leaves S_{T-1}. S_0 is read and the new state written once.
+void kda_block(const Op& op, const StepContext& ctx, int r0, int T, int h) {
+  const int H = op.n_head, Dv = op.head_dim;
+  const int Dk = key_dim_of(op, width_of(ctx, op.in));
+  const size_t uT = static_cast<size_t>(T), uDk = static_cast<size_t>(Dk), uDv = static_cast<size_t>(Dv);
+  thread_local std::vector<float> Q, K, G, A, B, beta, P, U;
+  Q.resize(uT * uDk);
+  K.resize(uT * uDk);
+  G.resize(uT * uDk);
+  A.assign(uT * uT, 0.f);
+  B.assign(uT * uT, 0.f);
+  beta.resize(uT);
+  P.assign(uT * uDv, 0.f);  // S_0^T (e^G k), then the corrections u
+  U.assign(uT * uDv, 0.f);  // S_0^T (e^G q), then the outputs
+  auto axpy = ctx.scalar ? axpy_f32_scalar : axpy_f32;
+  const float Aexp = std::exp(op.norm[h]);
+  const float* dtb = op.dt_bias + static_cast<size_t>(h) * Dk;
+  for (int t = 0; t < T; ++t) {
+    const int r = r0 + t;
+    const float* qkv = row_of(ctx, op.in, r);
+    const float* g = row_of(ctx, op.in2, r) + static_cast<size_t>(h) * Dk;
+    l2norm(qkv + static_cast<size_t>(h) * Dk, Dk, op.eps, op.scale, &Q[t * uDk]);
+    l2norm(qkv + static_cast<size_t>(H + h) * Dk, Dk, op.eps, 1.f, &K[t * uDk]);
+    beta[static_cast<size_t>(t)] = sigmoidf(row_of(ctx, op.in3, r)[h]);
+    for (int c = 0; c < Dk; ++c) {
+      const float a = op.gate_bound * sigmoidf(Aexp * (g[c] + dtb[c]));
+      G[t * uDk + c] = (t ? G[(t - 1) * uDk + c] : 0.f) + a;
+    }
+  }
+  for (int t = 0; t < T; ++t)
+    for (int j = 0; j <= t; ++j) {
+      float kk = 0.f, qk = 0.f;
+      for (int c = 0; c < Dk; ++c) {
+        const float w = std::exp(G[t * uDk + c] - G[j * uDk + c]) * K[j * uDk + c];
+        kk += K[t * uDk + c] * w;
+        qk += Q[t * uDk + c] * w;
+      }
+      if (j < t) A[t * uT + j] = beta[static_cast<size_t>(t)] * kk;
+      B[t * uT + j] = qk;
+    }
+  RecurrentState& st = *ctx.rows[r0].state;
+  float* S = st.S_at(op.cache_layer(), h);
+  for (int c = 0; c < Dk; ++c) {
+    const float* Sc = S + static_cast<size_t>(c) * uDv;
+    for (int t = 0; t < T; ++t) {
+      const float e = std::exp(G[t * uDk + c]);
+      axpy(e * K[t * uDk + c], Sc, &P[t * uDv], Dv);
+      axpy(e * Q[t * uDk + c], Sc, &U[t * uDv], Dv);
+    }
+  }
+  for (int t = 0; t < T; ++t) {
+    const int r = r0 + t;
+    const float* v = row_of(ctx, op.in, r) + static_cast<size_t>(2 * H) * Dk + static_cast<size_t>(h) * Dv;
+    float* u = &P[t * uDv];
+    for (int i = 0; i < Dv; ++i) u[i] = beta[static_cast<size_t>(t)] * (v[i] - u[i]);
+    for (int j = 0; j < t; ++j) axpy(-A[t * uT + j], &P[j * uDv], u, Dv);
+    float* o = row_of(ctx, op.out, r) + static_cast<size_t>(h) * Dv;
+    std::copy_n(&U[t * uDv], Dv, o);
+    for (int j = 0; j <= t; ++j) axpy(B[t * uT + j], &P[j * uDv], o, Dv);
+  }
+  const size_t last = (uT - 1) * uDk;
+  for (int c = 0; c < Dk; ++c) {
+    float* Sc = S + static_cast<size_t>(c) * uDv;
+    const float keep = std::exp(G[last + c]);
+    for (int i = 0; i < Dv; ++i) Sc[i] *= keep;
+    for (int t = 0; t < T; ++t)
+      axpy(std::exp(G[last + c] - G[t * uDk + c]) * K[t * uDk + c], &P[t * uDv], Sc, Dv);
+  }
+}
+
 // One token: S = exp(g) S; pred = S k; S += beta (v - pred) k^T; o = S q.
 void delta_rule_step(const Op& op, const StepContext& ctx, int r, int h, int Dk) {
   const int Dv = op.head_dim;
@@ -243,8 +321,12 @@ void delta_rule_block(const Op& op, const StepContext& ctx, int r0, int T, int h
 
 void delta_rule_tile(const Op& op, const StepContext& ctx, int r, int h) {
   if (continues_block(ctx, r)) return;
-  if (op.kda) {  // KDA: the block's tokens one after another
-    for (int rr = r, e = block_end(ctx, r); rr < e; ++rr) kda_tile(op, ctx, rr, h);
+  if (op.kda) {
+    const int T = block_end(ctx, r) - r;
+    if (T == 1)
+      kda_tile(op, ctx, r, h);
+    else
+      kda_block(op, ctx, r, T, h);
     return;
   }
   const int Dk = key_dim_of(op, width_of(ctx, op.in));

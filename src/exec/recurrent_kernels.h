@@ -29,8 +29,8 @@ struct RowInput;
 // the chunked form of the delta rule (prefill, speculative verification).
 //         KDA layers (Op::kda, Kimi K3) store their heads' S the other way,
 //         [k_dim][v_dim] (S[h][j][i], as flash-linear-attention), in the same
-//         space; their key and value widths are equal. (Their blocks are computed
-//         token by token.)
+//         space; their key and value widths are equal. Blocks of several tokens use
+//         the chunked form of KDA.
 struct RecurrentState {
   int n_layer = 0, conv_dim = 0, conv_hist = 0, n_v_heads = 0, v_dim = 0, k_dim = 0;
   std::vector<float> conv, S;
