@@ -5,6 +5,20 @@
 //   BM_Matmul/<format>/rows:R/threads:T
 //                                matmul(pool, W, X, R, Y) with W a >= 64 MiB
 //                                matrix of 4096 columns in <format>.
+//   BM_Attention/ctx:N/threads:T one decode row attending over N cached
+//                                positions, 32 query / 8 KV heads of 128 (f32 K
+//                                and V read once: bytes = 2 N 8 128 4); tiles
+//                                (one per head) split across the pool.
+//   BM_DeltaRule/block:B/threads:T
+//                                a Gated DeltaNet layer of the Qwen3.8 size (16
+//                                key / 48 value heads of 128, f32 state 3 MiB)
+//                                advanced by a block of B tokens of one
+//                                sequence (B = 1: the recurrent step; B > 1:
+//                                the chunked form); bytes = the state read and
+//                                written once per call. Calls cycle through
+//                                16 such states (48 MiB, past L3) as a model's
+//                                layers would. items/s (tokens/s) is the
+//                                figure to compare across B.
 // Counters: bytes (weight bytes read per call; inputs and outputs are
 // negligible and not counted), GB/s (bytes / wall time, 1e9), pct_probe (GB/s
 // as a percentage of the probe for the same thread count, probed once at
@@ -14,6 +28,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -24,6 +39,8 @@
 
 #include "core/dtype.h"
 #include "core/thread_pool.h"
+#include "exec/op_kernels.h"
+#include "exec/recurrent_kernels.h"
 #include "kernels/cpu/matmul.h"
 
 namespace {
@@ -161,6 +178,121 @@ void BM_Matmul(benchmark::State& state, DType t) {
   state.counters["probe_GB/s"] = probe;
 }
 
+// --- attention and the delta rule through the executors' tile kernels -------
+
+// Runs every tile of op over ctx, the tiles split across the pool as the
+// op-by-op executor splits them.
+void run_tiles(ThreadPool& p, const Op& op, const StepContext& ctx, int n_tiles) {
+  p.run([&](int w) {
+    const int W = p.size();
+    for (int t = n_tiles * w / W; t < n_tiles * (w + 1) / W; ++t) run_op_tile(op, ctx, t, n_tiles);
+  });
+}
+
+void counters(benchmark::State& state, double bytes, int threads, double per_call_items) {
+  const double probe = probe_gbps(threads);
+  state.counters["bytes"] = bytes;
+  state.counters["GB/s"] = benchmark::Counter(bytes / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["pct_probe"] =
+      benchmark::Counter(bytes / 1e9 * 100.0 / probe, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["items/s"] = benchmark::Counter(per_call_items, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["probe_GB/s"] = probe;
+}
+
+void BM_Attention(benchmark::State& state) {
+  const int n_ctx = (int)state.range(0), threads = (int)state.range(1);
+  const int H = 32, Hkv = 8, D = 128;
+  DecodeProgram prog;
+  prog.kv_dim = Hkv * D;
+  const int q = prog.add_slot("q", 0, H * D), marker = prog.add_slot("kv", 0, 0), out = prog.add_slot("att", 0, H * D);
+  Op& op = prog.add_op(OpKind::Attention, 0, "attention");
+  op.in = q;
+  op.in2 = marker;
+  op.out = out;
+  op.n_head = H;
+  op.n_head_kv = Hkv;
+  op.head_dim = D;
+  op.scale = 1.f / std::sqrt((float)D);
+  KVCache cache;
+  cache.n_ctx = n_ctx;
+  cache.n_layer = 1;
+  cache.kv_dim = prog.kv_dim;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> g(0.f, 1.f);
+  cache.k.resize((size_t)n_ctx * prog.kv_dim);
+  cache.v.resize(cache.k.size());
+  for (auto& x : cache.k) x = g(rng);
+  for (auto& x : cache.v) x = g(rng);
+  std::vector<float> qv(H * D), ov(H * D);
+  for (auto& x : qv) x = g(rng);
+  RowInput row{0, n_ctx - 1, &cache, nullptr};
+  StepContext ctx;
+  ctx.program = &prog;
+  ctx.slot = {qv.data(), nullptr, ov.data()};
+  ctx.rows = &row;
+  ctx.n_rows = 1;
+  ThreadPool& p = pool(threads);
+  const int tiles = op_tile_count(prog.ops[0], 1, threads);
+  run_tiles(p, prog.ops[0], ctx, tiles);
+  for (auto _ : state) {
+    run_tiles(p, prog.ops[0], ctx, tiles);
+    benchmark::DoNotOptimize(ov.data());
+  }
+  counters(state, 2.0 * n_ctx * prog.kv_dim * sizeof(float), threads, 1);
+}
+
+void BM_DeltaRule(benchmark::State& state) {
+  const int block = (int)state.range(0), threads = (int)state.range(1);
+  const int Hk = 16, Hv = 48, Dk = 128, Dv = 128;
+  DecodeProgram prog;
+  const int in = prog.add_slot("qkv", 0, 2 * Hk * Dk + Hv * Dv), ba = prog.add_slot("ba", 0, 2 * Hv),
+            out = prog.add_slot("o", 0, Hv * Dv);
+  std::vector<float> a_log(Hv), dt_bias(Hv);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> g(0.f, 1.f);
+  for (int h = 0; h < Hv; ++h) {
+    a_log[h] = std::log(1.f + (float)h / 4.f);
+    dt_bias[h] = 1.f;
+  }
+  Op& op = prog.add_op(OpKind::DeltaRule, 0, "delta_rule");
+  op.in = in;
+  op.in2 = ba;
+  op.out = out;
+  op.n_head = Hv;
+  op.n_head_kv = Hk;
+  op.head_dim = Dv;
+  op.norm = a_log.data();
+  op.n_norm = Hv;
+  op.dt_bias = dt_bias.data();
+  op.scale = 1.f / std::sqrt((float)Dk);
+  op.cache_index = 0;
+  constexpr int kStates = 16;
+  RecurrentState st(kStates, 2 * Hk * Dk + Hv * Dv, 3, Hv, Dv, Dk);
+  KVCache cache;
+  std::vector<float> xin((size_t)block * (2 * Hk * Dk + Hv * Dv)), xba((size_t)block * 2 * Hv),
+      xo((size_t)block * Hv * Dv);
+  for (auto& x : xin) x = g(rng);
+  for (auto& x : xba) x = g(rng);
+  std::vector<RowInput> rows;
+  for (int r = 0; r < block; ++r) rows.push_back({0, r, &cache, &st});
+  StepContext ctx;
+  ctx.program = &prog;
+  ctx.slot = {xin.data(), xba.data(), xo.data()};
+  ctx.rows = rows.data();
+  ctx.n_rows = block;
+  ThreadPool& p = pool(threads);
+  const int tiles = op_tile_count(prog.ops[0], block, threads);
+  run_tiles(p, prog.ops[0], ctx, tiles);
+  int layer = 0;
+  for (auto _ : state) {
+    prog.ops[0].cache_index = layer;
+    layer = (layer + 1) % kStates;
+    run_tiles(p, prog.ops[0], ctx, tiles);
+    benchmark::DoNotOptimize(xo.data());
+  }
+  counters(state, 2.0 * (double)st.S.size() / kStates * sizeof(float), threads, block);
+}
+
 void register_all() {
   for (int threads : {1, 2})
     benchmark::RegisterBenchmark("BM_ReadBandwidth", BM_ReadBandwidth)
@@ -178,6 +310,22 @@ void register_all() {
     b->ArgNames({"rows", "threads"})->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(0.3);
     for (int64_t rows : {1, 2, 4, 8, 16, 64})
       for (int threads : {1, 2}) b->Args({rows, threads});
+  }
+  for (int threads : {1, 2}) {
+    for (int64_t ctx : {512, 4096, 32768})
+      benchmark::RegisterBenchmark("BM_Attention", BM_Attention)
+          ->Args({ctx, threads})
+          ->ArgNames({"ctx", "threads"})
+          ->UseRealTime()
+          ->Unit(benchmark::kMillisecond)
+          ->MinTime(0.2);
+    for (int64_t block : {1, 8, 64})
+      benchmark::RegisterBenchmark("BM_DeltaRule", BM_DeltaRule)
+          ->Args({block, threads})
+          ->ArgNames({"block", "threads"})
+          ->UseRealTime()
+          ->Unit(benchmark::kMillisecond)
+          ->MinTime(0.2);
   }
   // The probe again at the end, to show drift in the machine's load.
   for (int threads : {1, 2})
