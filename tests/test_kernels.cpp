@@ -115,6 +115,32 @@ double tolerance(DType t, const float* w, const float* x, int64_t n) {
   return 1.0001 * q + 2.0 * ((double)n / 32 * 3 + 8) * 0x1p-24 * mag + 1e-30;
 }
 
+// The many-row dot and axpy give exactly the bits of the one-row functions,
+// for aligned and odd widths, strides and row counts (attention relies on it:
+// the dense prompt pass and the executors must agree bit for bit).
+TEST(VecRows, ManyRowsEqualOneRowAtATimeBitForBit) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> g(0.f, 1.f);
+  for (int64_t n : {8, 24, 32, 64, 96, 128, 192, 256, 257, 320}) {
+    for (int64_t rows : {1, 2, 3, 7, 64}) {
+      const int64_t stride = n + 40;
+      std::vector<float> a(static_cast<size_t>(n)), x(static_cast<size_t>(stride * rows)), w(static_cast<size_t>(rows));
+      for (auto& v : a) v = g(rng);
+      for (auto& v : x) v = g(rng);
+      for (auto& v : w) v = g(rng);
+      std::vector<float> got(static_cast<size_t>(rows)), y1(static_cast<size_t>(n), 0.5f), y2 = y1;
+      dot_f32_rows(a.data(), x.data(), stride, rows, n, got.data());
+      axpy_f32_rows(w.data(), x.data(), stride, rows, y1.data(), n);
+      for (int64_t p = 0; p < rows; ++p) {
+        const float want = dot_f32(a.data(), x.data() + p * stride, n);
+        ASSERT_EQ(std::memcmp(&got[static_cast<size_t>(p)], &want, 4), 0) << "n " << n << " row " << p;
+        axpy_f32(w[static_cast<size_t>(p)], x.data() + p * stride, y2.data(), n);
+      }
+      ASSERT_EQ(std::memcmp(y1.data(), y2.data(), 4 * static_cast<size_t>(n)), 0) << "n " << n << " rows " << rows;
+    }
+  }
+}
+
 TEST(Kernels, MatchOracleBitExactlyAndReferenceWithinTolerance) {
   int checked = 0;
   for (DType t : all_types()) {

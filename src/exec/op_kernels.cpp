@@ -118,16 +118,33 @@ void attention_tile(const Op& op, const StepContext& ctx, int r, int h) {
   const float* qh = row_of(ctx, op.in, r) + h * hd;
   thread_local std::vector<float> scores;
   scores.resize(static_cast<size_t>(pos - start + 1));
-  auto dot = ctx.scalar ? dot_f32_scalar : dot_f32;
-  for (int p = start; p <= pos; ++p) scores[static_cast<size_t>(p - start)] = dot(qh, cache.k_at(op.cache_layer(), p) + kvh * hd, hd) * op.scale;
+  const int layer = op.cache_layer();
+  // Positions in runs stored back to back (a ring layer wraps at most once).
+  const int ring = cache.ring_len(layer);
+  auto run_end = [&](int p) { return ring > 0 ? std::min(pos + 1, p + ring - p % ring) : pos + 1; };
+  for (int p = start; p <= pos;) {
+    const int e = run_end(p);
+    float* s = scores.data() + (p - start);
+    const float* k = cache.k_at(layer, p) + kvh * hd;
+    if (ctx.scalar)
+      for (int i = 0; i < e - p; ++i) s[i] = dot_f32_scalar(qh, k + static_cast<size_t>(i) * cache.kv_dim, hd);
+    else
+      dot_f32_rows(qh, k, cache.kv_dim, e - p, hd, s);
+    for (int i = 0; i < e - p; ++i) s[i] *= op.scale;
+    p = e;
+  }
   softmax_inplace(scores.data(), static_cast<int64_t>(scores.size()));
   float* out = row_of(ctx, op.out, r) + h * vd;
   std::fill(out, out + vd, 0.f);
-  for (int p = start; p <= pos; ++p) {
+  for (int p = start; p <= pos;) {
+    const int e = run_end(p);
+    const float* w = scores.data() + (p - start);
+    const float* v = cache.v_at(layer, p) + kvh * vd;
     if (ctx.scalar)
-      axpy_f32_scalar(scores[static_cast<size_t>(p - start)], cache.v_at(op.cache_layer(), p) + kvh * vd, out, vd);
+      for (int i = 0; i < e - p; ++i) axpy_f32_scalar(w[i], v + static_cast<size_t>(i) * cache.v_width(), out, vd);
     else
-      axpy_f32(scores[static_cast<size_t>(p - start)], cache.v_at(op.cache_layer(), p) + kvh * vd, out, vd);
+      axpy_f32_rows(w, v, cache.v_width(), e - p, out, vd);
+    p = e;
   }
 }
 

@@ -19,6 +19,22 @@ void axpy_f32_scalar(float a, const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
 
+void dot_f32_rows(const float* a, const float* x, int64_t stride, int64_t rows, int64_t n, float* out) {
+  if (use_avx2()) {
+    dot_f32_rows_avx2(a, x, stride, rows, n, out);
+    return;
+  }
+  for (int64_t p = 0; p < rows; ++p) out[p] = dot_f32_scalar(a, x + p * stride, n);
+}
+
+void axpy_f32_rows(const float* w, const float* x, int64_t stride, int64_t rows, float* y, int64_t n) {
+  if (use_avx2()) {
+    axpy_f32_rows_avx2(w, x, stride, rows, y, n);
+    return;
+  }
+  for (int64_t p = 0; p < rows; ++p) axpy_f32_scalar(w[p], x + p * stride, y, n);
+}
+
 float dot_f32(const float* a, const float* b, int64_t n) {
   return use_avx2() ? dot_f32_avx2(a, b, n) : dot_f32_scalar(a, b, n);
 }

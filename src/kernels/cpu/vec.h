@@ -17,4 +17,15 @@ void axpy_f32(float a, const float* x, float* y, int64_t n);
 void axpy_f32_scalar(float a, const float* x, float* y, int64_t n);
 void axpy_f32_avx2(float a, const float* x, float* y, int64_t n);
 
+// Many rows at once (attention over a KV cache: row p at x + p * stride):
+//   out[p] = dot_f32(a, x + p * stride, n)                 for p < rows
+//   y     += w[p] * (x + p * stride)  for p = 0, 1, ... in order
+// with exactly the bits of the one-row functions on the same ISA (the same
+// per-element operations in the same order), only without a call and a pass
+// over y per row.
+void dot_f32_rows(const float* a, const float* x, int64_t stride, int64_t rows, int64_t n, float* out);
+void axpy_f32_rows(const float* w, const float* x, int64_t stride, int64_t rows, float* y, int64_t n);
+void dot_f32_rows_avx2(const float* a, const float* x, int64_t stride, int64_t rows, int64_t n, float* out);
+void axpy_f32_rows_avx2(const float* w, const float* x, int64_t stride, int64_t rows, float* y, int64_t n);
+
 }  // namespace megakern
