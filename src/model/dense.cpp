@@ -254,12 +254,15 @@ void DenseModel::forward(ThreadPool& pool, KVCache& cache, const int32_t* tokens
         const int kvh = h / group;
         const float* qh = &q[t * qdim + h * hd];
         scores.resize(static_cast<size_t>(pos - start + 1));
-        for (int p = start; p <= pos; ++p)
-          scores[p - start] = dot_f32(qh, cache.k_at(l, p) + kvh * hd, hd) * c.attn_scale;
+        // Positions are stored back to back (kv_dim apart): the many-row
+        // kernels, with the bits of one dot / axpy per position.
+        const int np = pos - start + 1;
+        dot_f32_rows(qh, cache.k_at(l, start) + kvh * hd, cache.kv_dim, np, hd, scores.data());
+        for (int p = 0; p < np; ++p) scores[static_cast<size_t>(p)] *= c.attn_scale;
         softmax_inplace(scores.data(), static_cast<int64_t>(scores.size()));
         float* out = &att[t * qdim + h * hd];
         std::fill(out, out + hd, 0.f);
-        for (int p = start; p <= pos; ++p) axpy_f32(scores[p - start], cache.v_at(l, p) + kvh * hd, out, hd);
+        axpy_f32_rows(scores.data(), cache.v_at(l, start) + kvh * hd, cache.kv_dim, np, out, hd);
       }
     });
 
