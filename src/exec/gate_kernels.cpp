@@ -9,18 +9,6 @@
 
 namespace megakern {
 
-namespace {
-
-int width_of(const StepContext& ctx, int slot) { return ctx.program->slots[static_cast<size_t>(slot)].width; }
-
-float* row_of(const StepContext& ctx, int slot, int r) {
-  return ctx.slot[static_cast<size_t>(slot)] + static_cast<size_t>(r) * static_cast<size_t>(width_of(ctx, slot));
-}
-
-inline float sigmoidf(float x) { return 1.f / (1.f + std::exp(-x)); }
-
-}  // namespace
-
 std::vector<float> residual_gate_coefficients(const std::vector<float>& gamma) {
   const size_t n = gamma.size();
   std::vector<float> ab(2 * n);

@@ -9,16 +9,6 @@
 #include "kernels/cpu/vec.h"
 
 namespace megakern {
-namespace {
-
-int width_of(const StepContext& ctx, int slot) { return ctx.program->slots[static_cast<size_t>(slot)].width; }
-
-float* row_of(const StepContext& ctx, int slot, int r) {
-  return ctx.slot[static_cast<size_t>(slot)] + static_cast<size_t>(r) * static_cast<size_t>(width_of(ctx, slot));
-}
-
-}  // namespace
-
 // Attention residuals: the sublayer input is a softmax mixture of the first
 // `block` blocks (the embedding, the finished blocks and the running prefix).
 // Block i is scored by its dot with the learned vector w, divided by its RMS:

@@ -14,14 +14,6 @@ namespace megakern {
 
 namespace {
 
-int width_of(const StepContext& ctx, int slot) { return ctx.program->slots[static_cast<size_t>(slot)].width; }
-
-float* row_of(const StepContext& ctx, int slot, int r) {
-  return ctx.slot[static_cast<size_t>(slot)] + static_cast<size_t>(r) * static_cast<size_t>(width_of(ctx, slot));
-}
-
-inline float sigmoidf(float x) { return 1.f / (1.f + std::exp(-x)); }
-
 int n_slots(const Op& op, int n_rows) { return std::min(op.experts->n_expert, n_rows * op.top_k); }
 
 // Output rows [begin, end) of chunk c of n over `rows` (balanced, multiples of 4).

@@ -97,11 +97,6 @@ void validate_rows(const DecodeProgram& p, const std::vector<RowInput>& rows) {
 
 namespace {
 
-float* row_of(const StepContext& ctx, int slot, int r) {
-  return ctx.slot[static_cast<size_t>(slot)] +
-         static_cast<size_t>(r) * static_cast<size_t>(ctx.program->slots[static_cast<size_t>(slot)].width);
-}
-
 void matmul_scalar(const MatView& W, const float* X, int n_x, float* Y, int64_t ldy, int64_t b, int64_t e) {
   const auto& tr = dtype_traits(W.type);
   for (int64_t j = b; j < e; ++j)

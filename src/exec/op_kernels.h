@@ -4,6 +4,7 @@
 // one (selected expert, output range) for the MoE expert products.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -19,6 +20,14 @@ struct StepContext {
   int n_rows = 0;
   bool scalar = false;  // use the scalar reference kernels
 };
+
+// Width of a slot, and row r of it, in a step.
+inline int width_of(const StepContext& ctx, int slot) { return ctx.program->slots[static_cast<size_t>(slot)].width; }
+inline float* row_of(const StepContext& ctx, int slot, int r) {
+  return ctx.slot[static_cast<size_t>(slot)] + static_cast<size_t>(r) * static_cast<size_t>(width_of(ctx, slot));
+}
+// sigmoid in f32, as every gate kernel computes it.
+inline float sigmoidf(float x) { return 1.f / (1.f + std::exp(-x)); }
 
 // How an op is cut into tiles for n_rows rows when the team has n_workers.
 int op_tile_count(const Op& op, int n_rows, int n_workers);

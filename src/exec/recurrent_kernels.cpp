@@ -23,13 +23,6 @@ void RecurrentState::reset() {
 
 namespace {
 
-int width_of(const StepContext& ctx, int slot) { return ctx.program->slots[static_cast<size_t>(slot)].width; }
-
-float* row_of(const StepContext& ctx, int slot, int r) {
-  return ctx.slot[static_cast<size_t>(slot)] + static_cast<size_t>(r) * static_cast<size_t>(width_of(ctx, slot));
-}
-
-inline float sigmoidf(float x) { return 1.f / (1.f + std::exp(-x)); }
 // As torch.nn.functional.softplus (threshold 20).
 inline float softplusf(float x) { return x > 20.f ? x : std::log1p(std::exp(x)); }
 
