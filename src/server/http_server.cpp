@@ -115,8 +115,11 @@ void HttpServer::shutdown(std::chrono::milliseconds drain) {
   while (!scheduler_->idle() && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   scheduler_->cancel_all();
   while (!scheduler_->idle()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  // Every job is finished now, so every response being written ends within
-  // one poll; httplib's stop() waits for its threads.
+  // Every job is finished; the responses still being written end within a
+  // poll or two (a client that stopped reading is given up on).
+  const auto written_by = Clock::now() + std::chrono::seconds(10);
+  while (open_responses_ > 0 && Clock::now() < written_by) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  // httplib's stop() closes the listener and waits for its threads.
   if (port_ >= 0) {
     // stop() only acts on a running listener: give a just-started one the
     // moment it needs to get there.
@@ -299,10 +302,12 @@ void HttpServer::setup_routes() {
                              impl_->next_id.fetch_add(1));
         rid.created = unix_now();
         rid.model = model_id_;
+        ++open_responses_;
+        std::shared_ptr<void> open(nullptr, [this](void*) { --open_responses_; });
         if (job->request.stream)
-          respond_stream(job, rid, res);
+          respond_stream(job, rid, res, std::move(open));
         else
-          respond_whole(job, rid, res);
+          respond_whole(job, rid, res, std::move(open));
       });
     };
   };
@@ -324,7 +329,8 @@ ApiError job_error(const Job::Update& u) {
 
 }  // namespace
 
-void HttpServer::respond_whole(const std::shared_ptr<Job>& job, const ResponseId& rid, httplib::Response& res) {
+void HttpServer::respond_whole(const std::shared_ptr<Job>& job, const ResponseId& rid, httplib::Response& res,
+                               std::shared_ptr<void> open) {
   // Short generations are answered whole, with their real status. A longer
   // one switches to a chunked body so that the connection can be probed with
   // leading whitespace (valid before a JSON value): a client that has gone
@@ -369,7 +375,7 @@ void HttpServer::respond_whole(const std::shared_ptr<Job>& job, const ResponseId
         }
         return true;
       },
-      [job, sched](bool) {
+      [job, sched, open](bool) {
         if (!job->finished()) {
           job->cancel();
           sched->notify();
@@ -377,7 +383,8 @@ void HttpServer::respond_whole(const std::shared_ptr<Job>& job, const ResponseId
       });
 }
 
-void HttpServer::respond_stream(const std::shared_ptr<Job>& job, const ResponseId& rid, httplib::Response& res) {
+void HttpServer::respond_stream(const std::shared_ptr<Job>& job, const ResponseId& rid, httplib::Response& res,
+                                std::shared_ptr<void> open) {
   Scheduler* sched = scheduler_.get();
   struct State {
     bool first = true;
@@ -424,7 +431,7 @@ void HttpServer::respond_stream(const std::shared_ptr<Job>& job, const ResponseI
         if (u.finished) sink.done();
         return true;
       },
-      [job, sched](bool) {
+      [job, sched, open](bool) {
         if (!job->finished()) {
           job->cancel();
           sched->notify();

@@ -72,8 +72,11 @@ class HttpServer {
   struct Impl;
   void setup_routes();
   // Answer a queued generation: as one JSON body, or as server-sent events.
-  void respond_whole(const std::shared_ptr<Job>& job, const ResponseId& rid, httplib::Response& res);
-  void respond_stream(const std::shared_ptr<Job>& job, const ResponseId& rid, httplib::Response& res);
+  // `open` is held by the response until it is written (see open_responses_).
+  void respond_whole(const std::shared_ptr<Job>& job, const ResponseId& rid, httplib::Response& res,
+                     std::shared_ptr<void> open);
+  void respond_stream(const std::shared_ptr<Job>& job, const ResponseId& rid, httplib::Response& res,
+                      std::shared_ptr<void> open);
 
   const Model& model_;
   ServerOptions opts_;
@@ -86,6 +89,9 @@ class HttpServer {
   std::atomic<bool> stopping_{false};
   std::atomic<bool> stopped_{false};
   std::atomic<bool> listener_done_{false};
+  // Generation responses not yet completely written; shutdown() waits for
+  // them so that no stream loses its last events when the listener stops.
+  std::atomic<int> open_responses_{0};
 };
 
 // The name a model is served under: the file name without ".gguf" for a

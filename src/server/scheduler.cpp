@@ -161,8 +161,8 @@ void Scheduler::loop() {
       // Requests cancelled while waiting leave the queue without a row.
       for (auto it = queue_.begin(); it != queue_.end();) {
         if (cancel_everything || (*it)->cancelled()) {
-          (*it)->finish(FinishReason::Cancelled, 0);
           ++stats_.finished_cancelled;
+          (*it)->finish(FinishReason::Cancelled, 0);
           it = queue_.erase(it);
         } else {
           ++it;
@@ -289,19 +289,23 @@ bool Scheduler::accept_token(Slot& s, int32_t token) {
 }
 
 void Scheduler::release(Slot& s, FinishReason reason, const std::string& error) {
-  s.job->finish(reason, s.generated, error);
-  s.job.reset();
+  std::shared_ptr<Job> job = std::move(s.job);
   s.sampler.reset();
   s.decoder.reset();
   s.stops.reset();
-  std::lock_guard<std::mutex> lock(mu_);
-  --active_;
-  switch (reason) {
-    case FinishReason::Stop: ++stats_.finished_stop; break;
-    case FinishReason::Length: ++stats_.finished_length; break;
-    case FinishReason::Cancelled: ++stats_.finished_cancelled; break;
-    case FinishReason::Error: ++stats_.finished_error; break;
+  // The counters move before the job is marked finished, so that a client
+  // who has its answer sees them include it.
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    --active_;
+    switch (reason) {
+      case FinishReason::Stop: ++stats_.finished_stop; break;
+      case FinishReason::Length: ++stats_.finished_length; break;
+      case FinishReason::Cancelled: ++stats_.finished_cancelled; break;
+      case FinishReason::Error: ++stats_.finished_error; break;
+    }
   }
+  job->finish(reason, s.generated, error);
 }
 
 }  // namespace megakern::server
