@@ -191,7 +191,7 @@ def one_client(srv, i, barrier):
     c = srv.client()
     barrier.wait()
     prompt = PROMPTS[i % len(PROMPTS)]
-    max_tokens = 8 + (i % 4) * 6
+    max_tokens = 4 + (i % 4) * 4
     if i % 2:
         pieces, finish, usage = [], None, None
         for ch in c.chat.completions.create(model="smollm2-135m", max_tokens=max_tokens, temperature=0.7, seed=i,

@@ -11,18 +11,15 @@
 
 namespace megakern::server {
 
-json error_body(int status, const std::string& message, const std::string& type, const std::string& param,
+json error_body(const std::string& message, const std::string& type, const std::string& param,
                 const std::string& code) {
   json e = {{"message", message}, {"type", type}, {"param", nullptr}, {"code", nullptr}};
   if (!param.empty()) e["param"] = param;
-  if (!code.empty())
-    e["code"] = code;
-  else if (status >= 400)
-    e["code"] = status;  // OpenAI leaves it null at times; a number is at least informative
+  if (!code.empty()) e["code"] = code;
   return json{{"error", e}};
 }
 
-json error_body(const ApiError& e) { return error_body(e.status, e.what(), e.type, e.param, e.code); }
+json error_body(const ApiError& e) { return error_body(e.what(), e.type, e.param, e.code); }
 
 std::string dump_json(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 

@@ -40,7 +40,7 @@ template <typename... Args>
 }
 
 // {"error": {...}} with null for an empty param or code.
-json error_body(int status, const std::string& message, const std::string& type, const std::string& param = "",
+json error_body(const std::string& message, const std::string& type, const std::string& param = "",
                 const std::string& code = "");
 json error_body(const ApiError& e);
 

@@ -81,6 +81,9 @@ HttpServer::HttpServer(const Model& model, ThreadPool& pool, ServerOptions opts)
   const int threads = opts_.http_threads > 0 ? opts_.http_threads : std::max(8, opts_.batch + opts_.queue + 8);
   http_->new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
   http_->set_payload_max_length(16u << 20);
+  // Clients such as the openai package keep a pool of connections; let them
+  // reuse one for many requests.
+  http_->set_keep_alive_max_count(1000);
   setup_routes();
 }
 
@@ -184,7 +187,7 @@ void HttpServer::setup_routes() {
     if (req.get_header_value("Authorization") == "Bearer " + opts_.api_key)
       return httplib::Server::HandlerResponse::Unhandled;
     send_json(res, 401,
-              error_body(401, "invalid or missing API key: send the header 'Authorization: Bearer <key>'",
+              error_body("invalid or missing API key: send the header 'Authorization: Bearer <key>'",
                          "invalid_request_error", "", "invalid_api_key"));
     return httplib::Server::HandlerResponse::Handled;
   });
@@ -193,7 +196,7 @@ void HttpServer::setup_routes() {
     if (!res.body.empty()) return;
     const std::string msg = res.status == 404 ? fmt::format("no such endpoint: {} {}", req.method, req.path)
                                               : fmt::format("HTTP {}", res.status);
-    res.set_content(dump_json(error_body(res.status, msg, "invalid_request_error")), "application/json");
+    res.set_content(dump_json(error_body(msg, "invalid_request_error")), "application/json");
   });
   svr.set_exception_handler([](const Request&, Response& res, std::exception_ptr ep) {
     std::string what = "unknown exception";
@@ -203,7 +206,7 @@ void HttpServer::setup_routes() {
       what = e.what();
     } catch (...) {
     }
-    send_json(res, 500, error_body(500, "internal error: " + what, "server_error"));
+    send_json(res, 500, error_body("internal error: " + what, "server_error"));
   });
   svr.set_logger([this](const Request&, const Response& res) {
     std::lock_guard<std::mutex> lock(impl_->mu);
