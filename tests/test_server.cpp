@@ -570,6 +570,21 @@ TEST(ServerHttp, FullQueueAnswers503AndDisconnectCancels) {
   EXPECT_EQ(complete(s, {{"prompt", "x"}, {"max_tokens", 2}}).status, 200);
 }
 
+TEST(ServerHttp, DisconnectCancelsALongWholeResponse) {
+  // A non-streamed answer that takes longer than a second is probed with
+  // whitespace before its JSON; the client takes the first probe, then hangs up.
+  TestServer s("dense-mini", opts(1, 16384, 0, 1 << 20));
+  HeldStream held(s, {{"prompt", "long"}, {"max_tokens", 16000}, {"ignore_eos", true}});
+  held.wait_first();
+  held.hang_up();
+  const auto t0 = std::chrono::steady_clock::now();
+  while (!s.srv->scheduler().idle() && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30))
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  const auto st = s.srv->scheduler().stats();
+  EXPECT_EQ(st.finished_cancelled, 1u);
+  EXPECT_LT(st.generated_tokens, 16000u);
+}
+
 TEST(ServerHttp, ShutdownCancelsInFlightAndRefusesNewRequests) {
   TestServer s("dense-mini", opts(1, 8192, 4, 1 << 20));
   HeldStream held(s, {{"prompt", "long"}, {"max_tokens", 8000}, {"ignore_eos", true}, {"stream", true}});

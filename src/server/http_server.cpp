@@ -299,6 +299,19 @@ void HttpServer::setup_routes() {
                          stopping_ ? "the server is shutting down"
                                    : "the server is busy: the request queue is full, retry later",
                          "server_error", "", stopping_ ? "shutting_down" : "queue_full");
+        // Nothing below should throw; if something does, the job must not
+        // run on for a response that will never be written.
+        struct CancelUnlessAnswered {
+          Job& job;
+          Scheduler& sched;
+          bool answered = false;
+          ~CancelUnlessAnswered() {
+            if (!answered) {
+              job.cancel();
+              sched.notify();
+            }
+          }
+        } guard{*job, *scheduler_};
         ResponseId rid;
         rid.endpoint = ep;
         rid.id = fmt::format("{}-{:08x}{:06x}", ep == Endpoint::Completions ? "cmpl" : "chatcmpl", impl_->nonce,
@@ -311,6 +324,7 @@ void HttpServer::setup_routes() {
           respond_stream(job, rid, res, std::move(open));
         else
           respond_whole(job, rid, res, std::move(open));
+        guard.answered = true;
       });
     };
   };
