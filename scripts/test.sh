@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the megakern test suite on a fresh machine: installs what it needs and
-# fetches the models (scripts/setup.sh, idempotent), builds, then runs ctest.
+# fetches the models (scripts/setup.sh, idempotent), builds, then runs ctest
+# and the end-to-end server test with the openai client (scripts/test_server.py).
 #   scripts/test.sh              Release build in build/
 #   scripts/test.sh --sanitize   ASan + UBSan build in build-asan/
 set -euo pipefail
@@ -21,5 +22,11 @@ if [ ! -f "$build_dir/CMakeCache.txt" ]; then
 fi
 cmake --build "$build_dir" -j "$(nproc)"
 export MEGAKERN_MODELS_DIR="$root/models"
-cd "$build_dir"
-ctest --output-on-failure -j "$(nproc)" --timeout 600
+(cd "$build_dir" && ctest --output-on-failure -j "$(nproc)" --timeout 600)
+# The server test needs the virtual environment setup.sh makes; without it the
+# run fails rather than skipping the test.
+if [ ! -x .venv-test/bin/python ]; then
+  echo "test: .venv-test/bin/python is missing (scripts/setup.sh creates it); cannot run the server test" >&2
+  exit 1
+fi
+timeout 600 .venv-test/bin/python scripts/test_server.py --binary "$build_dir/megakern"

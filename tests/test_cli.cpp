@@ -33,7 +33,8 @@ Result run(const std::string& args) {
 }
 
 TEST(Cli, HelpForEachCommand) {
-  for (const char* c : {"--help", "run --help", "chat --help", "inspect --help", "bench --help", "gen-model --help"}) {
+  for (const char* c : {"--help", "run --help", "chat --help", "inspect --help", "bench --help", "gen-model --help",
+                        "serve --help", "bench-serve --help"}) {
     const Result r = run(c);
     EXPECT_EQ(r.status, 0) << c << ": " << r.out;
     EXPECT_NE(r.out.find("Usage"), std::string::npos) << c;

@@ -1,4 +1,4 @@
-// The `megakern` command: run, chat and inspect.
+// The `megakern` command and its subcommands.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -16,6 +16,8 @@ int main(int argc, char** argv) {
   megakern::cli::register_inspect(app);
   megakern::cli::register_bench(app);
   megakern::cli::register_gen_model(app);
+  megakern::cli::register_serve(app);
+  megakern::cli::register_bench_serve(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -1,0 +1,52 @@
+// A streaming load generator for an OpenAI-compatible server: `concurrency`
+// clients issue `requests` streamed completions between them, and the time
+// to first token, time per output token and aggregate throughput are measured
+// from the server-sent events as they arrive.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace megakern::server {
+
+struct BenchOptions {
+  std::string url = "http://127.0.0.1:8080";
+  int concurrency = 1;
+  int requests = 8;
+  int output_len = 64;  // max_tokens, with ignore_eos so every request generates that many
+  std::string prompt = "The history of the city of Paris begins";
+  std::string api_key;
+  std::string model;  // "model" field; empty leaves it out
+  bool chat = false;  // /v1/chat/completions instead of /v1/completions
+  int timeout_s = 600;
+};
+
+struct BenchRequest {
+  bool ok = false;
+  std::string error;
+  double ttft_ms = 0;   // request sent -> first text
+  double tpot_ms = 0;   // (last text - first text) / (tokens - 1); 0 with fewer than 2 tokens
+  double total_ms = 0;
+  int output_tokens = 0;  // from the usage the stream reports
+};
+
+struct BenchSummary {
+  std::vector<BenchRequest> requests;
+  double wall_s = 0;
+  int ok = 0;
+  int failed = 0;
+  int output_tokens = 0;
+  double ttft_mean = 0, ttft_p50 = 0, ttft_p90 = 0;  // ms, over successful requests
+  double tpot_mean = 0, tpot_p50 = 0, tpot_p90 = 0;  // ms
+  double tokens_per_s = 0;                           // output tokens of all requests / wall time
+  std::string first_error;
+};
+
+// Runs the benchmark; throws megakern::Error for bad options or a URL it
+// cannot use. Failed requests are counted, not thrown.
+BenchSummary run_bench(const BenchOptions& opts);
+
+// The summary as printed by `megakern bench-serve`.
+std::string format_summary(const BenchOptions& opts, const BenchSummary& s);
+
+}  // namespace megakern::server

@@ -1,0 +1,311 @@
+#include "server/scheduler.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "runtime/model.h"
+#include "runtime/sampler.h"
+#include "runtime/session.h"
+#include "server/stop_matcher.h"
+#include "tokenizer/tokenizer.h"
+
+namespace megakern::server {
+
+// ---- Job ---------------------------------------------------------------------
+
+Job::Update Job::take(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, timeout, [&] { return finished_ || !pending_.empty(); });
+  Update u;
+  u.text.swap(pending_);
+  u.finished = finished_;
+  u.finish = finish_;
+  u.usage = {static_cast<int>(request.prompt.size()), completion_tokens_};
+  u.error = error_;
+  return u;
+}
+
+Job::Update Job::wait_all() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return finished_; });
+  Update u;
+  u.text.swap(pending_);
+  u.finished = true;
+  u.finish = finish_;
+  u.usage = {static_cast<int>(request.prompt.size()), completion_tokens_};
+  u.error = error_;
+  return u;
+}
+
+bool Job::finished() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return finished_;
+}
+
+void Job::append(const std::string& text, int completion_tokens) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_ += text;
+    completion_tokens_ = completion_tokens;
+  }
+  if (!text.empty()) cv_.notify_all();
+}
+
+void Job::finish(FinishReason reason, int completion_tokens, const std::string& error) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    finished_ = true;
+    finish_ = reason;
+    completion_tokens_ = completion_tokens;
+    error_ = error;
+  }
+  cv_.notify_all();
+}
+
+// ---- Scheduler -----------------------------------------------------------------
+
+// One row of the batch: a sequence state and, while in use, the request it
+// serves with that request's sampler, detokenizer and stop matcher.
+struct Scheduler::Slot {
+  SequenceState seq;
+  std::shared_ptr<Job> job;  // null while free
+  std::unique_ptr<Sampler> sampler;
+  std::unique_ptr<StreamDecoder> decoder;
+  std::unique_ptr<StopMatcher> stops;
+  int32_t pos = 0;    // tokens in the cache
+  int32_t next = -1;  // sampled token the next step feeds at `pos`
+  int generated = 0;  // tokens sampled, end-of-generation token excluded
+};
+
+Scheduler::Scheduler(const Model& model, ThreadPool& pool, const SchedulerOptions& opts)
+    : model_(model), opts_(opts) {
+  if (opts_.max_rows < 1) fail("--batch must be at least 1, got {}", opts_.max_rows);
+  if (opts_.n_ctx < 2) fail("--context must be at least 2, got {}", opts_.n_ctx);
+  if (opts_.queue_limit < 0) fail("--queue must be >= 0, got {}", opts_.queue_limit);
+  engine_ = std::make_unique<Engine>(model_, pool, opts_.max_rows, opts_.executor);
+  for (int i = 0; i < opts_.max_rows; ++i) {
+    auto s = std::make_unique<Slot>();
+    s->seq = model_.new_sequence(opts_.n_ctx);
+    slots_.push_back(std::move(s));
+  }
+  logits_.resize(static_cast<size_t>(opts_.max_rows) * static_cast<size_t>(engine_->n_vocab()));
+  thread_ = std::thread([this] { loop(); });
+}
+
+Scheduler::~Scheduler() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+    accepting_ = false;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+std::shared_ptr<Job> Scheduler::submit(GenRequest req) {
+  std::shared_ptr<Job> job;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // A request counts against the queue until it gets a row: the queue is
+    // full when more requests wait than there are free rows plus queue_limit.
+    const int free_rows = opts_.max_rows - active_;
+    if (!accepting_ || static_cast<int>(queue_.size()) >= opts_.queue_limit + std::max(0, free_rows)) {
+      ++stats_.requests_rejected;
+      return nullptr;
+    }
+    job = std::make_shared<Job>(std::move(req));
+    queue_.push_back(job);
+    ++stats_.requests_submitted;
+    stats_.queue_depth = static_cast<int>(queue_.size());
+  }
+  cv_.notify_all();
+  return job;
+}
+
+void Scheduler::notify() { cv_.notify_all(); }
+
+void Scheduler::begin_shutdown() {
+  std::lock_guard<std::mutex> lock(mu_);
+  accepting_ = false;
+}
+
+void Scheduler::cancel_all() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    accepting_ = false;
+    cancel_all_ = true;
+  }
+  cv_.notify_all();
+}
+
+bool Scheduler::idle() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return queue_.empty() && active_ == 0;
+}
+
+SchedulerStats Scheduler::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  SchedulerStats s = stats_;
+  s.queue_depth = static_cast<int>(queue_.size());
+  s.active = active_;
+  return s;
+}
+
+void Scheduler::loop() {
+  for (;;) {
+    bool cancel_everything = false;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || cancel_all_ || active_ > 0 || !queue_.empty(); });
+      cancel_everything = stop_ || cancel_all_;
+      // Requests cancelled while waiting leave the queue without a row.
+      for (auto it = queue_.begin(); it != queue_.end();) {
+        if (cancel_everything || (*it)->cancelled()) {
+          ++stats_.finished_cancelled;
+          (*it)->finish(FinishReason::Cancelled, 0);
+          it = queue_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      if (stop_ && active_ == 0) return;
+    }
+    for (auto& s : slots_)
+      if (s->job && (cancel_everything || s->job->cancelled())) release(*s, FinishReason::Cancelled);
+    if (cancel_everything) {
+      std::lock_guard<std::mutex> lock(mu_);
+      cancel_all_ = false;
+      if (stop_) return;
+      continue;
+    }
+    admit();
+    if (std::any_of(slots_.begin(), slots_.end(), [](const auto& s) { return s->job != nullptr; })) decode_step();
+  }
+}
+
+void Scheduler::admit() {
+  const size_t V = static_cast<size_t>(engine_->n_vocab());
+  for (auto& slot : slots_) {
+    if (slot->job) continue;
+    std::shared_ptr<Job> job;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (queue_.empty()) return;
+      job = queue_.front();
+      queue_.pop_front();
+      ++active_;
+    }
+    Slot& s = *slot;
+    s.job = job;
+    s.generated = 0;
+    s.sampler = std::make_unique<Sampler>(job->request.sampling);
+    s.decoder = std::make_unique<StreamDecoder>(model_.tokenizer());
+    s.stops = std::make_unique<StopMatcher>(job->request.stop);
+    const auto& prompt = job->request.prompt;
+    const auto t0 = Clock::now();
+    try {
+      s.seq.clear();
+      // The logits of the last prompt token land in row 0 of logits_; no
+      // other row is live between steps.
+      engine_->prefill(s.seq, prompt.data(), static_cast<int>(prompt.size()), 0, logits_.data());
+    } catch (const std::exception& e) {
+      release(s, FinishReason::Error, fmt::format("prefill failed: {}", e.what()));
+      continue;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stats_.prefill_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+      ++stats_.prefills;
+      stats_.prompt_tokens += prompt.size();
+    }
+    s.pos = static_cast<int32_t>(prompt.size());
+    accept_token(s, s.sampler->sample(logits_.data(), static_cast<int64_t>(V)));
+  }
+}
+
+void Scheduler::decode_step() {
+  const size_t V = static_cast<size_t>(engine_->n_vocab());
+  std::vector<RowInput> rows;
+  std::vector<Slot*> order;
+  for (auto& s : slots_) {
+    if (!s->job) continue;
+    rows.push_back(s->seq.row(s->next, s->pos));
+    order.push_back(s.get());
+  }
+  const auto t0 = Clock::now();
+  try {
+    engine_->step(rows, logits_.data());
+  } catch (const std::exception& e) {
+    for (Slot* s : order) release(*s, FinishReason::Error, fmt::format("decode step failed: {}", e.what()));
+    return;
+  }
+  const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.steps;
+    stats_.step_rows += rows.size();
+    stats_.step_seconds += dt;
+  }
+  for (size_t i = 0; i < order.size(); ++i) {
+    Slot& s = *order[i];
+    ++s.pos;
+    accept_token(s, s.sampler->sample(logits_.data() + i * V, static_cast<int64_t>(V)));
+  }
+}
+
+bool Scheduler::accept_token(Slot& s, int32_t token) {
+  const GenRequest& req = s.job->request;
+  const Tokenizer& tok = model_.tokenizer();
+  // The text still held back (an incomplete UTF-8 sequence, a partial stop
+  // string) is released when generation ends for any reason but a stop string.
+  // `released` has already passed the stop matcher.
+  auto finish_with = [&](const std::string& released, FinishReason reason) {
+    std::string tail = s.stops->push(s.decoder->flush());
+    if (s.stops->stopped())
+      reason = FinishReason::Stop;
+    else
+      tail += s.stops->flush();
+    s.job->append(released + tail, s.generated);
+    release(s, reason);
+    return false;
+  };
+  if (!req.ignore_eos && tok.is_end_of_generation(token)) return finish_with({}, FinishReason::Stop);
+  ++s.generated;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.generated_tokens;
+  }
+  const std::string text = s.stops->push(s.decoder->push(token));
+  if (s.stops->stopped()) {
+    s.job->append(text, s.generated);
+    release(s, FinishReason::Stop);
+    return false;
+  }
+  // Out of budget, or no position left to feed the token at.
+  if (s.generated >= req.max_tokens || s.pos >= s.seq.n_ctx()) return finish_with(text, FinishReason::Length);
+  s.job->append(text, s.generated);
+  s.next = token;
+  return true;
+}
+
+void Scheduler::release(Slot& s, FinishReason reason, const std::string& error) {
+  std::shared_ptr<Job> job = std::move(s.job);
+  s.sampler.reset();
+  s.decoder.reset();
+  s.stops.reset();
+  // The counters move before the job is marked finished, so that a client
+  // who has its answer sees them include it.
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    --active_;
+    switch (reason) {
+      case FinishReason::Stop: ++stats_.finished_stop; break;
+      case FinishReason::Length: ++stats_.finished_length; break;
+      case FinishReason::Cancelled: ++stats_.finished_cancelled; break;
+      case FinishReason::Error: ++stats_.finished_error; break;
+    }
+  }
+  job->finish(reason, s.generated, error);
+}
+
+}  // namespace megakern::server

@@ -1,0 +1,651 @@
+// The OpenAI-compatible server: stop strings, request validation, and a real
+// server on an ephemeral port (synthetic presets, SmolLM2 when fetched)
+// driven over HTTP: endpoints, streaming framing, batch independence of
+// greedy output, cancellation on disconnect, 400/401/503.
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <set>
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "runtime/model.h"
+#include "server/api.h"
+#include "server/bench_client.h"
+#include "server/http_server.h"
+#include "server/stop_matcher.h"
+#include "test_util.h"
+
+namespace megakern {
+namespace {
+
+using server::json;
+
+// ---- Stop strings ----------------------------------------------------------------
+
+TEST(ServerStop, ReleasesTextThatCannotStartAStop) {
+  server::StopMatcher m({"END"});
+  EXPECT_EQ(m.push("hello "), "hello ");
+  EXPECT_EQ(m.push("wor"), "wor");
+  EXPECT_EQ(m.push("ld E"), "ld ");  // "E" might begin "END": held back
+  EXPECT_EQ(m.held(), 1u);
+  EXPECT_EQ(m.push("x"), "Ex");  // it did not
+  EXPECT_FALSE(m.stopped());
+}
+
+TEST(ServerStop, MatchesAcrossPiecesAndDropsTheRest) {
+  server::StopMatcher m({"</s>", "STOP"});
+  EXPECT_EQ(m.push("abc<"), "abc");
+  EXPECT_EQ(m.push("/"), "");
+  EXPECT_EQ(m.push("s> and more"), "");
+  EXPECT_TRUE(m.stopped());
+  EXPECT_EQ(m.push("later"), "");
+}
+
+TEST(ServerStop, EarliestMatchWinsAndFlushReleasesPartialMatch) {
+  server::StopMatcher m({"bc", "abcd"});
+  EXPECT_EQ(m.push("xabcd"), "x");  // "abcd" starts first
+  EXPECT_TRUE(m.stopped());
+  server::StopMatcher n({"xyz", ""});
+  EXPECT_EQ(n.push("axy"), "a");
+  EXPECT_EQ(n.flush(), "xy");
+  EXPECT_FALSE(n.stopped());
+}
+
+// ---- Request parsing ---------------------------------------------------------------
+
+class ServerApi : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { model_ = load_model("dense-mini").release(); }
+  static void TearDownTestSuite() {
+    delete model_;
+    model_ = nullptr;
+  }
+  server::ApiLimits limits() const {
+    server::ApiLimits l;
+    l.model_names = {"dense-mini"};
+    l.n_ctx = 64;
+    l.max_tokens = 32;
+    return l;
+  }
+  // The ApiError a completion body raises, or a failed expectation.
+  server::ApiError completion_error(const std::string& body_text) {
+    try {
+      server::parse_completion_request(server::parse_json_object(body_text), *model_, limits());
+    } catch (const server::ApiError& e) {
+      return e;
+    }
+    ADD_FAILURE() << "accepted: " << body_text;
+    return server::ApiError(0, "");
+  }
+  static Model* model_;
+};
+Model* ServerApi::model_ = nullptr;
+
+TEST_F(ServerApi, ParsesACompletionRequest) {
+  const auto r = server::parse_completion_request(
+      json::parse(R"({"model":"dense-mini","prompt":"Hi","max_tokens":5,"temperature":0.5,"top_p":0.9,"top_k":7,
+                      "seed":3,"stop":["a","b"],"stream":true,"stream_options":{"include_usage":true}})"),
+      *model_, limits());
+  EXPECT_EQ(r.prompt, model_->tokenizer().encode("Hi", model_->tokenizer().add_bos_default(), true));
+  EXPECT_EQ(r.max_tokens, 5);
+  EXPECT_FLOAT_EQ(r.sampling.temperature, 0.5f);
+  EXPECT_FLOAT_EQ(r.sampling.top_p, 0.9f);
+  EXPECT_EQ(r.sampling.top_k, 7);
+  EXPECT_EQ(r.sampling.seed, 3u);
+  EXPECT_EQ(r.stop, (std::vector<std::string>{"a", "b"}));
+  EXPECT_TRUE(r.stream);
+  EXPECT_TRUE(r.include_usage);
+  // Defaults: OpenAI's temperature 1, the server's max_tokens, which also caps.
+  const auto d = server::parse_completion_request(json::parse(R"({"prompt":[1,2,3],"max_tokens":1000})"), *model_,
+                                                  limits());
+  EXPECT_EQ(d.prompt, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(d.max_tokens, 32);
+  EXPECT_FLOAT_EQ(d.sampling.temperature, 1.f);
+  EXPECT_FALSE(d.stream);
+}
+
+TEST_F(ServerApi, ParsesChatMessagesWithTextParts) {
+  const auto a = server::parse_chat_request(
+      json::parse(R"({"messages":[{"role":"user","content":[{"type":"text","text":"Hel"},{"type":"text","text":"lo"}]}],
+                      "max_completion_tokens":4})"),
+      *model_, limits());
+  const auto b =
+      server::parse_chat_request(json::parse(R"({"messages":[{"role":"user","content":"Hello"}]})"), *model_, limits());
+  EXPECT_EQ(a.prompt, b.prompt);
+  EXPECT_EQ(a.max_tokens, 4);
+  EXPECT_EQ(a.endpoint, server::Endpoint::ChatCompletions);
+}
+
+TEST_F(ServerApi, RefusesBadRequestsNamingTheField) {
+  struct Case {
+    const char* body;
+    const char* param;
+  };
+  const Case cases[] = {
+      {R"({"prompt":"x","n":2})", "n"},
+      {R"({"prompt":"x","temperature":-0.5})", "temperature"},
+      {R"({"prompt":"x","top_p":0})", "top_p"},
+      {R"({"prompt":"x","top_p":1.5})", "top_p"},
+      {R"({"prompt":"x","top_k":-1})", "top_k"},
+      {R"({"prompt":"x","max_tokens":"ten"})", "max_tokens"},
+      {R"({"prompt":"x","max_tokens":0})", "max_tokens"},
+      {R"({"prompt":"x","stream":"yes"})", "stream"},
+      {R"({"prompt":"x","temperature":"hot"})", "temperature"},
+      {R"({"prompt":"x","stop":[1]})", "stop"},
+      {R"({"prompt":"x","model":"gpt-4"})", "model"},
+      {R"({"prompt":"x","model":7})", "model"},
+      {R"({"prompt":"x","logprobs":2})", "logprobs"},
+      {R"({"prompt":["a","b"]})", "prompt"},
+      {R"({"prompt":[1,100000]})", "prompt"},
+      {R"({"prompt":""})", "prompt"},
+      {R"({"prompt":12})", "prompt"},
+      {R"({"max_tokens":3})", "prompt"},
+  };
+  for (const auto& c : cases) {
+    const auto e = completion_error(c.body);
+    EXPECT_EQ(e.status, 400) << c.body;
+    EXPECT_EQ(e.param, c.param) << c.body << ": " << e.what();
+  }
+  const auto model = completion_error(R"({"prompt":"x","model":"gpt-4"})");
+  EXPECT_EQ(model.code, "model_not_found");
+  EXPECT_NE(std::string(model.what()).find("gpt-4"), std::string::npos);
+}
+
+TEST_F(ServerApi, RefusesPromptsLongerThanTheContext) {
+  const auto e = completion_error(json{{"prompt", std::string(65, 'a')}}.dump());  // byte tokenizer: 65 tokens
+  EXPECT_EQ(e.status, 400);
+  EXPECT_EQ(e.code, "context_length_exceeded");
+  // Exactly the context is still accepted (it leaves room for one token).
+  EXPECT_NO_THROW(server::parse_completion_request(json{{"prompt", std::string(64, 'a')}}, *model_, limits()));
+}
+
+TEST_F(ServerApi, RefusesMalformedBodiesAndMessages) {
+  EXPECT_THROW(server::parse_json_object("{\"prompt\": "), server::ApiError);
+  EXPECT_THROW(server::parse_json_object("[1, 2]"), server::ApiError);
+  for (const char* body : {R"({"messages":[]})", R"({"messages":"hi"})", R"({"messages":[{"content":"x"}]})",
+                           R"({"messages":[{"role":"user","content":[{"type":"image_url"}]}]})",
+                           R"({"messages":[{"role":"user","content":5}]})"}) {
+    try {
+      server::parse_chat_request(json::parse(body), *model_, limits());
+      ADD_FAILURE() << "accepted: " << body;
+    } catch (const server::ApiError& e) {
+      EXPECT_EQ(e.status, 400) << body;
+      EXPECT_EQ(e.param.rfind("messages", 0), 0u) << body << ": " << e.param;
+    }
+  }
+}
+
+TEST(ServerFormat, ChunksAndBodiesFollowOpenAI) {
+  server::ResponseId rid{server::Endpoint::ChatCompletions, "chatcmpl-1", 7, "m"};
+  const json first = server::stream_chunk(rid, "", std::nullopt, true, false);
+  EXPECT_EQ(first["object"], "chat.completion.chunk");
+  EXPECT_EQ(first["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_TRUE(first["choices"][0]["finish_reason"].is_null());
+  const json last = server::stream_chunk(rid, "", server::FinishReason::Length, false, true);
+  EXPECT_EQ(last["choices"][0]["finish_reason"], "length");
+  EXPECT_TRUE(last["choices"][0]["delta"].empty());
+  EXPECT_TRUE(last.contains("usage") && last["usage"].is_null());
+  const json body = server::completion_body(rid, "hi", server::FinishReason::Stop, {3, 1});
+  EXPECT_EQ(body["object"], "chat.completion");
+  EXPECT_EQ(body["choices"][0]["message"]["content"], "hi");
+  EXPECT_EQ(body["usage"]["total_tokens"], 4);
+  EXPECT_EQ(server::sse_event(json{{"a", 1}}), "data: {\"a\":1}\n\n");
+  // Bytes that are not UTF-8 do not make serialisation throw.
+  EXPECT_NO_THROW(server::dump_json(json{{"t", std::string("\xff\xfe")}}));
+}
+
+// ---- A real server -----------------------------------------------------------------
+
+// A model, a thread team and a server on an ephemeral port of 127.0.0.1.
+struct TestServer {
+  explicit TestServer(const std::string& model_name, server::ServerOptions o = {}) {
+    model = load_model(model_name);
+    pool = std::make_unique<ThreadPool>(2);
+    o.host = "127.0.0.1";
+    o.port = 0;
+    srv = std::make_unique<server::HttpServer>(*model, *pool, o);
+    port = srv->start();
+  }
+  ~TestServer() { srv->shutdown(std::chrono::milliseconds(0)); }
+  httplib::Client client() const {
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(60, 0);
+    return c;
+  }
+  httplib::Result post(const std::string& path, const json& body, const httplib::Headers& h = {}) const {
+    return client().Post(path.c_str(), h, body.dump(), "application/json");
+  }
+  std::unique_ptr<Model> model;
+  std::unique_ptr<ThreadPool> pool;
+  std::unique_ptr<server::HttpServer> srv;
+  int port = 0;
+};
+
+server::ServerOptions opts(int batch, int ctx = 512, int queue = 16, int max_tokens = 256) {
+  server::ServerOptions o;
+  o.batch = batch;
+  o.n_ctx = ctx;
+  o.queue = queue;
+  o.max_tokens = max_tokens;
+  return o;
+}
+
+// The events of an SSE body; fails the test when the framing is wrong.
+std::vector<std::string> sse_events(const std::string& body) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos < body.size()) {
+    const size_t end = body.find("\n\n", pos);
+    if (end == std::string::npos) {
+      ADD_FAILURE() << "unterminated event: " << body.substr(pos);
+      break;
+    }
+    const std::string ev = body.substr(pos, end - pos);
+    pos = end + 2;
+    if (ev.rfind(":", 0) == 0) continue;  // comment
+    if (ev.rfind("data: ", 0) != 0) ADD_FAILURE() << "not a data event: " << ev;
+    out.push_back(ev.substr(6));
+  }
+  return out;
+}
+
+// Text and finish reason of a completion, streamed or not.
+struct Completion {
+  int status = 0;
+  std::string text;
+  std::string finish;
+  json usage;
+};
+
+Completion complete(const TestServer& s, json body) {
+  Completion c;
+  const auto res = s.post("/v1/completions", body);
+  if (!res) {
+    ADD_FAILURE() << "no response";
+    return c;
+  }
+  c.status = res->status;
+  if (res->status != 200) return c;
+  if (!body.value("stream", false)) {
+    const json j = json::parse(res->body);
+    c.text = j["choices"][0]["text"];
+    c.finish = j["choices"][0]["finish_reason"];
+    c.usage = j["usage"];
+    return c;
+  }
+  const auto events = sse_events(res->body);
+  EXPECT_FALSE(events.empty());
+  EXPECT_EQ(events.back(), "[DONE]");
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    const json j = json::parse(events[i]);
+    if (j.contains("usage") && j["usage"].is_object()) c.usage = j["usage"];
+    if (j["choices"].empty()) continue;
+    c.text += j["choices"][0]["text"].get<std::string>();
+    if (!j["choices"][0]["finish_reason"].is_null()) c.finish = j["choices"][0]["finish_reason"];
+  }
+  return c;
+}
+
+TEST(ServerHttp, InfoEndpoints) {
+  TestServer s("dense-mini", opts(2));
+  auto cli = s.client();
+  auto r = cli.Get("/health");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(json::parse(r->body)["status"], "ok");
+  r = cli.Get("/v1/models");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(json::parse(r->body)["data"][0]["id"], "dense-mini");
+  r = cli.Get("/v1/models/dense-mini");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  r = cli.Get("/v1/models/other");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 404);
+  r = cli.Get("/version");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(json::parse(r->body)["batch"], 2);
+  r = cli.Get("/no/such/thing");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 404);
+  EXPECT_TRUE(json::parse(r->body)["error"].contains("message"));
+
+  ASSERT_EQ(complete(s, {{"prompt", "abc"}, {"max_tokens", 5}, {"ignore_eos", true}, {"temperature", 0}}).status, 200);
+  r = cli.Get("/metrics");
+  ASSERT_TRUE(r);
+  for (const char* m : {"megakern_requests_total 1", "megakern_generation_tokens_total 5", "megakern_queue_depth 0",
+                        "megakern_step_seconds_count", "megakern_requests_finished_total{reason=\"length\"} 1",
+                        "megakern_http_responses_total{status=\"200\"}"})
+    EXPECT_NE(r->body.find(m), std::string::npos) << m << "\n" << r->body;
+}
+
+TEST(ServerHttp, TokenizeRoundTrips) {
+  TestServer s("dense-mini", opts(1));
+  auto r = s.post("/tokenize", {{"content", "héllo"}});
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json tokens = json::parse(r->body)["tokens"];
+  EXPECT_EQ(tokens.size(), 6u);  // bytes
+  r = s.post("/detokenize", {{"tokens", tokens}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(json::parse(r->body)["content"], "héllo");
+  r = s.post("/detokenize", {{"tokens", {1, -4}}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  r = s.post("/tokenize", {{"text", "x"}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+}
+
+TEST(ServerHttp, StreamedAndWholeGreedyOutputAgree) {
+  TestServer s("dense-mini", opts(4));
+  const json req = {{"prompt", "Once upon"}, {"max_tokens", 12}, {"temperature", 0}, {"ignore_eos", true}};
+  const Completion whole = complete(s, req);
+  ASSERT_EQ(whole.status, 200);
+  EXPECT_EQ(whole.finish, "length");
+  EXPECT_EQ(whole.usage["completion_tokens"], 12);
+  EXPECT_EQ(whole.usage["prompt_tokens"], 9);
+  json sreq = req;
+  sreq["stream"] = true;
+  sreq["stream_options"] = {{"include_usage", true}};
+  const Completion streamed = complete(s, sreq);
+  ASSERT_EQ(streamed.status, 200);
+  EXPECT_EQ(streamed.text, whole.text);
+  EXPECT_EQ(streamed.finish, "length");
+  EXPECT_EQ(streamed.usage, whole.usage);
+}
+
+TEST(ServerHttp, ChatStreamFraming) {
+  TestServer s("dense-mini", opts(2));
+  const auto res = s.post("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+                                                   {"max_tokens", 6},
+                                                   {"temperature", 0},
+                                                   {"ignore_eos", true},
+                                                   {"stream", true}});
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  EXPECT_EQ(res->get_header_value("Content-Type"), "text/event-stream");
+  const auto events = sse_events(res->body);
+  ASSERT_GE(events.size(), 3u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  const json first = json::parse(events.front());
+  EXPECT_EQ(first["object"], "chat.completion.chunk");
+  EXPECT_EQ(first["choices"][0]["delta"]["role"], "assistant");
+  const json last = json::parse(events[events.size() - 2]);
+  EXPECT_EQ(last["choices"][0]["finish_reason"], "length");
+  std::set<std::string> ids;
+  for (size_t i = 0; i + 1 < events.size(); ++i) ids.insert(json::parse(events[i])["id"].get<std::string>());
+  EXPECT_EQ(ids.size(), 1u);  // one id for the whole stream
+}
+
+// Greedy output of a request is the same alone and in a full batch of other
+// requests (each its own row of every step), for a dense model and for a
+// recurrent one.
+void expect_batch_independence(const std::string& model) {
+  TestServer s(model, opts(4));
+  const std::vector<std::string> prompts = {"The cat", "A longer prompt about the sea", "x", "Numbers: 1 2 3",
+                                            "Once upon a time", "z z z"};
+  auto req = [&](const std::string& p, int n) {
+    return json{{"prompt", p}, {"max_tokens", n}, {"temperature", 0}, {"ignore_eos", true}};
+  };
+  std::vector<std::string> alone;
+  for (const auto& p : prompts) {
+    const Completion c = complete(s, req(p, 16));
+    ASSERT_EQ(c.status, 200);
+    alone.push_back(c.text);
+  }
+  // Six requests of varying lengths at once: rows join and leave while the
+  // others decode, and the batch is full (4) part of the time.
+  std::vector<std::future<Completion>> together;
+  for (size_t i = 0; i < prompts.size(); ++i)
+    together.push_back(std::async(std::launch::async, [&, i] {
+      json r = req(prompts[i], 16);
+      if (i % 2) r["stream"] = true;
+      return complete(s, r);
+    }));
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const Completion c = together[i].get();
+    ASSERT_EQ(c.status, 200);
+    EXPECT_EQ(c.text, alone[i]) << model << ": prompt '" << prompts[i] << "'";
+  }
+  EXPECT_GT(s.srv->scheduler().stats().step_rows, s.srv->scheduler().stats().steps);  // rows were batched
+}
+
+TEST(ServerHttp, GreedyOutputDoesNotDependOnTheBatchDense) { expect_batch_independence("dense-mini"); }
+TEST(ServerHttp, GreedyOutputDoesNotDependOnTheBatchRecurrent) { expect_batch_independence("qwen3.8-mini"); }
+
+TEST(ServerHttp, StopStringsCutTheTextAndAreNeverSent) {
+  // qwen3.8-mini's random weights emit bytes of every kind; the stop string
+  // is two ASCII bytes from the middle of its greedy text (bytes that are not
+  // UTF-8 reach the client as U+FFFD, so only ASCII is compared safely).
+  TestServer s("qwen3.8-mini", opts(2));
+  const json base = {{"prompt", "Stop here"}, {"max_tokens", 60}, {"temperature", 0}, {"ignore_eos", true}};
+  const Completion full = complete(s, base);
+  ASSERT_EQ(full.status, 200);
+  size_t at = std::string::npos;
+  for (size_t i = 4; i + 1 < full.text.size() && at == std::string::npos; ++i)
+    if (static_cast<unsigned char>(full.text[i]) < 0x80 && static_cast<unsigned char>(full.text[i + 1]) < 0x80) at = i;
+  ASSERT_NE(at, std::string::npos) << full.text;
+  const std::string stop = full.text.substr(at, 2);
+  const std::string expected = full.text.substr(0, full.text.find(stop));
+  for (bool stream : {false, true}) {
+    json r = base;
+    r["stop"] = {"never-appears", stop};
+    r["stream"] = stream;
+    if (stream) r["stream_options"] = {{"include_usage", true}};
+    const Completion c = complete(s, r);
+    ASSERT_EQ(c.status, 200);
+    ASSERT_TRUE(c.usage.is_object());
+    EXPECT_EQ(c.text, expected) << "stream " << stream;
+    EXPECT_EQ(c.finish, "stop");
+    EXPECT_LT(c.usage.value("completion_tokens", 0), 60);
+  }
+}
+
+TEST(ServerHttp, ErrorsAreOpenAIStyle400s) {
+  TestServer s("dense-mini", opts(2, 64));
+  auto cli = s.client();
+  auto r = cli.Post("/v1/completions", "{not json", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  json e = json::parse(r->body)["error"];
+  for (const char* k : {"message", "type", "param", "code"}) EXPECT_TRUE(e.contains(k)) << k;
+  EXPECT_EQ(e["type"], "invalid_request_error");
+  const std::pair<json, std::string> bad[] = {
+      {{{"prompt", "x"}, {"n", 3}}, "n"},
+      {{{"prompt", "x"}, {"temperature", -1}}, "temperature"},
+      {{{"prompt", "x"}, {"top_p", 2}}, "top_p"},
+      {{{"prompt", std::string(100, 'a')}}, "prompt"},
+      {{{"prompt", "x"}, {"model", "nope"}}, "model"},
+      {{{"prompt", "x"}, {"max_tokens", "many"}}, "max_tokens"},
+  };
+  for (const auto& [body, param] : bad) {
+    r = s.post("/v1/completions", body);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400) << body.dump();
+    EXPECT_EQ(json::parse(r->body)["error"]["param"], param) << body.dump();
+  }
+  r = s.post("/v1/chat/completions", {{"messages", "hi"}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  // The server is still fine afterwards.
+  EXPECT_EQ(complete(s, {{"prompt", "x"}, {"max_tokens", 2}}).status, 200);
+}
+
+TEST(ServerHttp, ApiKeyIsRequiredWhenSet) {
+  server::ServerOptions o = opts(1);
+  o.api_key = "sekret";
+  TestServer s("dense-mini", o);
+  const json body = {{"prompt", "x"}, {"max_tokens", 2}};
+  auto r = s.post("/v1/completions", body);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 401);
+  EXPECT_EQ(json::parse(r->body)["error"]["code"], "invalid_api_key");
+  r = s.post("/v1/completions", body, {{"Authorization", "Bearer wrong"}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 401);
+  r = s.client().Get("/v1/models");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 401);
+  r = s.post("/v1/completions", body, {{"Authorization", "Bearer sekret"}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  r = s.client().Get("/health");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+}
+
+// A streamed request whose client reads the first event, then waits for the
+// test to say whether to go on; returning false from the receiver drops the
+// connection.
+struct HeldStream {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool first = false, release = false;
+  std::thread thread;
+  HeldStream(const TestServer& s, const json& body) {
+    thread = std::thread([this, &s, body] {
+      httplib::Client cli("127.0.0.1", s.port);
+      httplib::Request req;
+      req.method = "POST";
+      req.path = "/v1/completions";
+      req.headers.emplace("Content-Type", "application/json");
+      req.body = body.dump();
+      req.content_receiver = [this](const char*, size_t, uint64_t, uint64_t) {
+        std::unique_lock<std::mutex> lock(mu);
+        first = true;
+        cv.notify_all();
+        cv.wait(lock, [&] { return release; });
+        return false;  // hang up
+      };
+      httplib::Response res;
+      httplib::Error err;
+      cli.send(req, res, err);
+    });
+  }
+  void wait_first() {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return first; });
+  }
+  void hang_up() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      release = true;
+    }
+    cv.notify_all();
+    thread.join();
+  }
+};
+
+TEST(ServerHttp, FullQueueAnswers503AndDisconnectCancels) {
+  // One row, no queue: while a long generation runs, a second request is refused.
+  TestServer s("dense-mini", opts(1, 8192, 0, 1 << 20));
+  HeldStream held(s, {{"prompt", "long"}, {"max_tokens", 8000}, {"ignore_eos", true}, {"stream", true}});
+  held.wait_first();
+  auto r = s.post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 2}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 503);
+  EXPECT_EQ(json::parse(r->body)["error"]["code"], "queue_full");
+  // The client goes away: its request is cancelled long before 8000 tokens.
+  held.hang_up();
+  const auto t0 = std::chrono::steady_clock::now();
+  while (!s.srv->scheduler().idle() && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20))
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  const auto st = s.srv->scheduler().stats();
+  EXPECT_EQ(st.finished_cancelled, 1u);
+  EXPECT_EQ(st.finished_length, 0u);
+  EXPECT_LT(st.generated_tokens, 8000u);
+  // The row is free again.
+  EXPECT_EQ(complete(s, {{"prompt", "x"}, {"max_tokens", 2}}).status, 200);
+}
+
+TEST(ServerHttp, DisconnectCancelsALongWholeResponse) {
+  // A non-streamed answer that takes longer than a second is probed with
+  // whitespace before its JSON; the client takes the first probe, then hangs up.
+  TestServer s("dense-mini", opts(1, 16384, 0, 1 << 20));
+  HeldStream held(s, {{"prompt", "long"}, {"max_tokens", 16000}, {"ignore_eos", true}});
+  held.wait_first();
+  held.hang_up();
+  const auto t0 = std::chrono::steady_clock::now();
+  while (!s.srv->scheduler().idle() && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30))
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  const auto st = s.srv->scheduler().stats();
+  EXPECT_EQ(st.finished_cancelled, 1u);
+  EXPECT_LT(st.generated_tokens, 16000u);
+}
+
+TEST(ServerHttp, ShutdownCancelsInFlightAndRefusesNewRequests) {
+  TestServer s("dense-mini", opts(1, 8192, 4, 1 << 20));
+  HeldStream held(s, {{"prompt", "long"}, {"max_tokens", 8000}, {"ignore_eos", true}, {"stream", true}});
+  held.wait_first();
+  s.srv->begin_shutdown();
+  auto r = s.post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 2}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 503);
+  r = s.client().Get("/health");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 503);
+  const auto t0 = std::chrono::steady_clock::now();
+  s.srv->shutdown(std::chrono::milliseconds(0));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(15));
+  EXPECT_EQ(s.srv->scheduler().stats().finished_cancelled, 1u);
+  held.hang_up();
+}
+
+TEST(ServerHttp, BenchServeMeasuresAStreamingLoad) {
+  TestServer s("qwen3.8-mini", opts(4));  // its random weights emit text at every token
+  server::BenchOptions o;
+  o.url = fmt::format("http://127.0.0.1:{}", s.port);
+  o.concurrency = 3;
+  o.requests = 6;
+  o.output_len = 8;
+  const auto sum = server::run_bench(o);
+  EXPECT_EQ(sum.ok, 6) << sum.first_error;
+  EXPECT_EQ(sum.output_tokens, 48);
+  EXPECT_GT(sum.ttft_mean, 0);
+  EXPECT_GT(sum.tpot_mean, 0);
+  EXPECT_GT(sum.tokens_per_s, 0);
+  // And through the command.
+  const std::string cmd = fmt::format("{} bench-serve --url {} --concurrency 2 --requests 2 --output-len 4 2>&1",
+                                      MEGAKERN_BINARY, o.url);
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  const int st = pclose(p);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << out;
+  EXPECT_NE(out.find("2 ok, 0 failed"), std::string::npos) << out;
+  EXPECT_NE(out.find("TTFT ms"), std::string::npos) << out;
+}
+
+TEST(ServerHttp, SmolLM2ChatsOverHttp) {
+  if (test_model_path("smollm2-135m").empty()) GTEST_SKIP() << "models/smollm2-135m.gguf not fetched";
+  TestServer s(test_model_path("smollm2-135m"), opts(2, 1024));
+  EXPECT_EQ(s.srv->model_id(), "smollm2-135m");
+  const auto r = s.post("/v1/chat/completions",
+                        {{"model", "smollm2-135m"},
+                         {"messages", {{{"role", "user"}, {"content", "What is the capital of France?"}}}},
+                         {"max_tokens", 24},
+                         {"temperature", 0}});
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json j = json::parse(r->body);
+  EXPECT_NE(j["choices"][0]["message"]["content"].get<std::string>().find("Paris"), std::string::npos) << r->body;
+  EXPECT_GT(j["usage"]["prompt_tokens"].get<int>(), 10);
+}
+
+}  // namespace
+}  // namespace megakern

@@ -1,0 +1,144 @@
+// `megakern serve` (the OpenAI-compatible server) and `megakern bench-serve`
+// (a streaming load generator for it).
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <csignal>
+#include <ctime>
+#include <memory>
+#include <string>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "runtime/model.h"
+#include "server/bench_client.h"
+#include "server/http_server.h"
+#include "tools/commands.h"
+
+namespace megakern::cli {
+namespace {
+
+struct ServeOptions {
+  std::string model = "smollm2-135m";
+  int threads = 0;
+  int drain_s = 30;
+  server::ServerOptions server;
+};
+
+// Waits up to `timeout` for SIGINT or SIGTERM (blocked in every thread, see
+// serve_cmd); returns the signal, or 0 on timeout.
+int wait_signal(const sigset_t& set, std::chrono::milliseconds timeout) {
+  timespec ts{static_cast<time_t>(timeout.count() / 1000), static_cast<long>(timeout.count() % 1000) * 1000000L};
+  const int sig = sigtimedwait(&set, nullptr, &ts);
+  return sig > 0 ? sig : 0;
+}
+
+void serve_cmd(const ServeOptions& o) {
+  // SIGINT and SIGTERM are taken synchronously by this thread: they are
+  // blocked before any other thread exists, so every thread inherits the
+  // mask and none is interrupted. A peer that closes its socket must not
+  // kill the process either.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+
+  auto model = load_model(o.model);
+  ThreadPool pool(o.threads);
+  server::ServerOptions so = o.server;
+  if (so.model_id.empty()) so.model_id = server::default_model_id(o.model);
+  server::HttpServer srv(*model, pool, so);
+  const int port = srv.start();
+  fmt::print(stderr, "megakern serve: {} ({}) on http://{}:{} | batch {} | context {} | {} threads | {} executor\n",
+             srv.model_id(), model->description(), so.host, port, so.batch, so.n_ctx, pool.size(), so.executor);
+  if (!so.api_key.empty()) fmt::print(stderr, "megakern serve: an API key is required (Authorization: Bearer ...)\n");
+  std::fflush(stderr);
+
+  int sig = 0;
+  while (!(sig = wait_signal(set, std::chrono::milliseconds(1000)))) {
+  }
+  fmt::print(stderr, "megakern serve: {} received; finishing in-flight requests (up to {} s, again to cancel them)\n",
+             sig == SIGINT ? "SIGINT" : "SIGTERM", o.drain_s);
+  srv.begin_shutdown();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(o.drain_s);
+  while (!srv.scheduler().idle() && std::chrono::steady_clock::now() < deadline) {
+    if (wait_signal(set, std::chrono::milliseconds(50))) {
+      fmt::print(stderr, "megakern serve: cancelling in-flight requests\n");
+      break;
+    }
+  }
+  srv.shutdown(std::chrono::milliseconds(0));
+  const auto st = srv.scheduler().stats();
+  fmt::print(stderr, "megakern serve: stopped after {} requests, {} tokens generated\n", st.requests_submitted,
+             st.generated_tokens);
+}
+
+}  // namespace
+
+void register_serve(CLI::App& app) {
+  auto o = std::make_shared<ServeOptions>();
+  auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server with continuous batching");
+  cmd->add_option("-m,--model", o->model,
+                  "Model: a GGUF file, a checkpoint directory, a fetched model name or a preset (" +
+                      fmt::format("{}", fmt::join(known_model_and_preset_names(), ", ")) + ")")
+      ->capture_default_str();
+  cmd->add_option("--host", o->server.host, "Address to listen on (127.0.0.1: this machine only)")
+      ->capture_default_str();
+  cmd->add_option("--port", o->server.port, "Port to listen on (0: any free port, printed at start)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 65535));
+  cmd->add_option("--api-key", o->server.api_key, "Require 'Authorization: Bearer KEY' on every endpoint but /health");
+  cmd->add_option("-c,--context", o->server.n_ctx, "Context size in tokens of each sequence")
+      ->capture_default_str()
+      ->check(CLI::Range(16, 1 << 20));
+  cmd->add_option("--max-tokens", o->server.max_tokens, "Default and upper limit of a request's max_tokens")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--batch", o->server.batch, "Sequences decoded together (rows of one decode step)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
+  cmd->add_option("--queue", o->server.queue, "Requests that may wait for a batch row; beyond that, HTTP 503")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 100000));
+  cmd->add_option("--executor", o->server.executor, "Decode executor: mega, opbyop or reference")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"mega", "opbyop", "reference"}));
+  cmd->add_option("-t,--threads", o->threads, "Worker threads for decoding (0: one per core)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1024));
+  cmd->add_option("--model-id", o->server.model_id, "Name the model is served under (default: from --model)");
+  cmd->add_option("--drain-timeout", o->drain_s, "Seconds in-flight requests may finish after SIGINT/SIGTERM")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 3600));
+  cmd->callback([o] { run_guarded([&] { serve_cmd(*o); }); });
+}
+
+void register_bench_serve(CLI::App& app) {
+  auto o = std::make_shared<server::BenchOptions>();
+  auto* cmd = app.add_subcommand(
+      "bench-serve", "Streaming load test of a running server: time to first token, time per output token, tokens/s");
+  cmd->add_option("--url", o->url, "Server base URL")->capture_default_str();
+  cmd->add_option("--concurrency", o->concurrency, "Clients sending requests at the same time")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
+  cmd->add_option("--requests", o->requests, "Requests in all")->capture_default_str()->check(CLI::Range(1, 1000000));
+  cmd->add_option("--output-len", o->output_len, "Tokens generated per request (max_tokens, end-of-text ignored)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--prompt", o->prompt, "Prompt text")->capture_default_str();
+  cmd->add_option("--api-key", o->api_key, "API key, when the server wants one");
+  cmd->add_option("--model", o->model, "Value of the request's 'model' field (default: none sent)");
+  cmd->add_flag("--chat", o->chat, "Use /v1/chat/completions (the prompt as one user message)");
+  cmd->callback([o] {
+    run_guarded([&] {
+      const auto s = server::run_bench(*o);
+      fmt::print("{}", server::format_summary(*o, s));
+      std::fflush(stdout);
+      if (s.failed > 0) fail("{} of {} requests failed", s.failed, o->requests);
+    });
+  });
+}
+
+}  // namespace megakern::cli
