@@ -9,9 +9,14 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 build_dir=build
 cmake_extra=()
+server_test_args=()
 for arg in "$@"; do
   case "$arg" in
-    --sanitize) build_dir=build-asan; cmake_extra=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DMEGAKERN_SANITIZE=ON) ;;
+    --sanitize)
+      build_dir=build-asan
+      cmake_extra=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DMEGAKERN_SANITIZE=ON)
+      server_test_args=(--rounds 1)  # the instrumented server is several times slower
+      ;;
     -h|--help) sed -n '2,5p' "$0"; exit 0 ;;
     *) echo "test: unknown option '$arg' (see --help)" >&2; exit 2 ;;
   esac
@@ -29,4 +34,4 @@ if [ ! -x .venv-test/bin/python ]; then
   echo "test: .venv-test/bin/python is missing (scripts/setup.sh creates it); cannot run the server test" >&2
   exit 1
 fi
-timeout 600 .venv-test/bin/python scripts/test_server.py --binary "$build_dir/megakern"
+timeout 600 .venv-test/bin/python scripts/test_server.py --binary "$build_dir/megakern" "${server_test_args[@]}"
