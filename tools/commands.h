@@ -15,6 +15,7 @@ void register_chat(CLI::App& app);
 void register_inspect(CLI::App& app);
 void register_bench(CLI::App& app);
 void register_gen_model(CLI::App& app);
+void register_bench_spec(CLI::App& app);
 
 // The exit status left by the subcommand that ran.
 int exit_code();

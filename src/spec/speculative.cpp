@@ -1,0 +1,208 @@
+#include "spec/speculative.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "core/error.h"
+
+namespace megakern {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+
+double prob_of(const TokenDist& d, int32_t id) {
+  for (const auto& e : d)
+    if (e.first == id) return e.second;
+  return 0.0;
+}
+
+}  // namespace
+
+bool accept_exact(const TokenDist& p, const TokenDist* q, int32_t d, std::mt19937_64& rng, int32_t& resampled) {
+  const double pd = prob_of(p, d);
+  const double qd = q ? prob_of(*q, d) : 1.0;
+  // A draft its own drafter gave no mass cannot have been drawn from q; it is
+  // accepted on p alone (q(d) = 0 only arises from rounding at the tail).
+  const double ratio = qd > 0 ? pd / qd : (pd > 0 ? 1.0 : 0.0);
+  if (ratio >= 1.0 || uniform01(rng) < ratio) return true;
+  // Residual r(x) = max(0, p(x) - q(x)) over p's support (outside it r is 0).
+  TokenDist r;
+  r.reserve(p.size());
+  double sum = 0;
+  for (const auto& [id, pp] : p) {
+    const double w = pp - (q ? prob_of(*q, id) : (id == d ? 1.0 : 0.0));
+    if (w > 0) {
+      r.emplace_back(id, w);
+      sum += w;
+    }
+  }
+  // Rejection has probability sum(r) > 0; if rounding left nothing, p itself
+  // is the answer up to that rounding.
+  if (!(sum > 0)) {
+    resampled = draw(p, uniform01(rng));
+    return false;
+  }
+  for (auto& e : r) e.second /= sum;
+  resampled = draw(r, uniform01(rng));
+  return false;
+}
+
+SpeculativeGenerator::SpeculativeGenerator(Engine& target, SequenceState& seq, Drafter& drafter,
+                                           const SpecOptions& opts)
+    : engine_(target), seq_(seq), drafter_(drafter), opts_(opts), sampler_(opts.sampling), rng_(opts.sampling.seed),
+      accept_(accept_exact) {
+  if (opts.draft < 1 || opts.draft > SpecOptions::kMaxDraft)
+    fail("draft length must be in [1, {}], got {}", SpecOptions::kMaxDraft, opts.draft);
+  if (!seq.recurrent && opts.draft + 1 > target.max_rows())
+    fail("a draft of {} tokens needs {} rows per verify step, but the engine's program takes at most {}", opts.draft,
+         opts.draft + 1, target.max_rows());
+  if (seq.recurrent != target.model().recurrent())
+    fail("the sequence state does not belong to model {}", target.model().name());
+  k_ = opts.draft;
+  logits_.resize(static_cast<size_t>(opts.draft + 1) * static_cast<size_t>(target.n_vocab()));
+}
+
+int32_t SpeculativeGenerator::start(const std::vector<int32_t>& prompt) {
+  if (prompt.empty()) fail("the prompt is empty: there is nothing to run");
+  if (static_cast<int64_t>(prompt.size()) > seq_.n_ctx())
+    fail("the prompt has {} tokens, more than the context of {} (raise --context)", prompt.size(), seq_.n_ctx());
+  seq_.clear();
+  drafter_.reset();
+  k_ = opts_.draft;
+  rng_.seed(opts_.sampling.seed);
+  const int64_t V = engine_.n_vocab();
+  const auto t0 = Clock::now();
+  engine_.prefill(seq_, prompt.data(), static_cast<int>(prompt.size()), 0, logits_.data());
+  stats_.prefill_ms += ms_since(t0);
+  const int32_t first = opts_.sampling.temperature == 0.f ? argmax(logits_.data(), V)
+                                                          : draw(sampler_.distribution(logits_.data(), V), uniform01(rng_));
+  tokens_ = prompt;
+  tokens_.push_back(first);
+  return first;
+}
+
+int SpeculativeGenerator::round(int max_new, std::vector<int32_t>& out) {
+  if (tokens_.empty()) fail("speculative round before start()");
+  if (max_new < 1) fail("a round emits at least one token, asked for {}", max_new);
+  const int N = static_cast<int>(tokens_.size()) - 1;  // the anchor's position
+  if (N >= seq_.n_ctx()) return 0;
+  const int64_t V = engine_.n_vocab();
+  // Proposal length: the current k, no more than the round may emit or the
+  // context can hold (drafts occupy positions N+1..N+k).
+  const int k = std::min({k_, max_new - 1, seq_.n_ctx() - 1 - N});
+  auto t0 = Clock::now();
+  draft_.clear();
+  if (k > 0) drafter_.propose(tokens_, k, draft_);
+  if (static_cast<int>(draft_.tokens.size()) > k) draft_.tokens.resize(static_cast<size_t>(k));
+  for (int32_t d : draft_.tokens)
+    if (d < 0 || d >= V) fail("drafter {} proposed token {}, outside the vocabulary of {}", drafter_.name(), d, V);
+  if (!draft_.dists.empty() && draft_.dists.size() < draft_.tokens.size())
+    fail("drafter {} gave {} distributions for {} tokens", drafter_.name(), draft_.dists.size(), draft_.tokens.size());
+  const int m = static_cast<int>(draft_.tokens.size());
+  stats_.draft_ms += ms_since(t0);
+
+  t0 = Clock::now();
+  auto token_at = [&](int i) { return i == 0 ? tokens_[static_cast<size_t>(N)] : draft_.tokens[static_cast<size_t>(i - 1)]; };
+  // Row i's logits: all m + 1 rows in one step for attention models; one
+  // step per row, on demand, for recurrent ones.
+  int computed = 0;
+  if (!seq_.recurrent) {
+    rows_.clear();
+    for (int i = 0; i <= m; ++i) rows_.push_back(seq_.row(token_at(i), N + i));
+    engine_.step(rows_, logits_.data());
+    computed = m + 1;
+  }
+  auto row_logits = [&](int i) -> const float* {
+    if (seq_.recurrent && i >= computed) {
+      engine_.step({seq_.row(token_at(i), N + i)}, logits_.data() + static_cast<size_t>(i) * V);
+      computed = i + 1;
+    }
+    return logits_.data() + static_cast<size_t>(i) * V;
+  };
+
+  const bool greedy = opts_.sampling.temperature == 0.f;
+  int a = 0;
+  int32_t next = 0;
+  for (int i = 0;; ++i) {
+    const float* L = row_logits(i);
+    if (greedy) {
+      next = argmax(L, V);
+      if (i < m && draft_.tokens[static_cast<size_t>(i)] == next) {
+        ++a;
+        continue;
+      }
+      break;
+    }
+    const TokenDist p = sampler_.distribution(L, V);
+    if (i == m) {
+      next = draw(p, uniform01(rng_));
+      break;
+    }
+    const TokenDist* q = draft_.dists.empty() ? nullptr : &draft_.dists[static_cast<size_t>(i)];
+    if (!accept_(p, q, draft_.tokens[static_cast<size_t>(i)], rng_, next)) break;
+    ++a;
+  }
+  stats_.verify_ms += ms_since(t0);
+
+  for (int i = 0; i < a; ++i) {
+    out.push_back(draft_.tokens[static_cast<size_t>(i)]);
+    tokens_.push_back(draft_.tokens[static_cast<size_t>(i)]);
+  }
+  out.push_back(next);
+  tokens_.push_back(next);
+  drafter_.accepted(a);
+  ++stats_.rounds;
+  stats_.proposed += m;
+  stats_.accepted += a;
+  stats_.emitted += a + 1;
+  stats_.target_rows += computed;
+  // Adaptive length: after a fully accepted proposal try one more token;
+  // after a rejection, the accepted count plus one (a rejection at the
+  // first draft leaves a single-draft probe). Empty proposals say nothing.
+  if (opts_.adaptive && m > 0) k_ = a == m ? std::min(k_ + 1, opts_.draft) : std::max(1, a + 1);
+  return a + 1;
+}
+
+std::vector<int32_t> SpeculativeGenerator::generate(const std::vector<int32_t>& prompt, int n_predict,
+                                                    const std::function<bool(int32_t)>& stop) {
+  std::vector<int32_t> out, pending;
+  if (n_predict <= 0) return out;
+  pending.push_back(start(prompt));
+  const size_t n_prompt = prompt.size();
+  for (;;) {
+    for (size_t i = 0; i < pending.size(); ++i) {
+      const int32_t t = pending[i];
+      if (stop && stop(t)) return out;
+      out.push_back(t);
+      // The token's position is n_prompt + out.size() - 1; plain decoding
+      // stops once the cache (every earlier position) is full.
+      if (static_cast<int>(out.size()) == n_predict) return out;
+      if (static_cast<int64_t>(n_prompt + out.size() - 1) >= seq_.n_ctx()) return out;
+    }
+    pending.clear();
+    if (round(n_predict - static_cast<int>(out.size()), pending) == 0) return out;
+  }
+}
+
+std::vector<int32_t> generate_plain(Session& session, Sampler& sampler, const std::vector<int32_t>& prompt,
+                                    int n_predict, const std::function<bool(int32_t)>& stop, double* prefill_ms) {
+  std::vector<int32_t> out;
+  const auto t0 = Clock::now();
+  session.reset();
+  session.set_tokens(prompt);
+  if (prefill_ms) *prefill_ms = ms_since(t0);
+  for (int i = 0; i < n_predict; ++i) {
+    const auto& logits = session.logits();
+    const int32_t tok = sampler.sample(logits.data(), static_cast<int64_t>(logits.size()));
+    if (stop && stop(tok)) break;
+    out.push_back(tok);
+    if (i + 1 == n_predict) break;
+    if (static_cast<int>(session.tokens().size()) >= session.n_ctx()) break;
+    session.append(tok);
+  }
+  return out;
+}
+
+}  // namespace megakern
