@@ -4,8 +4,11 @@
 // distribution, and shown to catch a biased acceptance rule), drafters, and
 // errors on bad input.
 #include <gtest/gtest.h>
-
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <array>
+#include <cstdio>
 
 #include <cmath>
 #include <filesystem>
@@ -409,6 +412,59 @@ TEST(SpecErrors, BadInputIsRefusedClearly) {
   SpeculativeGenerator g(eng, seq, ngram, o);
   EXPECT_THROW(g.start({}), Error);
   EXPECT_THROW(g.start(std::vector<int32_t>(65, 1)), Error);
+}
+
+struct CliResult {
+  int status = -1;
+  std::string out, err;
+};
+
+// Runs the megakern binary; stdout and stderr are kept apart.
+CliResult run_cli(const std::string& args) {
+  char tmpl[] = "/tmp/megakern-spec-err-XXXXXX";
+  const int fd = mkstemp(tmpl);
+  close(fd);
+  const std::string cmd = std::string(MEGAKERN_BINARY) + " " + args + " 2>" + tmpl;
+  CliResult r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  std::ifstream f(tmpl);
+  r.err.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  std::filesystem::remove(tmpl);
+  return r;
+}
+
+TEST(SpecCli, RunWithSpecPrintsTheSameTextAndTheAcceptanceLength) {
+  const std::string base = "run -m dense-mini --raw -n 40 -t 2 -p 'abcabcabcabc hello abcabc'";
+  const CliResult plain = run_cli(base);
+  ASSERT_EQ(plain.status, 0) << plain.err;
+  for (const char* spec : {"ngram", "self", "model:dense-mini"}) {
+    const CliResult r = run_cli(base + " --spec " + spec + " --draft 5");
+    ASSERT_EQ(r.status, 0) << spec << ": " << r.err;
+    EXPECT_EQ(r.out, plain.out) << spec;
+    EXPECT_NE(r.err.find("acceptance length"), std::string::npos) << r.err;
+  }
+  const CliResult bad = run_cli(base + " --spec nonsense");
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.err.find("unknown drafter 'nonsense'"), std::string::npos) << bad.err;
+  const CliResult wide = run_cli(base + " --spec ngram --draft 40");
+  EXPECT_NE(wide.status, 0);
+}
+
+TEST(SpecCli, BenchSpecReportsSpeedupAcceptanceAndVerifyCost) {
+  const CliResult r = run_cli("bench-spec -m dense-mini --spec ngram,self -n 24 -t 2 --verify-reps 2");
+  ASSERT_EQ(r.status, 0) << r.err << r.out;
+  for (const char* want : {"plain decode", "verify step cost", "8 rows", "speedup", "accept len", "identical"})
+    EXPECT_NE(r.out.find(want), std::string::npos) << want << "\n" << r.out;
+  EXPECT_EQ(r.out.find(" NO"), std::string::npos) << r.out;
+  const CliResult b = run_cli("bench -m qwen3.8-mini --spec ngram -n 16 -t 2 --verify-reps 2");
+  ASSERT_EQ(b.status, 0) << b.err << b.out;
+  EXPECT_NE(b.out.find("recurrent model"), std::string::npos) << b.out;
 }
 
 }  // namespace

@@ -38,6 +38,7 @@ struct SpecBenchOptions {
   bool fixed = false;
   int n_predict = 128;
   int threads = 0;
+  int reps = 1;
   int verify_reps = 20;
   std::string json;
 };

@@ -61,6 +61,7 @@ SpeculativeGenerator::SpeculativeGenerator(Engine& target, SequenceState& seq, D
   if (seq.recurrent != target.model().recurrent())
     fail("the sequence state does not belong to model {}", target.model().name());
   k_ = opts.draft;
+  verify_ms_.assign(static_cast<size_t>(opts.draft) + 2, 0.0);
   logits_.resize(static_cast<size_t>(opts.draft + 1) * static_cast<size_t>(target.n_vocab()));
 }
 
@@ -101,7 +102,8 @@ int SpeculativeGenerator::round(int max_new, std::vector<int32_t>& out) {
   if (!draft_.dists.empty() && draft_.dists.size() < draft_.tokens.size())
     fail("drafter {} gave {} distributions for {} tokens", drafter_.name(), draft_.dists.size(), draft_.tokens.size());
   const int m = static_cast<int>(draft_.tokens.size());
-  stats_.draft_ms += ms_since(t0);
+  const double draft_ms = ms_since(t0);
+  stats_.draft_ms += draft_ms;
 
   t0 = Clock::now();
   auto token_at = [&](int i) { return i == 0 ? tokens_[static_cast<size_t>(N)] : draft_.tokens[static_cast<size_t>(i - 1)]; };
@@ -144,7 +146,8 @@ int SpeculativeGenerator::round(int max_new, std::vector<int32_t>& out) {
     if (!accept_(p, q, draft_.tokens[static_cast<size_t>(i)], rng_, next)) break;
     ++a;
   }
-  stats_.verify_ms += ms_since(t0);
+  const double verify_ms = ms_since(t0);
+  stats_.verify_ms += verify_ms;
 
   for (int i = 0; i < a; ++i) {
     out.push_back(draft_.tokens[static_cast<size_t>(i)]);
@@ -158,11 +161,73 @@ int SpeculativeGenerator::round(int max_new, std::vector<int32_t>& out) {
   stats_.accepted += a;
   stats_.emitted += a + 1;
   stats_.target_rows += computed;
-  // Adaptive length: after a fully accepted proposal try one more token;
-  // after a rejection, the accepted count plus one (a rejection at the
-  // first draft leaves a single-draft probe). Empty proposals say nothing.
-  if (opts_.adaptive && m > 0) k_ = a == m ? std::min(k_ + 1, opts_.draft) : std::max(1, a + 1);
+  if (opts_.adaptive) {
+    update_length(m, a, computed, draft_ms, verify_ms);
+    k_ = choose_draft_length();
+  }
   return a + 1;
+}
+
+void SpeculativeGenerator::update_length(int m, int a, int rows, double draft_ms, double verify_ms) {
+  // Each draft is accepted with probability alpha (given the ones before it
+  // were): a round judges a drafts that pass and, unless all m passed, one
+  // that fails, so alpha ~ accepted / judged. Old rounds fade out.
+  constexpr double kDecay = 0.95, kSmooth = 0.2;
+  if (m > 0) {
+    judged_ = judged_ * kDecay + a + (a < m ? 1 : 0);
+    accepted_ = accepted_ * kDecay + a;
+    const double per_token = draft_ms / m;
+    draft_ms_per_token_ = draft_ms_per_token_ > 0 ? (1 - kSmooth) * draft_ms_per_token_ + kSmooth * per_token : per_token;
+  }
+  // Verify time by rows per step (attention models), or per row (recurrent
+  // models verify one row per step: keep it under index 1).
+  const size_t r = seq_.recurrent ? 1 : static_cast<size_t>(rows);
+  const double ms = seq_.recurrent ? verify_ms / rows : verify_ms;
+  if (r < verify_ms_.size()) verify_ms_[r] = verify_ms_[r] > 0 ? (1 - kSmooth) * verify_ms_[r] + kSmooth * ms : ms;
+}
+
+int SpeculativeGenerator::choose_draft_length() const {
+  // With acceptance probability alpha, a proposal of k tokens emits
+  // E(k) = 1 + alpha + ... + alpha^k = (1 - alpha^(k+1)) / (1 - alpha) tokens
+  // on average. It costs k drafting steps plus the verify: one step of k+1
+  // rows (attention models), or one row per emitted token (recurrent, whose
+  // rows after a rejection are never computed). Pick k maximising tokens per
+  // unit of time.
+  const double c1 = verify_ms_[1];
+  if (c1 <= 0) return opts_.draft;  // nothing measured yet
+  // A prior of 2 judged drafts at alpha = 0.5 keeps early estimates sane.
+  const double alpha = std::clamp((accepted_ + 1.0) / (judged_ + 2.0), 0.0, 0.99);
+  // Row counts not measured yet are assumed 5% dearer per row than the
+  // largest measured one below them, so longer proposals get tried and then
+  // judged on their measured cost.
+  double prev = c1;
+  int prev_r = 1;
+  int best_k = 1;
+  double best_rate = -1, e = 1, pw = 1;
+  for (int k = 1; k <= opts_.draft; ++k) {
+    pw *= alpha;
+    e += pw;  // E(k)
+    double cost;
+    if (seq_.recurrent) {
+      cost = c1 * e;
+    } else {
+      const int r = k + 1;
+      if (verify_ms_[static_cast<size_t>(r)] > 0) {
+        prev = verify_ms_[static_cast<size_t>(r)];
+        prev_r = r;
+        cost = prev;
+      } else {
+        cost = prev * (1.0 + 0.05 * (r - prev_r));
+      }
+    }
+    cost += k * draft_ms_per_token_;
+    const double rate = e / cost;
+    if (rate > best_rate) {
+      best_rate = rate;
+      best_k = k;
+    }
+  }
+  return best_k;
 }
 
 std::vector<int32_t> SpeculativeGenerator::generate(const std::vector<int32_t>& prompt, int n_predict,

@@ -49,7 +49,10 @@ namespace megakern {
 struct SpecOptions {
   static constexpr int kMaxDraft = 32;
   int draft = 4;          // most tokens proposed per round, 1..kMaxDraft
-  bool adaptive = true;   // shorten the proposal after rejections, lengthen it after full acceptance
+  // Choose each round's proposal length (1..draft) for the most tokens per
+  // unit of time, from the measured acceptance rate, verify cost per row
+  // count and drafting cost (choose_draft_length); otherwise always `draft`.
+  bool adaptive = true;
   SamplingParams sampling;
 };
 
@@ -112,6 +115,14 @@ class SpeculativeGenerator {
   std::mt19937_64 rng_;
   AcceptRule accept_;
   int k_ = 0;  // current proposal length
+  // Adaptive length: decayed counts of drafts accepted and of drafts judged
+  // (accepted ones plus the first rejection of a round), the smoothed verify
+  // time per row count (0: not measured yet) and drafting time per token.
+  double judged_ = 0, accepted_ = 0;
+  std::vector<double> verify_ms_;
+  double draft_ms_per_token_ = 0;
+  void update_length(int m, int a, int rows, double draft_ms, double verify_ms);
+  int choose_draft_length() const;
   std::vector<int32_t> tokens_;
   Draft draft_;
   std::vector<RowInput> rows_;
