@@ -390,6 +390,10 @@ TEST(SpecErrors, BadInputIsRefusedClearly) {
   EXPECT_THROW(make_drafter("self:4", *m, pool, 64, {}, owned), Error);  // skips nothing
   EXPECT_THROW(make_drafter("ngram:x", *m, pool, 64, {}, owned), Error);
   EXPECT_NE(make_drafter("self", *m, pool, 64, {}, owned), nullptr);
+  EXPECT_EQ(make_drafter("self:skip=1-2", *m, pool, 64, {}, owned)->name(), "self (2 of 4 layers)");
+  EXPECT_EQ(make_drafter("self", *m, pool, 64, {}, owned)->name(), "self (3 of 4 layers)");
+  EXPECT_THROW(make_drafter("self:skip=2-4", *m, pool, 64, {}, owned), Error);  // no layer 4
+  EXPECT_THROW(make_drafter("self:skip=0-3", *m, pool, 64, {}, owned), Error);  // every layer
   EXPECT_NE(make_drafter("ngram:2", *m, pool, 64, {}, owned), nullptr);
 
   NgramDrafter ngram;

@@ -178,7 +178,7 @@ void add_spec_bench_options(CLI::App* cmd, SpecBenchOptions& o, bool with_spec_f
   if (with_spec_flag)
     cmd->add_option("--spec", o.drafters,
                     "Benchmark speculative decoding instead, with these comma-separated drafters (ngram, ngram:N, "
-                    "self, self:N, model:PATH)");
+                    "self, self:skip=A-B, self:N, model:PATH)");
   cmd->add_option("--draft", o.draft, "Speculative: most draft tokens per verify step")
       ->capture_default_str()
       ->check(CLI::Range(1, SpecOptions::kMaxDraft));
@@ -333,7 +333,7 @@ void register_bench_spec(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "bench-spec", "Speculative decoding benchmark: plain vs speculative tokens/s, acceptance length, verify cost");
   cmd->add_option("-m,--model", o->model, "Target model (a fetched model, preset or path)")->capture_default_str();
-  cmd->add_option("--spec", o->drafters, "Comma-separated drafters: ngram, ngram:N, self, self:N, model:PATH")
+  cmd->add_option("--spec", o->drafters, "Comma-separated drafters: ngram, ngram:N, self, self:skip=A-B, self:N, model:PATH")
       ->capture_default_str();
   add_spec_bench_options(cmd, *o, false);
   cmd->add_option("-t,--threads", o->threads, "Worker threads (0: one per core)")

@@ -83,14 +83,14 @@ ModelDrafter::ModelDrafter(const Model& draft, int target_vocab, ThreadPool& poo
          "target's vocabulary",
          draft.name(), draft.n_vocab(), target_vocab);
   name_ = fmt::format("model {}", draft.name());
-  program_ = draft.build_program(draft.recurrent() ? 1 : 8);
+  program_ = draft.build_program(draft.recurrent() ? 1 : 32);
   init(pool, n_ctx, executor);
 }
 
 ModelDrafter::ModelDrafter(const Model& model, const std::vector<bool>& keep, ThreadPool& pool, int n_ctx,
                            const SamplingParams& sampling, const std::string& executor)
     : model_(model), full_model_(false), sampling_(sampling), sampler_(sampling), rng_(sampling.seed ^ 0x5eedd4af7ull) {
-  program_ = skip_layers(model.build_program(model.recurrent() ? 1 : 8), keep);
+  program_ = skip_layers(model.build_program(model.recurrent() ? 1 : 32), keep);
   const int kept = static_cast<int>(std::count(keep.begin(), keep.end(), true));
   name_ = fmt::format("self ({} of {} layers)", kept, program_.n_layer);
   init(pool, n_ctx, executor);
@@ -175,11 +175,11 @@ void ModelDrafter::propose(const std::vector<int32_t>& context, int k, Draft& ou
 
 namespace {
 
-int parse_count(const std::string& spec, const std::string& arg) {
+int parse_count(const std::string& spec, const std::string& arg, int min = 1) {
   int v = 0;
   const auto [p, ec] = std::from_chars(arg.data(), arg.data() + arg.size(), v);
-  if (ec != std::errc() || p != arg.data() + arg.size() || v < 1)
-    fail("drafter '{}': '{}' is not a positive whole number", spec, arg);
+  if (ec != std::errc() || p != arg.data() + arg.size() || v < min)
+    fail("drafter '{}': '{}' is not a whole number >= {}", spec, arg, min);
   return v;
 }
 
@@ -194,7 +194,28 @@ std::unique_ptr<Drafter> make_drafter(const std::string& spec, const Model& targ
   if (kind == "ngram") return std::make_unique<NgramDrafter>(arg.empty() ? 3 : parse_count(spec, arg), 1);
   if (kind == "self") {
     const int n_layer = target.build_program(1).n_layer;
-    const int n_keep = arg.empty() ? std::max(1, n_layer / 2) : parse_count(spec, arg);
+    if (arg.rfind("skip=", 0) == 0) {
+      // self:skip=A-B skips layers A..B (or self:skip=A, one layer).
+      const std::string range = arg.substr(5);
+      const size_t dash = range.find('-');
+      const int a = parse_count(spec, range.substr(0, dash), 0);
+      const int b = dash == std::string::npos ? a : parse_count(spec, range.substr(dash + 1), 0);
+      if (a > b || b >= n_layer) fail("drafter '{}': layers {}..{} are not a range within 0..{}", spec, a, b, n_layer - 1);
+      std::vector<bool> keep(static_cast<size_t>(n_layer), true);
+      for (int l = a; l <= b; ++l) keep[static_cast<size_t>(l)] = false;
+      return std::make_unique<ModelDrafter>(target, keep, pool, n_ctx, sampling, executor);
+    }
+    if (arg.empty()) {
+      // Default: skip a quarter of the layers, from the third on. The first
+      // layers and the last ones shape the output most; on SmolLM2 skipping
+      // layers 2..5 keeps about 60% of drafts, skipping the upper half none.
+      if (n_layer < 2) fail("drafter '{}': the target has a single layer, none can be skipped", spec);
+      const int a = std::min(2, n_layer - 1), n_skip = std::max(1, n_layer / 4);
+      std::vector<bool> keep(static_cast<size_t>(n_layer), true);
+      for (int l = a; l < std::min(n_layer, a + n_skip); ++l) keep[static_cast<size_t>(l)] = false;
+      return std::make_unique<ModelDrafter>(target, keep, pool, n_ctx, sampling, executor);
+    }
+    const int n_keep = parse_count(spec, arg);
     if (n_keep >= n_layer)
       fail("drafter '{}': self-drafting must skip at least one of the target's {} layers", spec, n_layer);
     return std::make_unique<ModelDrafter>(target, first_and_last_layers(n_layer, n_keep), pool, n_ctx, sampling,

@@ -131,8 +131,9 @@ class ModelDrafter final : public Drafter {
 
 // Builds a drafter from its command-line name:
 //   "ngram" (n = 3..1), "ngram:N" (n = N..1);
-//   "self" (keep half of the target's layers, the last included), "self:N"
-//   (keep N layers);
+//   "self" (skip a quarter of the target's layers, from layer 2 on),
+//   "self:N" (keep N layers: the first N-1 and the last), "self:skip=A-B"
+//   (skip layers A..B);
 //   "model:PATH" (a draft model; PATH as load_model accepts it), whose model
 //   is stored in `owned_model`.
 std::unique_ptr<Drafter> make_drafter(const std::string& spec, const Model& target, ThreadPool& pool, int n_ctx,

@@ -193,15 +193,18 @@ int SpeculativeGenerator::choose_draft_length() const {
   // rows (attention models), or one row per emitted token (recurrent, whose
   // rows after a rejection are never computed). Pick k maximising tokens per
   // unit of time.
-  const double c1 = verify_ms_[1];
-  if (c1 <= 0) return opts_.draft;  // nothing measured yet
+  // The smallest measured row count stands in for the smaller ones.
+  size_t first = 1;
+  while (first < verify_ms_.size() && verify_ms_[first] <= 0) ++first;
+  if (first == verify_ms_.size()) return opts_.draft;  // nothing measured yet
+  const double c1 = verify_ms_[first];
   // A prior of 2 judged drafts at alpha = 0.5 keeps early estimates sane.
   const double alpha = std::clamp((accepted_ + 1.0) / (judged_ + 2.0), 0.0, 0.99);
   // Row counts not measured yet are assumed 5% dearer per row than the
   // largest measured one below them, so longer proposals get tried and then
   // judged on their measured cost.
   double prev = c1;
-  int prev_r = 1;
+  int prev_r = static_cast<int>(first);
   int best_k = 1;
   double best_rate = -1, e = 1, pw = 1;
   for (int k = 1; k <= opts_.draft; ++k) {
@@ -212,7 +215,9 @@ int SpeculativeGenerator::choose_draft_length() const {
       cost = c1 * e;
     } else {
       const int r = k + 1;
-      if (verify_ms_[static_cast<size_t>(r)] > 0) {
+      if (r <= static_cast<int>(first)) {
+        cost = c1;
+      } else if (verify_ms_[static_cast<size_t>(r)] > 0) {
         prev = verify_ms_[static_cast<size_t>(r)];
         prev_r = r;
         cost = prev;
