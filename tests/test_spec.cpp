@@ -69,15 +69,16 @@ struct Drafters {
 // Greedy speculative output equals plain greedy output for each prompt,
 // several lengths (inside one round, crossing round boundaries), and a small
 // context that generation runs into.
-void expect_lossless(const Model& m, Drafter& d, int draft, const std::string& executor = "mega") {
+void expect_lossless(const Model& m, Drafter& d, int draft, bool adaptive, const std::string& executor = "mega") {
   ThreadPool pool(2);
-  SCOPED_TRACE(m.name() + " / " + d.name() + " / k=" + std::to_string(draft));
+  SCOPED_TRACE(m.name() + " / " + d.name() + " / k=" + std::to_string(draft) + (adaptive ? " adaptive" : " fixed"));
   for (int n_ctx : {256, 48}) {
     Session plain(m, pool, n_ctx, executor);
     Engine eng(m, pool, m.recurrent() ? 1 : draft + 1, executor);
     SequenceState seq = m.new_sequence(n_ctx);
     SpecOptions o;
     o.draft = draft;
+    o.adaptive = adaptive;
     SpeculativeGenerator gen(eng, seq, d, o);
     for (const auto& prompt : prompts_for(m.n_vocab())) {
       for (int n : {1, 5, 13, 40}) {
@@ -153,8 +154,11 @@ TEST(SpecLossless, DenseMiniEveryDrafter) {
   ModelDrafter other(*draft_model, m->n_vocab(), pool, 256, {});
   ModelDrafter same(*m, m->n_vocab(), pool, 256, {});  // accepts everything
   for (Drafter* d : std::vector<Drafter*>{&ngram, &self, &other, &same})
-    for (int k : {1, 5}) expect_lossless(*m, *d, k);
-  expect_lossless(*m, ngram, 7, "opbyop");
+  {
+    expect_lossless(*m, *d, 1, false);
+    expect_lossless(*m, *d, 5, true);
+  }
+  expect_lossless(*m, ngram, 7, false, "opbyop");
 }
 
 TEST(SpecLossless, RecurrentQwen38MiniEveryDrafter) {
@@ -167,8 +171,8 @@ TEST(SpecLossless, RecurrentQwen38MiniEveryDrafter) {
   ModelDrafter self(*m, first_and_last_layers(4, 2), pool, 256, {});
   ModelDrafter other(*other_model, m->n_vocab(), pool, 256, {});
   ModelDrafter same(*m, m->n_vocab(), pool, 256, {});
-  for (Drafter* d : std::vector<Drafter*>{&ngram, &self, &other, &same}) expect_lossless(*m, *d, 3);
-  expect_lossless(*m, ngram, 1);
+  for (Drafter* d : std::vector<Drafter*>{&ngram, &self, &other, &same}) expect_lossless(*m, *d, 3, false);
+  expect_lossless(*m, ngram, 5, true);
 }
 
 TEST(SpecLossless, SmolLM2EveryDrafter) {

@@ -95,7 +95,19 @@ int SpeculativeGenerator::round(int max_new, std::vector<int32_t>& out) {
   const int k = std::min({k_, max_new - 1, seq_.n_ctx() - 1 - N});
   auto t0 = Clock::now();
   draft_.clear();
-  if (k > 0) drafter_.propose(tokens_, k, draft_);
+  // When the adaptive length has fallen to 0 (plain steps pay best), a
+  // one-token probe is still drafted now and then but not verified: whether
+  // the target's own token matches it keeps the acceptance estimate alive.
+  int32_t probe = -1;
+  const bool probing = k_ == 0 && max_new > 1 && N + 1 < seq_.n_ctx() &&
+                       (++rounds_at_zero_ % 8 == 0 || draft_ms_per_token_ < 0.1 * verify_ms_[1]);
+  if (k > 0) {
+    drafter_.propose(tokens_, k, draft_);
+  } else if (probing) {
+    drafter_.propose(tokens_, 1, draft_);
+    if (!draft_.tokens.empty()) probe = draft_.tokens[0];
+    draft_.clear();
+  }
   if (static_cast<int>(draft_.tokens.size()) > k) draft_.tokens.resize(static_cast<size_t>(k));
   for (int32_t d : draft_.tokens)
     if (d < 0 || d >= V) fail("drafter {} proposed token {}, outside the vocabulary of {}", drafter_.name(), d, V);
@@ -163,7 +175,13 @@ int SpeculativeGenerator::round(int max_new, std::vector<int32_t>& out) {
   stats_.target_rows += computed;
   if (opts_.adaptive) {
     update_length(m, a, computed, draft_ms, verify_ms);
+    if (probe >= 0) {
+      judged_ += 1;
+      accepted_ += probe == next ? 1 : 0;
+      draft_ms_per_token_ = 0.8 * draft_ms_per_token_ + 0.2 * draft_ms;
+    }
     k_ = choose_draft_length();
+    if (k_ > 0) rounds_at_zero_ = 0;
   }
   return a + 1;
 }
@@ -192,7 +210,7 @@ int SpeculativeGenerator::choose_draft_length() const {
   // on average. It costs k drafting steps plus the verify: one step of k+1
   // rows (attention models), or one row per emitted token (recurrent, whose
   // rows after a rejection are never computed). Pick k maximising tokens per
-  // unit of time.
+  // unit of time; k = 0 (no proposal) when plain steps pay best.
   // The smallest measured row count stands in for the smaller ones.
   size_t first = 1;
   while (first < verify_ms_.size() && verify_ms_[first] <= 0) ++first;
@@ -205,8 +223,9 @@ int SpeculativeGenerator::choose_draft_length() const {
   // judged on their measured cost.
   double prev = c1;
   int prev_r = static_cast<int>(first);
-  int best_k = 1;
-  double best_rate = -1, e = 1, pw = 1;
+  // k = 0: a plain one-row step.
+  int best_k = 0;
+  double best_rate = 1.0 / c1, e = 1, pw = 1;
   for (int k = 1; k <= opts_.draft; ++k) {
     pw *= alpha;
     e += pw;  // E(k)
