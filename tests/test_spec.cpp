@@ -69,12 +69,16 @@ struct Drafters {
 // Greedy speculative output equals plain greedy output for each prompt,
 // several lengths (inside one round, crossing round boundaries), and a small
 // context that generation runs into.
-void expect_lossless(const Model& m, Drafter& d, int draft, bool adaptive, const std::string& executor = "mega") {
+// engine_rows: rows per step of the target's engine (0: draft + 1, a verify
+// in one step; recurrent models also verify row by row on a 1-row engine).
+void expect_lossless(const Model& m, Drafter& d, int draft, bool adaptive, const std::string& executor = "mega",
+                     int engine_rows = 0) {
   ThreadPool pool(2);
-  SCOPED_TRACE(m.name() + " / " + d.name() + " / k=" + std::to_string(draft) + (adaptive ? " adaptive" : " fixed"));
+  SCOPED_TRACE(m.name() + " / " + d.name() + " / k=" + std::to_string(draft) + (adaptive ? " adaptive" : " fixed") +
+               " / " + executor + " / engine rows " + std::to_string(engine_rows));
   for (int n_ctx : {256, 48}) {
     Session plain(m, pool, n_ctx, executor);
-    Engine eng(m, pool, m.recurrent() ? 1 : draft + 1, executor);
+    Engine eng(m, pool, engine_rows > 0 ? engine_rows : draft + 1, executor);
     SequenceState seq = m.new_sequence(n_ctx);
     SpecOptions o;
     o.draft = draft;
@@ -171,8 +175,65 @@ TEST(SpecLossless, RecurrentQwen38MiniEveryDrafter) {
   ModelDrafter self(*m, first_and_last_layers(4, 2), pool, 256, {});
   ModelDrafter other(*other_model, m->n_vocab(), pool, 256, {});
   ModelDrafter same(*m, m->n_vocab(), pool, 256, {});
+  // One-step verify (recurrent rows chained through state snapshots).
   for (Drafter* d : std::vector<Drafter*>{&ngram, &self, &other, &same}) expect_lossless(*m, *d, 3, false);
-  expect_lossless(*m, ngram, 5, true);
+  expect_lossless(*m, same, 6, true, "opbyop");
+  // Row-by-row verify on a one-row engine.
+  expect_lossless(*m, other, 4, false, "mega", 1);
+}
+
+// Rows of one sequence chained through per-row state snapshots give, on
+// every executor, the logits and states of the same tokens run one per step.
+TEST(SpecRecurrentChain, OneStepEqualsStepByStepOnEveryExecutor) {
+  auto m = load_model("qwen3.8-mini");
+  ThreadPool pool(2);
+  const std::vector<int32_t> prefix = {5, 17, 99, 3}, block = {42, 7, 7, 200, 13, 1};
+  const int B = static_cast<int>(block.size());
+  const size_t V = static_cast<size_t>(m->n_vocab());
+  std::vector<float> opbyop_logits;
+  for (const char* ex : {"reference", "opbyop", "mega"}) {
+    SCOPED_TRACE(ex);
+    Engine one(*m, pool, 1, ex), many(*m, pool, 8, ex);
+    SequenceState a = m->new_sequence(32), b = m->new_sequence(32);
+    std::vector<float> l(V), want(V * B), got(V * B);
+    one.prefill(a, prefix.data(), 4, 0, l.data());
+    one.prefill(b, prefix.data(), 4, 0, l.data());
+    std::vector<RecurrentState> want_states;
+    for (int i = 0; i < B; ++i) {
+      one.step({a.row(block[static_cast<size_t>(i)], 4 + i)}, want.data() + V * i);
+      want_states.push_back(a.state);
+    }
+    std::vector<RecurrentState> snaps(static_cast<size_t>(B - 1), b.state);
+    std::vector<RowInput> rows;
+    for (int i = 0; i < B; ++i) {
+      RowInput r = b.row(block[static_cast<size_t>(i)], 4 + i);
+      if (i > 0) {
+        r.state = &snaps[static_cast<size_t>(i - 1)];
+        r.state_in = rows.back().state;
+      }
+      rows.push_back(r);
+    }
+    many.step(rows, got.data());
+    EXPECT_EQ(got, want);
+    EXPECT_EQ(b.state.S, want_states[0].S);
+    EXPECT_EQ(b.state.conv, want_states[0].conv);
+    for (int i = 1; i < B; ++i) {
+      EXPECT_EQ(snaps[static_cast<size_t>(i - 1)].S, want_states[static_cast<size_t>(i)].S) << i;
+      EXPECT_EQ(snaps[static_cast<size_t>(i - 1)].conv, want_states[static_cast<size_t>(i)].conv) << i;
+    }
+    if (std::string(ex) == "opbyop") opbyop_logits = got;
+    if (std::string(ex) == "mega") EXPECT_EQ(got, opbyop_logits);
+    // Unchained rows of one sequence, or two rows writing one state, are refused.
+    std::vector<RowInput> bad = rows;
+    bad[2].state_in = nullptr;
+    EXPECT_THROW(many.step(bad, got.data()), Error);
+    bad = rows;
+    bad[3].state = bad[1].state;
+    EXPECT_THROW(many.step(bad, got.data()), Error);
+    bad = rows;
+    bad[3].state_in = bad[1].state;
+    EXPECT_THROW(many.step(bad, got.data()), Error);
+  }
 }
 
 TEST(SpecLossless, SmolLM2EveryDrafter) {
@@ -472,7 +533,8 @@ TEST(SpecCli, BenchSpecReportsSpeedupAcceptanceAndVerifyCost) {
   EXPECT_EQ(r.out.find(" NO"), std::string::npos) << r.out;
   const CliResult b = run_cli("bench -m qwen3.8-mini --spec ngram -n 16 -t 2 --verify-reps 2");
   ASSERT_EQ(b.status, 0) << b.err << b.out;
-  EXPECT_NE(b.out.find("recurrent model"), std::string::npos) << b.out;
+  EXPECT_NE(b.out.find("chained through per-row state snapshots"), std::string::npos) << b.out;
+  EXPECT_NE(b.out.find("8 rows"), std::string::npos) << b.out;
 }
 
 }  // namespace

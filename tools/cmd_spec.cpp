@@ -50,7 +50,7 @@ SpecOptions spec_options(int draft, bool fixed, const SamplingParams& sampling) 
 }
 
 // Rows per verify step the target engine must take.
-int engine_rows(const Model& m, int draft) { return m.recurrent() ? 1 : std::max(8, draft + 1); }
+int engine_rows(int draft) { return std::max(8, draft + 1); }
 
 }  // namespace
 
@@ -59,7 +59,7 @@ void run_speculative(const Model& model, ThreadPool& pool, const std::vector<int
                      const SpecCliOptions& spec, bool quiet, double load_ms) {
   std::unique_ptr<Model> draft_model;
   auto drafter = make_drafter(spec.drafter, model, pool, n_ctx, sampling, draft_model, executor);
-  Engine engine(model, pool, engine_rows(model, spec.draft), executor);
+  Engine engine(model, pool, engine_rows(spec.draft), executor);
   SequenceState seq = model.new_sequence(n_ctx);
   SpeculativeGenerator gen(engine, seq, *drafter, spec_options(spec.draft, spec.fixed, sampling));
   const Tokenizer& tok = model.tokenizer();
@@ -158,7 +158,16 @@ std::vector<int32_t> encode_prompt(const Model& m, const std::string& text) {
 // Median ms of one step of `rows` rows of one sequence at positions pos..
 double time_verify(Engine& eng, SequenceState& seq, int rows, int pos, int reps) {
   std::vector<RowInput> in;
-  for (int r = 0; r < rows; ++r) in.push_back(seq.row(static_cast<int32_t>((r * 31 + 7) % eng.n_vocab()), pos + r));
+  // Recurrent rows chain through their own state snapshots, as in a verify.
+  std::vector<RecurrentState> snaps(seq.recurrent ? static_cast<size_t>(rows) : 0, seq.state);
+  for (int r = 0; r < rows; ++r) {
+    RowInput row = seq.row(static_cast<int32_t>((r * 31 + 7) % eng.n_vocab()), pos + r);
+    if (seq.recurrent) {
+      row.state = &snaps[static_cast<size_t>(r)];
+      row.state_in = r == 0 ? &seq.state : in.back().state;
+    }
+    in.push_back(row);
+  }
   std::vector<float> logits(static_cast<size_t>(rows) * static_cast<size_t>(eng.n_vocab()));
   eng.executor().prepare(rows);
   eng.step(in, logits.data());  // warm-up
@@ -247,15 +256,14 @@ void spec_bench_cmd(const SpecBenchOptions& o) {
   j["threads"] = pool.size();
   j["plain_tokens_per_s"] = plain_tps;
   {
-    Engine eng(*model, pool, engine_rows(*model, o.draft));
+    Engine eng(*model, pool, engine_rows(o.draft));
     SequenceState seq = model->new_sequence(n_ctx);
     std::vector<float> logits(static_cast<size_t>(model->n_vocab()));
     const auto& p = runs[0].prompt;
     eng.prefill(seq, p.data(), static_cast<int>(p.size()), 0, logits.data());
     std::vector<int> sizes = {1};
-    if (!model->recurrent())
-      for (int r : {2, 4, 8, o.draft + 1})
-        if (r <= eng.max_rows() && std::find(sizes.begin(), sizes.end(), r) == sizes.end()) sizes.push_back(r);
+    for (int r : {2, 4, 8, o.draft + 1})
+      if (r <= eng.max_rows() && std::find(sizes.begin(), sizes.end(), r) == sizes.end()) sizes.push_back(r);
     const double one = time_verify(eng, seq, 1, static_cast<int>(p.size()), o.verify_reps);
     std::string line = fmt::format("verify step cost at position {}: 1 row {:.2f} ms", p.size(), one);
     for (size_t i = 1; i < sizes.size(); ++i) {
@@ -263,7 +271,7 @@ void spec_bench_cmd(const SpecBenchOptions& o) {
       line += fmt::format(" | {} rows {:.2f} ms ({:.2f}x)", sizes[i], ms, ms / one);
       j["verify_cost"][std::to_string(sizes[i])] = ms / one;
     }
-    if (model->recurrent()) line += " (recurrent model: verify runs one row per step)";
+    if (model->recurrent()) line += " (recurrent rows chained through per-row state snapshots)";
     fmt::print("{}\n", line);
   }
 
@@ -272,7 +280,7 @@ void spec_bench_cmd(const SpecBenchOptions& o) {
   for (const std::string& spec : split_list(o.drafters)) {
     std::unique_ptr<Model> draft_model;
     auto drafter = make_drafter(spec, *model, pool, n_ctx, {}, draft_model);
-    Engine eng(*model, pool, engine_rows(*model, o.draft));
+    Engine eng(*model, pool, engine_rows(o.draft));
     SequenceState seq = model->new_sequence(n_ctx);
     SpeculativeGenerator gen(eng, seq, *drafter, spec_options(o.draft, o.fixed, {}));
     SpecStats total;

@@ -57,12 +57,16 @@ void causal_conv_silu_tile(const Op& op, const StepContext& ctx, int r) {
   float* x = row_of(ctx, op.out, r);
   const int C = width_of(ctx, op.out), K = op.n_norm / C, hist = K - 1;
   float* win = st.conv_at(op.cache_layer());
+  // The window this row starts from: its own (advanced in place) or the
+  // previous row's of a chained block (read before this row's is written).
+  const RecurrentState* src = ctx.rows[r].state_in;
+  const float* in = src ? const_cast<RecurrentState*>(src)->conv_at(op.cache_layer()) : win;
   for (int c = 0; c < C; ++c) {
     const float* w = op.norm + static_cast<size_t>(c) * K;
     float acc = 0.f;
-    for (int j = 0; j < hist; ++j) acc += w[j] * win[static_cast<size_t>(j) * C + c];
+    for (int j = 0; j < hist; ++j) acc += w[j] * in[static_cast<size_t>(j) * C + c];
     acc += w[hist] * x[c];
-    for (int j = 0; j + 1 < hist; ++j) win[static_cast<size_t>(j) * C + c] = win[static_cast<size_t>(j + 1) * C + c];
+    for (int j = 0; j + 1 < hist; ++j) win[static_cast<size_t>(j) * C + c] = in[static_cast<size_t>(j + 1) * C + c];
     if (hist > 0) win[static_cast<size_t>(hist - 1) * C + c] = x[c];
     x[c] = silu(acc);
   }
@@ -85,6 +89,10 @@ void delta_rule_tile(const Op& op, const StepContext& ctx, int r, int h) {
   const float g = -std::exp(op.norm[h]) * softplusf(ba[Hv + h] + op.dt_bias[h]);
   const float decay = std::exp(g);
   float* S = st.S_at(op.cache_layer(), h);
+  // The state this row starts from: S itself, or the previous row's of a
+  // chained block (the decay reads it once, then S is updated in place).
+  const RecurrentState* src = ctx.rows[r].state_in;
+  const float* S0 = src ? const_cast<RecurrentState*>(src)->S_at(op.cache_layer(), h) : S;
   float* o = row_of(ctx, op.out, r) + static_cast<size_t>(h) * Dv;
   auto dot = ctx.scalar ? dot_f32_scalar : dot_f32;
   auto axpy = ctx.scalar ? axpy_f32_scalar : axpy_f32;
@@ -92,7 +100,8 @@ void delta_rule_tile(const Op& op, const StepContext& ctx, int r, int h) {
   // one row at a time, so the state streams through once.
   for (int i = 0; i < Dv; ++i) {
     float* Si = S + static_cast<size_t>(i) * Dk;
-    for (int j = 0; j < Dk; ++j) Si[j] *= decay;
+    const float* S0i = S0 + static_cast<size_t>(i) * Dk;
+    for (int j = 0; j < Dk; ++j) Si[j] = S0i[j] * decay;
     const float pred = dot(Si, kn.data(), Dk);
     axpy(beta * (v[i] - pred), kn.data(), Si, Dk);
     o[i] = dot(Si, qn.data(), Dk);
@@ -111,14 +120,35 @@ void gated_rmsnorm_tile(const Op& op, const StepContext& ctx, int r) {
   }
 }
 
+bool rows_chained(const RowInput* rows, int n_rows) {
+  for (int r = 1; r < n_rows; ++r)
+    if (rows[r].state_in && rows[r].state_in == rows[r - 1].state) return true;
+  return false;
+}
+
 void validate_recurrent_rows(const DecodeProgram& p, const RowInput* rows, int n_rows) {
   for (int r = 0; r < n_rows; ++r) {
     const RecurrentState* st = rows[r].state;
     if (!st) fail("row {} has no recurrent state ({} has recurrent layers)", r, p.model_name);
-    for (int q = 0; q < r; ++q)
-      if (rows[q].state == st || rows[q].cache == rows[r].cache)
-        fail("rows {} and {} belong to the same sequence; a step of {} holds at most one row per sequence", q, r,
-             p.model_name);
+    for (int q = 0; q < n_rows; ++q) {
+      if (q != r && rows[q].state == st)
+        fail("rows {} and {} write the same recurrent state; rows of one sequence in a step each need their own "
+             "(RowInput::state_in chains them)",
+             std::min(q, r), std::max(q, r));
+      // A row may start from the state of the row just before it (a chain)
+      // but not from one another row of the step is still writing.
+      if (q != r - 1 && rows[r].state_in && rows[q].state == rows[r].state_in)
+        fail("row {} starts from the state row {} writes; only the previous row's state can be continued", r, q);
+    }
+    // validate_rows has made rows of one cache adjacent at consecutive
+    // positions; each one after the first must continue the previous one.
+    if (r > 0 && rows[r - 1].cache == rows[r].cache && rows[r].state_in != rows[r - 1].state)
+      fail("rows {} and {} belong to the same sequence, so row {} must start from row {}'s state (state_in)", r - 1, r,
+           r, r - 1);
+    const RecurrentState* in = rows[r].state_in;
+    if (in && (in->n_layer != st->n_layer || in->conv_dim != st->conv_dim || in->conv_hist != st->conv_hist ||
+               in->n_v_heads != st->n_v_heads || in->v_dim != st->v_dim || in->k_dim != st->k_dim))
+      fail("row {}: the state it starts from and the state it writes have different shapes", r);
     for (const Op& op : p.ops) {
       if (op.kind != OpKind::CausalConvSilu && op.kind != OpKind::DeltaRule) continue;
       if (op.cache_layer() >= st->n_layer)

@@ -23,8 +23,9 @@ struct RowInput;
 //   S:    [n_layer][n_v_heads][v_dim][k_dim], row-major: S[h][i][j] couples value
 //         component i with key component j (the [v][k] orientation of the
 //         reference: o = S q, pred = S k; flash-linear-attention stores the transpose).
-// A step advances it by exactly one token, so a step holds at most one row per
-// sequence (validate_rows rejects two rows with the same state).
+// A row advances it by exactly one token; rows of one sequence in one step
+// chain through per-row states (RowInput::state_in), and executors order
+// their recurrent tiles along the chain (rows_chained).
 struct RecurrentState {
   int n_layer = 0, conv_dim = 0, conv_hist = 0, n_v_heads = 0, v_dim = 0, k_dim = 0;
   std::vector<float> conv, S;
@@ -46,7 +47,14 @@ void delta_rule_tile(const Op& op, const StepContext& ctx, int r, int h);
 void gated_rmsnorm_tile(const Op& op, const StepContext& ctx, int r);
 
 // Throws megakern::Error when a row's state is missing, shared with another
-// row of the step, or does not fit the program's recurrent ops.
+// row of the step, or does not fit the program's recurrent ops, or when a row
+// continuing the previous row's sequence does not start from its state.
 void validate_recurrent_rows(const DecodeProgram& p, const RowInput* rows, int n_rows);
+// Whether some row starts from the state the previous row of the step
+// writes: recurrent tiles of row r must then run after those of row r - 1
+// (same op, same head).
+bool rows_chained(const RowInput* rows, int n_rows);
+// Whether an op keeps per-sequence recurrent state (CausalConvSilu, DeltaRule).
+inline bool op_is_recurrent(const Op& op) { return op.kind == OpKind::CausalConvSilu || op.kind == OpKind::DeltaRule; }
 
 }  // namespace megakern

@@ -12,8 +12,9 @@
 // block), in which case attention is causal within the block because every
 // row's keys are stored before any row attends. Programs with recurrent
 // layers (`recurrent`, e.g. Qwen3.8's Gated DeltaNet) advance a per-sequence
-// RecurrentState by one token per row, so for now their steps hold at most one
-// row per sequence (checked by validate_rows; a chunked prefill op would lift it).
+// RecurrentState by one token per row; several rows of one sequence chain
+// through per-row states (RowInput::state_in), and the executors run those
+// rows' recurrent tiles in chain order (checked by validate_rows).
 //
 // Slots hold [max_rows][width] f32 activations, row-major.
 #pragma once

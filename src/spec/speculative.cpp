@@ -55,7 +55,7 @@ SpeculativeGenerator::SpeculativeGenerator(Engine& target, SequenceState& seq, D
       accept_(accept_exact) {
   if (opts.draft < 1 || opts.draft > SpecOptions::kMaxDraft)
     fail("draft length must be in [1, {}], got {}", SpecOptions::kMaxDraft, opts.draft);
-  if (!seq.recurrent && opts.draft + 1 > target.max_rows())
+  if ((!seq.recurrent || target.max_rows() > 1) && opts.draft + 1 > target.max_rows())
     fail("a draft of {} tokens needs {} rows per verify step, but the engine's program takes at most {}", opts.draft,
          opts.draft + 1, target.max_rows());
   if (seq.recurrent != target.model().recurrent())
@@ -119,17 +119,28 @@ int SpeculativeGenerator::round(int max_new, std::vector<int32_t>& out) {
 
   t0 = Clock::now();
   auto token_at = [&](int i) { return i == 0 ? tokens_[static_cast<size_t>(N)] : draft_.tokens[static_cast<size_t>(i - 1)]; };
-  // Row i's logits: all m + 1 rows in one step for attention models; one
-  // step per row, on demand, for recurrent ones.
+  // Row i's logits: all m + 1 rows in one step when the engine takes them
+  // (recurrent rows chained through per-row state snapshots); otherwise
+  // (recurrent models on a narrow engine) one step per row, on demand.
   int computed = 0;
-  if (!seq_.recurrent) {
+  const bool one_step = m + 1 <= engine_.max_rows();
+  if (one_step) {
     rows_.clear();
-    for (int i = 0; i <= m; ++i) rows_.push_back(seq_.row(token_at(i), N + i));
+    if (seq_.recurrent)
+      while (snapshots_.size() < static_cast<size_t>(m)) snapshots_.push_back(seq_.state);
+    for (int i = 0; i <= m; ++i) {
+      RowInput row = seq_.row(token_at(i), N + i);
+      if (seq_.recurrent && i > 0) {
+        row.state = &snapshots_[static_cast<size_t>(i - 1)];
+        row.state_in = rows_.back().state;
+      }
+      rows_.push_back(row);
+    }
     engine_.step(rows_, logits_.data());
     computed = m + 1;
   }
   auto row_logits = [&](int i) -> const float* {
-    if (seq_.recurrent && i >= computed) {
+    if (!one_step && i >= computed) {
       engine_.step({seq_.row(token_at(i), N + i)}, logits_.data() + static_cast<size_t>(i) * V);
       computed = i + 1;
     }
@@ -161,6 +172,13 @@ int SpeculativeGenerator::round(int max_new, std::vector<int32_t>& out) {
   const double verify_ms = ms_since(t0);
   stats_.verify_ms += verify_ms;
 
+  // Recurrent one-step verify: the state after the anchor and a accepted
+  // drafts is row a's (row 0 wrote the sequence's own state).
+  if (one_step && seq_.recurrent && a > 0) {
+    const RecurrentState& s = snapshots_[static_cast<size_t>(a - 1)];
+    std::copy(s.conv.begin(), s.conv.end(), seq_.state.conv.begin());
+    std::copy(s.S.begin(), s.S.end(), seq_.state.S.begin());
+  }
   for (int i = 0; i < a; ++i) {
     out.push_back(draft_.tokens[static_cast<size_t>(i)]);
     tokens_.push_back(draft_.tokens[static_cast<size_t>(i)]);
@@ -197,10 +215,11 @@ void SpeculativeGenerator::update_length(int m, int a, int rows, double draft_ms
     const double per_token = draft_ms / m;
     draft_ms_per_token_ = draft_ms_per_token_ > 0 ? (1 - kSmooth) * draft_ms_per_token_ + kSmooth * per_token : per_token;
   }
-  // Verify time by rows per step (attention models), or per row (recurrent
-  // models verify one row per step: keep it under index 1).
-  const size_t r = seq_.recurrent ? 1 : static_cast<size_t>(rows);
-  const double ms = seq_.recurrent ? verify_ms / rows : verify_ms;
+  // Verify time by rows per step, or per row when the rows ran one per step
+  // (recurrent models on a narrow engine: kept under index 1).
+  const bool per_row = seq_.recurrent && engine_.max_rows() == 1;
+  const size_t r = per_row ? 1 : static_cast<size_t>(rows);
+  const double ms = per_row ? verify_ms / rows : verify_ms;
   if (r < verify_ms_.size()) verify_ms_[r] = verify_ms_[r] > 0 ? (1 - kSmooth) * verify_ms_[r] + kSmooth * ms : ms;
 }
 
@@ -230,7 +249,7 @@ int SpeculativeGenerator::choose_draft_length() const {
     pw *= alpha;
     e += pw;  // E(k)
     double cost;
-    if (seq_.recurrent) {
+    if (seq_.recurrent && engine_.max_rows() == 1) {
       cost = c1 * e;
     } else {
       const int r = k + 1;

@@ -27,12 +27,16 @@
 // equal plain greedy decoding; and since each row's logits do not depend on
 // the other rows of its step, they are bit-identical to it.
 //
-// Recurrent targets (a RecurrentState advanced one token per row; a step
-// holds one row per sequence) verify with one single-row step per row, run
-// lazily: row i+1 is computed only once d_{i+1} has been accepted, so the
-// state after the round holds exactly the anchor and the accepted drafts and
-// never needs rolling back. The drafting then saves nothing on target steps;
-// the gain needs the one-step verify of attention models.
+// Recurrent targets (DeltaNet states and conv windows advanced one token per
+// row) verify in one step too when the engine takes k+1 rows: row 0 advances
+// the sequence's state in place, row i > 0 starts from row i-1's state and
+// writes its own snapshot (RowInput::state_in; the executors order the
+// recurrent tiles along that chain). After a accepted drafts the sequence's
+// state is replaced by row a's snapshot: the state after exactly the anchor
+// and the accepted drafts. With an engine of one row per step they verify
+// with single-row steps instead, run lazily: row i+1 is computed only once
+// d_{i+1} has been accepted, so the state never needs rolling back (but no
+// target steps are saved).
 #pragma once
 
 #include <cstdint>
@@ -82,7 +86,7 @@ bool accept_exact(const TokenDist& p, const TokenDist* q, int32_t d, std::mt1993
 class SpeculativeGenerator {
  public:
   // The target's engine must take draft + 1 rows per step (non-recurrent
-  // models). Throws megakern::Error when opts.draft is out of range or the
+  // models; recurrent ones verify row by row on an engine of fewer rows). Throws megakern::Error when opts.draft is out of range or the
   // engine is too narrow. engine, seq and drafter must outlive the generator.
   SpeculativeGenerator(Engine& target, SequenceState& seq, Drafter& drafter, const SpecOptions& opts);
 
@@ -127,6 +131,7 @@ class SpeculativeGenerator {
   std::vector<int32_t> tokens_;
   Draft draft_;
   std::vector<RowInput> rows_;
+  std::vector<RecurrentState> snapshots_;  // recurrent one-step verify: state after row i (i >= 1)
   std::vector<float> logits_;
   SpecStats stats_;
 };
