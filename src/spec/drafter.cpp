@@ -126,13 +126,12 @@ void ModelDrafter::feed(const int32_t* tokens, int n, int pos0) {
   }
 }
 
-void ModelDrafter::propose(const std::vector<int32_t>& context, int k, Draft& out) {
-  out.clear();
+void ModelDrafter::prepare(const std::vector<int32_t>& context) {
+  if (!context.empty() && static_cast<int>(context.size()) <= seq_.n_ctx()) sync(context);
+}
+
+void ModelDrafter::sync(const std::vector<int32_t>& context) {
   const int n = static_cast<int>(context.size());
-  // Draft i (0-based) is predicted from the logits of position n - 1 + i, so
-  // the last draft needs position n + k - 2 in the cache.
-  k = std::min(k, seq_.n_ctx() - n + 1);
-  if (k <= 0 || n == 0) return;
   size_t common = 0;
   while (common < cached_.size() && common < context.size() && cached_[common] == context[common]) ++common;
   if (seq_.recurrent) {
@@ -155,6 +154,16 @@ void ModelDrafter::propose(const std::vector<int32_t>& context, int k, Draft& ou
     feed(context.data() + common, n - static_cast<int>(common), static_cast<int>(common));
     cached_ = context;
   }
+}
+
+void ModelDrafter::propose(const std::vector<int32_t>& context, int k, Draft& out) {
+  out.clear();
+  const int n = static_cast<int>(context.size());
+  // Draft i (0-based) is predicted from the logits of position n - 1 + i, so
+  // the last draft needs position n + k - 2 in the cache.
+  k = std::min(k, seq_.n_ctx() - n + 1);
+  if (k <= 0 || n == 0) return;
+  sync(context);
   const bool greedy = sampling_.temperature == 0.f;
   for (int i = 0; i < k; ++i) {
     int32_t t;

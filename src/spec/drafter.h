@@ -58,6 +58,9 @@ class Drafter {
   // prompt and generated tokens; its last token is the one the next verify
   // step starts from). An empty proposal is allowed.
   virtual void propose(const std::vector<int32_t>& context, int k, Draft& out) = 0;
+  // Takes in a prompt before the first proposal (a model drafter computes
+  // it), so that proposals cost only the drafting itself.
+  virtual void prepare(const std::vector<int32_t>& context) { (void)context; }
   // How many tokens of the last proposal the target accepted.
   virtual void accepted(int n_accepted) { (void)n_accepted; }
   // Forgets any per-sequence state (a new prompt follows).
@@ -103,9 +106,13 @@ class ModelDrafter final : public Drafter {
 
   std::string name() const override { return name_; }
   void propose(const std::vector<int32_t>& context, int k, Draft& out) override;
+  void prepare(const std::vector<int32_t>& context) override;
   void reset() override;
 
  private:
+  // Brings the cache (and, for recurrent models, the state) to `context`,
+  // leaving the logits of its last token in logits_.
+  void sync(const std::vector<int32_t>& context);
   void init(ThreadPool& pool, int n_ctx, const std::string& executor);
   // Runs tokens[0..n) at positions pos0.. in blocks (one row per step for
   // recurrent programs), leaving the logits of the last in logits_.

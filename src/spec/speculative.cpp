@@ -81,6 +81,11 @@ int32_t SpeculativeGenerator::start(const std::vector<int32_t>& prompt) {
                                                           : draw(sampler_.distribution(logits_.data(), V), uniform01(rng_));
   tokens_ = prompt;
   tokens_.push_back(first);
+  // The drafter takes in the prompt too (timed as prompt work, so the
+  // drafting cost the adaptive length sees is that of drafting alone).
+  const auto t1 = Clock::now();
+  drafter_.prepare(tokens_);
+  stats_.prefill_ms += ms_since(t1);
   return first;
 }
 
@@ -96,11 +101,14 @@ int SpeculativeGenerator::round(int max_new, std::vector<int32_t>& out) {
   auto t0 = Clock::now();
   draft_.clear();
   // When the adaptive length has fallen to 0 (plain steps pay best), a
-  // one-token probe is still drafted now and then but not verified: whether
-  // the target's own token matches it keeps the acceptance estimate alive.
+  // cheap drafter still drafts one token each round, unverified: whether the
+  // target's own token matches it keeps the acceptance estimate alive. A
+  // drafter costing a tenth of a step or more is left alone (it would also
+  // have to catch up on every token since its last proposal): the rest of
+  // the generation is plain decoding.
   int32_t probe = -1;
-  const bool probing = k_ == 0 && max_new > 1 && N + 1 < seq_.n_ctx() &&
-                       (++rounds_at_zero_ % 8 == 0 || draft_ms_per_token_ < 0.1 * verify_ms_[1]);
+  const bool probing = k_ == 0 && max_new > 1 && N + 1 < seq_.n_ctx() && verify_ms_[1] > 0 &&
+                       draft_ms_per_token_ < 0.1 * verify_ms_[1];
   if (k > 0) {
     drafter_.propose(tokens_, k, draft_);
   } else if (probing) {
@@ -199,7 +207,6 @@ int SpeculativeGenerator::round(int max_new, std::vector<int32_t>& out) {
       draft_ms_per_token_ = 0.8 * draft_ms_per_token_ + 0.2 * draft_ms;
     }
     k_ = choose_draft_length();
-    if (k_ > 0) rounds_at_zero_ = 0;
   }
   return a + 1;
 }

@@ -125,7 +125,6 @@ class SpeculativeGenerator {
   double judged_ = 0, accepted_ = 0;
   std::vector<double> verify_ms_;
   double draft_ms_per_token_ = 0;
-  int rounds_at_zero_ = 0;  // rounds since the length fell to 0
   void update_length(int m, int a, int rows, double draft_ms, double verify_ms);
   int choose_draft_length() const;
   std::vector<int32_t> tokens_;
