@@ -237,39 +237,30 @@ int SpeculativeGenerator::choose_draft_length() const {
   // rows (attention models), or one row per emitted token (recurrent, whose
   // rows after a rejection are never computed). Pick k maximising tokens per
   // unit of time; k = 0 (no proposal) when plain steps pay best.
-  // The smallest measured row count stands in for the smaller ones.
+  // Verify cost by rows per step. Unmeasured row counts are guessed
+  // optimistically, so they get tried and then judged on their measured
+  // cost: below the smallest measured count, proportional to the rows;
+  // above a measured count, 5% dearer per extra row.
   size_t first = 1;
   while (first < verify_ms_.size() && verify_ms_[first] <= 0) ++first;
   if (first == verify_ms_.size()) return opts_.draft;  // nothing measured yet
-  const double c1 = verify_ms_[first];
+  const double c_first = verify_ms_[first];
+  auto verify_cost = [&](int r) {
+    if (r < static_cast<int>(first)) return c_first * r / static_cast<double>(first);
+    int m = r;
+    while (verify_ms_[static_cast<size_t>(m)] <= 0) --m;  // stops at first
+    return verify_ms_[static_cast<size_t>(m)] * (1.0 + 0.05 * (r - m));
+  };
+  const double c1 = verify_cost(1);
   // A prior of 2 judged drafts at alpha = 0.5 keeps early estimates sane.
   const double alpha = std::clamp((accepted_ + 1.0) / (judged_ + 2.0), 0.0, 0.99);
-  // Row counts not measured yet are assumed 5% dearer per row than the
-  // largest measured one below them, so longer proposals get tried and then
-  // judged on their measured cost.
-  double prev = c1;
-  int prev_r = static_cast<int>(first);
   // k = 0: a plain one-row step.
   int best_k = 0;
   double best_rate = 1.0 / c1, e = 1, pw = 1;
   for (int k = 1; k <= opts_.draft; ++k) {
     pw *= alpha;
     e += pw;  // E(k)
-    double cost;
-    if (seq_.recurrent && engine_.max_rows() == 1) {
-      cost = c1 * e;
-    } else {
-      const int r = k + 1;
-      if (r <= static_cast<int>(first)) {
-        cost = c1;
-      } else if (verify_ms_[static_cast<size_t>(r)] > 0) {
-        prev = verify_ms_[static_cast<size_t>(r)];
-        prev_r = r;
-        cost = prev;
-      } else {
-        cost = prev * (1.0 + 0.05 * (r - prev_r));
-      }
-    }
+    double cost = seq_.recurrent && engine_.max_rows() == 1 ? c1 * e : verify_cost(k + 1);
     cost += k * draft_ms_per_token_;
     const double rate = e / cost;
     if (rate > best_rate) {
