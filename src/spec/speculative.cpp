@@ -71,7 +71,8 @@ int32_t SpeculativeGenerator::start(const std::vector<int32_t>& prompt) {
     fail("the prompt has {} tokens, more than the context of {} (raise --context)", prompt.size(), seq_.n_ctx());
   seq_.clear();
   drafter_.reset();
-  k_ = opts_.draft;
+  // What earlier generations measured (costs, acceptance) still holds.
+  k_ = opts_.adaptive ? choose_draft_length() : opts_.draft;
   rng_.seed(opts_.sampling.seed);
   const int64_t V = engine_.n_vocab();
   const auto t0 = Clock::now();
