@@ -21,6 +21,7 @@
 #include "runtime/session.h"
 #include "model/presets.h"
 #include "tools/commands.h"
+#include "tools/spec_cli.h"
 
 namespace megakern::cli {
 namespace {
@@ -41,6 +42,7 @@ struct BenchOptions {
   std::string svg;
   size_t probe_mib = 1024;
   size_t prefetch_kib = MegaOptions{}.prefetch_bytes / 1024;
+  SpecBenchOptions spec;  // --spec: the speculative decoding benchmark instead
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -322,7 +324,18 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--json", o->json, "Also write the results to this JSON file");
   cmd->add_option("--trace", o->trace, "Write a Chrome/Perfetto trace of one step per executor (largest batch)");
   cmd->add_option("--svg", o->svg, "Write a bar chart of tokens/s per batch size");
-  cmd->callback([o] { run_guarded([&] { bench_cmd(*o); }); });
+  o->spec.drafters.clear();
+  add_spec_bench_options(cmd, o->spec, true);
+  cmd->callback([o] {
+    run_guarded([&] {
+      if (o->spec.drafters.empty()) return bench_cmd(*o);
+      SpecBenchOptions so = o->spec;
+      so.model = o->model;
+      so.threads = o->threads;
+      so.json = o->json;
+      spec_bench_cmd(so);
+    });
+  });
 }
 
 }  // namespace megakern::cli

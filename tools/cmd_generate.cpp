@@ -19,6 +19,7 @@
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 #include "tools/commands.h"
+#include "tools/spec_cli.h"
 
 namespace megakern::cli {
 namespace {
@@ -40,6 +41,7 @@ struct GenOptions {
   std::string executor = "mega";
   ModelFlags model_flags;
   SamplingParams sampling;
+  SpecCliOptions spec;  // run --spec: speculative decoding
 };
 
 void add_common(CLI::App* cmd, GenOptions& o) {
@@ -155,6 +157,11 @@ void run_cmd(const GenOptions& o) {
     msgs.push_back({"user", o.prompt});
     tokens = encode_conversation(L, msgs);
   }
+  if (!o.spec.drafter.empty()) {
+    run_speculative(*L.model, *L.pool, tokens, o.n_ctx, o.n_predict, o.sampling, o.executor, o.spec, o.quiet,
+                    L.load_ms);
+    return;
+  }
   Session s(*L.model, *L.pool, o.n_ctx, o.executor);
   Sampler sampler(o.sampling);
   GenStats st;
@@ -227,6 +234,12 @@ void register_run(CLI::App& app) {
   cmd->add_option("-p,--prompt", o->prompt, "The prompt (with the model's chat template unless --raw)")->required();
   cmd->add_flag("--raw", o->raw, "Feed the prompt as plain text, without the chat template");
   cmd->add_flag("-q,--quiet", o->quiet, "Do not print statistics");
+  cmd->add_option("--spec", o->spec.drafter,
+                  "Speculative decoding with this drafter: ngram, ngram:N, self, self:skip=A-B, self:N (layers kept) or model:PATH");
+  cmd->add_option("--draft", o->spec.draft, "Speculative decoding: most draft tokens per verify step")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 32));
+  cmd->add_flag("--fixed-draft", o->spec.fixed, "Speculative decoding: always propose --draft tokens");
   add_common(cmd, *o);
   cmd->callback([o] { run_guarded([&] { run_cmd(*o); }); });
 }

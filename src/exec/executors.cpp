@@ -10,6 +10,7 @@
 #include "exec/exec_common.h"
 #include "exec/executor.h"
 #include "exec/op_kernels.h"
+#include "exec/recurrent_kernels.h"
 
 namespace megakern {
 
@@ -79,19 +80,26 @@ class OpByOpExecutor final : public Executor {
       worker_events_.assign(static_cast<size_t>(W), {});
       t0_ = std::chrono::steady_clock::now();
     }
+    // Rows whose recurrent states chain (a verify block of one sequence) run
+    // a recurrent op one row at a time, a barrier between rows.
+    const bool chained = p_.recurrent && rows_chained(rows.data(), ctx.n_rows);
     pool_.run([&](int w) {
       std::vector<TraceEvent>* ev = trace_ ? &worker_events_[static_cast<size_t>(w)] : nullptr;
       for (size_t i = 0; i < p_.ops.size(); ++i) {
         const Op& op = p_.ops[i];
         const int n = op_tile_count(op, ctx.n_rows, W);
-        for (int t = w; t < n; t += W) {
-          const double start = ev ? now_us() : 0;
-          run_op_tile(op, ctx, t, n);
-          if (ev) ev->push_back({w, static_cast<int>(i), t, start, now_us() - start});
+        const int waves = chained && op_is_recurrent(op) ? ctx.n_rows : 1;
+        for (int wave = 0; wave < waves; ++wave) {
+          const int t0 = n / waves * wave, t1 = n / waves * (wave + 1);
+          for (int t = t0 + w; t < t1; t += W) {
+            const double start = ev ? now_us() : 0;
+            run_op_tile(op, ctx, t, n);
+            if (ev) ev->push_back({w, static_cast<int>(i), t, start, now_us() - start});
+          }
+          const double wait_start = ev ? now_us() : 0;
+          barrier_.arrive_and_wait();
+          if (ev) ev->push_back({w, -1, 0, wait_start, now_us() - wait_start});
         }
-        const double wait_start = ev ? now_us() : 0;
-        barrier_.arrive_and_wait();
-        if (ev) ev->push_back({w, -1, 0, wait_start, now_us() - wait_start});
       }
     });
     if (trace_)

@@ -36,6 +36,7 @@
 #include "exec/exec_common.h"
 #include "exec/executor.h"
 #include "exec/op_kernels.h"
+#include "exec/recurrent_kernels.h"
 
 namespace megakern {
 namespace {
@@ -80,7 +81,12 @@ Region weight_region(const Op& op, int tile, int n_tiles) {
   return r;
 }
 
-Schedule compile(const DecodeProgram& p, int n_rows, int W) {
+// chained: rows of one sequence chain their recurrent states (RowInput::
+// state_in), so each recurrent tile of row r also waits for the same op's
+// tile of row r - 1 (same head). Those dependencies point to earlier tiles of
+// the same op, which every worker list also holds in order, so the earliest
+// unfinished tile can still always run.
+Schedule compile(const DecodeProgram& p, int n_rows, int W, bool chained) {
   Schedule s;
   s.n_rows = n_rows;
   s.worker_tasks.resize(static_cast<size_t>(W));
@@ -138,6 +144,10 @@ Schedule compile(const DecodeProgram& p, int n_rows, int W) {
           for (int pt = 0; pt < n_tiles[static_cast<size_t>(pr)]; ++pt)
             s.deps.push_back(flag_base[static_cast<size_t>(pr)] + pt);
         }
+      }
+      if (chained && op_is_recurrent(op)) {
+        const int per_row = n_tiles[i] / n_rows;  // 1 (conv) or n_head (delta rule)
+        if (t >= per_row) s.deps.push_back(flag_base[i] + t - per_row);
       }
       task.dep_end = static_cast<uint32_t>(s.deps.size());
       // Placement: matrix tiles one per worker (contiguous weight streams);
@@ -205,20 +215,29 @@ struct PrefetchCursor {
 class MegaExecutor final : public Executor {
  public:
   MegaExecutor(const DecodeProgram& p, ThreadPool& pool, const MegaOptions& o)
-      : p_(p), pool_(pool), opts_(o), arena_(p), schedules_(static_cast<size_t>(p.max_rows) + 1) {}
+      : p_(p),
+        pool_(pool),
+        opts_(o),
+        arena_(p),
+        schedules_(static_cast<size_t>(p.max_rows) + 1),
+        chained_schedules_(static_cast<size_t>(p.max_rows) + 1) {}
   const char* name() const override { return "mega"; }
 
   void prepare(int n_rows) override {
     if (n_rows < 1 || n_rows > p_.max_rows) fail("a step needs 1 to {} rows, got {}", p_.max_rows, n_rows);
     auto& sched = schedules_[static_cast<size_t>(n_rows)];
-    if (!sched) sched = std::make_unique<Schedule>(compile(p_, n_rows, pool_.size()));
+    if (!sched) sched = std::make_unique<Schedule>(compile(p_, n_rows, pool_.size(), false));
   }
 
   void step(const std::vector<RowInput>& rows, float* logits) override {
     validate_rows(p_, rows);
     const int n_rows = static_cast<int>(rows.size());
     prepare(n_rows);
-    auto& sched = schedules_[static_cast<size_t>(n_rows)];
+    const bool chained = p_.recurrent && rows_chained(rows.data(), n_rows);
+    if (chained && !chained_schedules_[static_cast<size_t>(n_rows)])
+      chained_schedules_[static_cast<size_t>(n_rows)] =
+          std::make_unique<Schedule>(compile(p_, n_rows, pool_.size(), true));
+    auto& sched = chained ? chained_schedules_[static_cast<size_t>(n_rows)] : schedules_[static_cast<size_t>(n_rows)];
     if (static_cast<int>(flags_.size()) < sched->n_flags) {
       // Resizing is only safe between steps; flags restart from epoch 0.
       flags_ = std::vector<Flag>(static_cast<size_t>(sched->n_flags));
@@ -288,6 +307,7 @@ class MegaExecutor final : public Executor {
   MegaOptions opts_;
   SlotArena arena_;
   std::vector<std::unique_ptr<Schedule>> schedules_;
+  std::vector<std::unique_ptr<Schedule>> chained_schedules_;  // steps with chained recurrent rows
   std::vector<Flag> flags_;
   uint64_t epoch_ = 0;
   std::vector<TraceEvent>* trace_ = nullptr;

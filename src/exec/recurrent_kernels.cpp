@@ -63,18 +63,23 @@ void causal_conv_silu_tile(const Op& op, const StepContext& ctx, int r) {
   RecurrentState& st = *ctx.rows[r].state;
   const int C = width_of(ctx, op.out), K = op.n_norm / C, hist = K - 1;
   float* win = st.conv_at(op.cache_layer());
+  // The window the block starts from: its own (advanced in place) or, for a
+  // row of a chained verify block, the previous row's (read, never written).
+  const RecurrentState* src = ctx.rows[r].state_in;
+  const float* in = src ? const_cast<RecurrentState*>(src)->conv_at(op.cache_layer()) : win;
   const int end = block_end(ctx, r);
   for (int rr = r; rr < end; ++rr) {
     float* x = row_of(ctx, op.out, rr);
     for (int c = 0; c < C; ++c) {
       const float* w = op.norm + static_cast<size_t>(c) * K;
       float acc = 0.f;
-      for (int j = 0; j < hist; ++j) acc += w[j] * win[static_cast<size_t>(j) * C + c];
+      for (int j = 0; j < hist; ++j) acc += w[j] * in[static_cast<size_t>(j) * C + c];
       acc += w[hist] * x[c];
-      for (int j = 0; j + 1 < hist; ++j) win[static_cast<size_t>(j) * C + c] = win[static_cast<size_t>(j + 1) * C + c];
+      for (int j = 0; j + 1 < hist; ++j) win[static_cast<size_t>(j) * C + c] = in[static_cast<size_t>(j + 1) * C + c];
       if (hist > 0) win[static_cast<size_t>(hist - 1) * C + c] = x[c];
       x[c] = silu(acc);
     }
+    in = win;  // the block's later rows continue from this row's window
   }
 }
 
@@ -221,7 +226,7 @@ void kda_block(const Op& op, const StepContext& ctx, int r0, int T, int h) {
 }
 
 // One token: S = exp(g) S; pred = S k; S += beta (v - pred) k^T; o = S q.
-void delta_rule_step(const Op& op, const StepContext& ctx, int r, int h, int Dk) {
+void delta_rule_step(const Op& op, const StepContext& ctx, int r, int h, int Dk, const RecurrentState* src) {
   const int Dv = op.head_dim;
   thread_local std::vector<float> qn, kn;
   qn.resize(static_cast<size_t>(Dk));
@@ -229,6 +234,9 @@ void delta_rule_step(const Op& op, const StepContext& ctx, int r, int h, int Dk)
   const DeltaInputs in = delta_inputs(op, ctx, r, h, Dk, qn.data(), kn.data());
   const float decay = std::exp(in.g);
   float* S = ctx.rows[r].state->S_at(op.cache_layer(), h);
+  // The state this row starts from: S itself, or the previous row's of a
+  // chained block (the decay reads it once, then S is updated in place).
+  const float* S0 = src ? const_cast<RecurrentState*>(src)->S_at(op.cache_layer(), h) : S;
   float* o = row_of(ctx, op.out, r) + static_cast<size_t>(h) * Dv;
   auto dot = ctx.scalar ? dot_f32_scalar : dot_f32;
   auto axpy = ctx.scalar ? axpy_f32_scalar : axpy_f32;
@@ -236,7 +244,8 @@ void delta_rule_step(const Op& op, const StepContext& ctx, int r, int h, int Dk)
   // one row at a time, so the state streams through once.
   for (int i = 0; i < Dv; ++i) {
     float* Si = S + static_cast<size_t>(i) * Dk;
-    for (int j = 0; j < Dk; ++j) Si[j] *= decay;
+    const float* S0i = S0 + static_cast<size_t>(i) * Dk;
+    for (int j = 0; j < Dk; ++j) Si[j] = S0i[j] * decay;
     const float pred = dot(Si, kn.data(), Dk);
     axpy(in.beta * (in.v[i] - pred), kn.data(), Si, Dk);
     o[i] = dot(Si, qn.data(), Dk);
@@ -328,12 +337,22 @@ void delta_rule_tile(const Op& op, const StepContext& ctx, int r, int h) {
   constexpr int kChunk = 16;
   const int end = block_end(ctx, r);
   const int Dk = key_dim_of(op, width_of(ctx, op.in));
+  // A block that continues a chained predecessor (RowInput::state_in) starts
+  // from that state: the one-token delta rule reads it directly, the other
+  // forms start from a copy of this head's part of it.
+  const RecurrentState* src = ctx.rows[r].state_in;
+  if (src && (op.kda || end - r > 1)) {
+    const size_t n = static_cast<size_t>(op.head_dim) * static_cast<size_t>(Dk);
+    std::copy_n(const_cast<RecurrentState*>(src)->S_at(op.cache_layer(), h), n,
+                ctx.rows[r].state->S_at(op.cache_layer(), h));
+    src = nullptr;
+  }
   for (int c = r; c < end; c += kChunk) {
     const int T = std::min(kChunk, end - c);
     if (op.kda)
       T == 1 ? kda_tile(op, ctx, c, h) : kda_block(op, ctx, c, T, h);
     else
-      T == 1 ? delta_rule_step(op, ctx, c, h, Dk) : delta_rule_block(op, ctx, c, T, h, Dk);
+      T == 1 ? delta_rule_step(op, ctx, c, h, Dk, c == r ? src : nullptr) : delta_rule_block(op, ctx, c, T, h, Dk);
   }
 }
 
@@ -352,21 +371,40 @@ void gated_rmsnorm_tile(const Op& op, const StepContext& ctx, int r) {
   }
 }
 
+bool rows_chained(const RowInput* rows, int n_rows) {
+  for (int r = 1; r < n_rows; ++r)
+    if (rows[r].state_in && rows[r].state_in == rows[r - 1].state) return true;
+  return false;
+}
+
 void validate_recurrent_rows(const DecodeProgram& p, const RowInput* rows, int n_rows) {
   for (int r = 0; r < n_rows; ++r) {
     const RecurrentState* st = rows[r].state;
     if (!st) fail("row {} has no recurrent state ({} has recurrent layers)", r, p.model_name);
-    // Rows of one sequence (one state, one cache) must be adjacent: they are
-    // computed as one block, in order.
-    for (int q = 0; q < r; ++q) {
-      const bool same_state = rows[q].state == st, same_cache = rows[q].cache == rows[r].cache;
-      if (same_state != same_cache)
-        fail("rows {} and {} share a {} but not a {}: a sequence's rows need both the same KV cache and the same "
-             "recurrent state",
-             q, r, same_state ? "recurrent state" : "KV cache", same_state ? "KV cache" : "recurrent state");
-      if (same_state && rows[r - 1].state != st)
-        fail("rows {} and {} share a recurrent state but are not adjacent in the step", q, r);
+    for (int q = 0; q < n_rows; ++q) {
+      if (q == r) continue;
+      // Rows sharing a state are one sequence's block: adjacent, one cache.
+      if (rows[q].state == st && (rows[q].cache != rows[r].cache || (q < r && rows[r - 1].state != st)))
+        fail("rows {} and {} write the same recurrent state but are not adjacent rows of one sequence",
+             std::min(q, r), std::max(q, r));
+      // A row may start from the state of the row just before it (a chain)
+      // but not from one another row of the step is still writing.
+      if (q != r - 1 && rows[r].state_in && rows[q].state == rows[r].state_in)
+        fail("row {} starts from the state row {} writes; only the previous row's state can be continued", r, q);
     }
+    // validate_rows has made rows of one cache adjacent at consecutive
+    // positions; each one after the first shares the previous one's state
+    // (a block) or starts from it (a chain).
+    if (r > 0 && rows[r - 1].cache == rows[r].cache && rows[r - 1].state != st && rows[r].state_in != rows[r - 1].state)
+      fail("rows {} and {} belong to the same sequence, so row {} must share row {}'s state or start from it "
+           "(state_in)",
+           r - 1, r, r, r - 1);
+    if (r > 0 && rows[r - 1].cache != rows[r].cache && rows[r].state_in)
+      fail("row {} starts from another state but does not continue the previous row's sequence", r);
+    const RecurrentState* in = rows[r].state_in;
+    if (in && (in->n_layer != st->n_layer || in->conv_dim != st->conv_dim || in->conv_hist != st->conv_hist ||
+               in->n_v_heads != st->n_v_heads || in->v_dim != st->v_dim || in->k_dim != st->k_dim))
+      fail("row {}: the state it starts from and the state it writes have different shapes", r);
     if (r > 0 && rows[r - 1].state == st) continue;  // checked with the block's first row
     for (const Op& op : p.ops) {
       if (op.kind != OpKind::CausalConvSilu && op.kind != OpKind::DeltaRule) continue;

@@ -23,14 +23,15 @@ struct RowInput;
 //   S:    [n_layer][n_v_heads][v_dim][k_dim], row-major: S[h][i][j] couples value
 //         component i with key component j (the [v][k] orientation of the
 //         reference: o = S q, pred = S k; flash-linear-attention stores the transpose).
-// A step advances it by one token per row of its sequence: a sequence's rows
-// (adjacent, consecutive positions, one state and one cache) form a block
-// that the first row's tiles compute in order; blocks of several tokens use
-// the chunked form of the delta rule (prefill, speculative verification).
 //         KDA layers (Op::kda, Kimi K3) store their heads' S the other way,
 //         [k_dim][v_dim] (S[h][j][i], as flash-linear-attention), in the same
-//         space; their key and value widths are equal. Blocks of several tokens use
-//         the chunked form of KDA.
+//         space; their key and value widths are equal.
+// A row advances it by one token. A sequence's rows in one step (adjacent,
+// consecutive positions, one cache) either share one state, forming a block
+// that the first row's tiles compute in order (blocks of several tokens use
+// the chunked forms of the delta rule and KDA: prefill), or chain per-row
+// states through RowInput::state_in (a verify block keeping a snapshot per
+// row), whose recurrent tiles executors order along the chain (rows_chained).
 struct RecurrentState {
   int n_layer = 0, conv_dim = 0, conv_hist = 0, n_v_heads = 0, v_dim = 0, k_dim = 0;
   std::vector<float> conv, S;
@@ -52,8 +53,15 @@ void delta_rule_tile(const Op& op, const StepContext& ctx, int r, int h);
 void gated_rmsnorm_tile(const Op& op, const StepContext& ctx, int r);
 
 // Throws megakern::Error when a row's state is missing, shared with a row that
-// is not of its block (adjacent rows with the same cache), or does not fit the
-// program's recurrent ops.
+// is not of its block, or does not fit the program's recurrent ops, or when a
+// row continuing the previous row's sequence neither shares its state nor
+// starts from it.
 void validate_recurrent_rows(const DecodeProgram& p, const RowInput* rows, int n_rows);
+// Whether some row starts from the state the previous row of the step
+// writes: recurrent tiles of row r must then run after those of row r - 1
+// (same op, same head).
+bool rows_chained(const RowInput* rows, int n_rows);
+// Whether an op keeps per-sequence recurrent state (CausalConvSilu, DeltaRule).
+inline bool op_is_recurrent(const Op& op) { return op.kind == OpKind::CausalConvSilu || op.kind == OpKind::DeltaRule; }
 
 }  // namespace megakern

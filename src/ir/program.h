@@ -12,8 +12,11 @@
 // block), in which case attention is causal within the block because every
 // row's keys are stored before any row attends. Programs with recurrent
 // layers (`recurrent`, e.g. Qwen3.8's Gated DeltaNet) advance a per-sequence
-// RecurrentState by one token per row; the recurrent ops compute a sequence's
-// rows as one block, in order (the delta rule in its chunked form).
+// RecurrentState by one token per row. A sequence's rows either share one
+// state, and the recurrent ops compute them as one block in order (the delta
+// rule in its chunked form: prefill), or chain per-row states
+// (RowInput::state_in: a speculative verify block keeping a snapshot per row),
+// and the executors run the chained rows' recurrent tiles in chain order.
 //
 // Slots hold [max_rows][width] f32 activations, row-major.
 #pragma once

@@ -1,0 +1,150 @@
+// Drafters for speculative decoding: cheap guesses at the next few tokens of
+// a sequence, which the target model then checks in one verify step
+// (spec/speculative.h).
+//
+//  - NgramDrafter: prompt lookup. The last n tokens (n = max_n..min_n) are
+//    searched for earlier in the sequence; the tokens that followed the most
+//    recent earlier occurrence are proposed. No model, no state.
+//  - ModelDrafter: a small model run autoregressively over its own cache. It
+//    is either a separate model sharing the target's vocabulary ("draft
+//    model"), or the target itself with some layers skipped ("self-drafting":
+//    the same weights, a shorter program, its own KV cache and state).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "exec/executor.h"
+#include "ir/program.h"
+#include "runtime/model.h"
+#include "runtime/sampler.h"
+
+namespace megakern {
+
+class ThreadPool;
+
+// A sparse distribution over token ids: (id, probability) pairs summing to 1,
+// as Sampler::distribution returns them.
+using TokenDist = std::vector<std::pair<int32_t, double>>;
+
+// A uniform double in [0, 1) from the top 53 bits (as Sampler draws).
+double uniform01(std::mt19937_64& rng);
+// The token where the cumulative probability of `dist`, in its order, first
+// exceeds u (the last token when rounding leaves the sum short of u).
+int32_t draw(const TokenDist& dist, double u);
+
+// One proposal: up to k tokens continuing the sequence. `dists`, when not
+// empty, holds for each token the distribution q it was drawn from (random
+// drafters); when empty the drafter is deterministic and q is one-hot on the
+// proposed token.
+struct Draft {
+  std::vector<int32_t> tokens;
+  std::vector<TokenDist> dists;
+  void clear() {
+    tokens.clear();
+    dists.clear();
+  }
+};
+
+class Drafter {
+ public:
+  virtual ~Drafter();
+  virtual std::string name() const = 0;
+  // Proposes up to k tokens that follow `context` (the whole sequence so far,
+  // prompt and generated tokens; its last token is the one the next verify
+  // step starts from). An empty proposal is allowed.
+  virtual void propose(const std::vector<int32_t>& context, int k, Draft& out) = 0;
+  // Takes in a prompt before the first proposal (a model drafter computes
+  // it), so that proposals cost only the drafting itself.
+  virtual void prepare(const std::vector<int32_t>& context) { (void)context; }
+  // How many tokens of the last proposal the target accepted.
+  virtual void accepted(int n_accepted) { (void)n_accepted; }
+  // Forgets any per-sequence state (a new prompt follows).
+  virtual void reset() {}
+};
+
+// Prompt lookup over the context itself.
+class NgramDrafter final : public Drafter {
+ public:
+  // Suffix lengths tried, longest first. Throws unless 1 <= min_n <= max_n.
+  explicit NgramDrafter(int max_n = 3, int min_n = 1);
+  std::string name() const override;
+  void propose(const std::vector<int32_t>& context, int k, Draft& out) override;
+
+ private:
+  int max_n_, min_n_;
+};
+
+// The program a self-drafter runs: `program` with the ops of every layer l
+// where keep[l] is false removed. Each layer adds its output to the residual
+// stream, so without its ops the stream passes through unchanged; the KV
+// cache and recurrent state layout is kept (skipped layers' entries are
+// simply never touched). Throws if keep does not have one entry per layer or
+// keeps none.
+DecodeProgram skip_layers(const DecodeProgram& program, const std::vector<bool>& keep);
+// The default layer choice of self-drafting: the first n_keep - 1 layers
+// and the last one (the last layer shapes the output distribution most).
+std::vector<bool> first_and_last_layers(int n_layer, int n_keep);
+
+// A model drafting for the target: draws (greedy or with `sampling`) one
+// token per single-row step of its program.
+class ModelDrafter final : public Drafter {
+ public:
+  // A separate draft model; throws unless its vocabulary size equals
+  // target_vocab. The model must outlive the drafter.
+  ModelDrafter(const Model& draft, int target_vocab, ThreadPool& pool, int n_ctx, const SamplingParams& sampling,
+               const std::string& executor = "mega");
+  // Self-drafting: `model`'s own program with only the layers in `keep`.
+  ModelDrafter(const Model& model, const std::vector<bool>& keep, ThreadPool& pool, int n_ctx,
+               const SamplingParams& sampling, const std::string& executor = "mega");
+  ModelDrafter(const ModelDrafter&) = delete;
+  ModelDrafter& operator=(const ModelDrafter&) = delete;
+
+  std::string name() const override { return name_; }
+  void propose(const std::vector<int32_t>& context, int k, Draft& out) override;
+  void prepare(const std::vector<int32_t>& context) override;
+  void reset() override;
+
+ private:
+  // Brings the cache (and, for recurrent models, the state) to `context`,
+  // leaving the logits of its last token in logits_.
+  void sync(const std::vector<int32_t>& context);
+  void init(ThreadPool& pool, int n_ctx, const std::string& executor);
+  // Runs tokens[0..n) at positions pos0.. in blocks (one row per step for
+  // recurrent programs), leaving the logits of the last in logits_.
+  void feed(const int32_t* tokens, int n, int pos0);
+
+  const Model& model_;
+  std::string name_;
+  bool full_model_ = true;  // the model's own program: its prompt pass may be used
+  DecodeProgram program_;
+  std::unique_ptr<Executor> exec_;
+  SequenceState seq_;
+  SamplingParams sampling_;
+  Sampler sampler_;  // its distribution() at the sampling parameters
+  std::mt19937_64 rng_;
+  // Non-recurrent: the tokens whose keys and values are in seq_.cache, in
+  // order. Recurrent: the tokens folded into snapshot_ (the state after
+  // cached_), which is restored before the next proposal.
+  std::vector<int32_t> cached_;
+  RecurrentState snapshot_;
+  std::vector<float> logits_, block_logits_;
+  ThreadPool* pool_ = nullptr;
+};
+
+// Builds a drafter from its command-line name:
+//   "ngram" (n = 3..1), "ngram:N" (n = N..1);
+//   "self" (skip a quarter of the target's layers, from layer 2 on),
+//   "self:N" (keep N layers: the first N-1 and the last), "self:skip=A-B"
+//   (skip layers A..B);
+//   "model:PATH" (a draft model; PATH as load_model accepts it), whose model
+//   is stored in `owned_model`.
+std::unique_ptr<Drafter> make_drafter(const std::string& spec, const Model& target, ThreadPool& pool, int n_ctx,
+                                      const SamplingParams& sampling, std::unique_ptr<Model>& owned_model,
+                                      const std::string& executor = "mega");
+
+}  // namespace megakern

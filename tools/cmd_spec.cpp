@@ -1,0 +1,354 @@
+// `megakern run --spec DRAFTER` and `megakern bench-spec`: speculative
+// decoding from the command line.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "runtime/model.h"
+#include "runtime/session.h"
+#include "spec/drafter.h"
+#include "spec/speculative.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+#include "tools/commands.h"
+#include "tools/spec_cli.h"
+
+namespace megakern::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+SpecOptions spec_options(int draft, bool fixed, const SamplingParams& sampling) {
+  SpecOptions so;
+  so.draft = draft;
+  so.adaptive = !fixed;
+  so.sampling = sampling;
+  return so;
+}
+
+// Rows per verify step the target engine must take.
+int engine_rows(int draft) { return std::max(8, draft + 1); }
+
+}  // namespace
+
+void run_speculative(const Model& model, ThreadPool& pool, const std::vector<int32_t>& prompt, int n_ctx,
+                     int n_predict, const SamplingParams& sampling, const std::string& executor,
+                     const SpecCliOptions& spec, bool quiet, double load_ms) {
+  std::unique_ptr<Model> draft_model;
+  auto drafter = make_drafter(spec.drafter, model, pool, n_ctx, sampling, draft_model, executor);
+  Engine engine(model, pool, engine_rows(spec.draft), executor);
+  SequenceState seq = model.new_sequence(n_ctx);
+  SpeculativeGenerator gen(engine, seq, *drafter, spec_options(spec.draft, spec.fixed, sampling));
+  const Tokenizer& tok = model.tokenizer();
+  StreamDecoder dec(tok);
+  int emitted = 0;
+  bool done = false;
+  auto emit = [&](int32_t t) {
+    if (tok.is_end_of_generation(t)) return false;
+    std::fputs(dec.push(t).c_str(), stdout);
+    std::fflush(stdout);
+    ++emitted;
+    if (emitted == n_predict) return false;
+    if (static_cast<int64_t>(prompt.size()) + emitted - 1 >= n_ctx) {
+      fmt::print(stderr, "\n[context of {} tokens is full; stopping]\n", n_ctx);
+      return false;
+    }
+    return true;
+  };
+  const auto t0 = Clock::now();
+  done = !emit(gen.start(prompt));
+  std::vector<int32_t> out;
+  while (!done) {
+    out.clear();
+    if (gen.round(n_predict - emitted, out) == 0) break;
+    for (int32_t t : out)
+      if (!emit(t)) {
+        done = true;
+        break;
+      }
+  }
+  const double total_ms = ms_since(t0);
+  std::fputs(dec.flush().c_str(), stdout);
+  std::fputs("\n", stdout);
+  std::fflush(stdout);
+  if (quiet) return;
+  const SpecStats& st = gen.stats();
+  const double decode_ms = total_ms - st.prefill_ms;
+  fmt::print(stderr, "\n[model {} | {} | load {:.0f} ms | {} threads]\n", model.name(), model.description(), load_ms,
+             pool.size());
+  fmt::print(stderr, "[prompt: {} tokens in {:.1f} ms]\n", prompt.size(), st.prefill_ms);
+  fmt::print(stderr, "[decode: {} tokens in {:.1f} ms, {:.2f} tok/s]\n", emitted, decode_ms,
+             decode_ms > 0 ? emitted * 1000.0 / decode_ms : 0.0);
+  fmt::print(stderr,
+             "[speculative, drafter {}: {} verify steps, acceptance length {:.2f} tokens per verify, {}/{} drafts "
+             "accepted ({:.0f}%), draft {:.0f} ms, verify {:.0f} ms]\n",
+             drafter->name(), st.rounds, st.mean_accept(), st.accepted, st.proposed, 100.0 * st.acceptance_rate(),
+             st.draft_ms, st.verify_ms);
+}
+
+// ---------------------------------------------------------------- bench-spec
+
+namespace {
+
+const char* kParagraph =
+    "The city council met on Tuesday evening to discuss the proposal for a new public library in the north "
+    "district. Supporters argued that the nearest library is more than five kilometres away and that children in "
+    "the area have no quiet place to study after school. Opponents worried about the cost, which the planning "
+    "office estimates at twelve million euros, and about the loss of the small park where the building would "
+    "stand. After three hours of debate the council agreed to ask the planning office for a second design that "
+    "keeps part of the park, and to hold a public meeting in the district before the final vote in March.";
+
+const char* kCode =
+    "int find_max(const int* values, int n) {\n"
+    "  int best = values[0];\n"
+    "  for (int i = 1; i < n; ++i) {\n"
+    "    if (values[i] > best) best = values[i];\n"
+    "  }\n"
+    "  return best;\n"
+    "}\n"
+    "\n"
+    "double average(const int* values, int n) {\n"
+    "  long sum = 0;\n"
+    "  for (int i = 0; i < n; ++i) sum += values[i];\n"
+    "  return n > 0 ? (double)sum / n : 0.0;\n"
+    "}\n";
+
+std::vector<std::pair<std::string, std::string>> bench_prompts() {
+  return {
+      {"summarise", std::string("Summarise this text in a few sentences:\n\n") + kParagraph},
+      {"rewrite", std::string("Rewrite this text in simpler words, keeping every fact:\n\n") + kParagraph},
+      {"comment-code", std::string("Add comments to this code:\n\n") + kCode},
+      {"rename-code", std::string("Rename the parameter `n` to `count` in this code and show the result:\n\n") +
+                          kCode},
+  };
+}
+
+std::vector<int32_t> encode_prompt(const Model& m, const std::string& text) {
+  const Tokenizer& tok = m.tokenizer();
+  if (m.declares_chat_template() && m.chat_format().kind != ChatTemplate::None) {
+    const std::string chat = render_chat(m.chat_format(), {{"user", text}}, /*add_generation_prompt=*/true);
+    return tok.encode(chat, tok.add_bos_default(), /*parse_special=*/true);
+  }
+  return tok.encode(text, tok.add_bos_default(), /*parse_special=*/false);
+}
+
+// Median ms of one step of `rows` rows of one sequence at positions pos..
+double time_verify(Engine& eng, SequenceState& seq, int rows, int pos, int reps) {
+  std::vector<RowInput> in;
+  // Recurrent rows chain through their own state snapshots, as in a verify.
+  std::vector<RecurrentState> snaps(seq.recurrent ? static_cast<size_t>(rows) : 0, seq.state);
+  for (int r = 0; r < rows; ++r) {
+    RowInput row = seq.row(static_cast<int32_t>((r * 31 + 7) % eng.n_vocab()), pos + r);
+    if (seq.recurrent) {
+      row.state = &snaps[static_cast<size_t>(r)];
+      row.state_in = r == 0 ? &seq.state : in.back().state;
+    }
+    in.push_back(row);
+  }
+  std::vector<float> logits(static_cast<size_t>(rows) * static_cast<size_t>(eng.n_vocab()));
+  eng.executor().prepare(rows);
+  eng.step(in, logits.data());  // warm-up
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = Clock::now();
+    eng.step(in, logits.data());
+    t.push_back(ms_since(t0));
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+}  // namespace
+
+void add_spec_bench_options(CLI::App* cmd, SpecBenchOptions& o, bool with_spec_flag) {
+  if (with_spec_flag)
+    cmd->add_option("--spec", o.drafters,
+                    "Benchmark speculative decoding instead, with these comma-separated drafters (ngram, ngram:N, "
+                    "self, self:skip=A-B, self:N, model:PATH)");
+  cmd->add_option("--draft", o.draft, "Speculative: most draft tokens per verify step")
+      ->capture_default_str()
+      ->check(CLI::Range(1, SpecOptions::kMaxDraft));
+  cmd->add_flag("--fixed-draft", o.fixed, "Speculative: always propose --draft tokens (no adaptive length)");
+  cmd->add_option("-n,--n-predict", o.n_predict, "Speculative: tokens generated per prompt")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 16));
+  cmd->add_option("--reps", o.reps, "Speculative: runs per prompt and method (the fastest is kept)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100));
+  cmd->add_option("--verify-reps", o.verify_reps, "Speculative: timed steps per verify-cost point")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 10000));
+}
+
+void spec_bench_cmd(const SpecBenchOptions& o) {
+  const auto t_load = Clock::now();
+  auto model = load_model(o.model);
+  ThreadPool pool(o.threads);
+  fmt::print("model {} | {} | load {:.0f} ms | {} threads\n", model->name(), model->description(), ms_since(t_load),
+             pool.size());
+  const Tokenizer& tok = model->tokenizer();
+  auto stop = [&](int32_t t) { return tok.is_end_of_generation(t); };
+  struct PromptRun {
+    std::string name;
+    std::vector<int32_t> prompt, plain;
+    double plain_ms = 0;
+  };
+  std::vector<PromptRun> runs;
+  int n_ctx = 0;
+  for (const auto& [name, text] : bench_prompts()) {
+    PromptRun r;
+    r.name = name;
+    r.prompt = encode_prompt(*model, text);
+    n_ctx = std::max<int>(n_ctx, static_cast<int>(r.prompt.size()) + o.n_predict + SpecOptions::kMaxDraft + 2);
+    runs.push_back(std::move(r));
+  }
+
+  // Plain decoding, greedy, one token per step.
+  Session plain(*model, pool, n_ctx);
+  int64_t plain_tokens = 0;
+  double plain_ms = 0;
+  for (auto& r : runs) {
+    // Best of o.reps runs: on a busy machine the fastest run is the one
+    // least disturbed by other work.
+    r.plain_ms = 1e300;
+    for (int rep = 0; rep < o.reps; ++rep) {
+      Sampler s({});
+      double prefill = 0;
+      const auto t0 = Clock::now();
+      r.plain = generate_plain(plain, s, r.prompt, o.n_predict, stop, &prefill);
+      r.plain_ms = std::min(r.plain_ms, ms_since(t0) - prefill);
+    }
+    plain_tokens += static_cast<int64_t>(r.plain.size());
+    plain_ms += r.plain_ms;
+  }
+  const double plain_tps = plain_ms > 0 ? plain_tokens * 1000.0 / plain_ms : 0;
+  fmt::print("prompts: {} input-grounded (summarise, rewrite, comment code, rename in code), {} tokens each at most, "
+             "greedy, best of {} runs each\n",
+             runs.size(), o.n_predict, o.reps);
+  fmt::print("plain decode: {} tokens in {:.0f} ms, {:.2f} tok/s\n", plain_tokens, plain_ms, plain_tps);
+
+  // Verify cost: one step of r rows of one sequence against one row.
+  nlohmann::json j;
+  j["model"] = model->name();
+  j["threads"] = pool.size();
+  j["plain_tokens_per_s"] = plain_tps;
+  {
+    Engine eng(*model, pool, engine_rows(o.draft));
+    SequenceState seq = model->new_sequence(n_ctx);
+    std::vector<float> logits(static_cast<size_t>(model->n_vocab()));
+    const auto& p = runs[0].prompt;
+    eng.prefill(seq, p.data(), static_cast<int>(p.size()), 0, logits.data());
+    std::vector<int> sizes = {1};
+    for (int r : {2, 4, 8, o.draft + 1})
+      if (r <= eng.max_rows() && std::find(sizes.begin(), sizes.end(), r) == sizes.end()) sizes.push_back(r);
+    const double one = time_verify(eng, seq, 1, static_cast<int>(p.size()), o.verify_reps);
+    std::string line = fmt::format("verify step cost at position {}: 1 row {:.2f} ms", p.size(), one);
+    for (size_t i = 1; i < sizes.size(); ++i) {
+      const double ms = time_verify(eng, seq, sizes[i], static_cast<int>(p.size()), o.verify_reps);
+      line += fmt::format(" | {} rows {:.2f} ms ({:.2f}x)", sizes[i], ms, ms / one);
+      j["verify_cost"][std::to_string(sizes[i])] = ms / one;
+    }
+    if (model->recurrent()) line += " (recurrent rows chained through per-row state snapshots)";
+    fmt::print("{}\n", line);
+  }
+
+  fmt::print("{:<28} {:>11} {:>10} {:>8} {:>11} {:>10} {:>10}\n", "drafter", "plain tok/s", "spec tok/s", "speedup",
+             "accept len", "accepted", "identical");
+  for (const std::string& spec : split_list(o.drafters)) {
+    std::unique_ptr<Model> draft_model;
+    auto drafter = make_drafter(spec, *model, pool, n_ctx, {}, draft_model);
+    Engine eng(*model, pool, engine_rows(o.draft));
+    SequenceState seq = model->new_sequence(n_ctx);
+    SpeculativeGenerator gen(eng, seq, *drafter, spec_options(o.draft, o.fixed, {}));
+    SpecStats total;
+    int64_t tokens = 0;
+    double ms = 0;
+    bool identical = true;
+    std::string per_prompt;
+    for (const auto& r : runs) {
+      std::vector<int32_t> out;
+      double dms = 1e300;
+      SpecStats st;
+      for (int rep = 0; rep < o.reps; ++rep) {
+        gen.reset_stats();
+        const auto t0 = Clock::now();
+        out = gen.generate(r.prompt, o.n_predict, stop);
+        const double ms_rep = ms_since(t0) - gen.stats().prefill_ms;
+        if (ms_rep < dms) {
+          dms = ms_rep;
+          st = gen.stats();
+        }
+      }
+      identical = identical && out == r.plain;
+      tokens += static_cast<int64_t>(out.size());
+      ms += dms;
+      total.rounds += st.rounds;
+      total.proposed += st.proposed;
+      total.accepted += st.accepted;
+      total.emitted += st.emitted;
+      per_prompt += fmt::format("    {:<14} {:>4} tokens  plain {:7.2f} tok/s  spec {:7.2f} tok/s  {:.2f}x  accept len {:.2f}{}\n",
+                                r.name, out.size(), r.plain.size() * 1000.0 / r.plain_ms,
+                                out.size() * 1000.0 / dms, (out.size() / dms) / (r.plain.size() / r.plain_ms),
+                                st.mean_accept(), out == r.plain ? "" : "  OUTPUT DIFFERS");
+    }
+    const double tps = ms > 0 ? tokens * 1000.0 / ms : 0;
+    fmt::print("{:<28} {:>11.2f} {:>10.2f} {:>7.2f}x {:>11.2f} {:>9.0f}% {:>10}\n", drafter->name(), plain_tps, tps,
+               plain_tps > 0 ? tps / plain_tps : 0.0, total.mean_accept(), 100.0 * total.acceptance_rate(),
+               identical ? "yes" : "NO");
+    fmt::print("{}", per_prompt);
+    nlohmann::json d;
+    d["drafter"] = drafter->name();
+    d["tokens_per_s"] = tps;
+    d["speedup"] = plain_tps > 0 ? tps / plain_tps : 0.0;
+    d["acceptance_length"] = total.mean_accept();
+    d["acceptance_rate"] = total.acceptance_rate();
+    d["identical"] = identical;
+    j["drafters"].push_back(d);
+    if (!identical) fail("drafter {}: speculative output differs from plain decoding", drafter->name());
+  }
+  if (!o.json.empty()) {
+    std::ofstream f(o.json);
+    if (!f) fail("cannot write {}", o.json);
+    f << j.dump(2) << "\n";
+  }
+}
+
+void register_bench_spec(CLI::App& app) {
+  auto o = std::make_shared<SpecBenchOptions>();
+  auto* cmd = app.add_subcommand(
+      "bench-spec", "Speculative decoding benchmark: plain vs speculative tokens/s, acceptance length, verify cost");
+  cmd->add_option("-m,--model", o->model, "Target model (a fetched model, preset or path)")->capture_default_str();
+  cmd->add_option("--spec", o->drafters, "Comma-separated drafters: ngram, ngram:N, self, self:skip=A-B, self:N, model:PATH")
+      ->capture_default_str();
+  add_spec_bench_options(cmd, *o, false);
+  cmd->add_option("-t,--threads", o->threads, "Worker threads (0: one per core)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1024));
+  cmd->add_option("--json", o->json, "Also write the results to this JSON file");
+  cmd->callback([o] { run_guarded([&] { spec_bench_cmd(*o); }); });
+}
+
+}  // namespace megakern::cli

@@ -1,0 +1,54 @@
+// Speculative decoding on the command line: `megakern run --spec DRAFTER`
+// and `megakern bench-spec` (also `megakern bench --spec DRAFTER`).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/sampler.h"
+
+namespace CLI {
+class App;
+}
+
+namespace megakern {
+class Model;
+class ThreadPool;
+}  // namespace megakern
+
+namespace megakern::cli {
+
+struct SpecCliOptions {
+  std::string drafter;  // "ngram", "ngram:N", "self", "self:N", "model:PATH"
+  int draft = 6;        // most tokens proposed per verify step
+  bool fixed = false;   // no adaptive draft length
+};
+
+// Generates like `megakern run` but with speculative decoding: text on
+// stdout, statistics (acceptance length, tokens/s) on stderr unless quiet.
+void run_speculative(const Model& model, ThreadPool& pool, const std::vector<int32_t>& prompt, int n_ctx,
+                     int n_predict, const SamplingParams& sampling, const std::string& executor,
+                     const SpecCliOptions& spec, bool quiet, double load_ms);
+
+struct SpecBenchOptions {
+  std::string model = "smollm2-135m";
+  std::string drafters = "ngram";  // comma-separated
+  int draft = 6;
+  bool fixed = false;
+  int n_predict = 128;
+  int threads = 0;
+  int reps = 1;
+  int verify_reps = 20;
+  std::string json;
+};
+// Adds the options bench-spec takes (other than the model) to cmd.
+void add_spec_bench_options(CLI::App* cmd, SpecBenchOptions& o, bool with_spec_flag);
+// Plain vs speculative decoding of the same input-grounded prompts in one
+// run: tokens/s of each, speedup, acceptance length, identical output, and
+// the cost of a verify step of 2, 4, 8 and draft + 1 rows against one row.
+void spec_bench_cmd(const SpecBenchOptions& o);
+
+void register_bench_spec(CLI::App& app);
+
+}  // namespace megakern::cli
