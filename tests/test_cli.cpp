@@ -96,6 +96,21 @@ TEST(Cli, SyntheticPresetsGenerateUnderEveryExecutor) {
   }
 }
 
+// Greedy speculation gives the plain output on the MoE and KDA architectures
+// too (the spec tests cover the dense and DeltaNet models in depth).
+TEST(Cli, SpeculationIsLosslessOnEveryArchitecture) {
+  for (const char* model : {"kimi-k3-mini", "muse-spark-mini"}) {
+    const std::string base = std::string("run -m ") + model + " --raw -p abcabcabcabcabcabcabc -n 40 -q";
+    const Result plain = run(base);
+    ASSERT_EQ(plain.status, 0) << plain.out;
+    for (const char* spec : {"ngram", "self"}) {
+      const Result r = run(base + " --spec " + spec);
+      ASSERT_EQ(r.status, 0) << model << " " << spec << ": " << r.out;
+      EXPECT_EQ(r.out.substr(0, plain.out.size()), plain.out) << model << " " << spec;
+    }
+  }
+}
+
 TEST(Cli, GenModelWritesALoadableCheckpoint) {
   char tmpl[] = "/tmp/megakern-cli-XXXXXX";
   const std::string dir = mkdtemp(tmpl);
