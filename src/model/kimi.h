@@ -49,7 +49,8 @@
 //
 // Per-sequence state: a KVCache of the MLA layers (expanded per-head K
 // [nh*(Dn+De)] and V [nh*Dv]; cache_index 0..n_mla-1) and a RecurrentState of
-// the KDA layers (0..n_kda-1). A step holds at most one row per sequence.
+// the KDA layers (0..n_kda-1). A sequence's rows in one step form a block
+// (chunked KDA) or a chain of per-row snapshots (RowInput::state_in).
 #pragma once
 
 #include <cstdint>

@@ -114,8 +114,9 @@ class ModelDrafter final : public Drafter {
   // leaving the logits of its last token in logits_.
   void sync(const std::vector<int32_t>& context);
   void init(ThreadPool& pool, int n_ctx, const std::string& executor);
-  // Runs tokens[0..n) at positions pos0.. in blocks (one row per step for
-  // recurrent programs), leaving the logits of the last in logits_.
+  // Runs tokens[0..n) at positions pos0.. in blocks of the program's rows
+  // (recurrent programs compute a block in order), leaving the logits of the
+  // last in logits_.
   void feed(const int32_t* tokens, int n, int pos0);
 
   const Model& model_;
