@@ -417,6 +417,12 @@ TEST(Qwen38Model, BadRowsAreRejected) {
   EXPECT_THROW(mega->step({{1, 0, &c, &s}, {2, 1, &c, &s2}}, out.data()), Error);  // cache shared, state not
   EXPECT_THROW(mega->step({{1, 0, &c, &s}, {1, 0, &c2, &s2}, {2, 1, &c, &s}}, out.data()), Error);  // not adjacent
   EXPECT_THROW(mega->step({{1, 0, &c, &s}, {2, 2, &c, &s}}, out.data()), Error);  // positions not consecutive
+  RowInput chained_block_row{2, 1, &c, &s};
+  chained_block_row.state_in = &s2;  // a block's later row cannot start elsewhere
+  EXPECT_THROW(mega->step({{1, 0, &c, &s}, chained_block_row}, out.data()), Error);
+  RowInput stray{1, 0, &c2, &s2};
+  stray.state_in = &s;  // starts from another sequence's state
+  EXPECT_THROW(mega->step({{1, 0, &c, &s}, stray}, out.data()), Error);
   RecurrentState wrong(1, 8, 3, 2, 4, 4);
   EXPECT_THROW(mega->step({{1, 0, &c, &wrong}}, out.data()), Error);
   EXPECT_NO_THROW(mega->step({{1, 0, &c, &s}}, out.data()));

@@ -399,6 +399,8 @@ void validate_recurrent_rows(const DecodeProgram& p, const RowInput* rows, int n
       fail("rows {} and {} belong to the same sequence, so row {} must share row {}'s state or start from it "
            "(state_in)",
            r - 1, r, r, r - 1);
+    if (r > 0 && rows[r - 1].state == st && rows[r].state_in)
+      fail("row {} continues row {}'s block (the same state) and cannot also start from another state", r, r - 1);
     if (r > 0 && rows[r - 1].cache != rows[r].cache && rows[r].state_in)
       fail("row {} starts from another state but does not continue the previous row's sequence", r);
     const RecurrentState* in = rows[r].state_in;
