@@ -77,80 +77,64 @@ class DenseRuntimeModel final : public Model {
   std::unique_ptr<DenseModel> model_;
 };
 
-class Qwen38RuntimeModel final : public Model {
+// An architecture model (Qwen3.8, Kimi K3, Muse Spark): the model object, its
+// program builder, and per-sequence state — a KV cache, plus a
+// RecurrentState for models that have one (make_state).
+template <class M, DecodeProgram (*Build)(const M&, int)>
+class ArchRuntimeModel final : public Model {
  public:
-  Qwen38RuntimeModel(const std::string& name, std::unique_ptr<Qwen38Model> m) : model_(std::move(m)) {
-    const Qwen38Config& c = model_->config();
+  static constexpr bool kRecurrent = requires(const M& m) { m.make_state(); };
+
+  // `summary` describes the architecture and its sizes; the weights read
+  // per step are appended.
+  ArchRuntimeModel(const std::string& name, std::unique_ptr<M> m, const std::string& summary)
+      : model_(std::move(m)) {
     name_ = name;
-    n_vocab_ = c.vocab;
-    recurrent_ = true;
+    n_vocab_ = model_->config().vocab;
+    recurrent_ = kRecurrent;
     tokenizer_ = byte_tokenizer(n_vocab_, name_);
-    size_t bytes = build_program(1).weight_bytes();
-    description_ = fmt::format(
-        "qwen3.8 (Gated DeltaNet + gated attention): {} layers, hidden {}, vocab {}, {} ({:.1f} MB read per step)",
-        c.n_layer, c.hidden, c.vocab, dtype_traits(model_->layers()[0].w_up.type).name, bytes / 1e6);
+    description_ = fmt::format("{} ({:.1f} MB read per step)", summary, build_program(1).weight_bytes() / 1e6);
   }
-  DecodeProgram build_program(int max_rows) const override { return build_qwen38_program(*model_, max_rows); }
+  DecodeProgram build_program(int max_rows) const override { return Build(*model_, max_rows); }
   SequenceState new_sequence(int n_ctx) const override {
     SequenceState s;
     s.cache = model_->make_cache(n_ctx);
-    s.state = model_->make_state();
-    s.recurrent = true;
+    if constexpr (kRecurrent) {
+      s.state = model_->make_state();
+      s.recurrent = true;
+    }
     return s;
   }
 
  private:
-  std::unique_ptr<Qwen38Model> model_;
+  std::unique_ptr<M> model_;
 };
 
-class MuseRuntimeModel final : public Model {
- public:
-  MuseRuntimeModel(const std::string& name, std::unique_ptr<MuseModel> m) : model_(std::move(m)) {
-    const MuseConfig& c = model_->config();
-    name_ = name;
-    n_vocab_ = c.vocab;
-    tokenizer_ = byte_tokenizer(n_vocab_, name_);
-    description_ = fmt::format(
-        "muse-spark (MoE, sliding-window + NoPE attention): {} layers, hidden {}, {} experts top-{}, vocab {}, dense "
-        "{}, experts {} ({:.1f} MB read per step)",
-        c.n_layer, c.hidden, c.n_expert, c.top_k, c.vocab, dtype_traits(model_->dense_format()).name,
-        dtype_traits(model_->expert_format()).name, build_program(1).weight_bytes() / 1e6);
-  }
-  DecodeProgram build_program(int max_rows) const override { return build_muse_program(*model_, max_rows); }
-  SequenceState new_sequence(int n_ctx) const override {
-    SequenceState s;
-    s.cache = model_->make_cache(n_ctx);
-    return s;
-  }
+std::unique_ptr<Model> qwen38_runtime(const std::string& name, std::unique_ptr<Qwen38Model> m) {
+  const Qwen38Config& c = m->config();
+  const std::string summary =
+      fmt::format("qwen3.8 (Gated DeltaNet + gated attention): {} layers, hidden {}, vocab {}, {}", c.n_layer, c.hidden,
+                  c.vocab, dtype_traits(m->layers()[0].w_up.type).name);
+  return std::make_unique<ArchRuntimeModel<Qwen38Model, build_qwen38_program>>(name, std::move(m), summary);
+}
 
- private:
-  std::unique_ptr<MuseModel> model_;
-};
+std::unique_ptr<Model> muse_runtime(const std::string& name, std::unique_ptr<MuseModel> m) {
+  const MuseConfig& c = m->config();
+  const std::string summary = fmt::format(
+      "muse-spark (MoE, sliding-window + NoPE attention): {} layers, hidden {}, {} experts top-{}, vocab {}, dense {}, "
+      "experts {}",
+      c.n_layer, c.hidden, c.n_expert, c.top_k, c.vocab, dtype_traits(m->dense_format()).name,
+      dtype_traits(m->expert_format()).name);
+  return std::make_unique<ArchRuntimeModel<MuseModel, build_muse_program>>(name, std::move(m), summary);
+}
 
-class KimiRuntimeModel final : public Model {
- public:
-  KimiRuntimeModel(const std::string& name, std::unique_ptr<KimiModel> m) : model_(std::move(m)) {
-    const KimiConfig& c = model_->config();
-    name_ = name;
-    n_vocab_ = c.vocab;
-    recurrent_ = true;
-    tokenizer_ = byte_tokenizer(n_vocab_, name_);
-    description_ = fmt::format("kimi-k3 (KDA + gated MLA, latent MoE): {} layers, hidden {}, {} experts top-{}, vocab {} "
-                               "({:.1f} MB read per step)",
-                               c.n_layer, c.hidden, c.n_expert, c.n_expert_used, c.vocab, build_program(1).weight_bytes() / 1e6);
-  }
-  DecodeProgram build_program(int max_rows) const override { return build_kimi_program(*model_, max_rows); }
-  SequenceState new_sequence(int n_ctx) const override {
-    SequenceState s;
-    s.cache = model_->make_cache(n_ctx);
-    s.state = model_->make_state();
-    s.recurrent = true;
-    return s;
-  }
-
- private:
-  std::unique_ptr<KimiModel> model_;
-};
+std::unique_ptr<Model> kimi_runtime(const std::string& name, std::unique_ptr<KimiModel> m) {
+  const KimiConfig& c = m->config();
+  const std::string summary =
+      fmt::format("kimi-k3 (KDA + gated MLA, latent MoE): {} layers, hidden {}, {} experts top-{}, vocab {}", c.n_layer,
+                  c.hidden, c.n_expert, c.n_expert_used, c.vocab);
+  return std::make_unique<ArchRuntimeModel<KimiModel, build_kimi_program>>(name, std::move(m), summary);
+}
 
 KimiWeightOptions kimi_options(const ModelOptions& o) {
   KimiWeightOptions k;
@@ -188,17 +172,17 @@ std::unique_ptr<Model> load_model(const std::string& name_or_path, const ModelOp
   namespace fs = std::filesystem;
   if (const Qwen38Config* c = find_qwen38_preset(name_or_path)) {
     if (c->name == "qwen3.8-27b") fail("{}", too_big(c->name, weight_bytes_total(*c, DType::BF16) / 1e9));
-    return std::make_unique<Qwen38RuntimeModel>(name_or_path, Qwen38Model::synthetic(*c, opts.seed, opts.weights));
+    return qwen38_runtime(name_or_path, Qwen38Model::synthetic(*c, opts.seed, opts.weights));
   }
   if (const MuseConfig* c = find_muse_preset(name_or_path)) {
     if (c->name == "muse-spark-1.2") fail("{}", too_big(c->name, 446.5));
-    return std::make_unique<MuseRuntimeModel>(
+    return muse_runtime(
         name_or_path, MuseModel::synthetic(*c, opts.seed, opts.weights.value_or(DType::BF16),
                                            opts.experts.value_or(DType::INT4_G128)));
   }
   if (const KimiConfig* c = find_kimi_preset(name_or_path)) {
     if (c->name == "kimi-k3") fail("{}", too_big(c->name, 1560));
-    return std::make_unique<KimiRuntimeModel>(name_or_path, KimiModel::synthetic(*c, opts.seed, kimi_options(opts)));
+    return kimi_runtime(name_or_path, KimiModel::synthetic(*c, opts.seed, kimi_options(opts)));
   }
   if (opts.experts && opts.experts != DType::FP8_E4M3)
     fail("--experts applies to the synthetic MoE presets (and fp8_e4m3 to Kimi K3 checkpoints) only");
@@ -207,14 +191,14 @@ std::unique_ptr<Model> load_model(const std::string& name_or_path, const ModelOp
     const HFConfig hf = HFConfig::load(name_or_path);
     const std::string mt = hf.model_type();
     if (mt == "qwen3_5_text" || mt == "qwen3_5")
-      return std::make_unique<Qwen38RuntimeModel>(name_or_path, Qwen38Model::load(name_or_path, opts.weights));
+      return qwen38_runtime(name_or_path, Qwen38Model::load(name_or_path, opts.weights));
     if (mt == "kimi_k3") {
       if (opts.weights) fail("{}: a Kimi K3 checkpoint keeps the dense format it was written in (drop --weights)", name_or_path);
-      return std::make_unique<KimiRuntimeModel>(name_or_path, KimiModel::load(name_or_path, kimi_options(opts)));
+      return kimi_runtime(name_or_path, KimiModel::load(name_or_path, kimi_options(opts)));
     }
     if (mt == "muse_spark") {
       if (opts.weights) fail("{}: a Muse Spark checkpoint keeps the formats it was written in (drop --weights)", name_or_path);
-      return std::make_unique<MuseRuntimeModel>(name_or_path, MuseModel::load(name_or_path));
+      return muse_runtime(name_or_path, MuseModel::load(name_or_path));
     }
     fail("{}: model_type '{}' is not an architecture this engine runs from a checkpoint directory "
          "(supported: qwen3_5_text, kimi_k3, muse_spark)",
