@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "core/units.h"
 
 namespace megakern {
 
@@ -96,23 +97,6 @@ std::vector<KimiConfig> make_presets() {
   }
   for (const auto& c : v) c.validate();
   return v;
-}
-
-std::string with_commas(int64_t n) {
-  std::string digits = std::to_string(n < 0 ? -n : n), s = n < 0 ? "-" : "";
-  for (size_t i = 0; i < digits.size(); ++i) {
-    if (i > 0 && (digits.size() - i) % 3 == 0) s += ',';
-    s += digits[i];
-  }
-  return s;
-}
-
-std::string human_bytes(double b) {
-  if (b >= 1e12) return fmt::format("{:.2f} TB", b / 1e12);
-  if (b >= 1e9) return fmt::format("{:.2f} GB", b / 1e9);
-  if (b >= 1e6) return fmt::format("{:.2f} MB", b / 1e6);
-  if (b >= 1e3) return fmt::format("{:.2f} kB", b / 1e3);
-  return fmt::format("{:.0f} B", b);
 }
 
 // Sizes of one layer's pieces, split into matrices (in a weight format) and

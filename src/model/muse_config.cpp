@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/units.h"
 
 namespace megakern {
 
@@ -90,23 +91,6 @@ std::vector<MuseConfig> make_presets() {
   }
   for (const auto& c : v) c.validate();
   return v;
-}
-
-std::string with_commas(int64_t v) {
-  const std::string digits = std::to_string(v < 0 ? -v : v);
-  std::string s = v < 0 ? "-" : "";
-  for (size_t i = 0; i < digits.size(); ++i) {
-    if (i > 0 && (digits.size() - i) % 3 == 0) s += ',';
-    s += digits[i];
-  }
-  return s;
-}
-
-std::string human_bytes(double b) {
-  if (b >= 1e9) return fmt::format("{:.2f} GB", b / 1e9);
-  if (b >= 1e6) return fmt::format("{:.2f} MB", b / 1e6);
-  if (b >= 1e3) return fmt::format("{:.2f} kB", b / 1e3);
-  return fmt::format("{:.0f} B", b);
 }
 
 // Bytes of a tensor stored with the given formats; for the experts (shape

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/units.h"
 #include "io/hf_config.h"
 
 namespace megakern {
@@ -116,23 +117,6 @@ int64_t small_bytes(int64_t n) { return n * 4; }  // f32
 int64_t tensor_bytes(const Qwen38Tensor& t, DType d) {
   if (!t.matrix) return small_bytes(t.numel());
   return t.shape[0] * static_cast<int64_t>(row_bytes(d, t.shape[1]));
-}
-
-std::string with_commas(int64_t v) {
-  const std::string digits = std::to_string(v < 0 ? -v : v);
-  std::string s = v < 0 ? "-" : "";
-  for (size_t i = 0; i < digits.size(); ++i) {
-    if (i > 0 && (digits.size() - i) % 3 == 0) s += ',';
-    s += digits[i];
-  }
-  return s;
-}
-
-std::string human_bytes(double b) {
-  if (b >= 1e9) return fmt::format("{:.2f} GB", b / 1e9);
-  if (b >= 1e6) return fmt::format("{:.2f} MB", b / 1e6);
-  if (b >= 1e3) return fmt::format("{:.2f} kB", b / 1e3);
-  return fmt::format("{:.0f} B", b);
 }
 
 }  // namespace
