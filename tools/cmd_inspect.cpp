@@ -11,6 +11,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/units.h"
 #include "io/gguf.h"
 #include "io/hf_config.h"
 #include "io/safetensors.h"
@@ -34,8 +35,6 @@ struct InspectOptions {
   bool no_metadata = false;
   size_t max_array = 8;
 };
-
-std::string shape_str(const std::vector<int64_t>& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
 
 std::string value_str(const GGUFValue& v, size_t max_array) {
   auto scalar = [](const GGUFValue::Scalar& s) -> std::string {

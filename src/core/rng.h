@@ -17,6 +17,8 @@ struct Rng {
   }
   // Uniform in [0, 1), 24 bits.
   float uniform() { return static_cast<float>(next() >> 40) * (1.f / 16777216.f); }
+  // Uniform in [-1, 1), 24 bits.
+  float symmetric() { return static_cast<float>(next() >> 40) * 0x1.0p-23f - 1.f; }
   // Uniform with mean 0 and standard deviation `std` (a box of half-width std * sqrt(3)).
   float centred(float std) { return (2.f * uniform() - 1.f) * 1.7320508f * std; }
 };

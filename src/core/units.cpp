@@ -1,6 +1,7 @@
 #include "core/units.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 namespace megakern {
 
@@ -21,5 +22,7 @@ std::string human_bytes(double b) {
   if (b >= 1e3) return fmt::format("{:.2f} kB", b / 1e3);
   return fmt::format("{:.0f} B", b);
 }
+
+std::string shape_str(const std::vector<int64_t>& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
 
 }  // namespace megakern

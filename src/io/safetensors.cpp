@@ -1,4 +1,5 @@
 #include "io/safetensors.h"
+#include "core/units.h"
 
 #include <fmt/ranges.h>
 
@@ -80,8 +81,6 @@ std::optional<uint64_t> as_u64(const Json& j) {
   }
   return std::nullopt;
 }
-
-std::string shape_str(const std::vector<int64_t>& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
 
 // Parses JSON text and rejects duplicate keys anywhere in it. The JSON library
 // keeps the last of duplicate keys silently, which would let two header

@@ -1,4 +1,5 @@
 #include "model/kimi.h"
+#include "core/units.h"
 
 #include <cmath>
 #include <cstring>
@@ -18,12 +19,6 @@ namespace megakern {
 namespace {
 
 constexpr int kBlock = 32;  // MXFP4 / FP8 block
-
-std::string shape_str(const std::vector<int64_t>& s) {
-  std::string r = "[";
-  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-  return r + "]";
-}
 
 // The e2m1 code of an exactly representable value (0, +-0.5 .. +-6), or -1.
 int e2m1_code(float v) {

@@ -12,6 +12,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/rng.h"
+#include "core/units.h"
 #include "exec/gate_kernels.h"
 #include "io/safetensors.h"
 
@@ -20,21 +22,6 @@ namespace megakern {
 MuseModel::~MuseModel() = default;
 
 namespace {
-
-std::string shape_str(const std::vector<int64_t>& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
-
-// SplitMix64.
-struct Rng {
-  uint64_t s;
-  uint64_t next() {
-    uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  // Uniform in [-1, 1).
-  float uniform() { return static_cast<float>(next() >> 40) * 0x1.0p-23f - 1.f; }
-};
 
 DType format_of(const MuseTensor& t, DType dense, DType experts) {
   if (!t.matrix) return DType::F32;
@@ -99,13 +86,13 @@ void synth_tensor(const MuseTensor& t, size_t ti, uint64_t seed, DType d, uint8_
   if (!t.matrix) {
     std::vector<float> v(static_cast<size_t>(t.numel()));
     if (ends_with("gamma"))
-      for (auto& x : v) x = 0.5f * rng.uniform();
+      for (auto& x : v) x = 0.5f * rng.symmetric();
     else if (ends_with("router_bias"))
-      for (auto& x : v) x = 0.02f * rng.uniform();
+      for (auto& x : v) x = 0.02f * rng.symmetric();
     else if (ends_with("experts.scale"))
       std::fill(v.begin(), v.end(), 1.f);  // overwritten by the expert matrices when NVFP4
     else
-      for (auto& x : v) x = 1.f + 0.1f * rng.uniform();
+      for (auto& x : v) x = 1.f + 0.1f * rng.symmetric();
     std::memcpy(out, v.data(), v.size() * 4);
     return;
   }
@@ -118,7 +105,7 @@ void synth_tensor(const MuseTensor& t, size_t ti, uint64_t seed, DType d, uint8_
   for (int64_t m = 0; m < mats; ++m) {
     float amax = 0.f;
     for (auto& x : w) {
-      x = bound * rng.uniform();
+      x = bound * rng.symmetric();
       amax = std::max(amax, std::fabs(x));
     }
     if (t.kind == MuseTensor::Kind::Experts && d == DType::NVFP4) {

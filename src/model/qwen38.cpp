@@ -1,4 +1,5 @@
 #include "model/qwen38.h"
+#include "core/units.h"
 
 #include <cmath>
 #include <filesystem>
@@ -20,12 +21,6 @@ namespace megakern {
 Qwen38Model::~Qwen38Model() = default;
 
 namespace {
-
-std::string shape_str(const std::vector<int64_t>& s) {
-  std::string r = "[";
-  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-  return r + "]";
-}
 
 bool view_dtype(const std::string& d, DType& out, size_t& elem) {
   if (d == "F32") { out = DType::F32; elem = 4; return true; }
