@@ -49,28 +49,6 @@ const Qwen38Model& mini() {
   return *m;
 }
 
-std::vector<float> flatten(const nlohmann::json& j) {
-  std::vector<float> out;
-  std::function<void(const nlohmann::json&)> rec = [&](const nlohmann::json& e) {
-    if (e.is_array())
-      for (const auto& x : e) rec(x);
-    else
-      out.push_back(e.get<float>());
-  };
-  rec(j);
-  return out;
-}
-
-// max |a - b| / max |b|
-double rel_diff(const float* a, const float* b, size_t n) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < n; ++i) {
-    num = std::max(num, static_cast<double>(std::fabs(a[i] - b[i])));
-    den = std::max(den, static_cast<double>(std::fabs(b[i])));
-  }
-  return num / std::max(den, 1e-30);
-}
-
 struct DecodeRun {
   std::vector<float> logits;  // [T][V]
   KVCache cache;

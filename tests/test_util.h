@@ -1,9 +1,15 @@
 // Helpers shared by the tests: where fixtures and fetched models live.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 namespace megakern {
 
@@ -22,6 +28,29 @@ inline std::string test_model_path(const std::string& name) {
     dir = std::string(MEGAKERN_SOURCE_DIR) + "/models";
   const std::string p = dir + "/" + name + ".gguf";
   return std::filesystem::is_regular_file(p) ? p : "";
+}
+
+// The numbers of a nested JSON array, in order (reference fixtures).
+inline std::vector<float> flatten(const nlohmann::json& j) {
+  std::vector<float> out;
+  std::function<void(const nlohmann::json&)> rec = [&](const nlohmann::json& e) {
+    if (e.is_array())
+      for (const auto& x : e) rec(x);
+    else
+      out.push_back(e.get<float>());
+  };
+  rec(j);
+  return out;
+}
+
+// max |a - b| / max |b|: agreement with a reference b.
+inline double rel_diff(const float* a, const float* b, size_t n) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; ++i) {
+    num = std::max(num, static_cast<double>(std::fabs(a[i] - b[i])));
+    den = std::max(den, static_cast<double>(std::fabs(b[i])));
+  }
+  return num / std::max(den, 1e-30);
 }
 
 }  // namespace megakern
