@@ -271,6 +271,84 @@ TEST(MuseKernels, RouteTiesAndWeights) {
   EXPECT_FLOAT_EQ(out[3] + out[4] + out[5], 1.f);
 }
 
+// The byte ranges the megakernel prefetches after routing are exactly the
+// rows of the selected experts each MoE tile reads: together the tiles of a
+// step cover every selected expert's matrices once and nothing else.
+TEST(MuseKernels, RoutedTileWeightsCoverTheSelectedExpertsOnce) {
+  const int E = 6, K = 2, D = 8, F = 20, R = 3;
+  std::vector<std::vector<float>> w(static_cast<size_t>(3 * E), std::vector<float>(static_cast<size_t>(F) * D));
+  auto view = [](const std::vector<float>& v, int64_t rows, int64_t cols) {
+    MatView m;
+    m.type = DType::F32;
+    m.rows = rows;
+    m.cols = cols;
+    m.row_bytes = static_cast<size_t>(cols) * 4;
+    m.data = reinterpret_cast<const uint8_t*>(v.data());
+    return m;
+  };
+  ExpertBank bank;
+  bank.n_expert = E;
+  bank.d_in = D;
+  bank.d_ff = F;
+  for (int e = 0; e < E; ++e) {
+    bank.gate.push_back(view(w[static_cast<size_t>(3 * e)], F, D));
+    bank.up.push_back(view(w[static_cast<size_t>(3 * e + 1)], F, D));
+    bank.down.push_back(view(w[static_cast<size_t>(3 * e + 2)], D, F));
+  }
+  DecodeProgram p;
+  p.max_rows = R;
+  const int route = p.add_slot("route", -1, 2 * K);
+  // Rows select {1, 4}, {4, 2}, {5, 1}: experts 1, 2, 4, 5 are used, 0 and 3 not.
+  std::vector<float> routes = {1, 4, 0.5f, 0.5f, 4, 2, 0.5f, 0.5f, 5, 1, 0.5f, 0.5f};
+  StepContext ctx;
+  ctx.program = &p;
+  ctx.slot = {routes.data()};
+  ctx.n_rows = R;
+  for (OpKind kind : {OpKind::MoeGlu, OpKind::MoeDown}) {
+    Op op;
+    op.kind = kind;
+    op.in2 = route;
+    op.top_k = K;
+    op.experts = &bank;
+    for (int workers : {1, 2, 5}) {
+      const int n = moe_tile_count(op, R, workers);
+      // Bytes covered per matrix (gate, up, down of each expert).
+      std::vector<size_t> covered(static_cast<size_t>(3 * E), 0);
+      for (int t = 0; t < n; ++t) {
+        ByteRange r[2];
+        const int m = moe_tile_weights(op, ctx, t, n, r);
+        size_t bytes = 0;
+        for (int i = 0; i < m; ++i) {
+          bytes += r[i].bytes;
+          bool found = false;
+          for (size_t k = 0; k < w.size(); ++k) {
+            const auto* b = reinterpret_cast<const uint8_t*>(w[k].data());
+            if (r[i].begin >= b && r[i].begin + r[i].bytes <= b + w[k].size() * 4) {
+              covered[k] += r[i].bytes;
+              found = true;
+            }
+          }
+          EXPECT_TRUE(found) << "tile " << t << " range " << i << " outside every expert matrix";
+        }
+        if (m > 0) EXPECT_EQ(bytes, moe_tile_weight_bytes(op, R, t, n)) << "tile " << t;
+      }
+      for (int e = 0; e < E; ++e) {
+        const bool used = e == 1 || e == 2 || e == 4 || e == 5;
+        const size_t full = static_cast<size_t>(F) * D * 4;
+        const size_t s = static_cast<size_t>(3 * e);
+        if (kind == OpKind::MoeGlu) {
+          EXPECT_EQ(covered[s], used ? full : 0) << "gate of expert " << e << ", " << workers << " workers";
+          EXPECT_EQ(covered[s + 1], used ? full : 0) << "up of expert " << e;
+          EXPECT_EQ(covered[s + 2], 0u);
+        } else {
+          EXPECT_EQ(covered[s], 0u);
+          EXPECT_EQ(covered[s + 2], used ? full : 0) << "down of expert " << e << ", " << workers << " workers";
+        }
+      }
+    }
+  }
+}
+
 TEST(MuseKernels, ActivationsAndGates) {
   EXPECT_FLOAT_EQ(swiglu_act(1.f, 2.f), 2.f / (1.f + std::exp(-1.f)));
   const float g = 3.f, u = 30.f;

@@ -177,8 +177,8 @@ void bench_cmd(const BenchOptions& o) {
   const auto execs = split(o.executors);
   if (execs.empty()) fail("--executor needs at least one of opbyop, mega, reference");
   for (const auto& e : execs)
-    if (e != "opbyop" && e != "mega" && e != "reference")
-      fail("--executor: unknown executor '{}' (expected opbyop, mega or reference)", e);
+    if (e != "opbyop" && e != "mega" && e != "reference" && e != "mega-nopf" && e != "mega-noexp")
+      fail("--executor: unknown executor '{}' (expected opbyop, mega, reference, mega-nopf or mega-noexp)", e);
 
   ThreadPool pool(o.threads);
   fmt::print(stderr, "[bench] loading {} ...\n", o.model);
@@ -195,9 +195,10 @@ void bench_cmd(const BenchOptions& o) {
   std::vector<std::unique_ptr<Executor>> ex;
   std::vector<double> build_ms;
   for (const auto& e : execs) {
-    if (e == "mega") {
+    if (e.rfind("mega", 0) == 0) {
       MegaOptions mo;
-      mo.prefetch_bytes = o.prefetch_kib * 1024;
+      mo.prefetch_bytes = e == "mega-nopf" ? 0 : o.prefetch_kib * 1024;
+      mo.prefetch_experts = e != "mega-noexp";
       ex.push_back(make_mega_executor(prog, pool, mo));
     } else {
       ex.push_back(make_executor(e, prog, pool));
@@ -310,7 +311,9 @@ void register_bench(CLI::App& app) {
   auto* cmd = app.add_subcommand("bench", "Decode benchmark: op-by-op vs megakernel executors, with a bandwidth probe");
   add_model_flags(cmd, o->model, o->model_flags);
   cmd->add_option("--batch", o->batches, "Comma-separated batch sizes (rows per step)")->capture_default_str();
-  cmd->add_option("--executor", o->executors, "Comma-separated executors; the first is the speedup baseline")
+  cmd->add_option("--executor", o->executors, "Comma-separated executors (opbyop, mega, reference; ablations: mega-nopf = megakernel "
+                  "without weight prefetch, mega-noexp = without routed-expert prefetch); the first is the speedup "
+                  "baseline")
       ->capture_default_str();
   cmd->add_option("--steps", o->steps, "Timed steps per point")->capture_default_str()->check(CLI::Range(1, 100000));
   cmd->add_option("--warmup", o->warmup, "Untimed steps first")->capture_default_str()->check(CLI::Range(0, 1000));

@@ -79,6 +79,9 @@ struct MegaOptions {
   // Bytes of upcoming weights a worker may have prefetched ahead of the tile
   // it is computing (the "ring of in-flight slabs"); 0 disables prefetch.
   size_t prefetch_bytes = 512 * 1024;
+  // Include routed experts in the plan: a worker prefetches the experts its
+  // MoE tiles will read as soon as the step's routing is done.
+  bool prefetch_experts = true;
 };
 std::unique_ptr<Executor> make_mega_executor(const DecodeProgram& program, ThreadPool& pool,
                                              const MegaOptions& opts = {});

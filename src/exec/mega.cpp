@@ -19,7 +19,11 @@
 // cursor (the weights of the next matrix tile), so the
 // memory system stays busy across op and layer boundaries, where the
 // op-by-op executor leaves it idle. The small tensors of the next layer (norm
-// weights) are part of the same plan.
+// weights) are part of the same plan. Routed experts join the plan as soon
+// as the step's routing is done: the cursor stops at a routed-expert tile
+// until the route op's tiles have finished, then looks up the expert that
+// tile will read and streams it in while the worker still computes the
+// shared expert and the other tiles before it.
 //
 // Deadlock freedom: every dependency points to an earlier op, each worker's
 // list is in program order, and every tile is on exactly one list, so the
@@ -35,6 +39,7 @@
 #include "core/thread_pool.h"
 #include "exec/exec_common.h"
 #include "exec/executor.h"
+#include "exec/moe_kernels.h"
 #include "exec/op_kernels.h"
 #include "exec/recurrent_kernels.h"
 
@@ -56,7 +61,12 @@ struct Task {
   int n_tiles = 0;
   int flag = 0;                // this tile's global flag index
   uint32_t dep_begin = 0, dep_end = 0;  // range in Schedule::deps
-  Region weights;              // what the tile streams
+  Region weights;              // what the tile streams (static tiles)
+  // Routed-expert tiles (MoeGlu / MoeDown): the weights depend on the step's
+  // routing, so they are looked up once the route op's tiles, flags
+  // [route_begin, route_end), are done; `weights` is then unused.
+  bool routed = false;
+  int route_begin = 0, route_end = 0;
 };
 
 struct Schedule {
@@ -86,7 +96,7 @@ Region weight_region(const Op& op, int tile, int n_tiles) {
 // tile of row r - 1 (same head). Those dependencies point to earlier tiles of
 // the same op, which every worker list also holds in order, so the earliest
 // unfinished tile can still always run.
-Schedule compile(const DecodeProgram& p, int n_rows, int W, bool chained) {
+Schedule compile(const DecodeProgram& p, int n_rows, int W, bool chained, bool prefetch_experts) {
   Schedule s;
   s.n_rows = n_rows;
   s.worker_tasks.resize(static_cast<size_t>(W));
@@ -126,6 +136,13 @@ Schedule compile(const DecodeProgram& p, int n_rows, int W, bool chained) {
       task.n_tiles = n_tiles[i];
       task.flag = flag_base[i] + t;
       task.weights = weight_region(op, t, n_tiles[i]);
+      if (prefetch_experts && (op.kind == OpKind::MoeGlu || op.kind == OpKind::MoeDown) &&
+          last_writer[static_cast<size_t>(op.in2)] >= 0) {
+        const size_t route_op = static_cast<size_t>(last_writer[static_cast<size_t>(op.in2)]);
+        task.routed = true;
+        task.route_begin = flag_base[route_op];
+        task.route_end = flag_base[route_op] + n_tiles[route_op];
+      }
       task.dep_begin = static_cast<uint32_t>(s.deps.size());
       // The row this tile touches, when it touches only one.
       const int my_row = op_is_row_tiled(op) ? t : (op.kind == OpKind::Attention ? t / op.n_head : -1);
@@ -163,7 +180,12 @@ Schedule compile(const DecodeProgram& p, int n_rows, int W, bool chained) {
   }
   for (const auto& tasks : s.worker_tasks) {
     std::vector<size_t> prefix(tasks.size() + 1, 0);
-    for (size_t k = 0; k < tasks.size(); ++k) prefix[k + 1] = prefix[k] + tasks[k].weights.bytes;
+    for (size_t k = 0; k < tasks.size(); ++k) {
+      const Task& t = tasks[k];
+      prefix[k + 1] = prefix[k] + (t.routed ? moe_tile_weight_bytes(p.ops[static_cast<size_t>(t.op)], n_rows, t.tile,
+                                                                     t.n_tiles)
+                                            : t.weights.bytes);
+    }
     s.weight_prefix.push_back(std::move(prefix));
   }
   return s;
@@ -180,32 +202,64 @@ inline void prefetch_l2(const uint8_t* p) {
 // A worker's walk over the weights of its upcoming tiles. Positions are
 // absolute byte offsets into the concatenation of the worker's tile weights
 // (prefix[k] = bytes of tiles before k), so "how far ahead" is a subtraction.
+// A routed-expert tile's weights are looked up when the cursor reaches it,
+// once the step's routing is done (until then the cursor waits there): so
+// the selected experts are prefetched right after routing, while the worker
+// still computes the tiles before them.
 struct PrefetchCursor {
   const std::vector<Task>* tasks = nullptr;
   const std::vector<size_t>* prefix = nullptr;  // [tasks + 1]
+  const DecodeProgram* program = nullptr;
+  const StepContext* ctx = nullptr;
+  const Flag* flags = nullptr;
+  uint64_t epoch = 0;
   size_t task = 0;    // the next line to prefetch is in this tile...
   size_t offset = 0;  // ...at this byte offset
   size_t limit = 0;   // absolute position the cursor must not pass
+  int n_ranges = -1;  // the routed tile under the cursor: ranges looked up (-1: not yet)
+  ByteRange ranges[2];
 
+  void next_task() {
+    ++task;
+    offset = 0;
+    n_ranges = -1;
+  }
   // The worker is about to run tile i: the cursor never lags behind it and
   // may run `budget` bytes past its start.
   void at_tile(size_t i, size_t budget) {
     if (task < i) {
-      task = i;
-      offset = 0;
+      task = i - 1;
+      next_task();
     }
     limit = (*prefix)[i] + budget;
+  }
+  bool routing_done(const Task& t) const {
+    for (int f = t.route_begin; f < t.route_end; ++f)
+      if (flags[f].epoch.load(std::memory_order_acquire) < epoch) return false;
+    return true;
   }
   // Issues up to `lines` prefetches.
   void issue(size_t lines) {
     while (lines > 0 && task < tasks->size() && (*prefix)[task] + offset < limit) {
-      const Region& r = (*tasks)[task].weights;
-      if (offset >= r.bytes) {
-        ++task;
-        offset = 0;
+      const Task& t = (*tasks)[task];
+      const uint8_t* line = nullptr;
+      if (t.routed) {
+        if (n_ranges < 0) {
+          if (!routing_done(t)) return;
+          n_ranges = moe_tile_weights(program->ops[static_cast<size_t>(t.op)], *ctx, t.tile, t.n_tiles, ranges);
+        }
+        size_t off = offset;
+        int k = 0;
+        while (k < n_ranges && off >= ranges[k].bytes) off -= ranges[k++].bytes;
+        if (k < n_ranges) line = ranges[k].begin + off;
+      } else if (offset < t.weights.bytes) {
+        line = t.weights.begin + offset;
+      }
+      if (!line) {
+        next_task();
         continue;
       }
-      prefetch_l2(r.begin + offset);
+      prefetch_l2(line);
       offset += 64;
       --lines;
     }
@@ -226,7 +280,7 @@ class MegaExecutor final : public Executor {
   void prepare(int n_rows) override {
     if (n_rows < 1 || n_rows > p_.max_rows) fail("a step needs 1 to {} rows, got {}", p_.max_rows, n_rows);
     auto& sched = schedules_[static_cast<size_t>(n_rows)];
-    if (!sched) sched = std::make_unique<Schedule>(compile(p_, n_rows, pool_.size(), false));
+    if (!sched) sched = std::make_unique<Schedule>(compile(p_, n_rows, pool_.size(), false, opts_.prefetch_experts));
   }
 
   void step(const std::vector<RowInput>& rows, float* logits) override {
@@ -236,7 +290,7 @@ class MegaExecutor final : public Executor {
     const bool chained = p_.recurrent && rows_chained(rows.data(), n_rows);
     if (chained && !chained_schedules_[static_cast<size_t>(n_rows)])
       chained_schedules_[static_cast<size_t>(n_rows)] =
-          std::make_unique<Schedule>(compile(p_, n_rows, pool_.size(), true));
+          std::make_unique<Schedule>(compile(p_, n_rows, pool_.size(), true, opts_.prefetch_experts));
     auto& sched = chained ? chained_schedules_[static_cast<size_t>(n_rows)] : schedules_[static_cast<size_t>(n_rows)];
     if (static_cast<int>(flags_.size()) < sched->n_flags) {
       // Resizing is only safe between steps; flags restart from epoch 0.
@@ -273,6 +327,10 @@ class MegaExecutor final : public Executor {
     PrefetchCursor pf;
     pf.tasks = &tasks;
     pf.prefix = &s.weight_prefix[static_cast<size_t>(w)];
+    pf.program = &p_;
+    pf.ctx = &ctx;
+    pf.flags = flags_.data();
+    pf.epoch = epoch;
     const size_t budget = opts_.prefetch_bytes;
     for (size_t i = 0; i < tasks.size(); ++i) {
       const Task& t = tasks[i];

@@ -30,7 +30,9 @@ struct SlotWork {
   std::vector<int> row, sel;  // [m]: step row and selection index j
 };
 
-bool slot_work(const Op& op, const StepContext& ctx, int slot, SlotWork& w) {
+// The expert of a slot: the slot-th smallest distinct expert any row of the
+// step selected, or -1 when fewer were selected.
+int slot_expert(const Op& op, const StepContext& ctx, int slot) {
   const int k = op.top_k;
   thread_local std::vector<int> ids;
   ids.clear();
@@ -40,9 +42,16 @@ bool slot_work(const Op& op, const StepContext& ctx, int slot, SlotWork& w) {
   }
   std::sort(ids.begin(), ids.end());
   ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
-  if (slot >= static_cast<int>(ids.size())) return false;
-  w.expert = ids[static_cast<size_t>(slot)];
-  MK_DCHECK(w.expert >= 0 && w.expert < op.experts->n_expert);
+  if (slot >= static_cast<int>(ids.size())) return -1;
+  const int e = ids[static_cast<size_t>(slot)];
+  MK_DCHECK(e >= 0 && e < op.experts->n_expert);
+  return e;
+}
+
+bool slot_work(const Op& op, const StepContext& ctx, int slot, SlotWork& w) {
+  const int k = op.top_k;
+  w.expert = slot_expert(op, ctx, slot);
+  if (w.expert < 0) return false;
   w.row.clear();
   w.sel.clear();
   for (int r = 0; r < ctx.n_rows; ++r) {
@@ -82,6 +91,35 @@ int moe_tile_count(const Op& op, int n_rows, int n_workers) {
   // never ranges under 16 rows.
   const int chunks = std::clamp((n_workers + slots - 1) / slots, 1, std::max(1, out_rows / 16));
   return slots * chunks;
+}
+
+int moe_tile_weights(const Op& op, const StepContext& ctx, int t, int n_tiles, ByteRange out[2]) {
+  const ExpertBank& b = *op.experts;
+  const int chunks = n_tiles / n_slots(op, ctx.n_rows);
+  const int e = slot_expert(op, ctx, t / chunks);
+  if (e < 0) return 0;
+  int rb, re;
+  const bool glu = op.kind == OpKind::MoeGlu;
+  chunk_range(glu ? b.d_ff : b.d_in, t % chunks, chunks, rb, re);
+  int n = 0;
+  for (const MatView* m : {glu ? &b.gate[static_cast<size_t>(e)] : &b.down[static_cast<size_t>(e)],
+                           glu ? &b.up[static_cast<size_t>(e)] : nullptr}) {
+    if (!m) continue;
+    out[n].begin = m->data + static_cast<size_t>(rb) * m->row_bytes;
+    out[n].bytes = static_cast<size_t>(re - rb) * m->row_bytes;
+    ++n;
+  }
+  return n;
+}
+
+size_t moe_tile_weight_bytes(const Op& op, int n_rows, int t, int n_tiles) {
+  const ExpertBank& b = *op.experts;
+  const int chunks = n_tiles / n_slots(op, n_rows);
+  int rb, re;
+  const bool glu = op.kind == OpKind::MoeGlu;
+  chunk_range(glu ? b.d_ff : b.d_in, t % chunks, chunks, rb, re);
+  const size_t row_bytes = glu ? b.gate[0].row_bytes + b.up[0].row_bytes : b.down[0].row_bytes;
+  return static_cast<size_t>(re - rb) * row_bytes;
 }
 
 void moe_route_tile(const Op& op, const StepContext& ctx, int r) {

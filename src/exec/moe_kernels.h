@@ -19,6 +19,9 @@
 // not depend on its batch mates or on how the tiles were cut.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
+
 #include "ir/program.h"
 
 namespace megakern {
@@ -27,6 +30,21 @@ struct StepContext;
 
 // Tiles of a MoeGlu / MoeDown op for n_rows rows on n_workers workers.
 int moe_tile_count(const Op& op, int n_rows, int n_workers);
+
+// The expert weights tile t of n_tiles of a MoeGlu / MoeDown op reads in a
+// step, known once the op's route slot (Op::in2) is written: the gate and up
+// rows of its output range (MoeGlu) or the down rows (MoeDown) of the expert
+// its slot resolves to. Returns how many ranges it wrote to out (0 when the
+// slot is unused in this step). The megakernel prefetches them right after
+// routing.
+struct ByteRange {
+  const uint8_t* begin = nullptr;
+  size_t bytes = 0;
+};
+int moe_tile_weights(const Op& op, const StepContext& ctx, int t, int n_tiles, ByteRange out[2]);
+// The bytes those ranges add up to when the slot is used (every expert of a
+// bank has the same shapes and format), for planning before routing.
+size_t moe_tile_weight_bytes(const Op& op, int n_rows, int t, int n_tiles);
 
 void moe_route_tile(const Op& op, const StepContext& ctx, int r);
 void moe_glu_tile(const Op& op, const StepContext& ctx, int t, int n_tiles);
