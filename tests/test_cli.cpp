@@ -215,5 +215,27 @@ TEST(Cli, InspectProgramListsOpsPerLayer) {
   EXPECT_NE(r.out.find("weights read per step"), std::string::npos) << r.out;
 }
 
+TEST(Cli, InspectScheduleBuildsTheFullKimiProgramFromShapes) {
+  Result r = run("inspect --config kimi-k3 --schedule");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("93 layers, 2720 ops"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("batch 8:"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("all batch sizes:"), std::string::npos) << r.out;
+  r = run("inspect --config qwen3.8-27b --schedule");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("Kimi K3 presets"), std::string::npos) << r.out;
+  r = run("inspect --schedule");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("--schedule needs --config"), std::string::npos) << r.out;
+}
+
+TEST(Cli, BenchRunsThePrefetchAblationsOnAMoeModel) {
+  const Result r = run("bench -m kimi-k3-mini --executor opbyop,mega,mega-noexp,mega-nopf --batch 1,2 --steps 1 "
+                       "--warmup 1 --rounds 1 --probe-mib 64");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("mega-noexp"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("mega-nopf"), std::string::npos) << r.out;
+}
+
 }  // namespace
 }  // namespace megakern

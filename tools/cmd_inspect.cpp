@@ -2,6 +2,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -16,6 +17,9 @@
 #include "io/hf_config.h"
 #include "io/safetensors.h"
 #include "model/dense_program.h"
+#include "core/thread_pool.h"
+#include "exec/executor.h"
+#include "model/kimi.h"
 #include "model/kimi_config.h"
 #include "model/muse_config.h"
 #include "runtime/model.h"
@@ -31,6 +35,7 @@ struct InspectOptions {
   bool program = false;
   std::string config;
   int max_rows = 8;
+  bool schedule = false;
   bool no_tensors = false;
   bool no_metadata = false;
   size_t max_array = 8;
@@ -149,7 +154,39 @@ void inspect_config(const std::string& name) {
   fail("unknown config preset '{}' (known: {})", name, known);
 }
 
+// The megakernel schedules of a preset's full program, built from shapes
+// only (no weight memory), with the time each took to compile.
+void inspect_schedule(const std::string& name, int max_rows) {
+  const KimiConfig* c = find_kimi_preset(name);
+  if (!c) fail("--schedule: planning from a config without weights is available for the Kimi K3 presets (got '{}')", name);
+  const auto t0 = std::chrono::steady_clock::now();
+  KimiWeightOptions wo;
+  wo.shapes_only = true;
+  const std::unique_ptr<KimiModel> m = KimiModel::synthetic(*c, 0, wo);
+  const DecodeProgram p = build_kimi_program(*m, max_rows);
+  const double build_program_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  ThreadPool pool(0);
+  fmt::print("{}: {} layers, {} ops, {} of weights read per step (shapes only, no weight memory); program built in "
+             "{:.1f} ms\n",
+             name, p.n_layer, p.ops.size(), human_bytes(static_cast<double>(p.weight_bytes())), build_program_ms);
+  auto ex = make_mega_executor(p, pool);
+  double total = 0;
+  for (int rows = 1; rows <= max_rows; rows *= 2) {
+    const auto t = std::chrono::steady_clock::now();
+    ex->prepare(rows);
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+    total += ms;
+    fmt::print("megakernel schedule, {} workers, batch {}: {:.2f} ms\n", pool.size(), rows, ms);
+  }
+  fmt::print("all batch sizes: {:.2f} ms\n", total);
+}
+
 void inspect_cmd(const InspectOptions& o) {
+  if (o.schedule) {
+    if (o.config.empty()) fail("--schedule needs --config NAME (a Kimi K3 preset, e.g. kimi-k3)");
+    inspect_schedule(o.config, o.max_rows);
+    return;
+  }
   if (!o.config.empty()) {
     inspect_config(o.config);
     return;
@@ -184,6 +221,9 @@ void register_inspect(CLI::App& app) {
   cmd->add_option("--config", o->config,
                   "Describe an architecture preset (e.g. qwen3.8-27b): parameters, weights read per step, KV and state bytes");
   cmd->add_option("--max-rows", o->max_rows, "Rows per step the program is built for")->capture_default_str()->check(CLI::Range(1, 64));
+  cmd->add_flag("--schedule", o->schedule,
+                "With --config (Kimi K3 presets): build the full program from shapes alone and time the megakernel "
+                "schedule build for batch 1, 2, 4, ... up to --max-rows");
   cmd->add_flag("--no-tensors", o->no_tensors, "Omit the tensor table");
   cmd->add_flag("--no-metadata", o->no_metadata, "Omit the metadata");
   cmd->add_option("--max-array", o->max_array, "Array elements shown per metadata value")->capture_default_str();

@@ -7,6 +7,8 @@
 #include <fstream>
 #include <sstream>
 
+#include <sys/mman.h>
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -95,7 +97,17 @@ const char* st_dtype(DType t) {
 
 }  // namespace
 
+KimiModel::~KimiModel() {
+  if (reserved_) munmap(reserved_, reserved_bytes_);
+}
+
 uint8_t* KimiModel::own(size_t bytes) {
+  if (reserved_) {
+    const size_t at = reserved_used_;
+    reserved_used_ += (bytes + 63) / 64 * 64;
+    if (reserved_used_ > reserved_bytes_) fail("shapes-only Kimi model: {} bytes of address space reserved, more needed", reserved_bytes_);
+    return reserved_ + at;
+  }
   owned_.emplace_back(bytes, 0);
   return owned_.back().data();
 }
@@ -106,6 +118,7 @@ struct KimiBuilder {
   KimiModel& m;
 
   uint8_t* own(size_t bytes) { return m.own(bytes); }
+  bool shapes_only() const { return m.reserved_ != nullptr; }
 
   // A matrix of type t from f32 rows [rows][cols].
   MatView from_f32(DType t, int64_t rows, int64_t cols, const float* src) {
@@ -127,6 +140,10 @@ struct KimiBuilder {
     v.type = DType::FP8_E4M3;
     v.row_bytes = row_bytes(DType::FP8_E4M3, src.cols);
     uint8_t* d = m.own(v.row_bytes * static_cast<size_t>(src.rows));
+    if (shapes_only()) {
+      v.data = d;
+      return v;
+    }
     const size_t nb = static_cast<size_t>(src.cols / kBlock);
     const size_t sb = dtype_traits(DType::MXFP4).block_bytes, db = dtype_traits(DType::FP8_E4M3).block_bytes;
     uint8_t scale, codes[kBlock];
@@ -182,9 +199,19 @@ struct Synth {
   }
   // Uniform with variance gain^2 / fan_in (uniform(-1,1) has variance 1/3).
   MatView mat(const std::string& name, int64_t rows, int64_t cols, float gain = 1.f, DType t = DType::F32) {
+    const DType type = t == DType::F32 ? dense : t;
+    if (B.shapes_only()) {
+      MatView v;
+      v.type = type;
+      v.rows = rows;
+      v.cols = cols;
+      v.row_bytes = row_bytes(type, cols);
+      v.data = B.own(v.row_bytes * static_cast<size_t>(rows));
+      return v;
+    }
     const float a = gain * std::sqrt(3.f / static_cast<float>(cols));
     const auto v = rand(name, static_cast<size_t>(rows * cols), a);
-    return B.from_f32(t == DType::F32 ? dense : t, rows, cols, v.data());
+    return B.from_f32(type, rows, cols, v.data());
   }
 };
 
@@ -196,6 +223,15 @@ std::unique_ptr<KimiModel> KimiModel::synthetic(const KimiConfig& c, uint64_t se
     fail("synthetic Kimi weights: dense type must be f32, f16 or bf16, got {}", dtype_traits(o.dense).name);
   std::unique_ptr<KimiModel> m(new KimiModel());
   m->cfg_ = c;
+  if (o.shapes_only) {
+    // Address space only: PROT_NONE and no reservation of memory, so any
+    // access faults at once. 4 TiB covers the largest preset (~1.5 TB).
+    const size_t bytes = size_t{1} << 42;
+    void* p = mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) fail("shapes-only Kimi model: cannot reserve {} bytes of address space", bytes);
+    m->reserved_ = static_cast<uint8_t*>(p);
+    m->reserved_bytes_ = bytes;
+  }
   KimiBuilder B{*m};
   Synth S{B, seed, o.dense};
   const int64_t H = c.hidden, V = c.vocab, KD = c.kda_key_dim(), D = c.kda_head_dim;

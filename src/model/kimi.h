@@ -102,6 +102,11 @@ struct KimiLayer {
 struct KimiWeightOptions {
   DType dense = DType::BF16;   // synthetic(): the type of the dense matrices (F32, F16 or BF16)
   bool fp8_experts = false;    // re-block the MXFP4 experts to FP8 e4m3 (lossless)
+  // synthetic(): matrices get shapes and addresses in reserved, inaccessible
+  // address space but no memory and no values (vectors are still filled).
+  // For planning only: the program and the megakernel schedules of a config
+  // too large to hold (the full kimi-k3) can be built, but not run.
+  bool shapes_only = false;
 };
 
 class KimiModel {
@@ -121,6 +126,7 @@ class KimiModel {
   // Views point into buffers the model owns, so it is neither copied nor assigned.
   KimiModel(const KimiModel&) = delete;
   KimiModel& operator=(const KimiModel&) = delete;
+  ~KimiModel();
 
   const KimiConfig& config() const { return cfg_; }
   int n_vocab() const { return cfg_.vocab; }
@@ -135,8 +141,11 @@ class KimiModel {
 
  private:
   KimiModel() = default;
-  // A zero-filled buffer of `bytes` owned by the model.
+  // A zero-filled buffer of `bytes` owned by the model (shapes only: an
+  // address range in the reservation, not backed by memory).
   uint8_t* own(size_t bytes);
+  uint8_t* reserved_ = nullptr;  // shapes-only address space
+  size_t reserved_bytes_ = 0, reserved_used_ = 0;
   KimiConfig cfg_;
   std::vector<std::vector<uint8_t>> owned_;
   MatView tok_embd_, lm_head_;
