@@ -31,7 +31,7 @@ int op_tile_count(const Op& op, int n_rows, int n_workers) {
       const int64_t max_tiles = std::max<int64_t>(1, op.mat.rows / 4);
       return static_cast<int>(std::min<int64_t>(n_workers, max_tiles));
     }
-    case OpKind::Attention:
+    case OpKind::Attention: return n_rows * op.n_head_kv;  // (row, KV head): a tile does the head's group
     case OpKind::DeltaRule: return n_rows * op.n_head;
     case OpKind::MoeGlu:
     case OpKind::MoeDown: return moe_tile_count(op, n_rows, n_workers);
@@ -103,42 +103,78 @@ void matmul_scalar(const MatView& W, const float* X, int n_x, float* Y, int64_t 
     for (int t = 0; t < n_x; ++t) Y[t * ldy + j] = tr.dot(W.row(j), X + static_cast<int64_t>(t) * W.cols, W.cols);
 }
 
-void attention_tile(const Op& op, const StepContext& ctx, int r, int h) {
+// Attention of row r for the query heads of KV head g (GQA: n_head /
+// n_head_kv query heads share it). The positions are visited in chunks small
+// enough to stay in L1, and every query head of the group uses a chunk's keys
+// (then values) before the next is loaded, so a KV head is read from memory
+// once per row rather than once per query head. Each head's scores and output
+// are computed exactly as one head at a time would (same kernels over the same
+// positions in the same order), so the grouping does not change any bit.
+void attention_tile(const Op& op, const StepContext& ctx, int r, int g) {
   const RowInput& row = ctx.rows[r];
   KVCache& cache = *row.cache;
-  const int hd = op.head_dim, kvh = h / (op.n_head / op.n_head_kv);
+  const int hd = op.head_dim, group = op.n_head / op.n_head_kv;
   const int vd = op.v_head_dim > 0 ? op.v_head_dim : hd;
   const int pos = row.pos;
   const int start = op.window > 0 ? std::max(0, pos - op.window + 1) : 0;
-  const float* qh = row_of(ctx, op.in, r) + h * hd;
-  thread_local std::vector<float> scores;
-  scores.resize(static_cast<size_t>(pos - start + 1));
+  const int n = pos - start + 1;
+  const float* q = row_of(ctx, op.in, r) + static_cast<size_t>(g) * group * hd;
+  thread_local std::vector<float> scores;  // [group][n]
+  scores.resize(static_cast<size_t>(group) * n);
   const int layer = op.cache_layer();
-  // Positions in runs stored back to back (a ring layer wraps at most once).
+  // Positions in runs stored back to back (a ring layer wraps at most once),
+  // cut into chunks of at most kChunk positions.
+  constexpr int kChunk = 16, kPrefetchFrom = 1024;
   const int ring = cache.ring_len(layer);
-  auto run_end = [&](int p) { return ring > 0 ? std::min(pos + 1, p + ring - p % ring) : pos + 1; };
+  auto chunk_end = [&](int p) {
+    const int run = ring > 0 ? std::min(pos + 1, p + ring - p % ring) : pos + 1;
+    return std::min(run, p + kChunk);
+  };
+  // A head's keys or values of one position are a short run (hd floats)
+  // every kv_dim floats: consecutive positions fall in different pages, where
+  // the hardware prefetchers stop, so the next chunk's lines are prefetched
+  // in software while this one is used. Short histories are left to the
+  // caches (they are mostly still there from the previous step's layer).
+  const bool prefetch = n >= kPrefetchFrom;
+  auto prefetch_chunk = [&](bool values, int p) {
+    if (!prefetch || p > pos) return;
+    const int e = chunk_end(p);
+    const int w = values ? vd : hd;
+    const size_t stride = static_cast<size_t>(values ? cache.v_width() : cache.kv_dim);
+    const float* base = values ? cache.v_at(layer, p) + g * vd : cache.k_at(layer, p) + g * hd;
+    for (int i = 0; i < e - p; ++i)
+      for (int c = 0; c < w; c += 16) __builtin_prefetch(base + i * stride + c, 0, 3);
+  };
   for (int p = start; p <= pos;) {
-    const int e = run_end(p);
-    float* s = scores.data() + (p - start);
-    const float* k = cache.k_at(layer, p) + kvh * hd;
-    if (ctx.scalar)
-      for (int i = 0; i < e - p; ++i) s[i] = dot_f32_scalar(qh, k + static_cast<size_t>(i) * cache.kv_dim, hd);
-    else
-      dot_f32_rows(qh, k, cache.kv_dim, e - p, hd, s);
-    for (int i = 0; i < e - p; ++i) s[i] *= op.scale;
+    const int e = chunk_end(p);
+    const float* k = cache.k_at(layer, p) + g * hd;
+    prefetch_chunk(false, e);
+    for (int j = 0; j < group; ++j) {
+      const float* qh = q + static_cast<size_t>(j) * hd;
+      float* s = scores.data() + static_cast<size_t>(j) * n + (p - start);
+      if (ctx.scalar)
+        for (int i = 0; i < e - p; ++i) s[i] = dot_f32_scalar(qh, k + static_cast<size_t>(i) * cache.kv_dim, hd);
+      else
+        dot_f32_rows(qh, k, cache.kv_dim, e - p, hd, s);
+      for (int i = 0; i < e - p; ++i) s[i] *= op.scale;
+    }
     p = e;
   }
-  softmax_inplace(scores.data(), static_cast<int64_t>(scores.size()));
-  float* out = row_of(ctx, op.out, r) + h * vd;
-  std::fill(out, out + vd, 0.f);
+  float* out = row_of(ctx, op.out, r) + static_cast<size_t>(g) * group * vd;
+  for (int j = 0; j < group; ++j) softmax_inplace(scores.data() + static_cast<size_t>(j) * n, n);
+  std::fill(out, out + static_cast<size_t>(group) * vd, 0.f);
   for (int p = start; p <= pos;) {
-    const int e = run_end(p);
-    const float* w = scores.data() + (p - start);
-    const float* v = cache.v_at(layer, p) + kvh * vd;
-    if (ctx.scalar)
-      for (int i = 0; i < e - p; ++i) axpy_f32_scalar(w[i], v + static_cast<size_t>(i) * cache.v_width(), out, vd);
-    else
-      axpy_f32_rows(w, v, cache.v_width(), e - p, out, vd);
+    const int e = chunk_end(p);
+    const float* v = cache.v_at(layer, p) + g * vd;
+    prefetch_chunk(true, e);
+    for (int j = 0; j < group; ++j) {
+      const float* w = scores.data() + static_cast<size_t>(j) * n + (p - start);
+      float* oh = out + static_cast<size_t>(j) * vd;
+      if (ctx.scalar)
+        for (int i = 0; i < e - p; ++i) axpy_f32_scalar(w[i], v + static_cast<size_t>(i) * cache.v_width(), oh, vd);
+      else
+        axpy_f32_rows(w, v, cache.v_width(), e - p, oh, vd);
+    }
     p = e;
   }
 }
@@ -189,7 +225,7 @@ void run_op_tile(const Op& op, const StepContext& ctx, int t, int n_tiles) {
       break;
     }
     case OpKind::Attention:
-      attention_tile(op, ctx, t / op.n_head, t % op.n_head);
+      attention_tile(op, ctx, t / op.n_head_kv, t % op.n_head_kv);
       break;
     case OpKind::GluAct: {
       const float* g = row_of(ctx, op.in, t);
