@@ -141,6 +141,37 @@ TEST_P(ExecArchTest, ProgramMatchesDirectForwardPass) {
   }
 }
 
+// How ops are cut into tiles depends on the team size (attention cuts a
+// query group into parts when KV heads alone would load the team unevenly),
+// but no result does: one, two, three and five workers give the same bits,
+// for grouped (n_head_kv < n_head) and single-KV-head attention.
+TEST_P(ExecArchTest, ResultDoesNotDependOnTeamSize) {
+  for (int n_head_kv : {1, 2}) {
+    TinySpec spec;
+    spec.arch = GetParam();
+    spec.n_head = 6;
+    spec.n_head_kv = n_head_kv;
+    const auto bytes = tiny_model(spec, 5);
+    auto f = GGUFFile::parse(bytes.data(), bytes.size(), "tiny.gguf");
+    auto m = DenseModel::load(*f);
+    const DecodeProgram prog = build_dense_program(*m, 8);
+    std::vector<float> first;
+    for (int workers : {1, 2, 3, 5}) {
+      ThreadPool pool(workers);
+      for (const char* kind : {"opbyop", "mega"}) {
+        auto ex = make_executor(kind, prog, pool);
+        for (int rows : {1, 3}) {
+          const auto out = run_with_history(*m, *ex, Workload{rows, 3, m->config().n_vocab});
+          if (rows == 3 && first.empty()) first = out;
+          if (rows == 3)
+            EXPECT_EQ(0, std::memcmp(first.data(), out.data(), sizeof(float) * out.size()))
+                << kind << ", " << workers << " workers, " << n_head_kv << " KV heads";
+        }
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Archs, ExecArchTest, ::testing::Values("llama", "qwen3", "gemma3"));
 
 // Rows of one sequence at consecutive positions in one step (a prefill chunk)

@@ -145,7 +145,7 @@ Schedule compile(const DecodeProgram& p, int n_rows, int W, bool chained, bool p
       }
       task.dep_begin = static_cast<uint32_t>(s.deps.size());
       // The row this tile touches, when it touches only one.
-      const int my_row = op_is_row_tiled(op) ? t : (op.kind == OpKind::Attention ? t / op.n_head_kv : -1);
+      const int my_row = op_is_row_tiled(op) ? t : (op.kind == OpKind::Attention ? t / (n_tiles[i] / n_rows) : -1);
       for (int pr : producers) {
         const Op& pop = p.ops[static_cast<size_t>(pr)];
         // A row-wise producer feeds a single-row consumer through that row
@@ -154,10 +154,10 @@ Schedule compile(const DecodeProgram& p, int n_rows, int W, bool chained, bool p
         if (my_row >= 0 && op_is_row_tiled(pop) && pop.kind != OpKind::StoreKV) {
           s.deps.push_back(flag_base[static_cast<size_t>(pr)] + my_row);
         } else if (my_row >= 0 && pop.kind == OpKind::Attention) {
-          // Attention tiles are (row, KV head): a single-row consumer needs
-          // only its row's heads.
-          for (int h = 0; h < pop.n_head_kv; ++h)
-            s.deps.push_back(flag_base[static_cast<size_t>(pr)] + my_row * pop.n_head_kv + h);
+          // Attention tiles are (row, KV head, part of the group): a
+          // single-row consumer needs only its row's tiles.
+          const int per_row = n_tiles[static_cast<size_t>(pr)] / n_rows;
+          for (int h = 0; h < per_row; ++h) s.deps.push_back(flag_base[static_cast<size_t>(pr)] + my_row * per_row + h);
         } else {
           for (int pt = 0; pt < n_tiles[static_cast<size_t>(pr)]; ++pt)
             s.deps.push_back(flag_base[static_cast<size_t>(pr)] + pt);

@@ -24,6 +24,20 @@ bool op_is_row_tiled(const Op& op) {
          op.kind != OpKind::CausalConvSilu && op.kind != OpKind::MoeGlu && op.kind != OpKind::MoeDown;
 }
 
+int attention_group_split(const Op& op, int n_rows, int n_workers) {
+  // A tile does the query heads of one KV head (its keys and values read
+  // once), unless that leaves the team unevenly loaded: then the group is
+  // cut into the fewest equal parts that give whole rounds of tiles or at
+  // least four tiles per worker.
+  const int group = op.n_head / op.n_head_kv;
+  for (int s = 1; s < group; ++s) {
+    if (group % s) continue;
+    const int tiles = n_rows * op.n_head_kv * s;
+    if (tiles % n_workers == 0 || tiles >= 4 * n_workers) return s;
+  }
+  return group;
+}
+
 int op_tile_count(const Op& op, int n_rows, int n_workers) {
   switch (op.kind) {
     case OpKind::MatMul: {
@@ -31,7 +45,7 @@ int op_tile_count(const Op& op, int n_rows, int n_workers) {
       const int64_t max_tiles = std::max<int64_t>(1, op.mat.rows / 4);
       return static_cast<int>(std::min<int64_t>(n_workers, max_tiles));
     }
-    case OpKind::Attention: return n_rows * op.n_head_kv;  // (row, KV head): a tile does the head's group
+    case OpKind::Attention: return n_rows * op.n_head_kv * attention_group_split(op, n_rows, n_workers);
     case OpKind::DeltaRule: return n_rows * op.n_head;
     case OpKind::MoeGlu:
     case OpKind::MoeDown: return moe_tile_count(op, n_rows, n_workers);
@@ -110,15 +124,16 @@ void matmul_scalar(const MatView& W, const float* X, int n_x, float* Y, int64_t 
 // once per row rather than once per query head. Each head's scores and output
 // are computed exactly as one head at a time would (same kernels over the same
 // positions in the same order), so the grouping does not change any bit.
-void attention_tile(const Op& op, const StepContext& ctx, int r, int g) {
+void attention_tile(const Op& op, const StepContext& ctx, int r, int g, int part, int n_parts) {
   const RowInput& row = ctx.rows[r];
   KVCache& cache = *row.cache;
-  const int hd = op.head_dim, group = op.n_head / op.n_head_kv;
+  const int hd = op.head_dim, group = op.n_head / op.n_head_kv / n_parts;
   const int vd = op.v_head_dim > 0 ? op.v_head_dim : hd;
   const int pos = row.pos;
   const int start = op.window > 0 ? std::max(0, pos - op.window + 1) : 0;
   const int n = pos - start + 1;
-  const float* q = row_of(ctx, op.in, r) + static_cast<size_t>(g) * group * hd;
+  const int h0 = g * group * n_parts + part * group;  // first query head of this tile
+  const float* q = row_of(ctx, op.in, r) + static_cast<size_t>(h0) * hd;
   thread_local std::vector<float> scores;  // [group][n]
   scores.resize(static_cast<size_t>(group) * n);
   const int layer = op.cache_layer();
@@ -160,7 +175,7 @@ void attention_tile(const Op& op, const StepContext& ctx, int r, int g) {
     }
     p = e;
   }
-  float* out = row_of(ctx, op.out, r) + static_cast<size_t>(g) * group * vd;
+  float* out = row_of(ctx, op.out, r) + static_cast<size_t>(h0) * vd;
   for (int j = 0; j < group; ++j) softmax_inplace(scores.data() + static_cast<size_t>(j) * n, n);
   std::fill(out, out + static_cast<size_t>(group) * vd, 0.f);
   for (int p = start; p <= pos;) {
@@ -225,7 +240,10 @@ void run_op_tile(const Op& op, const StepContext& ctx, int t, int n_tiles) {
       break;
     }
     case OpKind::Attention:
-      attention_tile(op, ctx, t / op.n_head_kv, t % op.n_head_kv);
+    {
+      const int per_row = n_tiles / ctx.n_rows, n_parts = per_row / op.n_head_kv;
+      attention_tile(op, ctx, t / per_row, t % per_row / n_parts, t % n_parts, n_parts);
+    }
       break;
     case OpKind::GluAct: {
       const float* g = row_of(ctx, op.in, t);

@@ -31,6 +31,9 @@ inline float sigmoidf(float x) { return 1.f / (1.f + std::exp(-x)); }
 
 // How an op is cut into tiles for n_rows rows when the team has n_workers.
 int op_tile_count(const Op& op, int n_rows, int n_workers);
+// Attention is tiled by (row, KV head, part of its query group): the number
+// of parts each group is cut into for this step.
+int attention_group_split(const Op& op, int n_rows, int n_workers);
 // The output-row range [begin, end) of MatMul tile t of n (balanced, aligned to 4 rows).
 void matmul_tile_range(const Op& op, int t, int n, int64_t& begin, int64_t& end);
 // Whether tiles of this op correspond one-to-one to rows.
