@@ -231,7 +231,7 @@ std::vector<std::vector<int32_t>> test_prompts(int n_vocab) {
   return {a, {static_cast<int32_t>(7 % n_vocab)}, {1, 2, 3, 1, 2, 3, 1, 2}};
 }
 
-void expect_lossless_block(const Model& m, BlockDrafterKind kind, const std::string& executor, bool check_context) {
+void expect_lossless_block(const Model& m, BlockDrafterKind kind, const std::string& executor) {
   ThreadPool pool(2);
   const int n_ctx = 96, n = 30, draft = 7;
   BlockDrafter d(m, synthetic_block_drafter(BlockDrafterConfig::mini(kind, m)), pool, n_ctx);
@@ -240,13 +240,14 @@ void expect_lossless_block(const Model& m, BlockDrafterKind kind, const std::str
   for (const auto& prompt : test_prompts(m.n_vocab())) {
     Sampler s({});
     const auto want = generate_plain(plain, s, prompt, n);
-    // The drafter itself (random weights: mostly rejected).
-    {
+    // The drafter itself (random weights: mostly rejected), fixed and
+    // adaptive length (which falls to single unverified probe drafts).
+    for (bool adaptive : {false, true}) {
       Engine eng(m, pool, draft + 1, executor);
       SequenceState seq = m.new_sequence(n_ctx);
       SpecOptions o;
       o.draft = draft;
-      o.adaptive = false;
+      o.adaptive = adaptive;
       SpeculativeGenerator gen(eng, seq, d, o);
       EXPECT_EQ(gen.generate(prompt, n), want);
       EXPECT_EQ(d.n_filled(), static_cast<int>(gen.tokens().size()) - 1);
@@ -264,16 +265,19 @@ void expect_lossless_block(const Model& m, BlockDrafterKind kind, const std::str
     EXPECT_EQ(gen.generate(prompt, n), want);
     EXPECT_GT(gen.stats().accepted, 0);
     EXPECT_LT(gen.stats().accepted, gen.stats().proposed);
-    if (!check_context) continue;
     // The drafter's context (fed by verify rows, accepted ones only) equals
-    // one fed by a prompt pass over the final sequence: its drafts agree.
+    // one fed by the prompt pass and then one-row steps over the generated
+    // tokens (rows of a verify step equal one-row steps bit for bit): its
+    // drafts agree.
     const auto& toks = gen.tokens();
     Engine ref(m, pool, 8, executor);
     ref.enable_taps(d.tap_layers());
     SequenceState s2 = m.new_sequence(n_ctx);
-    const int N = static_cast<int>(toks.size()) - 1;
-    std::vector<float> l(static_cast<size_t>(m.n_vocab())), taps(static_cast<size_t>(ref.tap_width()) * toks.size());
-    ref.prefill(s2, toks.data(), N, 0, l.data(), taps.data());
+    const int N = static_cast<int>(toks.size()) - 1, P = static_cast<int>(prompt.size());
+    const size_t W = static_cast<size_t>(ref.tap_width());
+    std::vector<float> l(static_cast<size_t>(m.n_vocab())), taps(W * toks.size());
+    ref.prefill(s2, toks.data(), P, 0, l.data(), taps.data());
+    for (int i = P; i < N; ++i) ref.step({s2.row(toks[static_cast<size_t>(i)], i)}, l.data(), taps.data() + static_cast<size_t>(i) * W);
     BlockDrafter fresh(m, d.weights(), pool, n_ctx);
     fresh.observe_taps(taps.data(), N, 0);
     Draft a, b;
@@ -286,20 +290,23 @@ void expect_lossless_block(const Model& m, BlockDrafterKind kind, const std::str
 
 TEST(SpecBlockDrafter, GreedyLosslessDenseMini) {
   auto m = load_model("dense-mini");
-  expect_lossless_block(*m, BlockDrafterKind::DSpark, "mega", true);
-  expect_lossless_block(*m, BlockDrafterKind::DFlash, "mega", true);
-  expect_lossless_block(*m, BlockDrafterKind::DSpark, "opbyop", false);
+  expect_lossless_block(*m, BlockDrafterKind::DSpark, "mega");
+  expect_lossless_block(*m, BlockDrafterKind::DFlash, "mega");
+  expect_lossless_block(*m, BlockDrafterKind::DSpark, "opbyop");
 }
 
 TEST(SpecBlockDrafter, GreedyLosslessRecurrentQwen38Mini) {
   auto m = load_model("qwen3.8-mini");
-  expect_lossless_block(*m, BlockDrafterKind::DSpark, "mega", false);
-  expect_lossless_block(*m, BlockDrafterKind::DFlash, "mega", false);
+  expect_lossless_block(*m, BlockDrafterKind::DSpark, "mega");
+  expect_lossless_block(*m, BlockDrafterKind::DFlash, "opbyop");
 }
 
-TEST(SpecBlockDrafter, GreedyLosslessKimiK3Mini) {
-  auto m = load_model("kimi-k3-mini");
-  expect_lossless_block(*m, BlockDrafterKind::DSpark, "mega", false);
+TEST(SpecBlockDrafter, GreedyLosslessKimiK3AndMuseSparkMini) {
+  auto k = load_model("kimi-k3-mini");
+  expect_lossless_block(*k, BlockDrafterKind::DSpark, "mega");
+  expect_lossless_block(*k, BlockDrafterKind::DFlash, "mega");
+  auto m = load_model("muse-spark-mini");
+  expect_lossless_block(*m, BlockDrafterKind::DFlash, "mega");
 }
 
 // Taps of a few positions, as a target would give them (deterministic).
