@@ -17,6 +17,7 @@
 #include "core/thread_pool.h"
 #include "runtime/model.h"
 #include "runtime/session.h"
+#include "spec/block_drafter.h"
 #include "spec/drafter.h"
 #include "spec/speculative.h"
 #include "tokenizer/chat_template.h"
@@ -341,7 +342,9 @@ void register_bench_spec(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "bench-spec", "Speculative decoding benchmark: plain vs speculative tokens/s, acceptance length, verify cost");
   cmd->add_option("-m,--model", o->model, "Target model (a fetched model, preset or path)")->capture_default_str();
-  cmd->add_option("--spec", o->drafters, "Comma-separated drafters: ngram, ngram:N, self, self:skip=A-B, self:N, model:PATH")
+  cmd->add_option("--spec,--drafters", o->drafters,
+                  "Comma-separated drafters: ngram, ngram:N, self, self:skip=A-B, self:N, model:PATH, dspark[:PATH], "
+                  "dflash[:PATH] (dspark/dflash without a path use random MINI weights: acceptance near zero)")
       ->capture_default_str();
   add_spec_bench_options(cmd, *o, false);
   cmd->add_option("-t,--threads", o->threads, "Worker threads (0: one per core)")
@@ -349,6 +352,39 @@ void register_bench_spec(CLI::App& app) {
       ->check(CLI::Range(0, 1024));
   cmd->add_option("--json", o->json, "Also write the results to this JSON file");
   cmd->callback([o] { run_guarded([&] { spec_bench_cmd(*o); }); });
+}
+
+void register_gen_drafter(CLI::App& app) {
+  struct Opts {
+    std::string model = "dense-mini";
+    std::string kind = "dspark";
+    std::string out;
+    uint64_t seed = 1;
+  };
+  auto o = std::make_shared<Opts>();
+  auto* cmd = app.add_subcommand(
+      "gen-drafter",
+      "Write synthetic block-drafter weights (dspark or dflash, MINI size) for a target model: a directory with "
+      "config.json and model.safetensors, for --spec dspark:DIR / dflash:DIR. The weights are random, so drafts are "
+      "rarely accepted");
+  cmd->add_option("-m,--model", o->model, "Target model (a fetched model, preset or path)")->capture_default_str();
+  cmd->add_option("--kind", o->kind, "dspark or dflash")->capture_default_str()->check(CLI::IsMember({"dspark", "dflash"}));
+  cmd->add_option("-o,--out", o->out, "Output directory")->required();
+  cmd->add_option("--seed", o->seed, "Seed of the random weights")->capture_default_str();
+  cmd->callback([o] {
+    run_guarded([&] {
+      auto model = load_model(o->model);
+      BlockDrafterConfig c =
+          BlockDrafterConfig::mini(o->kind == "dspark" ? BlockDrafterKind::DSpark : BlockDrafterKind::DFlash, *model);
+      c.seed = o->seed;
+      save_block_drafter(synthetic_block_drafter(c), o->out);
+      std::string taps;
+      for (int l : c.tap_layers) taps += (taps.empty() ? "" : ",") + std::to_string(l);
+      fmt::print("wrote {} drafter for {} to {}: hidden {}, {} layers, block {}, taps after layers {}{}\n", o->kind,
+                 model->name(), o->out, c.hidden, c.n_layer, c.block, taps,
+                 c.markov_rank ? fmt::format(", Markov rank {}", c.markov_rank) : std::string());
+    });
+  });
 }
 
 }  // namespace megakern::cli

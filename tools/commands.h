@@ -21,6 +21,7 @@ void register_gen_model(CLI::App& app);
 void register_serve(CLI::App& app);
 void register_bench_serve(CLI::App& app);
 void register_bench_spec(CLI::App& app);
+void register_gen_drafter(CLI::App& app);
 
 // The exit status left by the subcommand that ran.
 int exit_code();

@@ -20,7 +20,7 @@ class ThreadPool;
 namespace megakern::cli {
 
 struct SpecCliOptions {
-  std::string drafter;  // "ngram", "ngram:N", "self", "self:N", "model:PATH"
+  std::string drafter;  // "ngram", "ngram:N", "self", "self:N", "model:PATH", "dspark[:PATH]", "dflash[:PATH]"
   int draft = 6;        // most tokens proposed per verify step
   bool fixed = false;   // no adaptive draft length
 };
@@ -50,5 +50,7 @@ void add_spec_bench_options(CLI::App* cmd, SpecBenchOptions& o, bool with_spec_f
 void spec_bench_cmd(const SpecBenchOptions& o);
 
 void register_bench_spec(CLI::App& app);
+// `megakern gen-drafter`: synthetic block-drafter weights for a target.
+void register_gen_drafter(CLI::App& app);
 
 }  // namespace megakern::cli

@@ -67,6 +67,13 @@ class Executor {
   // When sink is non-null, the following steps append their tiles and waits
   // to it (executors that cannot trace leave it untouched).
   virtual void set_trace(std::vector<TraceEvent>* sink) { (void)sink; }
+  // Where the following steps' Tap ops write: [rows][program.tap_width]
+  // floats (row r of the step in row r). Null (the default) skips them.
+  void set_tap_output(float* buf) { taps_ = buf; }
+  float* tap_output() const { return taps_; }
+
+ protected:
+  float* taps_ = nullptr;
 };
 
 // Writes events as a Chrome / Perfetto trace (JSON "traceEvents").

@@ -50,6 +50,7 @@ class ReferenceExecutor final : public Executor {
     ctx.n_rows = static_cast<int>(rows.size());
     ctx.scalar = true;
     arena_.bind(ctx, p_, logits);
+    ctx.taps = taps_;
     for (const Op& op : p_.ops) {
       const int n = op_tile_count(op, ctx.n_rows, 1);
       for (int t = 0; t < n; ++t) run_op_tile(op, ctx, t, n);
@@ -72,6 +73,7 @@ class OpByOpExecutor final : public Executor {
     ctx.rows = rows.data();
     ctx.n_rows = static_cast<int>(rows.size());
     arena_.bind(ctx, p_, logits);
+    ctx.taps = taps_;
     const int W = pool_.size();
     // One team-wide job per step: each worker walks the ops, does its share of
     // each, and meets the others at a spinning barrier before the next op, as

@@ -304,6 +304,7 @@ class MegaExecutor final : public Executor {
     ctx.rows = rows.data();
     ctx.n_rows = n_rows;
     arena_.bind(ctx, p_, logits);
+    ctx.taps = taps_;
     const uint64_t epoch = epoch_;
     const Schedule& s = *sched;
     if (trace_) {

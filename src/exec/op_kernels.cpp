@@ -286,6 +286,13 @@ void run_op_tile(const Op& op, const StepContext& ctx, int t, int n_tiles) {
     case OpKind::MoeGlu: moe_glu_tile(op, ctx, t, n_tiles); break;
     case OpKind::MoeDown: moe_down_tile(op, ctx, t, n_tiles); break;
     case OpKind::MoeCombine: moe_combine_tile(op, ctx, t); break;
+    case OpKind::Tap:
+      if (ctx.taps) {
+        const int w = width_of(ctx, op.in);
+        std::memcpy(ctx.taps + static_cast<size_t>(t) * static_cast<size_t>(p.tap_width) + op.tap_offset,
+                    row_of(ctx, op.in, t), sizeof(float) * static_cast<size_t>(w));
+      }
+      break;
   }
 }
 

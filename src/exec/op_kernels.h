@@ -19,6 +19,7 @@ struct StepContext {
   const RowInput* rows = nullptr;
   int n_rows = 0;
   bool scalar = false;  // use the scalar reference kernels
+  float* taps = nullptr;  // Tap ops' output, [n_rows][program->tap_width]; null: taps skipped
 };
 
 // Width of a slot, and row r of it, in a step.

@@ -1,5 +1,6 @@
 #include "ir/program.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <fmt/format.h>
@@ -26,6 +27,7 @@ const char* op_kind_name(OpKind k) {
     case OpKind::AttnResMix: return "attn_res_mix";
     case OpKind::AttnResAdd: return "attn_res_add";
     case OpKind::MlaKey: return "mla_key";
+    case OpKind::Tap: return "tap";
     case OpKind::GatedResidual: return "gated_residual";
     case OpKind::HeadNormGate: return "head_norm_gate";
     case OpKind::LogitSoftcap: return "logit_softcap";
@@ -221,7 +223,7 @@ void DecodeProgram::verify() const {
     const std::string where = fmt::format("op {} ({} '{}' layer {})", i, op_kind_name(op.kind), op.name, op.layer);
     for (int s : {op.in, op.in2, op.in3, op.out})
       MK_CHECK(s >= -1 && s < n_slots, "{}: slot id {} out of range", where, s);
-    MK_CHECK(op.out >= 0, "{}: no output slot", where);
+    MK_CHECK(op.out >= 0 || op.kind == OpKind::Tap, "{}: no output slot", where);
     for (int s : op.reads()) MK_CHECK(written[static_cast<size_t>(s)], "{}: reads slot '{}' before any op writes it", where, slots[static_cast<size_t>(s)].name);
     switch (op.kind) {
       case OpKind::Embed:
@@ -301,6 +303,11 @@ void DecodeProgram::verify() const {
       case OpKind::AttnResAdd:
         MK_CHECK(op.in >= 0 && op.block >= 0 && (op.block + 1) * width(op.in) <= width(op.out), "{}: block {} of {} in a slot of {}",
                  where, op.block, width(op.in), width(op.out));
+        break;
+      case OpKind::Tap:
+        MK_CHECK(op.in >= 0 && op.out < 0 && op.tap_offset >= 0 && op.tap_offset + width(op.in) <= tap_width,
+                 "{}: tap columns [{}, {}) outside the tap row of {}", where, op.tap_offset,
+                 op.tap_offset + (op.in >= 0 ? width(op.in) : 0), tap_width);
         break;
       case OpKind::MlaKey:
         MK_CHECK(op.in >= 0 && op.in2 >= 0 && op.n_head > 0 && width(op.out) == op.n_head * op.head_dim &&
@@ -391,6 +398,70 @@ std::string DecodeProgram::dump() const {
   }
   flush_layer();
   return s;
+}
+
+int add_taps(DecodeProgram& p, const std::vector<int>& layers) {
+  if (p.tap_width != 0) fail("program {} already has taps", p.model_name);
+  if (layers.empty()) fail("no layers to tap");
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const int l = layers[i];
+    if (l < 0 || l >= p.n_layer) fail("tap layer {} is outside the {} layers of {}", l, p.n_layer, p.model_name);
+    for (size_t j = 0; j < i; ++j)
+      if (layers[j] == l) fail("layer {} is tapped twice", l);
+  }
+  // Where each tap goes: (insert before this op index, slot to copy).
+  struct Site {
+    size_t before;
+    int slot;
+    int column;
+  };
+  std::vector<Site> sites;
+  int width = -1;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const int l = layers[i];
+    size_t last = p.ops.size();
+    for (size_t k = 0; k < p.ops.size(); ++k)
+      if (p.ops[k].layer == l) last = k;
+    if (last == p.ops.size()) fail("layer {} of {} has no ops to tap after", l, p.model_name);
+    if (last + 1 >= p.ops.size()) fail("layer {} of {} is the end of the program: no stream to tap", l, p.model_name);
+    const Op& next = p.ops[last + 1];
+    Site s{};
+    if (next.kind == OpKind::AttnResMix) {
+      // Attention residuals: the next layer's input is this mixture.
+      s.before = last + 2;
+      s.slot = next.out;
+    } else {
+      // The next op reads the stream (the next layer's input norm, or the
+      // final norm after the last layer).
+      if (next.kind != OpKind::RmsNorm || next.in < 0)
+        fail("{}: after layer {} comes op '{}' ({}), not a norm of the residual stream", p.model_name, l, next.name,
+             op_kind_name(next.kind));
+      s.before = last + 1;
+      s.slot = next.in;
+    }
+    const int w = p.slots[static_cast<size_t>(s.slot)].width;
+    if (width >= 0 && w != width) fail("{}: tapped streams differ in width ({} vs {})", p.model_name, width, w);
+    width = w;
+    s.column = static_cast<int>(i) * w;
+    sites.push_back(s);
+  }
+  // Insert from the back so earlier indices stay valid.
+  std::vector<size_t> order(sites.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return sites[a].before > sites[b].before; });
+  for (size_t i : order) {
+    Op op;
+    op.kind = OpKind::Tap;
+    op.layer = layers[i];
+    op.name = "tap";
+    op.in = sites[i].slot;
+    op.out = -1;
+    op.tap_offset = sites[i].column;
+    p.ops.insert(p.ops.begin() + static_cast<std::ptrdiff_t>(sites[i].before), op);
+  }
+  p.tap_width = width * static_cast<int>(layers.size());
+  p.verify();
+  return width;
 }
 
 }  // namespace megakern

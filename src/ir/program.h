@@ -76,6 +76,10 @@ enum class OpKind : uint8_t {
                    // row): score_i = (v_i . norm) * rsqrt(mean(v_i^2) + eps)  (attention residuals)
   AttnResAdd,      // block `block` of `out` ([n_blocks][H] per row) = in[r] (overwrite) or += in[r]
   MlaKey,          // out[r] = per head [in[r] head h (head_dim - w2) | in2[r] (w2, shared by all heads)]
+  // Observation (exec/op_kernels.cpp).
+  Tap,             // taps[r][tap_offset .. + width(in)] = in[r]: copies a slot's rows into the buffer the
+                   // caller gave the executor (Executor::set_tap_output), [rows][DecodeProgram::tap_width];
+                   // no output slot (out = -1); a no-op when no buffer is set
 };
 
 const char* op_kind_name(OpKind k);
@@ -119,6 +123,7 @@ struct Op {
   int v_head_dim = 0;               // Attention: value width per head when it differs from head_dim (0: head_dim)
   int block = 0;                    // AttnResMix: number of blocks mixed; AttnResAdd: the block written
   bool overwrite = false;           // AttnResAdd: set the block instead of adding to it
+  int tap_offset = 0;               // Tap: first column of this tap in a row of the tap buffer
   int cache_layer() const { return cache_index >= 0 ? cache_index : layer; }
 
   // Bytes of weights this op streams per step (independent of the row count).
@@ -139,6 +144,9 @@ struct DecodeProgram {
   // Set when the program has ops with per-sequence recurrent state: every row
   // then needs RowInput::state (a sequence's rows adjacent in the step).
   bool recurrent = false;
+  // Floats per row of the tap buffer: the summed widths of the Tap ops (0:
+  // the program has none).
+  int tap_width = 0;
   std::vector<Slot> slots;
   std::vector<Op> ops;
 
@@ -189,5 +197,21 @@ struct DecodeProgram {
   // Human-readable listing: one line per op, grouped by layer, with bytes read.
   std::string dump() const;
 };
+
+// Residual-stream taps: adds a Tap op after each layer l in `layers` (in the
+// order given; tap i occupies columns [i * H, (i + 1) * H) of a tap row, H the
+// stream width) copying the residual stream the next layer reads, i.e. the
+// hidden state after layer l at each row's position:
+//  - dense, Qwen3.8 and Muse Spark programs: the stream slot ("x", or Muse
+//    Spark's f32 stream "s") that the next layer's first op (or the final
+//    norm) reads, tapped right after layer l's last op;
+//  - Kimi K3's attention residuals keep no single stream slot: each layer
+//    reads a learned mixture of the block prefixes (AttnResMix). There the
+//    tap copies that mixture as the next layer computes it (for the last
+//    layer, the final mixture the output norm reads), right after that op.
+// Sets program.tap_width and returns the stream width H. Throws
+// megakern::Error on a layer out of range or a duplicate, or if the program
+// already has taps. Programs without taps are untouched by this.
+int add_taps(DecodeProgram& program, const std::vector<int>& layers);
 
 }  // namespace megakern

@@ -12,15 +12,43 @@
 namespace megakern {
 
 Engine::Engine(const Model& model, ThreadPool& pool, int max_rows, const std::string& executor)
-    : model_(model), pool_(pool), program_(model.build_program(max_rows)), exec_(make_executor(executor, program_, pool)) {}
+    : model_(model),
+      pool_(pool),
+      program_(model.build_program(max_rows)),
+      exec_(make_executor(executor, program_, pool)),
+      exec_kind_(executor) {}
 
-void Engine::step(const std::vector<RowInput>& rows, float* logits) { exec_->step(rows, logits); }
+void Engine::step(const std::vector<RowInput>& rows, float* logits, float* taps) {
+  if (taps && program_.tap_width == 0) fail("taps requested from an engine without taps (enable_taps first)");
+  exec_->set_tap_output(taps);
+  try {
+    exec_->step(rows, logits);
+  } catch (...) {
+    exec_->set_tap_output(nullptr);
+    throw;
+  }
+  exec_->set_tap_output(nullptr);
+}
 
-void Engine::prefill(SequenceState& seq, const int32_t* tokens, int n, int pos0, float* logits) {
+void Engine::enable_taps(const std::vector<int>& layers) {
+  if (!tap_layers_.empty()) {
+    if (layers == tap_layers_) return;
+    fail("the engine already taps other layers");
+  }
+  DecodeProgram p = model_.build_program(program_.max_rows);
+  add_taps(p, layers);
+  // The executor refers to the program: replace both together.
+  exec_.reset();
+  program_ = std::move(p);
+  exec_ = make_executor(exec_kind_, program_, pool_);
+  tap_layers_ = layers;
+}
+
+void Engine::prefill(SequenceState& seq, const int32_t* tokens, int n, int pos0, float* logits, float* taps) {
   if (n <= 0) fail("prefill of {} tokens: nothing to compute", n);
   if (pos0 < 0 || static_cast<int64_t>(pos0) + n > seq.n_ctx())
     fail("prefill of {} tokens at position {} does not fit the context of {} tokens", n, pos0, seq.n_ctx());
-  if (model_.prompt_forward(pool_, seq, tokens, n, pos0, logits)) return;
+  if (!taps && model_.prompt_forward(pool_, seq, tokens, n, pos0, logits)) return;
   const int block = max_rows();
   const size_t V = static_cast<size_t>(n_vocab());
   block_logits_.resize(static_cast<size_t>(block) * V);
@@ -29,7 +57,7 @@ void Engine::prefill(SequenceState& seq, const int32_t* tokens, int n, int pos0,
     const int m = std::min(block, n - i);
     rows.clear();
     for (int r = 0; r < m; ++r) rows.push_back(seq.row(tokens[i + r], pos0 + i + r));
-    exec_->step(rows, block_logits_.data());
+    step(rows, block_logits_.data(), taps ? taps + static_cast<size_t>(i) * static_cast<size_t>(tap_width()) : nullptr);
     if (i + m == n) std::copy_n(block_logits_.data() + static_cast<size_t>(m - 1) * V, V, logits);
   }
 }

@@ -34,17 +34,31 @@ class Engine {
   int n_vocab() const { return program_.n_vocab; }
 
   // One step; logits [rows.size()][n_vocab]. Throws megakern::Error on bad rows.
-  void step(const std::vector<RowInput>& rows, float* logits);
+  // With `taps` (engines with taps enabled), also the residual-stream taps
+  // of every row, [rows.size()][tap_width()].
+  void step(const std::vector<RowInput>& rows, float* logits, float* taps = nullptr);
   // Computes tokens[0..n) of seq at positions pos0.., writing the logits of
   // the last one: the model's batched prompt pass when it has one, else
-  // executor steps over blocks of up to max_rows positions.
-  void prefill(SequenceState& seq, const int32_t* tokens, int n, int pos0, float* logits);
+  // executor steps over blocks of up to max_rows positions. With `taps`, the
+  // taps of every position, [n][tap_width()] (always by executor steps: the
+  // batched prompt pass has no taps).
+  void prefill(SequenceState& seq, const int32_t* tokens, int n, int pos0, float* logits, float* taps = nullptr);
+
+  // Rebuilds the program with residual-stream taps after `layers` (see
+  // add_taps in ir/program.h) and a new executor of the same kind. Calling it
+  // again with the same layers does nothing; other layers throw. Steps
+  // without a tap buffer behave as before.
+  void enable_taps(const std::vector<int>& layers);
+  const std::vector<int>& tap_layers() const { return tap_layers_; }
+  int tap_width() const { return program_.tap_width; }
 
  private:
   const Model& model_;
   ThreadPool& pool_;
   DecodeProgram program_;
   std::unique_ptr<Executor> exec_;
+  std::string exec_kind_;
+  std::vector<int> tap_layers_;
   std::vector<float> block_logits_;
 };
 

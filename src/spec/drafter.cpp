@@ -1,5 +1,7 @@
 #include "spec/drafter.h"
 
+#include "spec/block_drafter.h"
+
 #include <algorithm>
 #include <charconv>
 
@@ -235,7 +237,21 @@ std::unique_ptr<Drafter> make_drafter(const std::string& spec, const Model& targ
     owned_model = load_model(arg);
     return std::make_unique<ModelDrafter>(*owned_model, target.n_vocab(), pool, n_ctx, sampling, executor);
   }
-  fail("unknown drafter '{}' (expected ngram, ngram:N, self, self:N or model:PATH)", spec);
+  if (kind == "dspark" || kind == "dflash") {
+    const BlockDrafterKind k = kind == "dspark" ? BlockDrafterKind::DSpark : BlockDrafterKind::DFlash;
+    BlockDrafterWeights w;
+    if (colon == std::string::npos) {
+      w = synthetic_block_drafter(BlockDrafterConfig::mini(k, target));
+    } else {
+      if (arg.empty()) fail("drafter '{}': name the weights, as {}:PATH", spec, kind);
+      w = load_block_drafter(arg, target);
+      if (w.config.kind != k)
+        fail("drafter '{}': {} holds a {} drafter", spec, arg, block_drafter_kind_name(w.config.kind));
+    }
+    return std::make_unique<BlockDrafter>(target, std::move(w), pool, n_ctx);
+  }
+  fail("unknown drafter '{}' (expected ngram, ngram:N, self, self:N, model:PATH, dspark[:PATH] or dflash[:PATH])",
+       spec);
 }
 
 }  // namespace megakern

@@ -65,6 +65,23 @@ class Drafter {
   virtual void accepted(int n_accepted) { (void)n_accepted; }
   // Forgets any per-sequence state (a new prompt follows).
   virtual void reset() {}
+  // Drafters conditioned on the target's hidden states (spec/block_drafter.h)
+  // name the target layers whose residual stream they need; the generator
+  // then runs the target with taps after those layers (Engine::enable_taps)
+  // and hands over, after the prompt pass and after each verify, the taps of
+  // the positions that are now final: taps [n_rows][n_taps * H_target] of
+  // positions pos0..pos0+n_rows-1 (the anchor and the accepted drafts, never
+  // a rejected one). Empty (the default): no taps.
+  virtual const std::vector<int>& tap_layers() const {
+    static const std::vector<int> none;
+    return none;
+  }
+  bool wants_taps() const { return !tap_layers().empty(); }
+  virtual void observe_taps(const float* taps, int n_rows, int pos0) {
+    (void)taps;
+    (void)n_rows;
+    (void)pos0;
+  }
 };
 
 // Prompt lookup over the context itself.
@@ -143,7 +160,12 @@ class ModelDrafter final : public Drafter {
 //   "self:N" (keep N layers: the first N-1 and the last), "self:skip=A-B"
 //   (skip layers A..B);
 //   "model:PATH" (a draft model; PATH as load_model accepts it), whose model
-//   is stored in `owned_model`.
+//   is stored in `owned_model`;
+//   "dspark", "dflash" (block drafters conditioned on target taps, with
+//   synthetic MINI weights sized to the target: random, so acceptance is
+//   near zero), "dspark:PATH", "dflash:PATH" (weights from a directory or
+//   .safetensors file as `megakern gen-drafter` writes them); see
+//   spec/block_drafter.h.
 std::unique_ptr<Drafter> make_drafter(const std::string& spec, const Model& target, ThreadPool& pool, int n_ctx,
                                       const SamplingParams& sampling, std::unique_ptr<Model>& owned_model,
                                       const std::string& executor = "mega");

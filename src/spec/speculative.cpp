@@ -60,6 +60,10 @@ SpeculativeGenerator::SpeculativeGenerator(Engine& target, SequenceState& seq, D
          opts.draft + 1, target.max_rows());
   if (seq.recurrent != target.model().recurrent())
     fail("the sequence state does not belong to model {}", target.model().name());
+  if (drafter.wants_taps()) {
+    target.enable_taps(drafter.tap_layers());
+    taps_.resize(static_cast<size_t>(opts.draft + 1) * static_cast<size_t>(target.tap_width()));
+  }
   k_ = opts.draft;
   verify_ms_.assign(static_cast<size_t>(opts.draft) + 2, 0.0);
   logits_.resize(static_cast<size_t>(opts.draft + 1) * static_cast<size_t>(target.n_vocab()));
@@ -76,7 +80,10 @@ int32_t SpeculativeGenerator::start(const std::vector<int32_t>& prompt) {
   rng_.seed(opts_.sampling.seed);
   const int64_t V = engine_.n_vocab();
   const auto t0 = Clock::now();
-  engine_.prefill(seq_, prompt.data(), static_cast<int>(prompt.size()), 0, logits_.data());
+  std::vector<float> prompt_taps;
+  if (drafter_.wants_taps()) prompt_taps.resize(prompt.size() * static_cast<size_t>(engine_.tap_width()));
+  engine_.prefill(seq_, prompt.data(), static_cast<int>(prompt.size()), 0, logits_.data(),
+                  prompt_taps.empty() ? nullptr : prompt_taps.data());
   stats_.prefill_ms += ms_since(t0);
   const int32_t first = opts_.sampling.temperature == 0.f ? argmax(logits_.data(), V)
                                                           : draw(sampler_.distribution(logits_.data(), V), uniform01(rng_));
@@ -85,6 +92,7 @@ int32_t SpeculativeGenerator::start(const std::vector<int32_t>& prompt) {
   // The drafter takes in the prompt too (timed as prompt work, so the
   // drafting cost the adaptive length sees is that of drafting alone).
   const auto t1 = Clock::now();
+  if (!prompt_taps.empty()) drafter_.observe_taps(prompt_taps.data(), static_cast<int>(prompt.size()), 0);
   drafter_.prepare(tokens_);
   stats_.prefill_ms += ms_since(t1);
   return first;
@@ -145,12 +153,13 @@ int SpeculativeGenerator::round(int max_new, std::vector<int32_t>& out) {
       }
       rows_.push_back(row);
     }
-    engine_.step(rows_, logits_.data());
+    engine_.step(rows_, logits_.data(), taps_.empty() ? nullptr : taps_.data());
     computed = m + 1;
   }
   auto row_logits = [&](int i) -> const float* {
     if (!one_step && i >= computed) {
-      engine_.step({seq_.row(token_at(i), N + i)}, logits_.data() + static_cast<size_t>(i) * V);
+      engine_.step({seq_.row(token_at(i), N + i)}, logits_.data() + static_cast<size_t>(i) * V,
+                   taps_.empty() ? nullptr : taps_.data() + static_cast<size_t>(i) * static_cast<size_t>(engine_.tap_width()));
       computed = i + 1;
     }
     return logits_.data() + static_cast<size_t>(i) * V;
@@ -194,6 +203,9 @@ int SpeculativeGenerator::round(int max_new, std::vector<int32_t>& out) {
   }
   out.push_back(next);
   tokens_.push_back(next);
+  // The anchor and the accepted drafts are final: their taps go to the
+  // drafter (rows after a were rejected and are not fed).
+  if (!taps_.empty()) drafter_.observe_taps(taps_.data(), a + 1, N);
   drafter_.accepted(a);
   ++stats_.rounds;
   stats_.proposed += m;

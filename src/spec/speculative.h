@@ -37,6 +37,13 @@
 // with single-row steps instead, run lazily: row i+1 is computed only once
 // d_{i+1} has been accepted, so the state never needs rolling back (but no
 // target steps are saved).
+//
+// Drafters that want the target's hidden states (Drafter::tap_layers, e.g.
+// the block drafters of spec/block_drafter.h) get them: the generator turns
+// on taps in the target's engine, and hands the drafter the taps of the
+// prompt after the prompt pass and, after each verify, those of the anchor
+// and the accepted drafts (rows 0..a) only. The prompt is then computed by
+// executor steps (the batched prompt pass has no taps).
 #pragma once
 
 #include <cstdint>
@@ -132,6 +139,7 @@ class SpeculativeGenerator {
   std::vector<RowInput> rows_;
   std::vector<RecurrentState> snapshots_;  // recurrent one-step verify: state after row i (i >= 1)
   std::vector<float> logits_;
+  std::vector<float> taps_;  // drafters with taps: the verify rows' taps, [draft + 1][tap width]
   SpecStats stats_;
 };
 
