@@ -27,18 +27,10 @@
 #include "spec/block_drafter.h"
 #include "spec/drafter.h"
 #include "spec/speculative.h"
+#include "test_util.h"
 
 namespace megakern {
 namespace {
-
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char tmpl[] = "/tmp/megakern-blockdraft-XXXXXX";
-    path = mkdtemp(tmpl);
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
-};
 
 std::vector<int> spread_layers(int n_layer) {
   if (n_layer == 1) return {0};
@@ -456,29 +448,6 @@ TEST(SpecBlockDrafter, MarkovBiasMattersExactlyWhenW2IsNonzero) {
   EXPECT_NE(drafts_of(with2), biased);
 }
 
-struct CliResult {
-  int status = -1;
-  std::string out, err;
-};
-
-CliResult run_cli(const std::string& args) {
-  char tmpl[] = "/tmp/megakern-blockdraft-err-XXXXXX";
-  const int fd = mkstemp(tmpl);
-  close(fd);
-  const std::string cmd = std::string(MEGAKERN_BINARY) + " " + args + " 2>" + tmpl;
-  CliResult r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  std::ifstream f(tmpl);
-  r.err.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-  std::filesystem::remove(tmpl);
-  return r;
-}
 
 TEST(SpecCli, BlockDraftersRunGenerateAndBench) {
   const std::string base = "run -m dense-mini --raw -n 30 -t 2 -p 'abcabcabcabc hello abcabc'";

@@ -237,6 +237,17 @@ TEST(MuseQuant, Int8ColMatchesDefinition) {
 }
 
 // ---------------------------------------------------------------------------
+// A row-major f32 matrix view of w.
+MatView f32_view(const std::vector<float>& w, int64_t rows, int64_t cols) {
+  MatView m;
+  m.type = DType::F32;
+  m.rows = rows;
+  m.cols = cols;
+  m.row_bytes = static_cast<size_t>(cols) * 4;
+  m.data = reinterpret_cast<const uint8_t*>(w.data());
+  return m;
+}
+
 // Kernels on hand-made inputs
 
 TEST(MuseKernels, RouteTiesAndWeights) {
@@ -277,23 +288,14 @@ TEST(MuseKernels, RouteTiesAndWeights) {
 TEST(MuseKernels, RoutedTileWeightsCoverTheSelectedExpertsOnce) {
   const int E = 6, K = 2, D = 8, F = 20, R = 3;
   std::vector<std::vector<float>> w(static_cast<size_t>(3 * E), std::vector<float>(static_cast<size_t>(F) * D));
-  auto view = [](const std::vector<float>& v, int64_t rows, int64_t cols) {
-    MatView m;
-    m.type = DType::F32;
-    m.rows = rows;
-    m.cols = cols;
-    m.row_bytes = static_cast<size_t>(cols) * 4;
-    m.data = reinterpret_cast<const uint8_t*>(v.data());
-    return m;
-  };
   ExpertBank bank;
   bank.n_expert = E;
   bank.d_in = D;
   bank.d_ff = F;
   for (int e = 0; e < E; ++e) {
-    bank.gate.push_back(view(w[static_cast<size_t>(3 * e)], F, D));
-    bank.up.push_back(view(w[static_cast<size_t>(3 * e + 1)], F, D));
-    bank.down.push_back(view(w[static_cast<size_t>(3 * e + 2)], D, F));
+    bank.gate.push_back(f32_view(w[static_cast<size_t>(3 * e)], F, D));
+    bank.up.push_back(f32_view(w[static_cast<size_t>(3 * e + 1)], F, D));
+    bank.down.push_back(f32_view(w[static_cast<size_t>(3 * e + 2)], D, F));
   }
   DecodeProgram p;
   p.max_rows = R;
@@ -377,15 +379,6 @@ TEST(MuseKernels, MoeOpsWithSiTUAndNoNormUnderEveryExecutor) {
     std::vector<float> v(n);
     for (auto& x : v) x = s * u(rng);
     return v;
-  };
-  auto f32_view = [](const std::vector<float>& w, int64_t rows, int64_t cols) {
-    MatView m;
-    m.type = DType::F32;
-    m.rows = rows;
-    m.cols = cols;
-    m.row_bytes = static_cast<size_t>(cols) * 4;
-    m.data = reinterpret_cast<const uint8_t*>(w.data());
-    return m;
   };
   const std::vector<float> table = fill(static_cast<size_t>(V) * D, 1.f), wr = fill(static_cast<size_t>(E) * D, 0.3f),
                            wo = fill(static_cast<size_t>(V) * D, 0.2f);

@@ -23,15 +23,6 @@
 namespace megakern {
 namespace {
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char tmpl[] = "/tmp/megakern-test-XXXXXX";
-    path = mkdtemp(tmpl);
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
-};
-
 std::vector<int32_t> greedy(Session& s, const std::vector<int32_t>& prompt, int n) {
   std::vector<int32_t> out;
   s.set_tokens(prompt);

@@ -521,30 +521,6 @@ TEST(SpecErrors, BadInputIsRefusedClearly) {
   EXPECT_THROW(g.start(std::vector<int32_t>(65, 1)), Error);
 }
 
-struct CliResult {
-  int status = -1;
-  std::string out, err;
-};
-
-// Runs the megakern binary; stdout and stderr are kept apart.
-CliResult run_cli(const std::string& args) {
-  char tmpl[] = "/tmp/megakern-spec-err-XXXXXX";
-  const int fd = mkstemp(tmpl);
-  close(fd);
-  const std::string cmd = std::string(MEGAKERN_BINARY) + " " + args + " 2>" + tmpl;
-  CliResult r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  std::ifstream f(tmpl);
-  r.err.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-  std::filesystem::remove(tmpl);
-  return r;
-}
 
 TEST(SpecCli, RunWithSpecPrintsTheSameTextAndTheAcceptanceLength) {
   const std::string base = "run -m dense-mini --raw -n 40 -t 2 -p 'abcabcabcabc hello abcabc'";

@@ -1,11 +1,19 @@
-// Helpers shared by the tests: where fixtures and fetched models live.
+// Helpers shared by the tests: where fixtures and fetched models live, and
+// running the megakern binary.
 #pragma once
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -51,6 +59,47 @@ inline double rel_diff(const float* a, const float* b, size_t n) {
     den = std::max(den, static_cast<double>(std::fabs(b[i])));
   }
   return num / std::max(den, 1e-30);
+}
+
+// A fresh directory under /tmp, removed with everything in it at scope exit.
+struct TempDir {
+  std::string path;
+  TempDir() {
+    char tmpl[] = "/tmp/megakern-test-XXXXXX";
+    const char* p = mkdtemp(tmpl);
+    path = p ? p : "";
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  ~TempDir() {
+    std::error_code ec;
+    if (!path.empty()) std::filesystem::remove_all(path, ec);
+  }
+};
+
+// Result of running the megakern binary with stdout and stderr kept apart.
+struct CliResult {
+  int status = -1;
+  std::string out, err;
+};
+
+inline CliResult run_cli(const std::string& args) {
+  char tmpl[] = "/tmp/megakern-test-err-XXXXXX";
+  const int fd = mkstemp(tmpl);
+  if (fd >= 0) close(fd);
+  const std::string cmd = std::string(MEGAKERN_BINARY) + " " + args + " 2>" + tmpl;
+  CliResult r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  std::ifstream f(tmpl);
+  r.err.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  std::filesystem::remove(tmpl);
+  return r;
 }
 
 }  // namespace megakern
