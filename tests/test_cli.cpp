@@ -19,17 +19,10 @@ struct Result {
   std::string out;  // stdout and stderr together
 };
 
+// stdout followed by stderr.
 Result run(const std::string& args) {
-  const std::string cmd = std::string(MEGAKERN_BINARY) + " " + args + " 2>&1";
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
+  const CliResult c = run_cli(args);
+  return {c.status, c.out + c.err};
 }
 
 TEST(Cli, HelpForEachCommand) {
