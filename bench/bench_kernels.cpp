@@ -9,6 +9,10 @@
 //                                positions, 32 query / 8 KV heads of 128 (f32 K
 //                                and V read once: bytes = 2 N 8 128 4); tiles
 //                                (one per head) split across the pool.
+//   BM_GluAct/<silu|gelu_tanh|situ>/<scalar|dispatch>
+//                                the gated activation over 4096 values in L1,
+//                                C library formulas vs the run-time choice
+//                                (AVX2 here); items/s = values per second.
 //   BM_DeltaRule/block:B/threads:T
 //                                a Gated DeltaNet layer of the Qwen3.8 size (16
 //                                key / 48 value heads of 128, f32 state 3 MiB)
@@ -42,6 +46,7 @@
 #include "exec/op_kernels.h"
 #include "exec/recurrent_kernels.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/ops.h"
 
 namespace {
 
@@ -293,6 +298,27 @@ void BM_DeltaRule(benchmark::State& state) {
   counters(state, 2.0 * (double)st.S.size() / kStates * sizeof(float), threads, block);
 }
 
+// GLU activations over 4096 values (in L1), one thread: the C library
+// formulas against the AVX2 version; items/s = values per second.
+void BM_GluAct(benchmark::State& state, GluKind k, bool vector) {
+  const int64_t n = 4096;
+  std::vector<float> g(n), u(n), o(n);
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> d(-6.f, 6.f);
+  for (int64_t i = 0; i < n; ++i) {
+    g[static_cast<size_t>(i)] = d(rng);
+    u[static_cast<size_t>(i)] = d(rng);
+  }
+  for (auto _ : state) {
+    if (vector)
+      glu_act(k, g.data(), u.data(), 1.f, 1.f, o.data(), n);
+    else
+      glu_act_scalar(k, g.data(), u.data(), 1.f, 1.f, o.data(), n);
+    benchmark::DoNotOptimize(o.data());
+  }
+  state.SetItemsProcessed(state.iterations() * n);
+}
+
 void register_all() {
   for (int threads : {1, 2})
     benchmark::RegisterBenchmark("BM_ReadBandwidth", BM_ReadBandwidth)
@@ -327,6 +353,12 @@ void register_all() {
           ->Unit(benchmark::kMillisecond)
           ->MinTime(0.2);
   }
+  for (auto [kind, name] : {std::pair{GluKind::SiLU, "silu"}, std::pair{GluKind::GeluTanh, "gelu_tanh"},
+                            std::pair{GluKind::SiTU, "situ"}})
+    for (bool vector : {false, true})
+      benchmark::RegisterBenchmark((std::string("BM_GluAct/") + name + (vector ? "/dispatch" : "/scalar")).c_str(),
+                                   [kind, vector](benchmark::State& s) { BM_GluAct(s, kind, vector); })
+          ->MinTime(0.1);
   // The probe again at the end, to show drift in the machine's load.
   for (int threads : {1, 2})
     benchmark::RegisterBenchmark("BM_ReadBandwidth_end", BM_ReadBandwidth)

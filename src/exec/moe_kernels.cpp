@@ -82,7 +82,7 @@ float scale_of(const std::vector<float>& s, int e) { return s.empty() ? 1.f : s[
 }  // namespace
 
 float swiglu_act(float g, float u) { return silu(g) * u; }
-float situ_act(float g, float u) { return 4.f * std::tanh(g * 0.25f) * sigmoidf(g) * (25.f * std::tanh(u / 25.f)); }
+float situ_act(float g, float u) { return situ(g, u); }
 
 int moe_tile_count(const Op& op, int n_rows, int n_workers) {
   const int slots = n_slots(op, n_rows);
@@ -174,10 +174,11 @@ void moe_glu_tile(const Op& op, const StepContext& ctx, int t, int n_tiles) {
     float* h = row_of(ctx, op.out, w.row[static_cast<size_t>(i)]) + static_cast<size_t>(w.sel[static_cast<size_t>(i)]) * F;
     const float* g = G.data() + static_cast<size_t>(i) * F;
     const float* u = U.data() + static_cast<size_t>(i) * F;
-    if (b.act == ExpertAct::SiTU)
-      for (int f = fb; f < fe; ++f) h[f] = situ_act(gs * g[f], us * u[f]);
+    const GluKind kind = b.act == ExpertAct::SiTU ? GluKind::SiTU : GluKind::SiLU;
+    if (ctx.scalar)
+      glu_act_scalar(kind, g + fb, u + fb, gs, us, h + fb, fe - fb);
     else
-      for (int f = fb; f < fe; ++f) h[f] = swiglu_act(gs * g[f], us * u[f]);
+      glu_act(kind, g + fb, u + fb, gs, us, h + fb, fe - fb);
   }
 }
 

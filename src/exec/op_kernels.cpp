@@ -250,12 +250,11 @@ void run_op_tile(const Op& op, const StepContext& ctx, int t, int n_tiles) {
       const float* u = row_of(ctx, op.in2, t);
       float* o = row_of(ctx, op.out, t);
       const int n = p.slots[static_cast<size_t>(op.out)].width;
-      if (op.situ)
-        for (int i = 0; i < n; ++i) o[i] = situ_act(g[i], u[i]);
-      else if (op.gelu)
-        for (int i = 0; i < n; ++i) o[i] = gelu_tanh(g[i]) * u[i];
+      const GluKind kind = op.situ ? GluKind::SiTU : op.gelu ? GluKind::GeluTanh : GluKind::SiLU;
+      if (ctx.scalar)
+        glu_act_scalar(kind, g, u, 1.f, 1.f, o, n);
       else
-        for (int i = 0; i < n; ++i) o[i] = silu(g[i]) * u[i];
+        glu_act(kind, g, u, 1.f, 1.f, o, n);
       break;
     }
     case OpKind::Residual: {

@@ -275,7 +275,8 @@ void DenseModel::forward(ThreadPool& pool, KVCache& cache, const int32_t* tokens
 
     matmul(pool, L.w_gate, xn.data(), n, gate.data());
     matmul(pool, L.w_up, xn.data(), n, up.data());
-    for (size_t i = 0; i < gate.size(); ++i) gate[i] = (c.gelu ? gelu_tanh(gate[i]) : silu(gate[i])) * up[i];
+    glu_act(c.gelu ? GluKind::GeluTanh : GluKind::SiLU, gate.data(), up.data(), 1.f, 1.f, gate.data(),
+            static_cast<int64_t>(gate.size()));
     matmul(pool, L.w_down, gate.data(), n, proj.data());
     for (int t = 0; t < n; ++t) {
       if (c.sandwich_norm) rmsnorm(&proj[t * D], L.post_ffn_norm.data(), D, c.eps, &proj[t * D]);

@@ -435,7 +435,7 @@ void BlockDrafter::propose(const std::vector<int32_t>& context, int k, Draft& ou
     for (size_t i = 0; i < rows; ++i) rmsnorm(h.data() + i * D, L.ffn_norm.data(), c.hidden, c.eps, xn.data() + i * D);
     matmul(pool_, V.w_gate, xn.data(), n, g.data());
     matmul(pool_, V.w_up, xn.data(), n, u.data());
-    for (size_t i = 0; i < g.size(); ++i) g[i] = silu(g[i]) * u[i];
+    glu_act(GluKind::SiLU, g.data(), u.data(), 1.f, 1.f, g.data(), static_cast<int64_t>(g.size()));
     matmul(pool_, V.w_down, g.data(), n, proj.data());
     for (size_t i = 0; i < h.size(); ++i) h[i] += proj[i];
   }

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cpu/cpu_features.h"
+
 namespace megakern {
 
 void rmsnorm(const float* x, const float* w, int64_t n, float eps, float* out) {
@@ -47,6 +49,24 @@ void softmax_inplace(float* x, int64_t n) {
 float gelu_tanh(float x) {
   const float k = 0.7978845608028654f;  // sqrt(2/pi)
   return 0.5f * x * (1.f + std::tanh(k * (x + 0.044715f * x * x * x)));
+}
+
+void glu_act_scalar(GluKind k, const float* g, const float* u, float gs, float us, float* o, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float a = gs * g[i], b = us * u[i];
+    switch (k) {
+      case GluKind::SiLU: o[i] = silu(a) * b; break;
+      case GluKind::GeluTanh: o[i] = gelu_tanh(a) * b; break;
+      case GluKind::SiTU: o[i] = situ(a, b); break;
+    }
+  }
+}
+
+void glu_act(GluKind k, const float* g, const float* u, float gs, float us, float* o, int64_t n) {
+  if (use_avx2())
+    glu_act_avx2(k, g, u, gs, us, o, n);
+  else
+    glu_act_scalar(k, g, u, gs, us, o, n);
 }
 
 }  // namespace megakern

@@ -22,5 +22,22 @@ void softmax_inplace(float* x, int64_t n);
 inline float silu(float x) { return x / (1.f + std::exp(-x)); }
 // GELU with the tanh approximation (as Gemma uses).
 float gelu_tanh(float x);
+// Kimi K3's SiTU gate: 4 tanh(g / 4) * sigmoid(g) * 25 tanh(u / 25).
+inline float situ(float g, float u) {
+  return 4.f * std::tanh(g * 0.25f) * (1.f / (1.f + std::exp(-g))) * (25.f * std::tanh(u / 25.f));
+}
+
+// The gated activations of GLU layers, element-wise over n values:
+//   o[i] = act(gs * g[i], us * u[i])
+// SiLU: silu(g) * u; GeluTanh: gelu_tanh(g) * u; SiTU: situ(g, u).
+// glu_act_scalar evaluates the formulas above with the C library's exp and
+// tanh (the reference); glu_act_avx2 uses vector exp / tanh approximations
+// within a few float ulps of them (|error| <= 1e-6 * max(1, |result|), tested);
+// glu_act picks the AVX2 version when the CPU has it. A result depends only
+// on its own inputs, never on n or on where the range starts.
+enum class GluKind : unsigned char { SiLU, GeluTanh, SiTU };
+void glu_act(GluKind k, const float* g, const float* u, float gs, float us, float* o, int64_t n);
+void glu_act_scalar(GluKind k, const float* g, const float* u, float gs, float us, float* o, int64_t n);
+void glu_act_avx2(GluKind k, const float* g, const float* u, float gs, float us, float* o, int64_t n);
 
 }  // namespace megakern

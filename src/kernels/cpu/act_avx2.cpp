@@ -1,0 +1,107 @@
+// AVX2 versions of the gated GLU activations (kernels/cpu/ops.h): exp from a
+// range reduction to [-ln2/2, ln2/2] and a degree-6 polynomial (Cephes'
+// coefficients), tanh from an odd polynomial near zero and from exp further
+// out. Inputs are clamped so exp never overflows; the tail of a range that is
+// not a multiple of 8 goes through the same vector code on a padded copy, so a
+// value's result never depends on its place in the range.
+#include <immintrin.h>
+
+#include <algorithm>
+
+#include "kernels/cpu/ops.h"
+
+namespace megakern {
+namespace {
+
+inline __m256 exp_ps(__m256 x) {
+  x = _mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f));
+  x = _mm256_max_ps(x, _mm256_set1_ps(-88.3762626647949f));
+  // n = round(x / ln2); r = x - n ln2 in two parts for accuracy.
+  const __m256 fx = _mm256_round_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)),
+                                    _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), r);
+  const __m256 z = _mm256_mul_ps(r, r);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, z, _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+  // 2^n through the exponent field (n >= -127: 2^-127 becomes 0, harmless here).
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+inline __m256 sigmoid_ps(__m256 x) {
+  const __m256 one = _mm256_set1_ps(1.f);
+  return _mm256_div_ps(one, _mm256_add_ps(one, exp_ps(_mm256_sub_ps(_mm256_setzero_ps(), x))));
+}
+
+inline __m256 tanh_ps(__m256 x) {
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  const __m256 ax = _mm256_andnot_ps(sign, x);
+  // |x| < 0.625: x + x^3 P(x^2).
+  const __m256 z = _mm256_mul_ps(x, x);
+  __m256 p = _mm256_set1_ps(-5.70498872745e-3f);
+  p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(2.06390887954e-2f));
+  p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(-5.37397155531e-2f));
+  p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(1.33314422036e-1f));
+  p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(-3.33332819422e-1f));
+  const __m256 small = _mm256_fmadd_ps(_mm256_mul_ps(p, z), x, x);
+  // Otherwise 1 - 2 / (e^{2|x|} + 1), with the sign of x.
+  const __m256 one = _mm256_set1_ps(1.f);
+  const __m256 e = exp_ps(_mm256_add_ps(ax, ax));
+  const __m256 big = _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.f), _mm256_add_ps(e, one)));
+  const __m256 big_signed = _mm256_or_ps(big, _mm256_and_ps(sign, x));
+  return _mm256_blendv_ps(big_signed, small, _mm256_cmp_ps(ax, _mm256_set1_ps(0.625f), _CMP_LT_OQ));
+}
+
+template <GluKind K>
+inline __m256 act8(__m256 a, __m256 b) {
+  if constexpr (K == GluKind::SiLU) {
+    const __m256 e = exp_ps(_mm256_sub_ps(_mm256_setzero_ps(), a));
+    return _mm256_mul_ps(_mm256_div_ps(a, _mm256_add_ps(_mm256_set1_ps(1.f), e)), b);
+  } else if constexpr (K == GluKind::GeluTanh) {
+    const __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(a, a), a);
+    const __m256 inner = _mm256_mul_ps(_mm256_set1_ps(0.7978845608028654f),
+                                       _mm256_fmadd_ps(_mm256_set1_ps(0.044715f), x3, a));
+    const __m256 t = _mm256_add_ps(_mm256_set1_ps(1.f), tanh_ps(inner));
+    return _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), a), t), b);
+  } else {
+    const __m256 tg = _mm256_mul_ps(_mm256_set1_ps(4.f), tanh_ps(_mm256_mul_ps(a, _mm256_set1_ps(0.25f))));
+    const __m256 tu = _mm256_mul_ps(_mm256_set1_ps(25.f), tanh_ps(_mm256_div_ps(b, _mm256_set1_ps(25.f))));
+    return _mm256_mul_ps(_mm256_mul_ps(tg, sigmoid_ps(a)), tu);
+  }
+}
+
+template <GluKind K>
+void glu_range(const float* g, const float* u, float gs, float us, float* o, int64_t n) {
+  const __m256 vgs = _mm256_set1_ps(gs), vus = _mm256_set1_ps(us);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 a = _mm256_mul_ps(vgs, _mm256_loadu_ps(g + i)), b = _mm256_mul_ps(vus, _mm256_loadu_ps(u + i));
+    _mm256_storeu_ps(o + i, act8<K>(a, b));
+  }
+  if (i < n) {
+    alignas(32) float ga[8] = {}, ua[8] = {}, oa[8];
+    std::copy(g + i, g + n, ga);
+    std::copy(u + i, u + n, ua);
+    const __m256 a = _mm256_mul_ps(vgs, _mm256_load_ps(ga)), b = _mm256_mul_ps(vus, _mm256_load_ps(ua));
+    _mm256_store_ps(oa, act8<K>(a, b));
+    std::copy(oa, oa + (n - i), o + i);
+  }
+}
+
+}  // namespace
+
+void glu_act_avx2(GluKind k, const float* g, const float* u, float gs, float us, float* o, int64_t n) {
+  switch (k) {
+    case GluKind::SiLU: glu_range<GluKind::SiLU>(g, u, gs, us, o, n); break;
+    case GluKind::GeluTanh: glu_range<GluKind::GeluTanh>(g, u, gs, us, o, n); break;
+    case GluKind::SiTU: glu_range<GluKind::SiTU>(g, u, gs, us, o, n); break;
+  }
+}
+
+}  // namespace megakern
