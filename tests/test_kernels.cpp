@@ -424,7 +424,7 @@ TEST(Kernels, GluActivationsMatchTheScalarFormulas) {
     u.push_back(i % 3 ? wide(rng) * 3.f : narrow(rng));
   }
   const int64_t n = static_cast<int64_t>(g.size());
-  for (GluKind k : {GluKind::SiLU, GluKind::GeluTanh, GluKind::SiTU})
+  for (GluKind k : {GluKind::SiLU, GluKind::GeluTanh, GluKind::SiTU, GluKind::Sigmoid})
     for (float gs : {1.f, 0.7f}) {
       std::vector<float> ref(g.size()), fast(g.size());
       glu_act_scalar(k, g.data(), u.data(), gs, 1.3f, ref.data(), n);
@@ -444,6 +444,25 @@ TEST(Kernels, GluActivationsMatchTheScalarFormulas) {
               << "kind " << int(k) << " offset " << off << " length " << len;
         }
     }
+}
+
+TEST(Kernels, SoftcapMatchesTheScalarFormula) {
+  if (!use_avx2()) GTEST_SKIP() << "no AVX2";
+  std::mt19937 rng(12);
+  std::uniform_real_distribution<float> d(-200.f, 200.f);
+  std::vector<float> x = {0.f, -0.f, 1e-7f, -1e-7f, 29.9f, -30.1f, 1e30f, -1e30f};
+  for (int i = 0; i < 3000; ++i) x.push_back(i % 4 ? d(rng) : d(rng) * 1e-3f);
+  for (float cap : {30.f, 15.f}) {
+    std::vector<float> ref = x, fast = x;
+    softcap_scalar(ref.data(), static_cast<int64_t>(ref.size()), cap, 0.8f);
+    softcap_avx2(fast.data(), static_cast<int64_t>(fast.size()), cap, 0.8f);
+    for (size_t i = 0; i < x.size(); ++i)
+      ASSERT_LE(std::fabs(fast[i] - ref[i]), 1e-6f * std::max(1.f, std::fabs(ref[i]))) << "x " << x[i] << " cap " << cap;
+    // A tail gives the same bits as the same values inside a longer range.
+    std::vector<float> tail(x.begin() + 3, x.begin() + 8);
+    softcap_avx2(tail.data(), 5, cap, 0.8f);
+    EXPECT_EQ(0, std::memcmp(tail.data(), fast.data() + 3, sizeof(float) * 5));
+  }
 }
 
 TEST(Kernels, ReportsIsa) {

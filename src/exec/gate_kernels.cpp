@@ -48,7 +48,10 @@ void head_norm_gate_tile(const Op& op, const StepContext& ctx, int r) {
       for (int i = 0; i < D; ++i) oh[i] *= s;
     } else {
       const float* gh = g + static_cast<size_t>(h) * D;
-      for (int i = 0; i < D; ++i) oh[i] *= sigmoidf(gh[i]);
+      if (ctx.scalar)
+        glu_act_scalar(GluKind::Sigmoid, gh, oh, 1.f, 1.f, oh, D);
+      else
+        glu_act(GluKind::Sigmoid, gh, oh, 1.f, 1.f, oh, D);
     }
   }
 }
@@ -56,8 +59,10 @@ void head_norm_gate_tile(const Op& op, const StepContext& ctx, int r) {
 void logit_softcap_tile(const Op& op, const StepContext& ctx, int r) {
   const int n = width_of(ctx, op.out);
   float* x = row_of(ctx, op.out, r);
-  const float inv_cap = 1.f / op.cap;
-  for (int i = 0; i < n; ++i) x[i] = op.cap * std::tanh(x[i] * op.scale * inv_cap);
+  if (ctx.scalar)
+    softcap_scalar(x, n, op.cap, op.scale);
+  else
+    softcap(x, n, op.cap, op.scale);
   if (op.norm)
     for (int i = 0; i < n; ++i) x[i] += op.norm[i];
 }

@@ -42,7 +42,10 @@ void sigmoid_gate_tile(const Op& op, const StepContext& ctx, int r) {
   float* o = row_of(ctx, op.out, r);
   const float* g = row_of(ctx, op.in, r);
   const int n = width_of(ctx, op.out);
-  for (int i = 0; i < n; ++i) o[i] *= sigmoidf(g[i]);
+  if (ctx.scalar)
+    glu_act_scalar(GluKind::Sigmoid, g, o, 1.f, 1.f, o, n);
+  else
+    glu_act(GluKind::Sigmoid, g, o, 1.f, 1.f, o, n);
 }
 
 namespace {
@@ -364,10 +367,11 @@ void gated_rmsnorm_tile(const Op& op, const StepContext& ctx, int r) {
     float* oh = o + static_cast<size_t>(h) * D;
     const float* zh = z + static_cast<size_t>(h) * D;
     rmsnorm(oh, op.norm, D, op.eps, oh);
-    if (op.kda)
-      for (int i = 0; i < D; ++i) oh[i] *= sigmoidf(zh[i]);
+    const GluKind gate = op.kda ? GluKind::Sigmoid : GluKind::SiLU;
+    if (ctx.scalar)
+      glu_act_scalar(gate, zh, oh, 1.f, 1.f, oh, D);
     else
-      for (int i = 0; i < D; ++i) oh[i] *= silu(zh[i]);
+      glu_act(gate, zh, oh, 1.f, 1.f, oh, D);
   }
 }
 

@@ -69,6 +69,8 @@ inline __m256 act8(__m256 a, __m256 b) {
                                        _mm256_fmadd_ps(_mm256_set1_ps(0.044715f), x3, a));
     const __m256 t = _mm256_add_ps(_mm256_set1_ps(1.f), tanh_ps(inner));
     return _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), a), t), b);
+  } else if constexpr (K == GluKind::Sigmoid) {
+    return _mm256_mul_ps(b, sigmoid_ps(a));
   } else {
     const __m256 tg = _mm256_mul_ps(_mm256_set1_ps(4.f), tanh_ps(_mm256_mul_ps(a, _mm256_set1_ps(0.25f))));
     const __m256 tu = _mm256_mul_ps(_mm256_set1_ps(25.f), tanh_ps(_mm256_div_ps(b, _mm256_set1_ps(25.f))));
@@ -101,6 +103,21 @@ void glu_act_avx2(GluKind k, const float* g, const float* u, float gs, float us,
     case GluKind::SiLU: glu_range<GluKind::SiLU>(g, u, gs, us, o, n); break;
     case GluKind::GeluTanh: glu_range<GluKind::GeluTanh>(g, u, gs, us, o, n); break;
     case GluKind::SiTU: glu_range<GluKind::SiTU>(g, u, gs, us, o, n); break;
+    case GluKind::Sigmoid: glu_range<GluKind::Sigmoid>(g, u, gs, us, o, n); break;
+  }
+}
+
+void softcap_avx2(float* x, int64_t n, float cap, float scale) {
+  const float inv_cap = 1.f / cap;
+  const __m256 vcap = _mm256_set1_ps(cap), vscale = _mm256_set1_ps(scale), vinv = _mm256_set1_ps(inv_cap);
+  auto one8 = [&](__m256 v) { return _mm256_mul_ps(vcap, tanh_ps(_mm256_mul_ps(_mm256_mul_ps(v, vscale), vinv))); };
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, one8(_mm256_loadu_ps(x + i)));
+  if (i < n) {
+    alignas(32) float a[8] = {};
+    std::copy(x + i, x + n, a);
+    _mm256_store_ps(a, one8(_mm256_load_ps(a)));
+    std::copy(a, a + (n - i), x + i);
   }
 }
 

@@ -58,8 +58,21 @@ void glu_act_scalar(GluKind k, const float* g, const float* u, float gs, float u
       case GluKind::SiLU: o[i] = silu(a) * b; break;
       case GluKind::GeluTanh: o[i] = gelu_tanh(a) * b; break;
       case GluKind::SiTU: o[i] = situ(a, b); break;
+      case GluKind::Sigmoid: o[i] = b * (1.f / (1.f + std::exp(-a))); break;
     }
   }
+}
+
+void softcap_scalar(float* x, int64_t n, float cap, float scale) {
+  const float inv_cap = 1.f / cap;
+  for (int64_t i = 0; i < n; ++i) x[i] = cap * std::tanh(x[i] * scale * inv_cap);
+}
+
+void softcap(float* x, int64_t n, float cap, float scale) {
+  if (use_avx2())
+    softcap_avx2(x, n, cap, scale);
+  else
+    softcap_scalar(x, n, cap, scale);
 }
 
 void glu_act(GluKind k, const float* g, const float* u, float gs, float us, float* o, int64_t n) {

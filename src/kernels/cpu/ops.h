@@ -29,15 +29,22 @@ inline float situ(float g, float u) {
 
 // The gated activations of GLU layers, element-wise over n values:
 //   o[i] = act(gs * g[i], us * u[i])
-// SiLU: silu(g) * u; GeluTanh: gelu_tanh(g) * u; SiTU: situ(g, u).
+// SiLU: silu(g) * u; GeluTanh: gelu_tanh(g) * u; SiTU: situ(g, u);
+// Sigmoid: u * (1 / (1 + exp(-g))) (a sigmoid gate on u).
 // glu_act_scalar evaluates the formulas above with the C library's exp and
 // tanh (the reference); glu_act_avx2 uses vector exp / tanh approximations
 // within a few float ulps of them (|error| <= 1e-6 * max(1, |result|), tested);
 // glu_act picks the AVX2 version when the CPU has it. A result depends only
 // on its own inputs, never on n or on where the range starts.
-enum class GluKind : unsigned char { SiLU, GeluTanh, SiTU };
+enum class GluKind : unsigned char { SiLU, GeluTanh, SiTU, Sigmoid };
 void glu_act(GluKind k, const float* g, const float* u, float gs, float us, float* o, int64_t n);
 void glu_act_scalar(GluKind k, const float* g, const float* u, float gs, float us, float* o, int64_t n);
 void glu_act_avx2(GluKind k, const float* g, const float* u, float gs, float us, float* o, int64_t n);
+
+// Logit soft-capping in place: x[i] = cap * tanh(x[i] * scale / cap), with
+// the same scalar / AVX2 split and accuracy as glu_act.
+void softcap(float* x, int64_t n, float cap, float scale);
+void softcap_scalar(float* x, int64_t n, float cap, float scale);
+void softcap_avx2(float* x, int64_t n, float cap, float scale);
 
 }  // namespace megakern
