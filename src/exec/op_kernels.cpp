@@ -225,10 +225,12 @@ void run_op_tile(const Op& op, const StepContext& ctx, int t, int n_tiles) {
     }
     case OpKind::HeadNormRope: {
       float* v = row_of(ctx, op.out, t);
+      thread_local RopeAngles angles;
+      angles.compute(op.rope_dim, ctx.rows[t].pos, op.rope_base);
       for (int h = 0; h < op.n_head; ++h) {
         float* vh = v + h * op.head_dim;
         if (op.norm) rmsnorm(vh, op.norm, op.head_dim, op.eps, vh);
-        rope_inplace(vh, op.rope_dim, ctx.rows[t].pos, op.rope_base, op.rope_neox);
+        rope_apply(vh, op.rope_dim, angles, op.rope_neox);
       }
       break;
     }

@@ -229,15 +229,17 @@ void DenseModel::forward(ThreadPool& pool, KVCache& cache, const int32_t* tokens
     matmul(pool, L.wv, xn.data(), n, v.data());
     for (int t = 0; t < n; ++t) {
       const int pos = pos0 + t;
+      thread_local RopeAngles angles;
+      angles.compute(c.rope_dim, pos, base);
       for (int h = 0; h < H; ++h) {
         float* qh = &q[t * qdim + h * hd];
         if (c.qk_norm) rmsnorm(qh, L.q_norm.data(), hd, c.eps, qh);
-        rope_inplace(qh, c.rope_dim, pos, base, c.rope_neox);
+        rope_apply(qh, c.rope_dim, angles, c.rope_neox);
       }
       for (int h = 0; h < Hkv; ++h) {
         float* kh = &k[t * kvdim + h * hd];
         if (c.qk_norm) rmsnorm(kh, L.k_norm.data(), hd, c.eps, kh);
-        rope_inplace(kh, c.rope_dim, pos, base, c.rope_neox);
+        rope_apply(kh, c.rope_dim, angles, c.rope_neox);
       }
       std::memcpy(cache.k_at(l, pos), &k[t * kvdim], sizeof(float) * kvdim);
       std::memcpy(cache.v_at(l, pos), &v[t * kvdim], sizeof(float) * kvdim);

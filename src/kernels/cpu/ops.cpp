@@ -18,14 +18,30 @@ void rmsnorm(const float* x, const float* w, int64_t n, float eps, float* out) {
   }
 }
 
-void rope_inplace(float* v, int rope_dim, int64_t pos, float base, bool neox) {
+void RopeAngles::compute(int rope_dim, int64_t pos, float base) {
   const int half = rope_dim / 2;
+  cos.resize(static_cast<size_t>(half));
+  sin.resize(static_cast<size_t>(half));
   for (int i = 0; i < half; ++i) {
     // The angle is computed in double and rounded once, so it is accurate even
     // at large positions.
     const double inv_freq = std::pow(static_cast<double>(base), -2.0 * i / rope_dim);
     const double ang = static_cast<double>(pos) * inv_freq;
-    const float c = static_cast<float>(std::cos(ang)), s = static_cast<float>(std::sin(ang));
+    cos[static_cast<size_t>(i)] = static_cast<float>(std::cos(ang));
+    sin[static_cast<size_t>(i)] = static_cast<float>(std::sin(ang));
+  }
+}
+
+void rope_inplace(float* v, int rope_dim, int64_t pos, float base, bool neox) {
+  thread_local RopeAngles a;
+  a.compute(rope_dim, pos, base);
+  rope_apply(v, rope_dim, a, neox);
+}
+
+void rope_apply(float* v, int rope_dim, const RopeAngles& angles, bool neox) {
+  const int half = rope_dim / 2;
+  for (int i = 0; i < half; ++i) {
+    const float c = angles.cos[static_cast<size_t>(i)], s = angles.sin[static_cast<size_t>(i)];
     const int a = neox ? i : 2 * i;
     const int b = neox ? i + half : 2 * i + 1;
     const float x0 = v[a], x1 = v[b];

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 namespace megakern {
 
@@ -15,6 +16,14 @@ void rmsnorm(const float* x, const float* w, int64_t n, float eps, float* out);
 // pos. neox: pairs (i, i + rope_dim/2); otherwise adjacent pairs (2i, 2i+1).
 // Frequencies: theta_i = pos * base^(-2i / rope_dim).
 void rope_inplace(float* v, int rope_dim, int64_t pos, float base, bool neox);
+// The same in two parts, for many heads at one position: the angles once
+// (cos and sin of theta_i, each computed in double and rounded once), then
+// the rotation of each head. Gives exactly the bits of rope_inplace.
+struct RopeAngles {
+  std::vector<float> cos, sin;  // [rope_dim / 2]
+  void compute(int rope_dim, int64_t pos, float base);
+};
+void rope_apply(float* v, int rope_dim, const RopeAngles& a, bool neox);
 
 // In-place softmax over n values, with the maximum subtracted first.
 void softmax_inplace(float* x, int64_t n);
