@@ -465,6 +465,26 @@ TEST(Kernels, SoftcapMatchesTheScalarFormula) {
   }
 }
 
+TEST(Kernels, SoftmaxMatchesTheScalarVersion) {
+  if (!use_avx2()) GTEST_SKIP() << "no AVX2";
+  std::mt19937 rng(13);
+  std::uniform_real_distribution<float> d(-40.f, 40.f);
+  for (int64_t n : {1, 3, 8, 9, 31, 1000, 4099}) {
+    std::vector<float> x(static_cast<size_t>(n));
+    for (auto& v : x) v = d(rng);
+    if (n > 3) x[2] = -INFINITY;  // a masked score
+    std::vector<float> ref = x, fast = x;
+    softmax_inplace_scalar(ref.data(), n);
+    softmax_inplace_avx2(fast.data(), n);
+    double sum = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      ASSERT_LE(std::fabs(fast[i] - ref[i]), 1e-6f * std::max(ref[i], 1e-30f) + 1e-37f) << "n " << n << " i " << i;
+      sum += fast[i];
+    }
+    EXPECT_NEAR(sum, 1.0, 1e-5) << n;
+  }
+}
+
 TEST(Kernels, ReportsIsa) {
   // Not a check: records which path the suite exercised.
   RecordProperty("avx2", use_avx2() ? "yes" : "no");

@@ -176,7 +176,13 @@ void attention_tile(const Op& op, const StepContext& ctx, int r, int g, int part
     p = e;
   }
   float* out = row_of(ctx, op.out, r) + static_cast<size_t>(h0) * vd;
-  for (int j = 0; j < group; ++j) softmax_inplace(scores.data() + static_cast<size_t>(j) * n, n);
+  for (int j = 0; j < group; ++j) {
+    float* s = scores.data() + static_cast<size_t>(j) * n;
+    if (ctx.scalar)
+      softmax_inplace_scalar(s, n);
+    else
+      softmax_inplace(s, n);
+  }
   std::fill(out, out + static_cast<size_t>(group) * vd, 0.f);
   for (int p = start; p <= pos;) {
     const int e = chunk_end(p);

@@ -7,6 +7,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "kernels/cpu/ops.h"
 
@@ -105,6 +106,25 @@ void glu_act_avx2(GluKind k, const float* g, const float* u, float gs, float us,
     case GluKind::SiTU: glu_range<GluKind::SiTU>(g, u, gs, us, o, n); break;
     case GluKind::Sigmoid: glu_range<GluKind::Sigmoid>(g, u, gs, us, o, n); break;
   }
+}
+
+void softmax_inplace_avx2(float* x, int64_t n) {
+  if (n <= 0) return;
+  float mx = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, x[i]);
+  const __m256 vmx = _mm256_set1_ps(mx);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, exp_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), vmx)));
+  if (i < n) {
+    alignas(32) float a[8] = {};
+    std::copy(x + i, x + n, a);
+    _mm256_store_ps(a, exp_ps(_mm256_sub_ps(_mm256_load_ps(a), vmx)));
+    std::copy(a, a + (n - i), x + i);
+  }
+  double sum = 0;
+  for (int64_t j = 0; j < n; ++j) sum += x[j];
+  const float inv = static_cast<float>(1.0 / sum);
+  for (int64_t j = 0; j < n; ++j) x[j] *= inv;
 }
 
 void softcap_avx2(float* x, int64_t n, float cap, float scale) {

@@ -51,6 +51,13 @@ void rope_apply(float* v, int rope_dim, const RopeAngles& angles, bool neox) {
 }
 
 void softmax_inplace(float* x, int64_t n) {
+  if (use_avx2())
+    softmax_inplace_avx2(x, n);
+  else
+    softmax_inplace_scalar(x, n);
+}
+
+void softmax_inplace_scalar(float* x, int64_t n) {
   float mx = -INFINITY;
   for (int64_t i = 0; i < n; ++i) mx = std::max(mx, x[i]);
   double sum = 0;

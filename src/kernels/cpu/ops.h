@@ -25,8 +25,14 @@ struct RopeAngles {
 };
 void rope_apply(float* v, int rope_dim, const RopeAngles& a, bool neox);
 
-// In-place softmax over n values, with the maximum subtracted first.
+// In-place softmax over n values, with the maximum subtracted first and the
+// sum of the exponentials taken in double, in order. softmax_inplace_scalar
+// uses the C library's exp; softmax_inplace picks the AVX2 exp when the CPU
+// has it (within a few ulps; tested), whose result for a value does not depend
+// on its place in the range.
 void softmax_inplace(float* x, int64_t n);
+void softmax_inplace_scalar(float* x, int64_t n);
+void softmax_inplace_avx2(float* x, int64_t n);
 
 inline float silu(float x) { return x / (1.f + std::exp(-x)); }
 // GELU with the tanh approximation (as Gemma uses).
