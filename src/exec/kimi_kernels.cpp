@@ -29,7 +29,10 @@ void attn_res_mix_tile(const Op& op, const StepContext& ctx, int r) {
     const float inv_rms = static_cast<float>(1.0 / std::sqrt(ss / H + op.eps));
     score[static_cast<size_t>(i)] = dot(v, op.norm, H) * inv_rms;
   }
-  softmax_inplace(score.data(), n);
+  if (ctx.scalar)
+    softmax_inplace_scalar(score.data(), n);
+  else
+    softmax_inplace(score.data(), n);
   std::memset(out, 0, sizeof(float) * static_cast<size_t>(H));
   for (int i = 0; i < n; ++i) axpy(score[static_cast<size_t>(i)], blocks + static_cast<size_t>(i) * H, out, H);
 }
