@@ -361,13 +361,16 @@ inline __m256 contrib(__m256i lo, __m256i hi, const int16_t* x, const float* s0,
 }
 
 // Outputs (t0 .. t0+NT-1, j): one pass over weight row j, in chunks of up to
-// kChunk sub-blocks (an even number, so chunks never split a pair). Sub-blocks
+// kChunk sub-blocks (even, so chunks never split a pair). Sub-blocks
 // go in pairs: each pair's contributions are summed into a fresh zero vector
 // and that is added to the accumulator, which halves the accumulator's
 // dependency chain; an odd last sub-block is added directly.
 template <class F, int NT>
 inline void i16_row(const uint8_t* row, const QuantizedActs& A, int64_t t0, float* Y, int64_t ldy, int64_t j) {
-  constexpr int kChunk = 64;
+  // Scale factors are formed for kChunk sub-blocks just before they are
+  // used (a longer run ahead of the loop stalls on the lines it touches).
+  constexpr int kChunk = 8;
+  constexpr int kPrefetch = 1536;  // bytes
   alignas(32) float f0[NT][kChunk];
   alignas(32) float f1[F::kTwoScales ? NT : 1][F::kTwoScales ? kChunk : 1];
   alignas(32) float fmn[F::kMin ? kChunk : 1];
@@ -414,23 +417,32 @@ inline void i16_row(const uint8_t* row, const QuantizedActs& A, int64_t t0, floa
       return nullptr;
     };
     i = 0;
-    // Two pairs per iteration: the four sub-blocks' integer work is issued
-    // before the pairs' float chains, which are then added to acc in order.
-    for (; i + 4 <= m; i += 4) {
+    // kGroup sub-blocks per iteration: their integer work is issued before
+    // the pairs' float chains, which are then added to acc in order.
+    constexpr int kGroup = 4;
+    for (; i + kGroup <= m; i += kGroup) {
       const int64_t k = c + i;
-      __m256i lo[4], hi[4];
-      for (int u = 0; u < 4; ++u) F::weights(row, k + u, lo[u], hi[u]);
+      {
+        // Software prefetch a fixed distance ahead in the row (and on into
+        // the next rows, which follow in memory): demand loads alone keep too
+        // few cache lines in flight once the loop has more than a few
+        // instructions per line.
+        constexpr int kSpan = kGroup * F::kBytes / F::kSubs;
+        const char* p = reinterpret_cast<const char*>(row) + (k * F::kBytes) / F::kSubs + kPrefetch;
+        for (int o = 0; o < kSpan; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
+      }
+      __m256i lo[kGroup], hi[kGroup];
+      for (int u = 0; u < kGroup; ++u) F::weights(row, k + u, lo[u], hi[u]);
       for (int t = 0; t < NT; ++t) {
-        __m256 tmp[2];
-        for (int p = 0; p < 2; ++p) {
+        __m256 tmp[kGroup / 2];
+        for (int p = 0; p < kGroup / 2; ++p) {
           const int a = 2 * p, b = 2 * p + 1;
           tmp[p] = contrib<F>(lo[a], hi[a], xq[t] + 32 * (k + a), &f0[t][i + a], f1p(t, i + a), mnp(i + a),
                               xs[t] + 8 * (k + a), _mm256_setzero_ps());
           tmp[p] = contrib<F>(lo[b], hi[b], xq[t] + 32 * (k + b), &f0[t][i + b], f1p(t, i + b), mnp(i + b),
                               xs[t] + 8 * (k + b), tmp[p]);
         }
-        acc[t] = _mm256_add_ps(acc[t], tmp[0]);
-        acc[t] = _mm256_add_ps(acc[t], tmp[1]);
+        for (int p = 0; p < kGroup / 2; ++p) acc[t] = _mm256_add_ps(acc[t], tmp[p]);
       }
     }
     for (; i + 2 <= m; i += 2) {
