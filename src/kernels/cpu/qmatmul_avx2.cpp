@@ -46,61 +46,19 @@ constexpr Ue4m3HalfTable make_ue4m3_half_table() {
 constexpr Ue4m3HalfTable kUe4m3Half = make_ue4m3_half_table();
 inline float ue4m3_half(uint8_t s) { return kUe4m3Half.v[s & 0x7f]; }
 
-// ---------------------------------------------------------------------------
-// int16-activation path. Each format supplies
-//   weights(row, k, lo, hi): sub-block k's 32 small integers as int16,
-//     elements 0..15 in lo and 16..31 in hi;
-//   scale1(row, k, sc): its scale(s) and min as floats (sc[0], sc[1] for
-//     elements 16..31 when kTwoScales, sc[2] the min when kMin);
-//   scales8(row, k, v): the same numbers for sub-blocks k..k+7 (k a multiple
-//     of 8) as vectors, bit for bit what scale1 gives one at a time.
-// The kernel forms the per-sub-block factors sc * dx eight at a time, stores
-// them, and the inner loop reads each back with one broadcast: the scale
-// decoding leaves the per-sub-block instruction stream.
-
-struct Scales8 {
-  __m256 sc, sc1, mn;
+// A decoded 32-element sub-block: elements 0..15 (lo) and 16..31 (hi) as
+// int16, the scale (sc; sc1 for elements 16..31 when kTwoScales) and the min.
+struct Sub {
+  __m256i lo, hi;
+  float sc, sc1, mn;
 };
 
-// Eight little-endian u16 at p, p + S, ..., p + 7S, packed into 128 bits.
-// They are assembled with scalar loads, shifts and ors, which run on the
-// integer units (idle in these kernels); the empty asm keeps the compiler
-// from turning that into a longer vector shuffle sequence.
-inline uint64_t load_u16(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return h;
+inline void widen_s8(__m128i lo8, __m128i hi8, Sub& s) {
+  s.lo = _mm256_cvtepi8_epi16(lo8);
+  s.hi = _mm256_cvtepi8_epi16(hi8);
 }
-template <int S>
-inline uint64_t pack4_u16(const uint8_t* p) {
-  uint64_t a = load_u16(p) | load_u16(p + S) << 16;
-  uint64_t b = load_u16(p + 2 * S) | load_u16(p + 3 * S) << 16;
-  asm("" : "+r"(a), "+r"(b));
-  return a | b << 32;
-}
-template <int S>
-inline __m128i gather_u16x8(const uint8_t* p) {
-  return _mm_set_epi64x((long long)pack4_u16<S>(p + 4 * S), (long long)pack4_u16<S>(p));
-}
-template <int S>
-inline __m256 f16x8(const uint8_t* p) {
-  return _mm256_cvtph_ps(gather_u16x8<S>(p));
-}
+inline void widen_s8(__m256i w, Sub& s) { widen_s8(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1), s); }
 
-// The i16 nibble layout: 16 packed bytes -> codes of elements 0..15 (low
-// nibbles, lo) and 16..31 (high nibbles, hi) as int16.
-inline void nibble_halves16(const uint8_t* qs, __m256i& lo, __m256i& hi) {
-  const __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
-  lo = _mm256_and_si256(w, _mm256_set1_epi16(0x0f));
-  hi = _mm256_srli_epi16(w, 4);
-}
-inline void widen_s8(__m128i lo8, __m128i hi8, __m256i& lo, __m256i& hi) {
-  lo = _mm256_cvtepi8_epi16(lo8);
-  hi = _mm256_cvtepi8_epi16(hi8);
-}
-inline void widen_s8(__m256i w, __m256i& lo, __m256i& hi) {
-  widen_s8(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1), lo, hi);
-}
 // 16 packed bytes -> codes of elements 0..15 (low nibbles), 16..31 (high).
 inline void nibble_halves(const uint8_t* qs, __m128i& lo, __m128i& hi) {
   const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
@@ -108,69 +66,69 @@ inline void nibble_halves(const uint8_t* qs, __m128i& lo, __m128i& hi) {
   lo = _mm_and_si128(b, m);
   hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
 }
+// 16 packed bytes -> the same codes as int16, widening first (one
+// vpmovzxbw), then splitting nibbles inside each 16-bit lane.
+inline void nibble_halves16(const uint8_t* qs, __m256i& lo, __m256i& hi) {
+  const __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
+  lo = _mm256_and_si256(w, _mm256_set1_epi16(0x0f));
+  hi = _mm256_srli_epi16(w, 4);
+}
 inline __m128i e2m1_table128() { return _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12); }
 
 struct Q4_0 {
-  static constexpr int kSubs = 1, kBytes = 18;
+  static constexpr int kBlock = 32, kBytes = 18;
   static constexpr bool kTwoScales = false, kMin = false;
-  static void weights(const uint8_t* row, int64_t k, __m256i& lo, __m256i& hi) {
-    nibble_halves16(row + k * kBytes + 2, lo, hi);
+  static void decode(const uint8_t* b, int, Sub& s) {
+    __m256i lo, hi;
+    nibble_halves16(b + 2, lo, hi);
     const __m256i eight = _mm256_set1_epi16(8);
-    lo = _mm256_sub_epi16(lo, eight);
-    hi = _mm256_sub_epi16(hi, eight);
+    s.lo = _mm256_sub_epi16(lo, eight);
+    s.hi = _mm256_sub_epi16(hi, eight);
+    s.sc = avx2::load_f16(b);
   }
-  static void scale1(const uint8_t* row, int64_t k, float sc[3]) { sc[0] = avx2::load_f16(row + k * kBytes); }
-  static void scales8(const uint8_t* row, int64_t k, Scales8& v) { v.sc = f16x8<kBytes>(row + k * kBytes); }
 };
 struct Q4_1 {
-  static constexpr int kSubs = 1, kBytes = 20;
+  static constexpr int kBlock = 32, kBytes = 20;
   static constexpr bool kTwoScales = false, kMin = true;
-  static void weights(const uint8_t* row, int64_t k, __m256i& lo, __m256i& hi) {
-    nibble_halves16(row + k * kBytes + 4, lo, hi);
-  }
-  static void scale1(const uint8_t* row, int64_t k, float sc[3]) {
-    sc[0] = avx2::load_f16(row + k * kBytes);
-    sc[2] = avx2::load_f16(row + k * kBytes + 2);
-  }
-  static void scales8(const uint8_t* row, int64_t k, Scales8& v) {
-    v.sc = f16x8<kBytes>(row + k * kBytes);
-    v.mn = f16x8<kBytes>(row + k * kBytes + 2);
+  static void decode(const uint8_t* b, int, Sub& s) {
+    nibble_halves16(b + 4, s.lo, s.hi);
+    s.sc = avx2::load_f16(b);
+    s.mn = avx2::load_f16(b + 2);
   }
 };
 struct Q5_0 {
-  static constexpr int kSubs = 1, kBytes = 22;
+  static constexpr int kBlock = 32, kBytes = 22;
   static constexpr bool kTwoScales = false, kMin = false;
-  static void weights(const uint8_t* row, int64_t k, __m256i& lo, __m256i& hi) {
-    const uint8_t* b = row + k * kBytes;
+  static void decode(const uint8_t* b, int, Sub& s) {
     uint32_t qh;
     std::memcpy(&qh, b + 2, 4);
     const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
     __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)), shuf);
     const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
     bytes = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
-    const __m256i h = _mm256_and_si256(bytes, _mm256_set1_epi8(0x10));
-    widen_s8(_mm256_sub_epi8(_mm256_or_si256(nibbles(b + 6), h), _mm256_set1_epi8(16)), lo, hi);
+    const __m256i hi = _mm256_and_si256(bytes, _mm256_set1_epi8(0x10));
+    widen_s8(_mm256_sub_epi8(_mm256_or_si256(nibbles(b + 6), hi), _mm256_set1_epi8(16)), s);
+    s.sc = avx2::load_f16(b);
   }
-  static void scale1(const uint8_t* row, int64_t k, float sc[3]) { sc[0] = avx2::load_f16(row + k * kBytes); }
-  static void scales8(const uint8_t* row, int64_t k, Scales8& v) { v.sc = f16x8<kBytes>(row + k * kBytes); }
 };
 struct Q8_0 {
-  static constexpr int kSubs = 1, kBytes = 34;
+  static constexpr int kBlock = 32, kBytes = 34;
   static constexpr bool kTwoScales = false, kMin = false;
-  static void weights(const uint8_t* row, int64_t k, __m256i& lo, __m256i& hi) {
-    const uint8_t* b = row + k * kBytes;
+  static void decode(const uint8_t* b, int, Sub& s) {
     widen_s8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2)),
-             _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 18)), lo, hi);
+             _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 18)), s);
+    s.sc = avx2::load_f16(b);
   }
-  static void scale1(const uint8_t* row, int64_t k, float sc[3]) { sc[0] = avx2::load_f16(row + k * kBytes); }
-  static void scales8(const uint8_t* row, int64_t k, Scales8& v) { v.sc = f16x8<kBytes>(row + k * kBytes); }
 };
 struct Q4_K {
-  static constexpr int kSubs = 8, kBytes = 144;
+  static constexpr int kBlock = 256, kBytes = 144;
   static constexpr bool kTwoScales = false, kMin = true;
-  // The eight sub-block scales d * sc and mins -(dmin * m) of a block,
+  // Per 256-block: the eight sub-block scales d * sc and mins -(dmin * m),
   // unpacked with 32-bit masks (GGML's utmp trick) and converted together.
-  static void block_scales(const uint8_t* b, __m256& scv, __m256& mnv) {
+  struct State {
+    alignas(32) float sc[8], mn[8];
+  };
+  static void prepare(const uint8_t* b, State& st) {
     uint32_t u[4];
     std::memcpy(u, b + 4, 12);
     constexpr uint32_t kMask1 = 0x3f3f3f3f, kMask2 = 0x0f0f0f0f, kMask3 = 0x03030303;
@@ -182,198 +140,153 @@ struct Q4_K {
     const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(u));
     const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
     const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8)));
-    scv = _mm256_mul_ps(_mm256_set1_ps(avx2::load_f16(b)), sc);
+    _mm256_store_ps(st.sc, _mm256_mul_ps(_mm256_set1_ps(avx2::load_f16(b)), sc));
     // Negation by flipping the sign bit, exactly as the scalar -(x).
-    mnv = _mm256_xor_ps(_mm256_mul_ps(_mm256_set1_ps(avx2::load_f16(b + 2)), m), _mm256_set1_ps(-0.0f));
+    _mm256_store_ps(st.mn, _mm256_xor_ps(_mm256_mul_ps(_mm256_set1_ps(avx2::load_f16(b + 2)), m), _mm256_set1_ps(-0.0f)));
   }
-  static void weights(const uint8_t* row, int64_t k, __m256i& lo, __m256i& hi) {
-    const int sb = (int)(k % 8);
-    const uint8_t* q = row + (k / 8) * kBytes + 16 + 32 * (sb / 2);
+  static void decode(const uint8_t* b, int sb, const State& st, Sub& s) {
+    const uint8_t* q = b + 16 + 32 * (sb / 2);
     const __m128i m4 = _mm_set1_epi8(0x0f);
-    __m128i l = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
-    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16));
+    __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+    __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16));
     if (sb % 2) {
-      l = _mm_srli_epi16(l, 4);
-      h = _mm_srli_epi16(h, 4);
+      lo = _mm_srli_epi16(lo, 4);
+      hi = _mm_srli_epi16(hi, 4);
     }
-    lo = _mm256_cvtepu8_epi16(_mm_and_si128(l, m4));
-    hi = _mm256_cvtepu8_epi16(_mm_and_si128(h, m4));
-  }
-  static void scales8(const uint8_t* row, int64_t k, Scales8& v) { block_scales(row + (k / 8) * kBytes, v.sc, v.mn); }
-  static void scale1(const uint8_t* row, int64_t k, float sc[3]) {
-    alignas(32) float s[8], m[8];
-    __m256 sv, mv;
-    block_scales(row + (k / 8) * kBytes, sv, mv);
-    _mm256_store_ps(s, sv);
-    _mm256_store_ps(m, mv);
-    sc[0] = s[k % 8];
-    sc[2] = m[k % 8];
+    s.lo = _mm256_cvtepu8_epi16(_mm_and_si128(lo, m4));
+    s.hi = _mm256_cvtepu8_epi16(_mm_and_si128(hi, m4));
+    s.sc = st.sc[sb];
+    s.mn = st.mn[sb];
   }
 };
 struct Q6_K {
-  static constexpr int kSubs = 8, kBytes = 210;
+  static constexpr int kBlock = 256, kBytes = 210;
   static constexpr bool kTwoScales = true, kMin = false;
-  static void weights(const uint8_t* row, int64_t k, __m256i& lo, __m256i& hi) {
-    const uint8_t* b = row + (k / 8) * kBytes;
-    const int sb = (int)(k % 8), h = sb / 4, j = sb % 4;
+  static void decode(const uint8_t* b, int sb, Sub& s) {
+    const int h = sb / 4, j = sb % 4;
     const uint8_t* ql = b + 64 * h + (j % 2) * 32;
     const uint8_t* qh = b + 128 + 32 * h;
+    const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192) + 8 * h + 2 * j;
     const __m256i lo4 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
     const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh));
     const __m256i low = _mm256_and_si256(j >= 2 ? _mm256_srli_epi16(lo4, 4) : lo4, _mm256_set1_epi8(0x0f));
     const __m256i high =
         _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(2 * j)), _mm256_set1_epi8(3));
-    widen_s8(_mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(high, 4)), _mm256_set1_epi8(32)), lo, hi);
-  }
-  static void scale1(const uint8_t* row, int64_t k, float sc[3]) {
-    const uint8_t* b = row + (k / 8) * kBytes;
-    const int8_t* s = reinterpret_cast<const int8_t*>(b + 192) + 2 * (k % 8);
+    widen_s8(_mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(high, 4)), _mm256_set1_epi8(32)), s);
     const float d = avx2::load_f16(b + 208);
-    sc[0] = d * (float)s[0];
-    sc[1] = d * (float)s[1];
-  }
-  static void scales8(const uint8_t* row, int64_t k, Scales8& v) {
-    const uint8_t* b = row + (k / 8) * kBytes;
-    // Scale bytes 2i (elements 0..15 of sub-block i) and 2i+1 (16..31).
-    const __m128i s = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192)),
-                                       _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15));
-    const __m256 d = _mm256_set1_ps(avx2::load_f16(b + 208));
-    v.sc = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s)));
-    v.sc1 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(s, 8))));
+    s.sc = d * (float)sc[0];
+    s.sc1 = d * (float)sc[1];
   }
 };
 struct MXFP4 {
-  static constexpr int kSubs = 1, kBytes = 17;
+  static constexpr int kBlock = 32, kBytes = 17;
   static constexpr bool kTwoScales = false, kMin = false;
-  static void weights(const uint8_t* row, int64_t k, __m256i& lo, __m256i& hi) {
-    __m128i l, h;
-    nibble_halves(row + k * kBytes + 1, l, h);
+  static void decode(const uint8_t* b, int, Sub& s) {
+    __m128i lo, hi;
+    nibble_halves(b + 1, lo, hi);
     const __m128i tab = e2m1_table128();
-    widen_s8(_mm_shuffle_epi8(tab, l), _mm_shuffle_epi8(tab, h), lo, hi);
-  }
-  static void scale1(const uint8_t* row, int64_t k, float sc[3]) { sc[0] = e8m0_half(row[k * kBytes]); }
-  static void scales8(const uint8_t* row, int64_t k, Scales8& v) {
-    const uint8_t* p = row + k * kBytes;
-    uint64_t e8 = 0;
-    for (int i = 0; i < 8; ++i) e8 |= (uint64_t)p[kBytes * i] << (8 * i);
-    // As e8m0_half: e < 2 ? 0x00200000 << e : (e - 1) << 23.
-    const __m256i e = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)e8));
-    const __m256i big = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
-    const __m256i small = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
-    const __m256i is_small = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
-    v.sc = _mm256_castsi256_ps(_mm256_blendv_epi8(big, small, is_small));
+    widen_s8(_mm_shuffle_epi8(tab, lo), _mm_shuffle_epi8(tab, hi), s);
+    s.sc = e8m0_half(b[0]);
   }
 };
 struct NVFP4 {
-  static constexpr int kSubs = 2, kBytes = 36;
+  static constexpr int kBlock = 64, kBytes = 36;
   static constexpr bool kTwoScales = true, kMin = false;
-  static void weights(const uint8_t* row, int64_t k, __m256i& lo, __m256i& hi) {
-    // 16 bytes = 16-element groups 2sb, 2sb+1 of 8 bytes each; in each, low
-    // nibbles are elements 0..7 and high nibbles 8..15.
-    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + (k / 2) * kBytes + 4 + 16 * (k % 2)));
+  static void decode(const uint8_t* b, int sb, Sub& s) {
+    // 16 bytes = sub-blocks 2sb, 2sb+1 of 8 bytes each; in each, low nibbles
+    // are elements 0..7 and high nibbles 8..15.
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 4 + 16 * sb));
     const __m128i m = _mm_set1_epi8(0x0f);
-    const __m128i l = _mm_and_si128(raw, m), h = _mm_and_si128(_mm_srli_epi16(raw, 4), m);
+    const __m128i lo = _mm_and_si128(raw, m), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), m);
     const __m128i tab = e2m1_table128();
-    widen_s8(_mm_shuffle_epi8(tab, _mm_unpacklo_epi64(l, h)), _mm_shuffle_epi8(tab, _mm_unpackhi_epi64(l, h)), lo,
-             hi);
-  }
-  static void scale1(const uint8_t* row, int64_t k, float sc[3]) {
-    const uint8_t* b = row + (k / 2) * kBytes;
-    sc[0] = ue4m3_half(b[2 * (k % 2)]);
-    sc[1] = ue4m3_half(b[2 * (k % 2) + 1]);
-  }
-  static void scales8(const uint8_t* row, int64_t k, Scales8& v) {
-    // Four blocks' scale bytes: byte 2i + s is scale s of sub-block i.
-    const uint8_t* b = row + (k / 2) * kBytes;
-    uint32_t u[4];
-    for (int i = 0; i < 4; ++i) std::memcpy(&u[i], b + kBytes * i, 4);
-    const __m128i bytes = _mm_setr_epi32((int)u[0], (int)u[1], (int)u[2], (int)u[3]);
-    // e4m3 s (sign dropped) -> f16 bits s << 7, which is the e4m3 value times
-    // 2^-8 exactly (normals and subnormals); times 128 gives value / 2, as
-    // the table. Code 0x7f (NaN) reads as 0, as the table.
-    const __m256i s = _mm256_and_si256(_mm256_cvtepu8_epi16(bytes), _mm256_set1_epi16(0x7f));
-    __m256i h = _mm256_andnot_si256(_mm256_cmpeq_epi16(s, _mm256_set1_epi16(0x7f)), _mm256_slli_epi16(s, 7));
-    // Even words (first scales) to the low 64 bits of each 128-bit lane, odd
-    // words to the high; then [evens 0..3, evens 4..7, odds 0..3, odds 4..7].
-    const __m256i sh = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4, 5, 8, 9, 12,
-                                        13, 2, 3, 6, 7, 10, 11, 14, 15);
-    h = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(h, sh), 0xd8);
-    const __m256 k128 = _mm256_set1_ps(128.0f);
-    v.sc = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), k128);
-    v.sc1 = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), k128);
+    widen_s8(_mm_shuffle_epi8(tab, _mm_unpacklo_epi64(lo, hi)), _mm_shuffle_epi8(tab, _mm_unpackhi_epi64(lo, hi)),
+             s);
+    s.sc = ue4m3_half(b[2 * sb]);
+    s.sc1 = ue4m3_half(b[2 * sb + 1]);
   }
 };
 struct INT4_G128 {
-  static constexpr int kSubs = 4, kBytes = 66;
+  static constexpr int kBlock = 128, kBytes = 66;
   static constexpr bool kTwoScales = false, kMin = false;
-  static void weights(const uint8_t* row, int64_t k, __m256i& lo, __m256i& hi) {
-    nibble_halves16(row + (k / 4) * kBytes + 2 + 16 * (k % 4), lo, hi);
+  static void decode(const uint8_t* b, int sb, Sub& s) {
+    __m256i lo, hi;
+    nibble_halves16(b + 2 + 16 * sb, lo, hi);
     const __m256i eight = _mm256_set1_epi16(8);
-    lo = _mm256_sub_epi16(lo, eight);
-    hi = _mm256_sub_epi16(hi, eight);
-  }
-  static void scale1(const uint8_t* row, int64_t k, float sc[3]) { sc[0] = avx2::load_f16(row + (k / 4) * kBytes); }
-  static void scales8(const uint8_t* row, int64_t k, Scales8& v) {
-    const uint8_t* b = row + (k / 4) * kBytes;
-    v.sc = _mm256_set_m128(_mm_set1_ps(avx2::load_f16(b + kBytes)), _mm_set1_ps(avx2::load_f16(b)));
+    s.lo = _mm256_sub_epi16(lo, eight);
+    s.hi = _mm256_sub_epi16(hi, eight);
+    s.sc = avx2::load_f16(b);
   }
 };
 struct INT8_COL {
-  static constexpr int kSubs = 4, kBytes = 132;
+  static constexpr int kBlock = 128, kBytes = 132;
   static constexpr bool kTwoScales = false, kMin = false;
-  static void weights(const uint8_t* row, int64_t k, __m256i& lo, __m256i& hi) {
-    const uint8_t* q = row + (k / 4) * kBytes + 4 + 32 * (k % 4);
+  static void decode(const uint8_t* b, int sb, Sub& s) {
+    const uint8_t* q = b + 4 + 32 * sb;
     widen_s8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)),
-             _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16)), lo, hi);
-  }
-  static void scale1(const uint8_t* row, int64_t k, float sc[3]) { std::memcpy(&sc[0], row + (k / 4) * kBytes, 4); }
-  static void scales8(const uint8_t* row, int64_t k, Scales8& v) {
-    const uint8_t* b = row + (k / 4) * kBytes;
-    float s0, s1;
-    std::memcpy(&s0, b, 4);
-    std::memcpy(&s1, b + kBytes, 4);
-    v.sc = _mm256_set_m128(_mm_set1_ps(s1), _mm_set1_ps(s0));
+             _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16)), s);
+    std::memcpy(&s.sc, b, 4);
   }
 };
 
-// acc + the contribution of one sub-block (weights lo/hi, inputs x = its 32
-// int16, factors s0 = sc * dx, s1 = sc1 * dx, min mn and lane sums xs).
+// Formats with per-block state (decoded once per block) declare F::State.
 template <class F>
-inline __m256 contrib(__m256i lo, __m256i hi, const int16_t* x, const float* s0, const float* s1, const float* mn,
-                      const float* xs, __m256 acc) {
-  const __m256i xlo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
-  const __m256i xhi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 16));
-  const __m256i plo = _mm256_madd_epi16(lo, xlo), phi = _mm256_madd_epi16(hi, xhi);
+concept HasState = requires { typename F::State; };
+struct NoState {};
+template <class F>
+struct StateOf {
+  using type = NoState;
+};
+template <HasState F>
+struct StateOf<F> {
+  using type = typename F::State;
+};
+
+// Decodes sub-block k; `cur` / `st` cache the state of the current block.
+template <class F>
+inline void decode_sub(const uint8_t* row, int64_t k, int64_t& cur, typename StateOf<F>::type& st, Sub& s) {
+  constexpr int kSubs = F::kBlock / 32;
+  const int64_t bi = k / kSubs;
+  const uint8_t* blk = row + bi * F::kBytes;
+  if constexpr (HasState<F>) {
+    if (bi != cur) {
+      F::prepare(blk, st);
+      cur = bi;
+    }
+    F::decode(blk, (int)(k % kSubs), st, s);
+  } else {
+    (void)cur;
+    (void)st;
+    F::decode(blk, (int)(k % kSubs), s);
+  }
+}
+
+// acc + the contribution of sub-block k (decoded in s) for input xq/xd/xs.
+template <class F>
+inline __m256 contrib(const Sub& s, const int16_t* xq, const float* xd, const float* xs, int64_t k, __m256 acc) {
+  const __m256i xlo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32 * k));
+  const __m256i xhi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32 * k + 16));
+  const __m256i plo = _mm256_madd_epi16(s.lo, xlo), phi = _mm256_madd_epi16(s.hi, xhi);
+  const __m256 dx = _mm256_broadcast_ss(xd + k);
   if constexpr (F::kTwoScales) {
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(plo), _mm256_broadcast_ss(s0), acc);
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(phi), _mm256_broadcast_ss(s1), acc);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(plo), _mm256_mul_ps(_mm256_set1_ps(s.sc), dx), acc);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(phi), _mm256_mul_ps(_mm256_set1_ps(s.sc1), dx), acc);
   } else {
-    (void)s1;
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(plo, phi)), _mm256_broadcast_ss(s0), acc);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(plo, phi)), _mm256_mul_ps(_mm256_set1_ps(s.sc), dx),
+                          acc);
   }
-  if constexpr (F::kMin) {
-    acc = _mm256_fmadd_ps(_mm256_broadcast_ss(mn), _mm256_loadu_ps(xs), acc);
-  } else {
-    (void)mn;
-    (void)xs;
-  }
+  if constexpr (F::kMin) acc = _mm256_fmadd_ps(_mm256_set1_ps(s.mn), _mm256_loadu_ps(xs + 8 * k), acc);
   return acc;
 }
 
-// Outputs (t0 .. t0+NT-1, j): one pass over weight row j, in chunks of up to
-// kChunk sub-blocks (even, so chunks never split a pair). Sub-blocks
-// go in pairs: each pair's contributions are summed into a fresh zero vector
-// and that is added to the accumulator, which halves the accumulator's
+// Prefetch distance of the int16 kernels (measured best around 1-3 KiB).
+constexpr int kPrefetchBytes = 1536;
+
+// Outputs (t0 .. t0+NT-1, j): one pass over weight row j. Sub-blocks go in
+// pairs: each pair's contributions are summed into a fresh zero vector and
+// that is added to the accumulator, which halves the accumulator's
 // dependency chain; an odd last sub-block is added directly.
 template <class F, int NT>
 inline void i16_row(const uint8_t* row, const QuantizedActs& A, int64_t t0, float* Y, int64_t ldy, int64_t j) {
-  // Scale factors are formed for kChunk sub-blocks just before they are
-  // used (a longer run ahead of the loop stalls on the lines it touches).
-  constexpr int kChunk = 8;
-  constexpr int kPrefetch = 1536;  // bytes
-  alignas(32) float f0[NT][kChunk];
-  alignas(32) float f1[F::kTwoScales ? NT : 1][F::kTwoScales ? kChunk : 1];
-  alignas(32) float fmn[F::kMin ? kChunk : 1];
   __m256 acc[NT];
   const int16_t* xq[NT];
   const float* xd[NT];
@@ -385,86 +298,32 @@ inline void i16_row(const uint8_t* row, const QuantizedActs& A, int64_t t0, floa
     xs[t] = A.s_row(t0 + t);
   }
   const int64_t nsub = A.nb;
-  for (int64_t c = 0; c < nsub; c += kChunk) {
-    const int m = (int)std::min<int64_t>(kChunk, nsub - c);
-    // Factors sc * dx (the same single multiplication as one at a time).
-    int i = 0;
-    for (; i + 8 <= m; i += 8) {
-      Scales8 v;
-      F::scales8(row, c + i, v);
-      for (int t = 0; t < NT; ++t) {
-        const __m256 dx = _mm256_loadu_ps(xd[t] + c + i);
-        _mm256_store_ps(&f0[t][i], _mm256_mul_ps(v.sc, dx));
-        if constexpr (F::kTwoScales) _mm256_store_ps(&f1[t][i], _mm256_mul_ps(v.sc1, dx));
-      }
-      if constexpr (F::kMin) _mm256_store_ps(&fmn[i], v.mn);
+  int64_t k = 0, cur = -1;
+  typename StateOf<F>::type st;
+  for (; k + 2 <= nsub; k += 2) {
+    {
+      // Software prefetch a fixed distance ahead in the row (and on into the
+      // next rows, which follow in memory): with this many instructions per
+      // cache line, demand loads alone keep too few lines in flight to
+      // saturate memory bandwidth.
+      constexpr int kSubs = F::kBlock / 32;
+      constexpr int kSpan = 2 * F::kBytes / kSubs;
+      const char* p = reinterpret_cast<const char*>(row) + (k * F::kBytes) / kSubs + kPrefetchBytes;
+      for (int o = 0; o < kSpan; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
     }
-    for (; i < m; ++i) {
-      float sc[3] = {0, 0, 0};
-      F::scale1(row, c + i, sc);
-      for (int t = 0; t < NT; ++t) {
-        f0[t][i] = sc[0] * xd[t][c + i];
-        if constexpr (F::kTwoScales) f1[t][i] = sc[1] * xd[t][c + i];
-      }
-      if constexpr (F::kMin) fmn[i] = sc[2];
+    Sub s0, s1;
+    decode_sub<F>(row, k, cur, st, s0);
+    decode_sub<F>(row, k + 1, cur, st, s1);
+    for (int t = 0; t < NT; ++t) {
+      __m256 tmp = contrib<F>(s0, xq[t], xd[t], xs[t], k, _mm256_setzero_ps());
+      tmp = contrib<F>(s1, xq[t], xd[t], xs[t], k + 1, tmp);
+      acc[t] = _mm256_add_ps(acc[t], tmp);
     }
-    auto f1p = [&](int t, int ii) -> const float* {
-      if constexpr (F::kTwoScales) return &f1[t][ii];
-      return nullptr;
-    };
-    auto mnp = [&](int ii) -> const float* {
-      if constexpr (F::kMin) return &fmn[ii];
-      return nullptr;
-    };
-    i = 0;
-    // kGroup sub-blocks per iteration: their integer work is issued before
-    // the pairs' float chains, which are then added to acc in order.
-    constexpr int kGroup = 4;
-    for (; i + kGroup <= m; i += kGroup) {
-      const int64_t k = c + i;
-      {
-        // Software prefetch a fixed distance ahead in the row (and on into
-        // the next rows, which follow in memory): demand loads alone keep too
-        // few cache lines in flight once the loop has more than a few
-        // instructions per line.
-        constexpr int kSpan = kGroup * F::kBytes / F::kSubs;
-        const char* p = reinterpret_cast<const char*>(row) + (k * F::kBytes) / F::kSubs + kPrefetch;
-        for (int o = 0; o < kSpan; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
-      }
-      __m256i lo[kGroup], hi[kGroup];
-      for (int u = 0; u < kGroup; ++u) F::weights(row, k + u, lo[u], hi[u]);
-      for (int t = 0; t < NT; ++t) {
-        __m256 tmp[kGroup / 2];
-        for (int p = 0; p < kGroup / 2; ++p) {
-          const int a = 2 * p, b = 2 * p + 1;
-          tmp[p] = contrib<F>(lo[a], hi[a], xq[t] + 32 * (k + a), &f0[t][i + a], f1p(t, i + a), mnp(i + a),
-                              xs[t] + 8 * (k + a), _mm256_setzero_ps());
-          tmp[p] = contrib<F>(lo[b], hi[b], xq[t] + 32 * (k + b), &f0[t][i + b], f1p(t, i + b), mnp(i + b),
-                              xs[t] + 8 * (k + b), tmp[p]);
-        }
-        for (int p = 0; p < kGroup / 2; ++p) acc[t] = _mm256_add_ps(acc[t], tmp[p]);
-      }
-    }
-    for (; i + 2 <= m; i += 2) {
-      const int64_t k = c + i;
-      __m256i lo0, hi0, lo1, hi1;
-      F::weights(row, k, lo0, hi0);
-      F::weights(row, k + 1, lo1, hi1);
-      for (int t = 0; t < NT; ++t) {
-        __m256 tmp = contrib<F>(lo0, hi0, xq[t] + 32 * k, &f0[t][i], f1p(t, i), mnp(i), xs[t] + 8 * k,
-                                _mm256_setzero_ps());
-        tmp = contrib<F>(lo1, hi1, xq[t] + 32 * (k + 1), &f0[t][i + 1], f1p(t, i + 1), mnp(i + 1),
-                         xs[t] + 8 * (k + 1), tmp);
-        acc[t] = _mm256_add_ps(acc[t], tmp);
-      }
-    }
-    if (i < m) {  // the odd last sub-block of the row
-      const int64_t k = c + i;
-      __m256i lo, hi;
-      F::weights(row, k, lo, hi);
-      for (int t = 0; t < NT; ++t)
-        acc[t] = contrib<F>(lo, hi, xq[t] + 32 * k, &f0[t][i], f1p(t, i), mnp(i), xs[t] + 8 * k, acc[t]);
-    }
+  }
+  if (k < nsub) {
+    Sub s;
+    decode_sub<F>(row, k, cur, st, s);
+    for (int t = 0; t < NT; ++t) acc[t] = contrib<F>(s, xq[t], xd[t], xs[t], k, acc[t]);
   }
   for (int t = 0; t < NT; ++t) Y[(t0 + t) * ldy + j] = hsum(acc[t]);
 }
