@@ -266,13 +266,12 @@ inline __m256 contrib(const Sub& s, const int16_t* xq, const float* xd, const fl
   const __m256i xlo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32 * k));
   const __m256i xhi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32 * k + 16));
   const __m256i plo = _mm256_madd_epi16(s.lo, xlo), phi = _mm256_madd_epi16(s.hi, xhi);
-  const __m256 dx = _mm256_broadcast_ss(xd + k);
+  // sc * dx as one scalar multiplication, then broadcast (the same product).
   if constexpr (F::kTwoScales) {
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(plo), _mm256_mul_ps(_mm256_set1_ps(s.sc), dx), acc);
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(phi), _mm256_mul_ps(_mm256_set1_ps(s.sc1), dx), acc);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(plo), _mm256_set1_ps(s.sc * xd[k]), acc);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(phi), _mm256_set1_ps(s.sc1 * xd[k]), acc);
   } else {
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(plo, phi)), _mm256_mul_ps(_mm256_set1_ps(s.sc), dx),
-                          acc);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(plo, phi)), _mm256_set1_ps(s.sc * xd[k]), acc);
   }
   if constexpr (F::kMin) acc = _mm256_fmadd_ps(_mm256_set1_ps(s.mn), _mm256_loadu_ps(xs + 8 * k), acc);
   return acc;
