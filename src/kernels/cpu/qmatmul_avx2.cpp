@@ -299,6 +299,28 @@ inline void i16_row(const uint8_t* row, const QuantizedActs& A, int64_t t0, floa
   const int64_t nsub = A.nb;
   int64_t k = 0, cur = -1;
   typename StateOf<F>::type st;
+  if constexpr (NT == 1) {
+    // Two pairs per iteration: the four sub-blocks' integer work is issued
+    // ahead of the pairs' float chains (added to acc in order).
+    for (; k + 4 <= nsub; k += 4) {
+      {
+        constexpr int kSubs = F::kBlock / 32;
+        constexpr int kSpan = 4 * F::kBytes / kSubs;
+        const char* p = reinterpret_cast<const char*>(row) + (k * F::kBytes) / kSubs + kPrefetchBytes;
+        for (int o = 0; o < kSpan; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
+      }
+      Sub s0, s1, s2, s3;
+      decode_sub<F>(row, k, cur, st, s0);
+      decode_sub<F>(row, k + 1, cur, st, s1);
+      decode_sub<F>(row, k + 2, cur, st, s2);
+      decode_sub<F>(row, k + 3, cur, st, s3);
+      __m256 t0 = contrib<F>(s0, xq[0], xd[0], xs[0], k, _mm256_setzero_ps());
+      __m256 t1 = contrib<F>(s2, xq[0], xd[0], xs[0], k + 2, _mm256_setzero_ps());
+      t0 = contrib<F>(s1, xq[0], xd[0], xs[0], k + 1, t0);
+      t1 = contrib<F>(s3, xq[0], xd[0], xs[0], k + 3, t1);
+      acc[0] = _mm256_add_ps(_mm256_add_ps(acc[0], t0), t1);
+    }
+  }
   for (; k + 2 <= nsub; k += 2) {
     {
       // Software prefetch a fixed distance ahead in the row (and on into the
