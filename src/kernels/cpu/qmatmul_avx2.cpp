@@ -84,7 +84,7 @@ struct Q4_0 {
     const __m256i eight = _mm256_set1_epi16(8);
     s.lo = _mm256_sub_epi16(lo, eight);
     s.hi = _mm256_sub_epi16(hi, eight);
-    s.sc = avx2::load_f16(b);
+    s.sc = avx2::load_f16_in_block(b);
   }
 };
 struct Q4_1 {
@@ -92,8 +92,9 @@ struct Q4_1 {
   static constexpr bool kTwoScales = false, kMin = true;
   static void decode(const uint8_t* b, int, Sub& s) {
     nibble_halves16(b + 4, s.lo, s.hi);
-    s.sc = avx2::load_f16(b);
-    s.mn = avx2::load_f16(b + 2);
+    const __m128 v = avx2::load_f16x2(b);
+    s.sc = _mm_cvtss_f32(v);
+    s.mn = _mm_cvtss_f32(_mm_movehdup_ps(v));
   }
 };
 struct Q5_0 {
@@ -108,7 +109,7 @@ struct Q5_0 {
     bytes = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
     const __m256i hi = _mm256_and_si256(bytes, _mm256_set1_epi8(0x10));
     widen_s8(_mm256_sub_epi8(_mm256_or_si256(nibbles(b + 6), hi), _mm256_set1_epi8(16)), s);
-    s.sc = avx2::load_f16(b);
+    s.sc = avx2::load_f16_in_block(b);
   }
 };
 struct Q8_0 {
@@ -117,7 +118,7 @@ struct Q8_0 {
   static void decode(const uint8_t* b, int, Sub& s) {
     widen_s8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2)),
              _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 18)), s);
-    s.sc = avx2::load_f16(b);
+    s.sc = avx2::load_f16_in_block(b);
   }
 };
 struct Q4_K {
@@ -214,7 +215,7 @@ struct INT4_G128 {
     const __m256i eight = _mm256_set1_epi16(8);
     s.lo = _mm256_sub_epi16(lo, eight);
     s.hi = _mm256_sub_epi16(hi, eight);
-    s.sc = avx2::load_f16(b);
+    s.sc = avx2::load_f16_in_block(b);
   }
 };
 struct INT8_COL {
