@@ -262,17 +262,23 @@ inline void decode_sub(const uint8_t* row, int64_t k, int64_t& cur, typename Sta
 }
 
 // acc + the contribution of sub-block k (decoded in s) for input xq/xd/xs.
-template <class F>
+// kOne (a single input): sc * dx as one scalar multiplication, then
+// broadcast; otherwise the broadcast sc is shared by the inputs and
+// multiplied by each broadcast dx. Either way the same product.
+template <class F, bool kOne>
 inline __m256 contrib(const Sub& s, const int16_t* xq, const float* xd, const float* xs, int64_t k, __m256 acc) {
   const __m256i xlo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32 * k));
   const __m256i xhi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32 * k + 16));
   const __m256i plo = _mm256_madd_epi16(s.lo, xlo), phi = _mm256_madd_epi16(s.hi, xhi);
-  // sc * dx as one scalar multiplication, then broadcast (the same product).
+  auto factor = [&](float sc) {
+    if constexpr (kOne) return _mm256_set1_ps(sc * xd[k]);
+    return _mm256_mul_ps(_mm256_set1_ps(sc), _mm256_broadcast_ss(xd + k));
+  };
   if constexpr (F::kTwoScales) {
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(plo), _mm256_set1_ps(s.sc * xd[k]), acc);
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(phi), _mm256_set1_ps(s.sc1 * xd[k]), acc);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(plo), factor(s.sc), acc);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(phi), factor(s.sc1), acc);
   } else {
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(plo, phi)), _mm256_set1_ps(s.sc * xd[k]), acc);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(plo, phi)), factor(s.sc), acc);
   }
   if constexpr (F::kMin) acc = _mm256_fmadd_ps(_mm256_set1_ps(s.mn), _mm256_loadu_ps(xs + 8 * k), acc);
   return acc;
@@ -315,15 +321,15 @@ inline void i16_row(const uint8_t* row, const QuantizedActs& A, int64_t t0, floa
       decode_sub<F>(row, k + 1, cur, st, s1);
       decode_sub<F>(row, k + 2, cur, st, s2);
       decode_sub<F>(row, k + 3, cur, st, s3);
-      __m256 t0 = contrib<F>(s0, xq[0], xd[0], xs[0], k, _mm256_setzero_ps());
-      __m256 t1 = contrib<F>(s2, xq[0], xd[0], xs[0], k + 2, _mm256_setzero_ps());
-      t0 = contrib<F>(s1, xq[0], xd[0], xs[0], k + 1, t0);
-      t1 = contrib<F>(s3, xq[0], xd[0], xs[0], k + 3, t1);
+      __m256 t0 = contrib<F, true>(s0, xq[0], xd[0], xs[0], k, _mm256_setzero_ps());
+      __m256 t1 = contrib<F, true>(s2, xq[0], xd[0], xs[0], k + 2, _mm256_setzero_ps());
+      t0 = contrib<F, true>(s1, xq[0], xd[0], xs[0], k + 1, t0);
+      t1 = contrib<F, true>(s3, xq[0], xd[0], xs[0], k + 3, t1);
       acc[0] = _mm256_add_ps(_mm256_add_ps(acc[0], t0), t1);
     }
   }
   for (; k + 2 <= nsub; k += 2) {
-    {
+    if constexpr (NT == 1) {
       // Software prefetch a fixed distance ahead in the row (and on into the
       // next rows, which follow in memory): with this many instructions per
       // cache line, demand loads alone keep too few lines in flight to
@@ -337,15 +343,15 @@ inline void i16_row(const uint8_t* row, const QuantizedActs& A, int64_t t0, floa
     decode_sub<F>(row, k, cur, st, s0);
     decode_sub<F>(row, k + 1, cur, st, s1);
     for (int t = 0; t < NT; ++t) {
-      __m256 tmp = contrib<F>(s0, xq[t], xd[t], xs[t], k, _mm256_setzero_ps());
-      tmp = contrib<F>(s1, xq[t], xd[t], xs[t], k + 1, tmp);
+      __m256 tmp = contrib<F, NT == 1>(s0, xq[t], xd[t], xs[t], k, _mm256_setzero_ps());
+      tmp = contrib<F, NT == 1>(s1, xq[t], xd[t], xs[t], k + 1, tmp);
       acc[t] = _mm256_add_ps(acc[t], tmp);
     }
   }
   if (k < nsub) {
     Sub s;
     decode_sub<F>(row, k, cur, st, s);
-    for (int t = 0; t < NT; ++t) acc[t] = contrib<F>(s, xq[t], xd[t], xs[t], k, acc[t]);
+    for (int t = 0; t < NT; ++t) acc[t] = contrib<F, NT == 1>(s, xq[t], xd[t], xs[t], k, acc[t]);
   }
   for (int t = 0; t < NT; ++t) Y[(t0 + t) * ldy + j] = hsum(acc[t]);
 }
