@@ -284,8 +284,19 @@ inline __m256 contrib(const Sub& s, const int16_t* xq, const float* xd, const fl
   return acc;
 }
 
-// Prefetch distance of the int16 kernels (measured best around 1-3 KiB).
-constexpr int kPrefetchBytes = 1536;
+// Software prefetch for the one-input kernel, kPrefetchBytes ahead in the
+// row (and on into the next rows, which follow in memory), covering the bytes
+// of sub-blocks k .. k + n - 1: with this many instructions per cache line,
+// demand loads alone keep too few lines in flight to use the memory
+// bandwidth. Several inputs re-read tiles from L2 (i16_rows) and do without.
+constexpr int kPrefetchBytes = 1536;  // measured: 0.75-3 KiB all about as good
+template <class F, int n>
+inline void prefetch_ahead(const uint8_t* row, int64_t k) {
+  constexpr int kSubs = F::kBlock / 32;
+  constexpr int kSpan = n * F::kBytes / kSubs;
+  const char* p = reinterpret_cast<const char*>(row) + (k * F::kBytes) / kSubs + kPrefetchBytes;
+  for (int o = 0; o < kSpan; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
+}
 
 // Outputs (t0 .. t0+NT-1, j): one pass over weight row j. Sub-blocks go in
 // pairs: each pair's contributions are summed into a fresh zero vector and
@@ -310,35 +321,21 @@ inline void i16_row(const uint8_t* row, const QuantizedActs& A, int64_t t0, floa
     // Two pairs per iteration: the four sub-blocks' integer work is issued
     // ahead of the pairs' float chains (added to acc in order).
     for (; k + 4 <= nsub; k += 4) {
-      {
-        constexpr int kSubs = F::kBlock / 32;
-        constexpr int kSpan = 4 * F::kBytes / kSubs;
-        const char* p = reinterpret_cast<const char*>(row) + (k * F::kBytes) / kSubs + kPrefetchBytes;
-        for (int o = 0; o < kSpan; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
-      }
+      prefetch_ahead<F, 4>(row, k);
       Sub s0, s1, s2, s3;
       decode_sub<F>(row, k, cur, st, s0);
       decode_sub<F>(row, k + 1, cur, st, s1);
       decode_sub<F>(row, k + 2, cur, st, s2);
       decode_sub<F>(row, k + 3, cur, st, s3);
-      __m256 t0 = contrib<F, true>(s0, xq[0], xd[0], xs[0], k, _mm256_setzero_ps());
-      __m256 t1 = contrib<F, true>(s2, xq[0], xd[0], xs[0], k + 2, _mm256_setzero_ps());
-      t0 = contrib<F, true>(s1, xq[0], xd[0], xs[0], k + 1, t0);
-      t1 = contrib<F, true>(s3, xq[0], xd[0], xs[0], k + 3, t1);
-      acc[0] = _mm256_add_ps(_mm256_add_ps(acc[0], t0), t1);
+      __m256 pair0 = contrib<F, true>(s0, xq[0], xd[0], xs[0], k, _mm256_setzero_ps());
+      __m256 pair1 = contrib<F, true>(s2, xq[0], xd[0], xs[0], k + 2, _mm256_setzero_ps());
+      pair0 = contrib<F, true>(s1, xq[0], xd[0], xs[0], k + 1, pair0);
+      pair1 = contrib<F, true>(s3, xq[0], xd[0], xs[0], k + 3, pair1);
+      acc[0] = _mm256_add_ps(_mm256_add_ps(acc[0], pair0), pair1);
     }
   }
   for (; k + 2 <= nsub; k += 2) {
-    if constexpr (NT == 1) {
-      // Software prefetch a fixed distance ahead in the row (and on into the
-      // next rows, which follow in memory): with this many instructions per
-      // cache line, demand loads alone keep too few lines in flight to
-      // saturate memory bandwidth.
-      constexpr int kSubs = F::kBlock / 32;
-      constexpr int kSpan = 2 * F::kBytes / kSubs;
-      const char* p = reinterpret_cast<const char*>(row) + (k * F::kBytes) / kSubs + kPrefetchBytes;
-      for (int o = 0; o < kSpan; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
-    }
+    if constexpr (NT == 1) prefetch_ahead<F, 2>(row, k);
     Sub s0, s1;
     decode_sub<F>(row, k, cur, st, s0);
     decode_sub<F>(row, k + 1, cur, st, s1);
