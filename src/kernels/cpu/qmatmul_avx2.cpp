@@ -261,6 +261,21 @@ inline void decode_sub(const uint8_t* row, int64_t k, int64_t& cur, typename Sta
   }
 }
 
+// Sub-blocks k .. k + 3 for k a multiple of 4, with the block addresses and
+// in-block indices known at compile time where the format allows.
+template <class F>
+inline void decode4(const uint8_t* row, int64_t k, int64_t& cur, typename StateOf<F>::type& st, Sub s[4]) {
+  constexpr int kSubs = F::kBlock / 32;
+  if constexpr (HasState<F> || kSubs > 4) {
+    for (int u = 0; u < 4; ++u) decode_sub<F>(row, k + u, cur, st, s[u]);
+  } else {
+    (void)cur;
+    (void)st;
+    const uint8_t* b = row + (k / kSubs) * F::kBytes;
+    for (int u = 0; u < 4; ++u) F::decode(b + (u / kSubs) * F::kBytes, u % kSubs, s[u]);
+  }
+}
+
 // acc + the contribution of sub-block k (decoded in s) for input xq/xd/xs.
 // kOne (a single input): sc * dx as one scalar multiplication, then
 // broadcast; otherwise the broadcast sc is shared by the inputs and
@@ -322,15 +337,12 @@ inline void i16_row(const uint8_t* row, const QuantizedActs& A, int64_t t0, floa
     // ahead of the pairs' float chains (added to acc in order).
     for (; k + 4 <= nsub; k += 4) {
       prefetch_ahead<F, 4>(row, k);
-      Sub s0, s1, s2, s3;
-      decode_sub<F>(row, k, cur, st, s0);
-      decode_sub<F>(row, k + 1, cur, st, s1);
-      decode_sub<F>(row, k + 2, cur, st, s2);
-      decode_sub<F>(row, k + 3, cur, st, s3);
-      __m256 pair0 = contrib<F, true>(s0, xq[0], xd[0], xs[0], k, _mm256_setzero_ps());
-      __m256 pair1 = contrib<F, true>(s2, xq[0], xd[0], xs[0], k + 2, _mm256_setzero_ps());
-      pair0 = contrib<F, true>(s1, xq[0], xd[0], xs[0], k + 1, pair0);
-      pair1 = contrib<F, true>(s3, xq[0], xd[0], xs[0], k + 3, pair1);
+      Sub sb[4];
+      decode4<F>(row, k, cur, st, sb);
+      __m256 pair0 = contrib<F, true>(sb[0], xq[0], xd[0], xs[0], k, _mm256_setzero_ps());
+      __m256 pair1 = contrib<F, true>(sb[2], xq[0], xd[0], xs[0], k + 2, _mm256_setzero_ps());
+      pair0 = contrib<F, true>(sb[1], xq[0], xd[0], xs[0], k + 1, pair0);
+      pair1 = contrib<F, true>(sb[3], xq[0], xd[0], xs[0], k + 3, pair1);
       acc[0] = _mm256_add_ps(_mm256_add_ps(acc[0], pair0), pair1);
     }
   }
