@@ -183,10 +183,17 @@ struct MXFP4 {
   static constexpr int kBlock = 32, kBytes = 17;
   static constexpr bool kTwoScales = false, kMin = false;
   static void decode(const uint8_t* b, int, Sub& s) {
-    __m128i lo, hi;
-    nibble_halves(b + 1, lo, hi);
-    const __m128i tab = e2m1_table128();
-    widen_s8(_mm_shuffle_epi8(tab, lo), _mm_shuffle_epi8(tab, hi), s);
+    // The 16 bytes zero-extended to words by an in-lane shuffle of a
+    // broadcast load; each word's nibble looked up (high byte: entry 0 = 0)
+    // and sign-extended by vpmaddubsw with (1, 0).
+    const __m256i raw = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 1)));
+    const __m256i w = _mm256_shuffle_epi8(
+        raw, _mm256_setr_epi8(0, -128, 1, -128, 2, -128, 3, -128, 4, -128, 5, -128, 6, -128, 7, -128, 8, -128, 9,
+                              -128, 10, -128, 11, -128, 12, -128, 13, -128, 14, -128, 15, -128));
+    const __m256i tab = _mm256_broadcastsi128_si256(e2m1_table128());
+    const __m256i one0 = _mm256_set1_epi16(1);
+    s.lo = _mm256_maddubs_epi16(one0, _mm256_shuffle_epi8(tab, _mm256_and_si256(w, _mm256_set1_epi16(0x0f))));
+    s.hi = _mm256_maddubs_epi16(one0, _mm256_shuffle_epi8(tab, _mm256_srli_epi16(w, 4)));
     s.sc = e8m0_half(b[0]);
   }
 };
