@@ -203,12 +203,26 @@ struct NVFP4 {
   static void decode(const uint8_t* b, int sb, Sub& s) {
     // 16 bytes = sub-blocks 2sb, 2sb+1 of 8 bytes each; in each, low nibbles
     // are elements 0..7 and high nibbles 8..15.
-    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 4 + 16 * sb));
-    const __m128i m = _mm_set1_epi8(0x0f);
-    const __m128i lo = _mm_and_si128(raw, m), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), m);
-    const __m128i tab = e2m1_table128();
-    widen_s8(_mm_shuffle_epi8(tab, _mm_unpacklo_epi64(lo, hi)), _mm_shuffle_epi8(tab, _mm_unpackhi_epi64(lo, hi)),
-             s);
+    // Bytes 0..7 zero-extended to words in both 128-bit lanes (8..15 for the
+    // second half); the lower lane takes low nibbles, the upper high ones (a
+    // per-dword shift by 0 or 4, then a mask); table lookup per word, sign
+    // extension by vpmaddubsw with (1, 0).
+    const __m256i raw = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 4 + 16 * sb)));
+    const __m256i z = _mm256_set1_epi8(-128);
+    const __m256i pat_lo = _mm256_unpacklo_epi8(_mm256_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2,
+                                                                 3, 4, 5, 6, 7, 0, 0, 0, 0, 0, 0, 0, 0),
+                                                z);
+    const __m256i pat_hi = _mm256_add_epi8(pat_lo, _mm256_set1_epi16(8));
+    const __m256i cnt = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
+    const __m256i m = _mm256_set1_epi16(0x0f);
+    const __m256i tab = _mm256_broadcastsi128_si256(e2m1_table128());
+    const __m256i one0 = _mm256_set1_epi16(1);
+    auto half = [&](__m256i pat) {
+      const __m256i idx = _mm256_and_si256(_mm256_srlv_epi32(_mm256_shuffle_epi8(raw, pat), cnt), m);
+      return _mm256_maddubs_epi16(one0, _mm256_shuffle_epi8(tab, idx));
+    };
+    s.lo = half(pat_lo);
+    s.hi = half(pat_hi);
     s.sc = ue4m3_half(b[2 * sb]);
     s.sc1 = ue4m3_half(b[2 * sb + 1]);
   }
