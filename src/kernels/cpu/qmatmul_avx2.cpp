@@ -147,15 +147,17 @@ struct Q4_K {
   }
   static void decode(const uint8_t* b, int sb, const State& st, Sub& s) {
     const uint8_t* q = b + 16 + 32 * (sb / 2);
-    const __m128i m4 = _mm_set1_epi8(0x0f);
-    __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
-    __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16));
+    // Widened from memory first; then the nibble within each 16-bit word.
+    const __m256i lo = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+    const __m256i hi = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16)));
     if (sb % 2) {
-      lo = _mm_srli_epi16(lo, 4);
-      hi = _mm_srli_epi16(hi, 4);
+      s.lo = _mm256_srli_epi16(lo, 4);
+      s.hi = _mm256_srli_epi16(hi, 4);
+    } else {
+      const __m256i m4 = _mm256_set1_epi16(0x0f);
+      s.lo = _mm256_and_si256(lo, m4);
+      s.hi = _mm256_and_si256(hi, m4);
     }
-    s.lo = _mm256_cvtepu8_epi16(_mm_and_si128(lo, m4));
-    s.hi = _mm256_cvtepu8_epi16(_mm_and_si128(hi, m4));
     s.sc = st.sc[sb];
     s.mn = st.mn[sb];
   }
