@@ -21,6 +21,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/dtype.h"
@@ -482,6 +483,81 @@ TEST(Kernels, SoftmaxMatchesTheScalarVersion) {
       sum += fast[i];
     }
     EXPECT_NEAR(sum, 1.0, 1e-5) << n;
+  }
+}
+
+// The int16-activation kernels' outputs pinned bit for bit: FNV-1a hashes of
+// Y over raw random blocks (every code and sub-scale byte; only the f16/f32/
+// e8m0 super-scales kept finite) for sub-block counts around the kernels'
+// internal groupings (odd counts, 8-aligned and not, past 64), misaligned
+// rows and inputs and 1..8 inputs. The inputs come from a small LCG so the
+// data do not depend on the standard library. A change here means every
+// model's logits change: it must be deliberate. (The scalar oracle computes
+// the same bits, so the hashes hold on either ISA.)
+uint64_t fnv1a(const void* p, size_t n, uint64_t h) {
+  const auto* b = static_cast<const uint8_t*>(p);
+  for (size_t i = 0; i < n; ++i) {
+    h ^= b[i];
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+uint64_t pinned_hash(DType t) {
+  const DTypeTraits& tr = dtype_traits(t);
+  uint64_t st = 0x9e3779b97f4a7c15ull ^ (uint64_t)t;
+  auto next = [&]() {
+    st = st * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)(st >> 33);
+  };
+  uint64_t h = 1469598103934665603ull;
+  const int64_t bs = tr.block_size;
+  for (int64_t nsub : {1, 2, 3, 7, 8, 9, 15, 16, 17, 24, 63, 64, 65, 66, 72, 129, 130}) {
+    const int64_t cols = nsub * 32;
+    if (cols % bs != 0) continue;
+    for (size_t mis : {0u, 3u}) {
+      const int64_t rows = 3;
+      const size_t rb = row_bytes(t, cols);
+      std::vector<uint8_t> buf(rb * rows + mis);
+      for (auto& b : buf) b = (uint8_t)next();
+      uint8_t* base = buf.data() + mis;
+      for (int64_t i = 0; i < rows * cols / bs; ++i) {
+        uint8_t* b = base + (size_t)i * tr.block_bytes;
+        auto put_f16 = [&](size_t at) {
+          const uint16_t v = f32_to_f16(std::ldexp(1.0f + (float)(next() % 1000) / 1000.0f, (int)(next() % 10) - 8));
+          std::memcpy(b + at, &v, 2);
+        };
+        switch (t) {
+          case DType::Q4_0: case DType::Q8_0: case DType::Q5_0: case DType::INT4_G128: put_f16(0); break;
+          case DType::Q4_1: case DType::Q4_K: put_f16(0); put_f16(2); break;
+          case DType::Q6_K: put_f16(208); break;
+          case DType::MXFP4: b[0] = (uint8_t)(100 + next() % 55); break;
+          case DType::INT8_COL: { const float d = 0.01f * (float)(1 + next() % 7); std::memcpy(b, &d, 4); break; }
+          default: break;
+        }
+      }
+      const MatView W{t, cols, rows, base, rb};
+      for (int64_t n_x = 1; n_x <= 8; ++n_x) {
+        std::vector<float> x((size_t)(n_x * cols) + mis);
+        for (auto& v : x) v = ((float)(next() % 20001) - 10000.0f) * ((next() % 5) == 0 ? 1e-3f : 1e-2f);
+        std::vector<float> Y((size_t)(n_x * rows));
+        matmul_rows(W, x.data() + mis, n_x, Y.data(), rows, 0, rows);
+        h = fnv1a(Y.data(), Y.size() * sizeof(float), h);
+      }
+    }
+  }
+  return h;
+}
+
+TEST(Kernels, Int16KernelOutputsArePinned) {
+  const std::pair<DType, uint64_t> want[] = {
+      {DType::Q4_0, 0xe8d54d85ae7be735ull}, {DType::Q4_1, 0xbb4e6f91305d0448ull}, {DType::Q5_0, 0x9dc302b955ddcbaaull}, {DType::Q8_0, 0x30a8e62811c90f31ull},
+      {DType::Q4_K, 0xa2961b15d548d53full}, {DType::Q6_K, 0xbe586531222501a5ull}, {DType::MXFP4, 0x1f27978feae754deull}, {DType::NVFP4, 0xeccbb9d7efdfc963ull},
+      {DType::INT4_G128, 0x5ef9b9e230a3ecebull}, {DType::INT8_COL, 0x985683d327d2cc2full},
+  };
+  for (const auto& [t, h] : want) {
+    const uint64_t got = pinned_hash(t);
+    EXPECT_EQ(got, h) << dtype_traits(t).name << std::hex << " got 0x" << got;
   }
 }
 

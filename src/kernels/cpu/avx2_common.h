@@ -25,6 +25,17 @@ inline float load_f16(const uint8_t* p) {
   return _cvtsh_ss(h);
 }
 
+// The two little-endian IEEE halves at p and p + 2, widened exactly to f32
+// in lanes 0 and 1 (one 32-bit load and one conversion).
+inline __m128 load_f16x2(const uint8_t* p) {
+  uint32_t u;
+  std::memcpy(&u, p, 4);
+  return _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(u)));
+}
+// The half at p as f32, read with a 32-bit load: p + 2 .. p + 3 must be
+// readable (the scale is followed by more of its block).
+inline float load_f16_in_block(const uint8_t* p) { return _mm_cvtss_f32(load_f16x2(p)); }
+
 // 16 packed bytes -> 32 codes: low nibbles first (elements 0..15), then high.
 inline __m256i nibbles(const uint8_t* qs) {
   const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
