@@ -227,27 +227,65 @@ void spec_bench_cmd(const SpecBenchOptions& o) {
     runs.push_back(std::move(r));
   }
 
-  // Plain decoding, greedy, one token per step.
+  // The speculative generators, one per drafter, built before anything is
+  // timed.
+  struct SpecRun {
+    std::unique_ptr<Model> draft_model;
+    std::unique_ptr<Drafter> drafter;
+    std::unique_ptr<Engine> engine;
+    std::unique_ptr<SequenceState> seq;
+    std::unique_ptr<SpeculativeGenerator> gen;
+    std::vector<double> ms;           // per prompt, best of reps
+    std::vector<SpecStats> stats;     // of that best run
+    std::vector<std::vector<int32_t>> out;
+  };
+  std::vector<SpecRun> specs;
+  for (const std::string& spec : split_list(o.drafters)) {
+    SpecRun s;
+    s.drafter = make_drafter(spec, *model, pool, n_ctx, {}, s.draft_model);
+    s.engine = std::make_unique<Engine>(*model, pool, engine_rows(o.draft));
+    s.seq = std::make_unique<SequenceState>(model->new_sequence(n_ctx));
+    s.gen = std::make_unique<SpeculativeGenerator>(*s.engine, *s.seq, *s.drafter, spec_options(o.draft, o.fixed, {}));
+    s.ms.assign(runs.size(), 1e300);
+    s.stats.resize(runs.size());
+    s.out.resize(runs.size());
+    specs.push_back(std::move(s));
+  }
+
+  // Plain and speculative decoding of each prompt are interleaved, rep by
+  // rep, so slow drift in the machine's speed affects all methods alike; each
+  // keeps its fastest run (the one least disturbed by other work).
   Session plain(*model, pool, n_ctx);
-  int64_t plain_tokens = 0;
-  double plain_ms = 0;
-  for (auto& r : runs) {
-    // Best of o.reps runs: on a busy machine the fastest run is the one
-    // least disturbed by other work.
-    r.plain_ms = 1e300;
-    for (int rep = 0; rep < o.reps; ++rep) {
+  for (auto& r : runs) r.plain_ms = 1e300;
+  for (int rep = 0; rep < o.reps; ++rep)
+    for (size_t k = 0; k < runs.size(); ++k) {
+      PromptRun& r = runs[k];
       Sampler s({});
       double prefill = 0;
       const auto t0 = Clock::now();
       r.plain = generate_plain(plain, s, r.prompt, o.n_predict, stop, &prefill);
       r.plain_ms = std::min(r.plain_ms, ms_since(t0) - prefill);
+      for (auto& sr : specs) {
+        sr.gen->reset_stats();
+        const auto t1 = Clock::now();
+        std::vector<int32_t> out = sr.gen->generate(r.prompt, o.n_predict, stop);
+        const double ms = ms_since(t1) - sr.gen->stats().prefill_ms;
+        if (ms < sr.ms[k]) {
+          sr.ms[k] = ms;
+          sr.stats[k] = sr.gen->stats();
+        }
+        sr.out[k] = std::move(out);
+      }
     }
+  int64_t plain_tokens = 0;
+  double plain_ms = 0;
+  for (const auto& r : runs) {
     plain_tokens += static_cast<int64_t>(r.plain.size());
     plain_ms += r.plain_ms;
   }
   const double plain_tps = plain_ms > 0 ? plain_tokens * 1000.0 / plain_ms : 0;
   fmt::print("prompts: {} input-grounded (summarise, rewrite, comment code, rename in code), {} tokens each at most, "
-             "greedy, best of {} runs each\n",
+             "greedy, best of {} runs each (plain and speculative runs interleaved)\n",
              runs.size(), o.n_predict, o.reps);
   fmt::print("plain decode: {} tokens in {:.0f} ms, {:.2f} tok/s\n", plain_tokens, plain_ms, plain_tps);
 
@@ -278,31 +316,17 @@ void spec_bench_cmd(const SpecBenchOptions& o) {
 
   fmt::print("{:<28} {:>11} {:>10} {:>8} {:>11} {:>10} {:>10}\n", "drafter", "plain tok/s", "spec tok/s", "speedup",
              "accept len", "accepted", "identical");
-  for (const std::string& spec : split_list(o.drafters)) {
-    std::unique_ptr<Model> draft_model;
-    auto drafter = make_drafter(spec, *model, pool, n_ctx, {}, draft_model);
-    Engine eng(*model, pool, engine_rows(o.draft));
-    SequenceState seq = model->new_sequence(n_ctx);
-    SpeculativeGenerator gen(eng, seq, *drafter, spec_options(o.draft, o.fixed, {}));
+  for (const auto& sr : specs) {
     SpecStats total;
     int64_t tokens = 0;
     double ms = 0;
     bool identical = true;
     std::string per_prompt;
-    for (const auto& r : runs) {
-      std::vector<int32_t> out;
-      double dms = 1e300;
-      SpecStats st;
-      for (int rep = 0; rep < o.reps; ++rep) {
-        gen.reset_stats();
-        const auto t0 = Clock::now();
-        out = gen.generate(r.prompt, o.n_predict, stop);
-        const double ms_rep = ms_since(t0) - gen.stats().prefill_ms;
-        if (ms_rep < dms) {
-          dms = ms_rep;
-          st = gen.stats();
-        }
-      }
+    for (size_t k = 0; k < runs.size(); ++k) {
+      const PromptRun& r = runs[k];
+      const auto& out = sr.out[k];
+      const SpecStats& st = sr.stats[k];
+      const double dms = sr.ms[k];
       identical = identical && out == r.plain;
       tokens += static_cast<int64_t>(out.size());
       ms += dms;
@@ -316,19 +340,19 @@ void spec_bench_cmd(const SpecBenchOptions& o) {
                                 st.mean_accept(), out == r.plain ? "" : "  OUTPUT DIFFERS");
     }
     const double tps = ms > 0 ? tokens * 1000.0 / ms : 0;
-    fmt::print("{:<28} {:>11.2f} {:>10.2f} {:>7.2f}x {:>11.2f} {:>9.0f}% {:>10}\n", drafter->name(), plain_tps, tps,
+    fmt::print("{:<28} {:>11.2f} {:>10.2f} {:>7.2f}x {:>11.2f} {:>9.0f}% {:>10}\n", sr.drafter->name(), plain_tps, tps,
                plain_tps > 0 ? tps / plain_tps : 0.0, total.mean_accept(), 100.0 * total.acceptance_rate(),
                identical ? "yes" : "NO");
     fmt::print("{}", per_prompt);
     nlohmann::json d;
-    d["drafter"] = drafter->name();
+    d["drafter"] = sr.drafter->name();
     d["tokens_per_s"] = tps;
     d["speedup"] = plain_tps > 0 ? tps / plain_tps : 0.0;
     d["acceptance_length"] = total.mean_accept();
     d["acceptance_rate"] = total.acceptance_rate();
     d["identical"] = identical;
     j["drafters"].push_back(d);
-    if (!identical) fail("drafter {}: speculative output differs from plain decoding", drafter->name());
+    if (!identical) fail("drafter {}: speculative output differs from plain decoding", sr.drafter->name());
   }
   if (!o.json.empty()) {
     std::ofstream f(o.json);
