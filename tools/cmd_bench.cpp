@@ -26,7 +26,6 @@
 namespace megakern::cli {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 
 struct BenchOptions {
   std::string model = "dense-bench";
@@ -44,15 +43,6 @@ struct BenchOptions {
   size_t prefetch_kib = MegaOptions{}.prefetch_bytes / 1024;
   SpecBenchOptions spec;  // --spec: the speculative decoding benchmark instead
 };
-
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ','))
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
 
 // Read bandwidth: every worker of the pool sums its share of a buffer much
 // larger than the last-level cache; best of three passes.
@@ -110,7 +100,7 @@ double time_steps(const Model& m, Executor& ex, int b, int warmup, int steps) {
           seqs[static_cast<size_t>(r)].row(static_cast<int32_t>((s * 7 + r * 13 + 1) % m.n_vocab()), s);
     ex.step(rows, logits.data());
   }
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count() / steps;
+  return ms_since(t0) / steps;
 }
 
 // A grouped bar chart of tokens/s per batch size, one bar per executor.
@@ -161,7 +151,7 @@ void write_svg(const std::string& path, const std::string& model, const std::vec
 
 void bench_cmd(const BenchOptions& o) {
   std::vector<int> batches;
-  for (const auto& s : split(o.batches)) {
+  for (const auto& s : split_list(o.batches)) {
     int b = 0;
     try {
       size_t used = 0;
@@ -174,7 +164,7 @@ void bench_cmd(const BenchOptions& o) {
     batches.push_back(b);
   }
   if (batches.empty()) fail("--batch needs at least one batch size");
-  const auto execs = split(o.executors);
+  const auto execs = split_list(o.executors);
   if (execs.empty()) fail("--executor needs at least one of opbyop, mega, reference");
   for (const auto& e : execs)
     if (e != "opbyop" && e != "mega" && e != "reference" && e != "mega-nopf" && e != "mega-noexp")
@@ -185,7 +175,7 @@ void bench_cmd(const BenchOptions& o) {
   const auto t_load = Clock::now();
   const std::unique_ptr<Model> model = load_model(o.model, o.model_flags.options());
   const Model& M = *model;
-  const double load_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_load).count();
+  const double load_ms = ms_since(t_load);
   const int max_b = *std::max_element(batches.begin(), batches.end());
   const DecodeProgram prog = M.build_program(max_b);
   const double weight_mb = static_cast<double>(prog.weight_bytes()) / 1e6;
@@ -205,7 +195,7 @@ void bench_cmd(const BenchOptions& o) {
     }
     const auto t0 = Clock::now();
     for (int b : batches) ex.back()->prepare(b);
-    build_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+    build_ms.push_back(ms_since(t0));
   }
 
   fmt::print("model {} ({} layers, {} ops), weights read per step {:.1f} MB, load {:.0f} ms\n", M.name(),

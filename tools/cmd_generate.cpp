@@ -24,11 +24,6 @@
 namespace megakern::cli {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double ms_since(Clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
-
 struct GenOptions {
   std::string model = "smollm2-135m";
   std::string prompt;

@@ -74,7 +74,7 @@ void gen_model_cmd(const GenModelOptions& o) {
   } else {
     fail("--config: unknown preset '{}' (known: {})", o.config, preset_list());
   }
-  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const double ms = ms_since(t0);
   fmt::print("wrote {} (seed {}) to {}/ in {:.0f} ms: config.json, model.safetensors\n", o.config, o.seed, o.out, ms);
 }
 

@@ -159,12 +159,12 @@ void inspect_config(const std::string& name) {
 void inspect_schedule(const std::string& name, int max_rows) {
   const KimiConfig* c = find_kimi_preset(name);
   if (!c) fail("--schedule: planning from a config without weights is available for the Kimi K3 presets (got '{}')", name);
-  const auto t0 = std::chrono::steady_clock::now();
+  const auto t0 = Clock::now();
   KimiWeightOptions wo;
   wo.shapes_only = true;
   const std::unique_ptr<KimiModel> m = KimiModel::synthetic(*c, 0, wo);
   const DecodeProgram p = build_kimi_program(*m, max_rows);
-  const double build_program_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const double build_program_ms = ms_since(t0);
   ThreadPool pool(0);
   fmt::print("{}: {} layers, {} ops, {} of weights read per step (shapes only, no weight memory); program built in "
              "{:.1f} ms\n",
@@ -172,9 +172,9 @@ void inspect_schedule(const std::string& name, int max_rows) {
   auto ex = make_mega_executor(p, pool);
   double total = 0;
   for (int rows = 1; rows <= max_rows; rows *= 2) {
-    const auto t = std::chrono::steady_clock::now();
+    const auto t = Clock::now();
     ex->prepare(rows);
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+    const double ms = ms_since(t);
     total += ms;
     fmt::print("megakernel schedule, {} workers, batch {}: {:.2f} ms\n", pool.size(), rows, ms);
   }

@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <exception>
+#include <sstream>
 
 namespace megakern::cli {
 namespace {
@@ -15,6 +16,17 @@ int g_exit_code = 0;
 }  // namespace
 
 int exit_code() { return g_exit_code; }
+
+double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
 
 ModelOptions ModelFlags::options() const {
   ModelOptions o;

@@ -2,8 +2,10 @@
 // callback; the callback reports errors on stderr and sets the exit code.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "runtime/model.h"
 
@@ -22,6 +24,12 @@ void register_serve(CLI::App& app);
 void register_bench_serve(CLI::App& app);
 void register_bench_spec(CLI::App& app);
 void register_gen_drafter(CLI::App& app);
+
+// Milliseconds since t0 on the steady clock.
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t0);
+// The non-empty items of a comma-separated list ("1,2,,4" -> 1, 2, 4).
+std::vector<std::string> split_list(const std::string& s);
 
 // The exit status left by the subcommand that ran.
 int exit_code();
