@@ -417,16 +417,7 @@ TEST(MuseKernels, MoeOpsWithSiTUAndNoNormUnderEveryExecutor) {
   rt.in = rl;
   rt.out = route;
   rt.top_k = K;
-  const OpKind kinds[3] = {OpKind::MoeGlu, OpKind::MoeDown, OpKind::MoeCombine};
-  const int ins[3] = {x, h, y}, outs[3] = {h, y, mo};
-  for (int i = 0; i < 3; ++i) {
-    Op& o = p.add_op(kinds[i], 0, "moe");
-    o.in = ins[i];
-    o.in2 = route;
-    o.out = outs[i];
-    o.top_k = K;
-    o.experts = &bank;
-  }
+  p.add_moe_experts(0, &bank, K, route, x, h, y, mo);
   p.add_matmul(-1, "head", f32_view(wo, V, D), mo, logits);
   p.logits_slot = logits;
   p.verify();

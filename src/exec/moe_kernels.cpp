@@ -23,6 +23,19 @@ void chunk_range(int rows, int c, int n, int& begin, int& end) {
   end = std::min(rows, units * (c + 1) / n * 4);
 }
 
+// What tile t of n_tiles of a MoeGlu / MoeDown op covers: its expert slot
+// and the output rows [begin, end) (of d_ff for MoeGlu, of d_in for MoeDown).
+struct TileCut {
+  int slot = 0, begin = 0, end = 0;
+};
+TileCut tile_cut(const Op& op, int n_rows, int t, int n_tiles) {
+  const int chunks = n_tiles / n_slots(op, n_rows);
+  TileCut c;
+  c.slot = t / chunks;
+  chunk_range(op.kind == OpKind::MoeGlu ? op.experts->d_ff : op.experts->d_in, t % chunks, chunks, c.begin, c.end);
+  return c;
+}
+
 // The rows (r, j) of the step that selected the expert of this tile's slot,
 // and that expert; false when the slot is unused this step.
 struct SlotWork {
@@ -95,18 +108,16 @@ int moe_tile_count(const Op& op, int n_rows, int n_workers) {
 
 int moe_tile_weights(const Op& op, const StepContext& ctx, int t, int n_tiles, ByteRange out[2]) {
   const ExpertBank& b = *op.experts;
-  const int chunks = n_tiles / n_slots(op, ctx.n_rows);
-  const int e = slot_expert(op, ctx, t / chunks);
+  const TileCut c = tile_cut(op, ctx.n_rows, t, n_tiles);
+  const int e = slot_expert(op, ctx, c.slot);
   if (e < 0) return 0;
-  int rb, re;
   const bool glu = op.kind == OpKind::MoeGlu;
-  chunk_range(glu ? b.d_ff : b.d_in, t % chunks, chunks, rb, re);
   int n = 0;
   for (const MatView* m : {glu ? &b.gate[static_cast<size_t>(e)] : &b.down[static_cast<size_t>(e)],
                            glu ? &b.up[static_cast<size_t>(e)] : nullptr}) {
     if (!m) continue;
-    out[n].begin = m->data + static_cast<size_t>(rb) * m->row_bytes;
-    out[n].bytes = static_cast<size_t>(re - rb) * m->row_bytes;
+    out[n].begin = m->data + static_cast<size_t>(c.begin) * m->row_bytes;
+    out[n].bytes = static_cast<size_t>(c.end - c.begin) * m->row_bytes;
     ++n;
   }
   return n;
@@ -114,12 +125,9 @@ int moe_tile_weights(const Op& op, const StepContext& ctx, int t, int n_tiles, B
 
 size_t moe_tile_weight_bytes(const Op& op, int n_rows, int t, int n_tiles) {
   const ExpertBank& b = *op.experts;
-  const int chunks = n_tiles / n_slots(op, n_rows);
-  int rb, re;
-  const bool glu = op.kind == OpKind::MoeGlu;
-  chunk_range(glu ? b.d_ff : b.d_in, t % chunks, chunks, rb, re);
-  const size_t row_bytes = glu ? b.gate[0].row_bytes + b.up[0].row_bytes : b.down[0].row_bytes;
-  return static_cast<size_t>(re - rb) * row_bytes;
+  const TileCut c = tile_cut(op, n_rows, t, n_tiles);
+  const size_t row_bytes = op.kind == OpKind::MoeGlu ? b.gate[0].row_bytes + b.up[0].row_bytes : b.down[0].row_bytes;
+  return static_cast<size_t>(c.end - c.begin) * row_bytes;
 }
 
 void moe_route_tile(const Op& op, const StepContext& ctx, int r) {
@@ -155,11 +163,10 @@ void moe_route_tile(const Op& op, const StepContext& ctx, int r) {
 
 void moe_glu_tile(const Op& op, const StepContext& ctx, int t, int n_tiles) {
   const ExpertBank& b = *op.experts;
-  const int chunks = n_tiles / n_slots(op, ctx.n_rows);
+  const TileCut c = tile_cut(op, ctx.n_rows, t, n_tiles);
   thread_local SlotWork w;
-  if (!slot_work(op, ctx, t / chunks, w)) return;
-  int fb, fe;
-  chunk_range(b.d_ff, t % chunks, chunks, fb, fe);
+  if (!slot_work(op, ctx, c.slot, w)) return;
+  const int fb = c.begin, fe = c.end;
   const int m = static_cast<int>(w.row.size()), D = b.d_in, F = b.d_ff;
   thread_local std::vector<float> X, G, U;
   X.resize(static_cast<size_t>(m) * D);
@@ -170,11 +177,11 @@ void moe_glu_tile(const Op& op, const StepContext& ctx, int t, int n_tiles) {
   expert_matmul(ctx, b.gate[static_cast<size_t>(e)], X.data(), m, G.data(), F, fb, fe);
   expert_matmul(ctx, b.up[static_cast<size_t>(e)], X.data(), m, U.data(), F, fb, fe);
   const float gs = scale_of(b.gate_scale, e), us = scale_of(b.up_scale, e);
+  const GluKind kind = b.act == ExpertAct::SiTU ? GluKind::SiTU : GluKind::SiLU;
   for (int i = 0; i < m; ++i) {
     float* h = row_of(ctx, op.out, w.row[static_cast<size_t>(i)]) + static_cast<size_t>(w.sel[static_cast<size_t>(i)]) * F;
     const float* g = G.data() + static_cast<size_t>(i) * F;
     const float* u = U.data() + static_cast<size_t>(i) * F;
-    const GluKind kind = b.act == ExpertAct::SiTU ? GluKind::SiTU : GluKind::SiLU;
     if (ctx.scalar)
       glu_act_scalar(kind, g + fb, u + fb, gs, us, h + fb, fe - fb);
     else
@@ -184,11 +191,10 @@ void moe_glu_tile(const Op& op, const StepContext& ctx, int t, int n_tiles) {
 
 void moe_down_tile(const Op& op, const StepContext& ctx, int t, int n_tiles) {
   const ExpertBank& b = *op.experts;
-  const int chunks = n_tiles / n_slots(op, ctx.n_rows);
+  const TileCut c = tile_cut(op, ctx.n_rows, t, n_tiles);
   thread_local SlotWork w;
-  if (!slot_work(op, ctx, t / chunks, w)) return;
-  int db, de;
-  chunk_range(b.d_in, t % chunks, chunks, db, de);
+  if (!slot_work(op, ctx, c.slot, w)) return;
+  const int db = c.begin, de = c.end;
   const int m = static_cast<int>(w.row.size()), D = b.d_in, F = b.d_ff;
   thread_local std::vector<float> X, Y;
   X.resize(static_cast<size_t>(m) * F);

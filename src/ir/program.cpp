@@ -149,6 +149,21 @@ Op& DecodeProgram::add_glu(int layer, const std::string& name, int gate, int up,
   return o;
 }
 
+void DecodeProgram::add_moe_experts(int layer, const ExpertBank* bank, int top_k, int route, int in, int hidden,
+                                    int expert_out, int out) {
+  const OpKind kinds[3] = {OpKind::MoeGlu, OpKind::MoeDown, OpKind::MoeCombine};
+  const char* names[3] = {"moe_glu", "moe_down", "moe_combine"};
+  const int ins[3] = {in, hidden, expert_out}, outs[3] = {hidden, expert_out, out};
+  for (int i = 0; i < 3; ++i) {
+    Op& o = add_op(kinds[i], layer, names[i]);
+    o.in = ins[i];
+    o.in2 = route;
+    o.out = outs[i];
+    o.top_k = top_k;
+    o.experts = bank;
+  }
+}
+
 void DecodeProgram::add_attention_core(const AttentionSpec& a) {
   for (int which = 0; which < 2; ++which) {
     Op& o = add_op(OpKind::HeadNormRope, a.layer, which == 0 ? "q_norm_rope" : "k_norm_rope");

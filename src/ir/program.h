@@ -160,6 +160,11 @@ struct DecodeProgram {
   // x += post_norm.empty() ? in : rmsnorm(in) * post_norm
   Op& add_residual(int layer, const std::string& name, int x, int in, const std::vector<float>& post_norm, float eps);
   Op& add_glu(int layer, const std::string& name, int gate, int up, int out, bool gelu);
+  // The routed experts of a MoE layer after its MoeRoute op wrote `route`:
+  // MoeGlu (in -> hidden [k][d_ff]), MoeDown (hidden -> expert_out [k][d_in])
+  // and MoeCombine (expert_out -> out), named moe_glu, moe_down, moe_combine.
+  void add_moe_experts(int layer, const ExpertBank* bank, int top_k, int route, int in, int hidden, int expert_out,
+                       int out);
 
   // The attention core of a layer whose q, k and v are already projected:
   // per-head q/k norm (when given) and RoPE, the KV store into a new

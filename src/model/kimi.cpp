@@ -986,24 +986,7 @@ DecodeProgram build_kimi_program(const KimiModel& model, int max_rows) {
       p.add_matmul(l, "shared_up", L.mlp_up, xn, sup);
       // Routed experts in the latent space: [k][F] hidden, [k][L] outputs,
       // then the weighted sum in selection order.
-      Op& eg = p.add_op(OpKind::MoeGlu, l, "moe_glu");
-      eg.in = z;
-      eg.in2 = route;
-      eg.out = eh;
-      eg.experts = &L.experts;
-      eg.top_k = c.n_expert_used;
-      Op& ed = p.add_op(OpKind::MoeDown, l, "moe_down");
-      ed.in = eh;
-      ed.in2 = route;
-      ed.out = ye;
-      ed.experts = &L.experts;
-      ed.top_k = c.n_expert_used;
-      Op& cb = p.add_op(OpKind::MoeCombine, l, "moe_combine");
-      cb.in = ye;
-      cb.in2 = route;
-      cb.out = rl;
-      cb.experts = &L.experts;
-      cb.top_k = c.n_expert_used;
+      p.add_moe_experts(l, &L.experts, c.n_expert_used, route, z, eh, ye, rl);
       p.add_rmsnorm(l, "latent_norm", L.latent_norm, eps, rl, rln);
       p.add_matmul(l, "latent_up", L.latent_up, rln, proj);
       p.add_glu(l, "shared_act", sgate, sup, sact, false).situ = true;

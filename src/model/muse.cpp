@@ -466,17 +466,7 @@ DecodeProgram build_muse_program(const MuseModel& model, int max_rows) {
     rt.n_norm = E;
     p.add_matmul(l, "moe_pre", L.pre, xn, zp);
     p.add_rmsnorm(l, "moe_pre_norm", L.pre_norm, eps, zp, z);
-    const OpKind kinds[3] = {OpKind::MoeGlu, OpKind::MoeDown, OpKind::MoeCombine};
-    const char* names[3] = {"moe_glu", "moe_down", "moe_combine"};
-    const int ins[3] = {z, h, y}, outs[3] = {h, y, mo};
-    for (int i = 0; i < 3; ++i) {
-      Op& e = p.add_op(kinds[i], l, names[i]);
-      e.in = ins[i];
-      e.in2 = route;
-      e.out = outs[i];
-      e.top_k = k;
-      e.experts = &L.experts;
-    }
+    p.add_moe_experts(l, &L.experts, k, route, z, h, y, mo);
     p.add_matmul(l, "moe_post", L.post, mo, proj);
     Op& rf = p.add_op(OpKind::GatedResidual, l, "ffn_residual");
     rf.in = proj;
