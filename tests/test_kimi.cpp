@@ -354,13 +354,7 @@ const std::string& mini_dir() {
   return d;
 }
 
-const nlohmann::json& reference() {
-  static const nlohmann::json j = [] {
-    std::ifstream f(mini_dir() + "/reference.json");
-    return nlohmann::json::parse(f);
-  }();
-  return j;
-}
+const nlohmann::json& reference() { return fixture_json("kimi_mini/reference.json"); }
 
 const KimiModel& fixture_model(bool fp8) {
   static const std::unique_ptr<KimiModel> mx = KimiModel::load(mini_dir());

@@ -47,13 +47,7 @@ const std::string& mini_dir() {
   return d;
 }
 
-const nlohmann::json& reference() {
-  static const nlohmann::json j = [] {
-    std::ifstream f(mini_dir() + "/reference.json");
-    return nlohmann::json::parse(f);
-  }();
-  return j;
-}
+const nlohmann::json& reference() { return fixture_json("muse_mini/reference.json"); }
 
 const MuseModel& fixture_model() {
   static const std::unique_ptr<MuseModel> m = MuseModel::load(mini_dir());

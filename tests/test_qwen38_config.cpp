@@ -272,9 +272,7 @@ std::vector<size_t> dims(const nlohmann::json& j) {
 // DeltaNet layer can be recomputed here from the weights alone: the conv
 // inputs are in_proj_qkv(zero-centred RMSNorm(embedding row)).
 TEST(Qwen38Fixture, ReferenceLayoutAndLayer0ConvWindow) {
-  std::ifstream in(fixture_path("qwen38_mini/reference.json"));
-  ASSERT_TRUE(in.good());
-  const nlohmann::json ref = nlohmann::json::parse(in);
+  const nlohmann::json& ref = fixture_json("qwen38_mini/reference.json");
   const auto& m = preset("qwen3.8-mini");
   const size_t T = ref["tokens"].size();
   EXPECT_EQ(T, 24u);

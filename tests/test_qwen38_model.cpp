@@ -36,13 +36,7 @@ const std::string& mini_dir() {
   return d;
 }
 
-const nlohmann::json& reference() {
-  static const nlohmann::json j = [] {
-    std::ifstream f(mini_dir() + "/reference.json");
-    return nlohmann::json::parse(f);
-  }();
-  return j;
-}
+const nlohmann::json& reference() { return fixture_json("qwen38_mini/reference.json"); }
 
 const Qwen38Model& mini() {
   static const std::unique_ptr<Qwen38Model> m = Qwen38Model::load(mini_dir());

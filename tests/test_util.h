@@ -14,6 +14,8 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <map>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -36,6 +38,19 @@ inline std::string test_model_path(const std::string& name) {
     dir = std::string(MEGAKERN_SOURCE_DIR) + "/models";
   const std::string p = dir + "/" + name + ".gguf";
   return std::filesystem::is_regular_file(p) ? p : "";
+}
+
+// A committed JSON fixture (path under tests/fixtures/), parsed once and
+// kept for the rest of the run. Throws naming the file when it is missing.
+inline const nlohmann::json& fixture_json(const std::string& name) {
+  static std::map<std::string, nlohmann::json> cache;
+  auto it = cache.find(name);
+  if (it == cache.end()) {
+    std::ifstream in(fixture_path(name));
+    if (!in.good()) throw std::runtime_error("missing fixture " + fixture_path(name));
+    it = cache.emplace(name, nlohmann::json::parse(in)).first;
+  }
+  return it->second;
 }
 
 // The numbers of a nested JSON array, in order (reference fixtures).
