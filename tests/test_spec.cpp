@@ -359,6 +359,48 @@ bool accept_then_resample_from_p(const TokenDist& p, const TokenDist* q, int32_t
   return false;
 }
 
+// base, the target's greedy continuation of it, base again: prompt lookup
+// then proposes that continuation, which the target finds plausible but not
+// certain.
+std::vector<int32_t> repeating_prompt(const Model& target, ThreadPool& pool, const std::vector<int32_t>& base) {
+  std::vector<int32_t> prompt = base;
+  Session s(target, pool, 64, "reference");
+  Sampler g({});
+  const auto c = generate_plain(s, g, base, 4);
+  prompt.insert(prompt.end(), c.begin(), c.end());
+  prompt.insert(prompt.end(), base.begin(), base.end());
+  return prompt;
+}
+
+// Speculative sampling with drafter d reproduces the exact distribution
+// `expect` of the first n_tok tokens (chi-square over `runs` seeds), with
+// drafts both accepted and rejected, while the same test rejects resampling
+// from p on rejection and, with accept_all_check, accepting every draft.
+void expect_exact_sampling(const Model& target, Drafter& d, const SamplingParams& sp,
+                           const std::vector<int32_t>& prompt, int n_tok, int runs,
+                           const std::map<std::vector<int32_t>, double>& expect, bool accept_all_check) {
+  SCOPED_TRACE(d.name());
+  const auto ok = run_sampling(target, d, sp, prompt, n_tok, runs);
+  EXPECT_GT(ok.stats.accepted, runs / 10);
+  EXPECT_LT(ok.stats.accepted, ok.stats.proposed);
+  const auto [stat, bound] = chi_square(expect, ok.counts, runs);
+  std::printf("%s: accepted %lld of %lld drafts; chi-square %.1f (bound %.1f)\n", d.name().c_str(),
+              static_cast<long long>(ok.stats.accepted), static_cast<long long>(ok.stats.proposed), stat, bound);
+  EXPECT_LT(stat, bound) << "speculative sampling differs from plain sampling";
+  const auto bad = run_sampling(target, d, sp, prompt, n_tok, runs, accept_then_resample_from_p);
+  const auto [bstat, bbound] = chi_square(expect, bad.counts, runs);
+  std::printf("  resampling from p: chi-square %.1f (bound %.1f)\n", bstat, bbound);
+  EXPECT_GT(bstat, bbound) << "the chi-square test does not see a biased acceptance rule";
+  if (!accept_all_check) return;
+  const auto all = run_sampling(target, d, sp, prompt, n_tok, runs,
+                                [](const TokenDist&, const TokenDist*, int32_t, std::mt19937_64&, int32_t&) {
+                                  return true;
+                                });
+  const auto [astat, abound] = chi_square(expect, all.counts, runs);
+  std::printf("  accepting every draft: chi-square %.1f (bound %.1f)\n", astat, abound);
+  EXPECT_GT(astat, abound) << "the chi-square test does not see accept-always";
+}
+
 TEST(SpecSampling, OutputDistributionEqualsPlainSampling) {
   TinySpec ts;
   ts.n_vocab = 256;
@@ -369,18 +411,7 @@ TEST(SpecSampling, OutputDistributionEqualsPlainSampling) {
   SamplingParams sp;
   sp.temperature = 1.5f;
   sp.top_k = 4;
-  // base, the target's greedy continuation of it, base again: prompt lookup
-  // then proposes that continuation, which the target finds plausible but
-  // not certain.
-  const std::vector<int32_t> base = {3, 14, 15, 92};
-  std::vector<int32_t> prompt = base;
-  {
-    Session s(*target, pool, 64, "reference");
-    Sampler g({});
-    const auto c = generate_plain(s, g, base, 4);
-    prompt.insert(prompt.end(), c.begin(), c.end());
-    prompt.insert(prompt.end(), base.begin(), base.end());
-  }
+  const std::vector<int32_t> prompt = repeating_prompt(*target, pool, {3, 14, 15, 92});
   const int n_tok = 3, runs = 1500;
   const auto expect = exact_joint(*target, pool, sp, prompt, n_tok);
   double total = 0;
@@ -392,30 +423,8 @@ TEST(SpecSampling, OutputDistributionEqualsPlainSampling) {
   ModelDrafter self_drafter(*target, {true, false, true}, pool, 128, sp, "reference");
   ModelDrafter model_drafter(*draft, target->n_vocab(), pool, 128, sp, "reference");
   NgramDrafter ngram;
-  for (Drafter* d : std::vector<Drafter*>{&self_drafter, &model_drafter, &ngram}) {
-    SCOPED_TRACE(d->name());
-    const auto ok = run_sampling(*target, *d, sp, prompt, n_tok, runs);
-    // Drafts were proposed, and both accepted and rejected.
-    EXPECT_GT(ok.stats.accepted, runs / 10);
-    EXPECT_LT(ok.stats.accepted, ok.stats.proposed);
-    const auto [stat, bound] = chi_square(expect, ok.counts, runs);
-    std::printf("%s: accepted %lld of %lld drafts; chi-square %.1f (bound %.1f)\n", d->name().c_str(),
-                static_cast<long long>(ok.stats.accepted), static_cast<long long>(ok.stats.proposed), stat, bound);
-    EXPECT_LT(stat, bound) << "speculative sampling differs from plain sampling";
-    // The same test rejects a biased acceptance rule...
-    const auto bad = run_sampling(*target, *d, sp, prompt, n_tok, runs, accept_then_resample_from_p);
-    const auto [bstat, bbound] = chi_square(expect, bad.counts, runs);
-    std::printf("  resampling from p: chi-square %.1f (bound %.1f)\n", bstat, bbound);
-    EXPECT_GT(bstat, bbound) << "the chi-square test does not see a biased acceptance rule";
-    // ... and accepting every draft.
-    const auto all = run_sampling(*target, *d, sp, prompt, n_tok, runs,
-                                  [](const TokenDist&, const TokenDist*, int32_t, std::mt19937_64&, int32_t&) {
-                                    return true;
-                                  });
-    const auto [astat, abound] = chi_square(expect, all.counts, runs);
-    std::printf("  accepting every draft: chi-square %.1f (bound %.1f)\n", astat, abound);
-    EXPECT_GT(astat, abound) << "the chi-square test does not see accept-always";
-  }
+  for (Drafter* d : std::vector<Drafter*>{&self_drafter, &model_drafter, &ngram})
+    expect_exact_sampling(*target, *d, sp, prompt, n_tok, runs, expect, true);
 }
 
 // The same on the recurrent model, whose verify chains per-row state
@@ -426,34 +435,13 @@ TEST(SpecSampling, RecurrentOutputDistributionEqualsPlainSampling) {
   SamplingParams sp;
   sp.temperature = 1.5f;
   sp.top_k = 4;
-  const std::vector<int32_t> base = {72, 101, 108, 108};
-  std::vector<int32_t> prompt = base;
-  {
-    Session s(*target, pool, 64, "reference");
-    Sampler g({});
-    const auto c = generate_plain(s, g, base, 4);
-    prompt.insert(prompt.end(), c.begin(), c.end());
-    prompt.insert(prompt.end(), base.begin(), base.end());
-  }
+  const std::vector<int32_t> prompt = repeating_prompt(*target, pool, {72, 101, 108, 108});
   const int n_tok = 3, runs = 1500;
   const auto expect = exact_joint(*target, pool, sp, prompt, n_tok);
   // A random drafter (the model with a layer skipped, sampled); prompt
   // lookup finds nothing to propose after this prompt.
   ModelDrafter self_drafter(*target, {true, false, true, true}, pool, 128, sp, "reference");
-  for (Drafter* d : std::vector<Drafter*>{&self_drafter}) {
-    SCOPED_TRACE(d->name());
-    const auto ok = run_sampling(*target, *d, sp, prompt, n_tok, runs);
-    EXPECT_GT(ok.stats.accepted, runs / 10);
-    EXPECT_LT(ok.stats.accepted, ok.stats.proposed);
-    const auto [stat, bound] = chi_square(expect, ok.counts, runs);
-    std::printf("%s: accepted %lld of %lld drafts; chi-square %.1f (bound %.1f)\n", d->name().c_str(),
-                static_cast<long long>(ok.stats.accepted), static_cast<long long>(ok.stats.proposed), stat, bound);
-    EXPECT_LT(stat, bound) << "speculative sampling differs from plain sampling";
-    const auto bad = run_sampling(*target, *d, sp, prompt, n_tok, runs, accept_then_resample_from_p);
-    const auto [bstat, bbound] = chi_square(expect, bad.counts, runs);
-    std::printf("  resampling from p: chi-square %.1f (bound %.1f)\n", bstat, bbound);
-    EXPECT_GT(bstat, bbound) << "the chi-square test does not see a biased acceptance rule";
-  }
+  expect_exact_sampling(*target, self_drafter, sp, prompt, n_tok, runs, expect, false);
 }
 
 TEST(SpecSampling, AcceptExactMatchesTheTargetOnOneStep) {
