@@ -79,22 +79,26 @@ inline __m256 act8(__m256 a, __m256 b) {
   }
 }
 
+// o[i..i+8) = f(a[i..i+8), b[i..i+8)) over [0, n); the tail goes through
+// f on zero-padded copies, so a value's result never depends on where the
+// range ends. o may alias a or b.
+template <class F>
+inline void map8(const float* a, const float* b, float* o, int64_t n, F f) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(o + i, f(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
+  if (i < n) {
+    alignas(32) float at[8] = {}, bt[8] = {}, ot[8];
+    std::copy(a + i, a + n, at);
+    std::copy(b + i, b + n, bt);
+    _mm256_store_ps(ot, f(_mm256_load_ps(at), _mm256_load_ps(bt)));
+    std::copy(ot, ot + (n - i), o + i);
+  }
+}
+
 template <GluKind K>
 void glu_range(const float* g, const float* u, float gs, float us, float* o, int64_t n) {
   const __m256 vgs = _mm256_set1_ps(gs), vus = _mm256_set1_ps(us);
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256 a = _mm256_mul_ps(vgs, _mm256_loadu_ps(g + i)), b = _mm256_mul_ps(vus, _mm256_loadu_ps(u + i));
-    _mm256_storeu_ps(o + i, act8<K>(a, b));
-  }
-  if (i < n) {
-    alignas(32) float ga[8] = {}, ua[8] = {}, oa[8];
-    std::copy(g + i, g + n, ga);
-    std::copy(u + i, u + n, ua);
-    const __m256 a = _mm256_mul_ps(vgs, _mm256_load_ps(ga)), b = _mm256_mul_ps(vus, _mm256_load_ps(ua));
-    _mm256_store_ps(oa, act8<K>(a, b));
-    std::copy(oa, oa + (n - i), o + i);
-  }
+  map8(g, u, o, n, [&](__m256 a, __m256 b) { return act8<K>(_mm256_mul_ps(vgs, a), _mm256_mul_ps(vus, b)); });
 }
 
 }  // namespace
@@ -113,14 +117,7 @@ void softmax_inplace_avx2(float* x, int64_t n) {
   float mx = -INFINITY;
   for (int64_t i = 0; i < n; ++i) mx = std::max(mx, x[i]);
   const __m256 vmx = _mm256_set1_ps(mx);
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, exp_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), vmx)));
-  if (i < n) {
-    alignas(32) float a[8] = {};
-    std::copy(x + i, x + n, a);
-    _mm256_store_ps(a, exp_ps(_mm256_sub_ps(_mm256_load_ps(a), vmx)));
-    std::copy(a, a + (n - i), x + i);
-  }
+  map8(x, x, x, n, [&](__m256 v, __m256) { return exp_ps(_mm256_sub_ps(v, vmx)); });
   double sum = 0;
   for (int64_t j = 0; j < n; ++j) sum += x[j];
   const float inv = static_cast<float>(1.0 / sum);
@@ -130,15 +127,8 @@ void softmax_inplace_avx2(float* x, int64_t n) {
 void softcap_avx2(float* x, int64_t n, float cap, float scale) {
   const float inv_cap = 1.f / cap;
   const __m256 vcap = _mm256_set1_ps(cap), vscale = _mm256_set1_ps(scale), vinv = _mm256_set1_ps(inv_cap);
-  auto one8 = [&](__m256 v) { return _mm256_mul_ps(vcap, tanh_ps(_mm256_mul_ps(_mm256_mul_ps(v, vscale), vinv))); };
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, one8(_mm256_loadu_ps(x + i)));
-  if (i < n) {
-    alignas(32) float a[8] = {};
-    std::copy(x + i, x + n, a);
-    _mm256_store_ps(a, one8(_mm256_load_ps(a)));
-    std::copy(a, a + (n - i), x + i);
-  }
+  map8(x, x, x, n,
+       [&](__m256 v, __m256) { return _mm256_mul_ps(vcap, tanh_ps(_mm256_mul_ps(_mm256_mul_ps(v, vscale), vinv))); });
 }
 
 }  // namespace megakern
