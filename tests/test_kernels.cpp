@@ -33,6 +33,7 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/vec.h"
 #include "kernels/ref/i16_ref.h"
+#include "kernels/cpu/qmatmul_fast.h"
 
 namespace megakern {
 namespace {
@@ -565,6 +566,230 @@ TEST(Kernels, ReportsIsa) {
   // Not a check: records which path the suite exercised.
   RecordProperty("avx2", use_avx2() ? "yes" : "no");
   std::printf("[kernels] ISA: %s\n", use_avx2() ? "avx2+fma" : "scalar");
+}
+
+
+// ---------------------------------------------------------------------------
+// The fast numerics mode (kernels/cpu/qmatmul_fast.h): 8-bit activations.
+
+std::vector<DType> fast_types() {
+  std::vector<DType> v;
+  for (DType t : all_types())
+    if (uses_fast_acts(t)) v.push_back(t);
+  return v;
+}
+
+// Stated tolerance of a fast-mode output against sum_i deq[j][i] * x[t][i]
+// in f64: the inputs are rounded to the block grid dx = absmax / 127 (block
+// of 32, or 256 for K-quants), at most dx / 2 per element, so
+// sum_i |w_i| * dx(i) / 2; plus the f32 rounding of the scale products, the
+// integer-to-float conversion of sums above 2^24 and the accumulation:
+// 2 * (n / 16 + 8) * 2^-24 * sum |w x|.
+double fast_tolerance(DType t, const float* w, const float* x, int64_t n) {
+  const int64_t blk = fast_act_block(t);
+  double mag = 0, q = 0;
+  for (int64_t i = 0; i < n; ++i) mag += std::fabs((double)w[i] * x[i]);
+  for (int64_t k = 0; k < n / blk; ++k) {
+    float amax = 0;
+    for (int64_t i = 0; i < blk; ++i) amax = std::max(amax, std::fabs(x[blk * k + i]));
+    const double dx = (double)amax / 127.0;
+    for (int64_t i = 0; i < blk; ++i) q += std::fabs((double)w[blk * k + i]) * dx / 2;
+  }
+  return 1.0001 * q + 2.0 * ((double)n / 16 + 8) * 0x1p-24 * mag + 1e-30;
+}
+
+std::vector<float> fast_oracle(const MatView& W, const float* X, int64_t n_x) {
+  Q8Acts A;
+  quantize_q8_acts_scalar(X, n_x, W.cols, fast_act_block(W.type), A);
+  std::vector<float> O((size_t)(n_x * W.rows), -2.0f);
+  matmul_rows_fast_ref(W, A, O.data(), W.rows, 0, W.rows);
+  return O;
+}
+
+TEST(FastKernels, MatchOracleBitExactlyAndReferenceWithinTolerance) {
+  int checked = 0;
+  for (DType t : fast_types()) {
+    const DTypeTraits& tr = dtype_traits(t);
+    SCOPED_TRACE(tr.name);
+    const int64_t unit = std::max<int64_t>(tr.block_size, fast_act_block(t));
+    for (int64_t m : {1, 2, 3, 5}) {
+      const int64_t cols = m * unit;
+      for (int64_t rows : {1, 5, 8, 19}) {
+        for (size_t wmis : {0u, 3u}) {
+          const int64_t n_x = (rows * 7 + cols) % 6 + 1;
+          const size_t xoff = (size_t)(wmis + 1) % 3;
+          const Weights W = make_weights(t, rows, cols, (uint32_t)(cols * 13 + rows + wmis), wmis);
+          const auto xbuf = make_inputs(n_x, cols, (uint32_t)(cols + rows * 3 + wmis), xoff);
+          const float* X = xbuf.data() + xoff;
+          std::vector<float> Y((size_t)(n_x * rows), -1.0f);
+          matmul_rows(W.view, X, n_x, Y.data(), rows, 0, rows, Numerics::Fast);
+          const std::vector<float> O = fast_oracle(W.view, X, n_x);
+          ASSERT_EQ(std::memcmp(Y.data(), O.data(), Y.size() * sizeof(float)), 0)
+              << "cols=" << cols << " rows=" << rows << " misalign=" << wmis << " n_x=" << n_x;
+          for (int64_t j = 0; j < rows; ++j) {
+            for (int64_t s = 0; s < n_x; ++s) {
+              const float* w = &W.deq[(size_t)(j * cols)];
+              const float* x = X + s * cols;
+              double exact = 0;
+              for (int64_t i = 0; i < cols; ++i) exact += (double)w[i] * x[i];
+              ASSERT_NEAR((double)Y[(size_t)(s * rows + j)], exact, fast_tolerance(t, w, x, cols))
+                  << "cols=" << cols << " row=" << j << " input=" << s;
+            }
+          }
+          ++checked;
+        }
+      }
+    }
+  }
+  EXPECT_GE(checked, 300);
+}
+
+TEST(FastKernels, OutputsDoNotDependOnBatchRowRangeOrThreads) {
+  constexpr int64_t kMaxX = 40;
+  ThreadPool pool1(1), pool3(3);
+  for (DType t : fast_types()) {
+    SCOPED_TRACE(dtype_traits(t).name);
+    const int64_t cols = std::max<int64_t>(dtype_traits(t).block_size, fast_act_block(t)) * 2;
+    const int64_t rows = 45;
+    const Weights W = make_weights(t, rows, cols, 77, 1);
+    const auto xbuf = make_inputs(kMaxX, cols, 78, 1);
+    const float* X = xbuf.data() + 1;
+    std::vector<float> full((size_t)(kMaxX * rows));
+    matmul_rows(W.view, X, kMaxX, full.data(), rows, 0, rows, Numerics::Fast);
+    std::mt19937 rng(123);
+    for (int64_t n_x = 1; n_x <= kMaxX; n_x += 3) {
+      const int64_t t0 = (int64_t)(rng() % (uint32_t)(kMaxX - n_x + 1));
+      int64_t rb = (int64_t)(rng() % rows), re = (int64_t)(rng() % rows);
+      if (rb > re) std::swap(rb, re);
+      ++re;
+      std::vector<float> y((size_t)(n_x * rows), NAN);
+      matmul_rows(W.view, X + t0 * cols, n_x, y.data(), rows, rb, re, Numerics::Fast);
+      for (int64_t s = 0; s < n_x; ++s)
+        ASSERT_EQ(std::memcmp(&y[(size_t)(s * rows + rb)], &full[(size_t)((t0 + s) * rows + rb)],
+                              (size_t)(re - rb) * sizeof(float)),
+                  0)
+            << "n_x=" << n_x << " rows [" << rb << "," << re << ")";
+      for (ThreadPool* pool : {&pool1, &pool3}) {
+        std::vector<float> yp((size_t)(n_x * rows), NAN);
+        matmul(*pool, W.view, X + t0 * cols, n_x, yp.data(), Numerics::Fast);
+        ASSERT_EQ(std::memcmp(yp.data(), &full[(size_t)(t0 * rows)], yp.size() * sizeof(float)), 0)
+            << "pool of " << pool->size() << " n_x=" << n_x;
+      }
+    }
+  }
+}
+
+TEST(FastKernels, RandomBitPatternsMatchOracle) {
+  std::mt19937 rng(2025);
+  for (DType t : fast_types()) {
+    const DTypeTraits& tr = dtype_traits(t);
+    SCOPED_TRACE(tr.name);
+    const int64_t cols = std::max<int64_t>(tr.block_size, 64) * 4, rows = 24;
+    const size_t rb = row_bytes(t, cols);
+    std::vector<uint8_t> buf(rb * rows + 1);
+    for (auto& b : buf) b = (uint8_t)rng();
+    uint8_t* base = buf.data() + 1;
+    const int64_t nblk = rows * cols / tr.block_size;
+    for (int64_t i = 0; i < nblk; ++i) {
+      uint8_t* b = base + (size_t)i * tr.block_bytes;
+      auto put_f16 = [&](size_t at) {
+        const uint16_t h = f32_to_f16(std::ldexp(1.0f + (float)(rng() % 1000) / 1000.0f, (int)(rng() % 10) - 8));
+        std::memcpy(b + at, &h, 2);
+      };
+      switch (t) {
+        case DType::Q4_0: case DType::Q8_0: case DType::Q5_0: case DType::INT4_G128: put_f16(0); break;
+        case DType::Q4_1: case DType::Q4_K: put_f16(0); put_f16(2); break;
+        case DType::Q6_K: put_f16(208); break;
+        case DType::MXFP4: b[0] = (uint8_t)(100 + rng() % 55); break;
+        case DType::INT8_COL: { const float d = 0.01f; std::memcpy(b, &d, 4); break; }
+        default: break;
+      }
+    }
+    const MatView W{t, cols, rows, base, rb};
+    for (int64_t n_x : {1, 3, 9}) {
+      const auto x = make_inputs(n_x, cols, 31 + (uint32_t)n_x, 0);
+      std::vector<float> Y((size_t)(n_x * rows));
+      matmul_rows(W, x.data(), n_x, Y.data(), rows, 0, rows, Numerics::Fast);
+      const std::vector<float> O = fast_oracle(W, x.data(), n_x);
+      for (float v : O) ASSERT_TRUE(std::isfinite(v));
+      ASSERT_EQ(std::memcmp(Y.data(), O.data(), Y.size() * sizeof(float)), 0) << "n_x " << n_x;
+      std::vector<float> w((size_t)cols);
+      for (int64_t j = 0; j < rows; ++j) {
+        tr.dequantize(W.row(j), w.data(), cols);
+        for (int64_t s = 0; s < n_x; ++s) {
+          double exact = 0;
+          for (int64_t i = 0; i < cols; ++i) exact += (double)w[(size_t)i] * x[(size_t)(s * cols + i)];
+          ASSERT_NEAR(O[(size_t)(s * rows + j)], exact, fast_tolerance(t, w.data(), x.data() + s * cols, cols)) << j;
+        }
+      }
+    }
+  }
+}
+
+TEST(FastKernels, ActivationQuantisation) {
+  for (int64_t block : {32, 256}) {
+    const int64_t cols = 512;
+    auto x = make_inputs(3, cols, 19, 0);
+    for (int i = 0; i < 32; ++i) x[(size_t)(32 + i)] = 0.0f;              // a zero 32-block
+    for (int i = 0; i < 32; ++i) x[(size_t)(64 + i)] = 1e-40f * (float)i;  // subnormals
+    for (int i = 0; i < 32; ++i) x[(size_t)(cols + 96 + i)] = 3e37f * (float)(i - 16);
+    x[(size_t)(2 * cols + 300)] = NAN;
+    Q8Acts a, b;
+    quantize_q8_acts_scalar(x.data(), 3, cols, block, a);
+    if (use_avx2()) {
+      quantize_q8_acts_avx2(x.data(), 3, cols, block, b);
+      ASSERT_EQ(std::memcmp(a.q.data(), b.q.data(), (size_t)(3 * cols)), 0) << block;
+      ASSERT_EQ(std::memcmp(a.d.data(), b.d.data(), (size_t)(3 * a.nb) * 4), 0) << block;
+      ASSERT_EQ(std::memcmp(a.sx.data(), b.sx.data(), (size_t)(3 * a.nb) * 4), 0) << block;
+      ASSERT_EQ(std::memcmp(a.s16.data(), b.s16.data(), (size_t)(3 * cols / 16) * 2), 0) << block;
+    }
+    // Independent checks of the scalar version: the grid, the rounding, the sums.
+    for (int64_t t = 0; t < 3; ++t) {
+      for (int64_t k = 0; k < a.nb; ++k) {
+        const float* xb = &x[(size_t)(t * cols + block * k)];
+        bool finite = true;
+        float amax = 0;
+        for (int64_t i = 0; i < block; ++i) {
+          finite &= std::isfinite(xb[i]);
+          amax = std::max(amax, std::fabs(xb[i]));
+        }
+        const float dx = a.d_row(t)[k];
+        if (!finite) {
+          EXPECT_TRUE(std::isnan(dx));
+          continue;
+        }
+        // A block whose scale's inverse overflows (below ~1e-38) is zeros.
+        const float want = std::isinf(1.0f / (amax / 127.0f)) ? 0.0f : amax / 127.0f;
+        EXPECT_EQ(dx, want);
+        int32_t total = 0;
+        for (int64_t i = 0; i < block; ++i) {
+          const int q = a.q_row(t)[block * k + i];
+          EXPECT_LE(std::abs(q), 127);
+          if (dx > 0) EXPECT_LE(std::fabs((double)q * dx - xb[i]), 0.5001 * dx) << i;
+          total += q;
+        }
+        int32_t s16 = 0;
+        for (int64_t g = 0; g < block / 16; ++g) s16 += a.s16_row(t)[block * k / 16 + g];
+        EXPECT_EQ(s16, total);
+        if (block == 32) EXPECT_EQ(a.sx_row(t)[k], dx * (float)total);
+      }
+    }
+  }
+}
+
+TEST(FastKernels, ExactModeIsUnchangedAndFastDiffers) {
+  // The default mode is the exact one, and the fast mode is a different
+  // computation (its int8 grid moves the results), so a mix-up shows.
+  for (DType t : {DType::Q4_0, DType::Q4_K, DType::Q8_0}) {
+    const Weights W = make_weights(t, 16, 512, 3, 0);
+    const auto x = make_inputs(2, 512, 4, 0);
+    std::vector<float> def(32), ex(32), fa(32);
+    matmul_rows(W.view, x.data(), 2, def.data(), 16, 0, 16);
+    matmul_rows(W.view, x.data(), 2, ex.data(), 16, 0, 16, Numerics::Exact);
+    matmul_rows(W.view, x.data(), 2, fa.data(), 16, 0, 16, Numerics::Fast);
+    EXPECT_EQ(std::memcmp(def.data(), ex.data(), 32 * 4), 0) << dtype_traits(t).name;
+    EXPECT_NE(std::memcmp(ex.data(), fa.data(), 32 * 4), 0) << dtype_traits(t).name;
+  }
 }
 
 }  // namespace

@@ -182,6 +182,28 @@ TEST(SpecLossless, RecurrentQwen38MiniEveryDrafter) {
   expect_lossless(*m, other, 4, false, "mega", 1);
 }
 
+// The fast numerics mode keeps greedy speculation lossless: a row's logits
+// do not depend on the rows verified with it in that mode either.
+TEST(SpecLossless, FastNumericsDenseAndRecurrent) {
+  ModelOptions mo;
+  mo.numerics = Numerics::Fast;
+  auto dense = load_model("dense-mini", mo);
+  mo.weights = DType::Q8_0;
+  auto rec = load_model("qwen3.8-mini", mo);
+  ThreadPool pool(2);
+  NgramDrafter ngram;
+  ModelDrafter self(*dense, first_and_last_layers(4, 2), pool, 256, {});
+  ModelDrafter same(*rec, rec->n_vocab(), pool, 256, {});
+  expect_lossless(*dense, ngram, 5, true);
+  expect_lossless(*dense, self, 3, false, "opbyop");
+  // A recurrent prompt is computed in blocks of the engine's rows with the
+  // chunked delta rule, which equals the per-token form only within its
+  // tolerance; 8-bit activations can turn such a last-bit difference into a
+  // different token, so both sides prefill in blocks of the same size (8).
+  expect_lossless(*rec, same, 4, false, "mega", 8);
+  expect_lossless(*rec, ngram, 3, true, "opbyop", 8);
+}
+
 // Rows of one sequence chained through per-row state snapshots give, on
 // every executor, the logits and states of the same tokens run one per step.
 TEST(SpecRecurrentChain, OneStepEqualsStepByStepOnEveryExecutor) {

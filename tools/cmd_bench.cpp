@@ -41,6 +41,8 @@ struct BenchOptions {
   std::string svg;
   size_t probe_mib = 1024;
   size_t prefetch_kib = MegaOptions{}.prefetch_bytes / 1024;
+  int prompt = 0;    // --prompt N: prompt-processing tok/s for N tokens
+  int ubatch = 0;    // rows per prompt step on the executor path (0: the engine's default)
   SpecBenchOptions spec;  // --spec: the speculative decoding benchmark instead
 };
 
@@ -149,6 +151,63 @@ void write_svg(const std::string& path, const std::string& model, const std::vec
   out << s;
 }
 
+// --prompt N: prompt processing. Every (mode, executor) computes the same
+// N-token prompt from position 0 as the engine does it (the model's batched
+// prompt pass where it has one, else executor steps of --ubatch rows), the
+// rounds alternating the order; the best time of each is kept.
+void bench_prompt(const BenchOptions& o, Model& M, ThreadPool& pool, const std::vector<Numerics>& modes,
+                  double load_ms) {
+  const auto execs = split_list(o.executors);
+  const int n = o.prompt;
+  const int ub = o.ubatch > 0 ? o.ubatch : 8;
+  std::vector<int32_t> tokens(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) tokens[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919 + 17) % M.n_vocab());
+  struct Case {
+    std::string name;
+    Numerics mode;
+    std::unique_ptr<Engine> engine;
+  };
+  std::vector<Case> cases;
+  for (Numerics m : modes) {
+    M.set_numerics(m);
+    for (const auto& e : execs) {
+      if (e != "opbyop" && e != "mega" && e != "reference")
+        fail("--prompt: executor '{}' is not one of opbyop, mega, reference", e);
+      cases.push_back({e + "/" + numerics_name(m), m, std::make_unique<Engine>(M, pool, ub, e)});
+    }
+  }
+  fmt::print("model {}, load {:.0f} ms; prompt of {} tokens, {} threads, best of {} rounds; {}\n", M.name(), load_ms, n,
+             pool.size(), o.rounds,
+             M.prompt_forward_available() ? "dense batched prompt pass (executor-independent)"
+                                          : fmt::format("executor steps of {} rows", ub));
+  std::vector<float> logits(static_cast<size_t>(M.n_vocab()));
+  std::vector<double> best(cases.size(), 1e300);
+  for (int round = 0; round < o.rounds; ++round) {
+    for (size_t k = 0; k < cases.size(); ++k) {
+      const size_t i = round % 2 ? cases.size() - 1 - k : k;
+      M.set_numerics(cases[i].mode);
+      SequenceState seq = M.new_sequence(n + 1);
+      const auto t0 = Clock::now();
+      cases[i].engine->prefill(seq, tokens.data(), n, 0, logits.data());
+      best[i] = std::min(best[i], ms_since(t0));
+    }
+  }
+  fmt::print("\n{:<16} {:>10} {:>10} {:>9}\n", "executor/mode", "ms", "tokens/s", "speedup");
+  for (size_t i = 0; i < cases.size(); ++i)
+    fmt::print("{:<16} {:>10.1f} {:>10.1f} {:>8.2f}x\n", cases[i].name, best[i], n * 1000.0 / best[i], best[0] / best[i]);
+  if (!o.json.empty()) {
+    nlohmann::json j;
+    j["model"] = M.name();
+    j["threads"] = pool.size();
+    j["prompt_tokens"] = n;
+    for (size_t i = 0; i < cases.size(); ++i)
+      j["results"].push_back({{"case", cases[i].name}, {"ms", best[i]}, {"tokens_per_s", n * 1000.0 / best[i]}});
+    std::ofstream out(o.json);
+    if (!out) fail("cannot write '{}'", o.json);
+    out << j.dump(2) << "\n";
+  }
+}
+
 void bench_cmd(const BenchOptions& o) {
   std::vector<int> batches;
   for (const auto& s : split_list(o.batches)) {
@@ -170,32 +229,55 @@ void bench_cmd(const BenchOptions& o) {
     if (e != "opbyop" && e != "mega" && e != "reference" && e != "mega-nopf" && e != "mega-noexp")
       fail("--executor: unknown executor '{}' (expected opbyop, mega, reference, mega-nopf or mega-noexp)", e);
 
+  // --numerics may list several modes: every executor runs in each.
+  std::vector<Numerics> modes;
+  for (const auto& s : split_list(o.model_flags.numerics)) modes.push_back(parse_numerics(s));
+  if (modes.empty()) fail("--numerics needs at least one of exact, fast");
+  ModelFlags flags = o.model_flags;
+  flags.numerics = numerics_name(modes[0]);
+
   ThreadPool pool(o.threads);
   fmt::print(stderr, "[bench] loading {} ...\n", o.model);
   const auto t_load = Clock::now();
-  const std::unique_ptr<Model> model = load_model(o.model, o.model_flags.options());
-  const Model& M = *model;
+  const std::unique_ptr<Model> model = load_model(o.model, flags.options());
+  Model& M = *model;
   const double load_ms = ms_since(t_load);
+  if (o.prompt > 0) return bench_prompt(o, M, pool, modes, load_ms);
   const int max_b = *std::max_element(batches.begin(), batches.end());
-  const DecodeProgram prog = M.build_program(max_b);
+  // One program per mode (executors refer to theirs), the first one's
+  // figures printed.
+  std::vector<std::unique_ptr<DecodeProgram>> progs;
+  for (Numerics m : modes) {
+    M.set_numerics(m);
+    progs.push_back(std::make_unique<DecodeProgram>(M.build_program(max_b)));
+  }
+  const DecodeProgram& prog = *progs[0];
   const double weight_mb = static_cast<double>(prog.weight_bytes()) / 1e6;
   fmt::print(stderr, "[bench] probing read bandwidth ({} MiB buffer, {} threads) ...\n", o.probe_mib, pool.size());
   const double probe = probe_bandwidth_gbs(pool, o.probe_mib);
 
   std::vector<std::unique_ptr<Executor>> ex;
   std::vector<double> build_ms;
-  for (const auto& e : execs) {
-    if (e.rfind("mega", 0) == 0) {
-      MegaOptions mo;
-      mo.prefetch_bytes = e == "mega-nopf" ? 0 : o.prefetch_kib * 1024;
-      mo.prefetch_experts = e != "mega-noexp";
-      ex.push_back(make_mega_executor(prog, pool, mo));
-    } else {
-      ex.push_back(make_executor(e, prog, pool));
+  std::vector<std::string> names = execs;
+  if (modes.size() > 1) {
+    names.clear();
+    for (Numerics m : modes)
+      for (const auto& e : execs) names.push_back(e + "/" + numerics_name(m));
+  }
+  for (size_t mi = 0; mi < modes.size(); ++mi) {
+    for (const auto& e : execs) {
+      if (e.rfind("mega", 0) == 0) {
+        MegaOptions mo;
+        mo.prefetch_bytes = e == "mega-nopf" ? 0 : o.prefetch_kib * 1024;
+        mo.prefetch_experts = e != "mega-noexp";
+        ex.push_back(make_mega_executor(*progs[mi], pool, mo));
+      } else {
+        ex.push_back(make_executor(e, *progs[mi], pool));
+      }
+      const auto t0 = Clock::now();
+      for (int b : batches) ex.back()->prepare(b);
+      build_ms.push_back(ms_since(t0));
     }
-    const auto t0 = Clock::now();
-    for (int b : batches) ex.back()->prepare(b);
-    build_ms.push_back(ms_since(t0));
   }
 
   fmt::print("model {} ({} layers, {} ops), weights read per step {:.1f} MB, load {:.0f} ms\n", M.name(),
@@ -203,8 +285,8 @@ void bench_cmd(const BenchOptions& o) {
   fmt::print("threads {}, read bandwidth probe {:.2f} GB/s; {} timed steps per point, best of {} rounds; "
              "megakernel prefetch {} KiB\n",
              pool.size(), probe, o.steps, o.rounds, o.prefetch_kib);
-  for (size_t i = 0; i < execs.size(); ++i)
-    fmt::print("schedule build ({}, batch sizes {}): {:.2f} ms\n", execs[i], o.batches, build_ms[i]);
+  for (size_t i = 0; i < names.size(); ++i)
+    fmt::print("schedule build ({}, batch sizes {}): {:.2f} ms\n", names[i], o.batches, build_ms[i]);
   if (prog.has_routed_experts())
     fmt::print("routed experts: bytes per step count the expected distinct experts of the batch's rows under uniform "
                "routing (batch 1: top-k experts)\n");
@@ -215,19 +297,19 @@ void bench_cmd(const BenchOptions& o) {
 
   std::vector<Result> results;
   for (int b : batches) {
-    std::vector<double> best(execs.size(), 1e300);
+    std::vector<double> best(names.size(), 1e300);
     // Rounds alternate the executors' order so slow drift in machine
     // state affects both alike.
     for (int round = 0; round < o.rounds; ++round)
-      for (size_t k = 0; k < execs.size(); ++k) {
+      for (size_t k = 0; k < names.size(); ++k) {
         // Odd rounds run the executors in reverse order.
-        const size_t i = round % 2 ? execs.size() - 1 - k : k;
+        const size_t i = round % 2 ? names.size() - 1 - k : k;
         best[i] = std::min(best[i], time_steps(M, *ex[i], b, o.warmup, o.steps));
       }
     const double base = best[0];
-    for (size_t i = 0; i < execs.size(); ++i) {
+    for (size_t i = 0; i < names.size(); ++i) {
       Result r;
-      r.executor = execs[i];
+      r.executor = names[i];
       r.batch = b;
       r.ms_per_step = best[i];
       r.tokens_per_s = b * 1000.0 / best[i];
@@ -246,7 +328,7 @@ void bench_cmd(const BenchOptions& o) {
     // process of its own in the trace viewer.
     std::string merged = "{\"traceEvents\":[\n";
     bool first = true;
-    for (size_t i = 0; i < execs.size(); ++i) {
+    for (size_t i = 0; i < names.size(); ++i) {
       std::vector<TraceEvent> events;
       ex[i]->set_trace(&events);
       time_steps(M, *ex[i], max_b, 0, 1);
@@ -260,7 +342,7 @@ void bench_cmd(const BenchOptions& o) {
       if (body.find_first_not_of(" \n") == std::string::npos) continue;
       merged += (first ? "" : ",\n") + body;
       first = false;
-      merged += fmt::format(",\n{{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":{},\"args\":{{\"name\":\"{} batch {}\"}}}}", i + 1, execs[i], max_b);
+      merged += fmt::format(",\n{{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":{},\"args\":{{\"name\":\"{} batch {}\"}}}}", i + 1, names[i], max_b);
     }
     merged += "\n]}\n";
     std::ofstream out(o.trace);
@@ -269,7 +351,7 @@ void bench_cmd(const BenchOptions& o) {
     fmt::print("trace of one step per executor at batch {} written to {}\n", max_b, o.trace);
   }
   if (!o.svg.empty()) {
-    write_svg(o.svg, M.name(), execs, batches, results);
+    write_svg(o.svg, M.name(), names, batches, results);
     fmt::print("chart written to {}\n", o.svg);
   }
   if (!o.json.empty()) {
@@ -279,7 +361,7 @@ void bench_cmd(const BenchOptions& o) {
     j["probe_gbs"] = probe;
     j["weight_bytes_per_step"] = prog.weight_bytes();
     j["steps"] = o.steps;
-    for (size_t i = 0; i < execs.size(); ++i) j["schedule_build_ms"][execs[i]] = build_ms[i];
+    for (size_t i = 0; i < names.size(); ++i) j["schedule_build_ms"][names[i]] = build_ms[i];
     for (const auto& r : results)
       j["results"].push_back({{"executor", r.executor},
                               {"batch", r.batch},
@@ -314,6 +396,11 @@ void register_bench(CLI::App& app) {
                   "Megakernel: KiB of upcoming weights each worker may prefetch ahead (0 disables)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 20));
+  cmd->add_option("--prompt", o->prompt,
+                  "Prompt processing instead of decode: tokens/s of an N-token prompt per executor and mode")
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--ubatch", o->ubatch, "With --prompt: rows per executor step when the model has no batched prompt pass")
+      ->check(CLI::Range(1, 64));
   cmd->add_option("--json", o->json, "Also write the results to this JSON file");
   cmd->add_option("--trace", o->trace, "Write a Chrome/Perfetto trace of one step per executor (largest batch)");
   cmd->add_option("--svg", o->svg, "Write a bar chart of tokens/s per batch size");
@@ -324,6 +411,7 @@ void register_bench(CLI::App& app) {
       if (o->spec.drafters.empty()) return bench_cmd(*o);
       SpecBenchOptions so = o->spec;
       so.model = o->model;
+      so.numerics = o->model_flags.numerics;
       so.threads = o->threads;
       so.json = o->json;
       spec_bench_cmd(so);

@@ -20,6 +20,7 @@ namespace {
 
 struct ServeOptions {
   std::string model = "smollm2-135m";
+  std::string numerics = "exact";
   int threads = 0;
   int drain_s = 30;
   server::ServerOptions server;
@@ -45,7 +46,9 @@ void serve_cmd(const ServeOptions& o) {
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
 
-  auto model = load_model(o.model);
+  ModelOptions mo;
+  mo.numerics = parse_numerics(o.numerics);
+  auto model = load_model(o.model, mo);
   ThreadPool pool(o.threads);
   server::ServerOptions so = o.server;
   if (so.model_id.empty()) so.model_id = server::default_model_id(o.model);
@@ -84,6 +87,7 @@ void register_serve(CLI::App& app) {
                   "Model: a GGUF file, a checkpoint directory, a fetched model name or a preset (" +
                       fmt::format("{}", fmt::join(known_model_and_preset_names(), ", ")) + ")")
       ->capture_default_str();
+  add_numerics_flag(cmd, o->numerics);
   cmd->add_option("--host", o->server.host, "Address to listen on (127.0.0.1: this machine only)")
       ->capture_default_str();
   cmd->add_option("--port", o->server.port, "Port to listen on (0: any free port, printed at start)")

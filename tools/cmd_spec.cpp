@@ -192,7 +192,9 @@ void add_spec_bench_options(CLI::App* cmd, SpecBenchOptions& o, bool with_spec_f
 
 void spec_bench_cmd(const SpecBenchOptions& o) {
   const auto t_load = Clock::now();
-  auto model = load_model(o.model);
+  ModelOptions mo;
+  mo.numerics = parse_numerics(o.numerics);
+  auto model = load_model(o.model, mo);
   ThreadPool pool(o.threads);
   fmt::print("model {} | {} | load {:.0f} ms | {} threads\n", model->name(), model->description(), ms_since(t_load),
              pool.size());
@@ -352,6 +354,7 @@ void register_bench_spec(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "bench-spec", "Speculative decoding benchmark: plain vs speculative tokens/s, acceptance length, verify cost");
   cmd->add_option("-m,--model", o->model, "Target model (a fetched model, preset or path)")->capture_default_str();
+  add_numerics_flag(cmd, o->numerics);
   cmd->add_option("--spec,--drafters", o->drafters,
                   "Comma-separated drafters: ngram, ngram:N, self, self:skip=A-B, self:N, model:PATH, dspark[:PATH], "
                   "dflash[:PATH] (dspark/dflash without a path use random MINI weights: acceptance near zero)")

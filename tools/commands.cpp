@@ -38,7 +38,21 @@ ModelOptions ModelFlags::options() const {
   };
   if (!weights.empty()) o.weights = parse("--weights", weights);
   if (!experts.empty()) o.experts = parse("--experts", experts);
+  o.numerics = parse_numerics(numerics);
   return o;
+}
+
+Numerics parse_numerics(const std::string& value) {
+  const auto n = numerics_from_name(value);
+  if (!n) fail("--numerics: unknown mode '{}' (exact or fast)", value);
+  return *n;
+}
+
+void add_numerics_flag(CLI::App* cmd, std::string& numerics) {
+  cmd->add_option("--numerics", numerics,
+                  "How activations meet quantised weights: exact (int16 activations, the f32 result of the same "
+                  "weights to ~1e-5) or fast (int8 activations, llama.cpp-class accuracy)")
+      ->capture_default_str();
 }
 
 void add_model_flags(CLI::App* cmd, std::string& model, ModelFlags& f) {
@@ -51,6 +65,7 @@ void add_model_flags(CLI::App* cmd, std::string& model, ModelFlags& f) {
                   "MoE presets the dense matrices: bf16, int8_col)");
   cmd->add_option("--experts", f.experts, "MoE presets: format of the routed experts (int4_g128, nvfp4, ...)");
   cmd->add_option("--model-seed", f.seed, "Seed of a synthetic preset's weights")->capture_default_str();
+  add_numerics_flag(cmd, f.numerics);
 }
 
 void run_guarded(const std::function<void()>& body) {

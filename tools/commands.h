@@ -38,10 +38,15 @@ int exit_code();
 // command shares, and the ModelOptions they describe.
 struct ModelFlags {
   std::string weights, experts;
+  std::string numerics = "exact";
   uint64_t seed = 1;
   ModelOptions options() const;  // throws megakern::Error on an unknown format name
 };
 void add_model_flags(CLI::App* cmd, std::string& model, ModelFlags& f);
+// The --numerics option alone (exact|fast), for commands without the other
+// model flags; parse_numerics turns its value into the mode.
+void add_numerics_flag(CLI::App* cmd, std::string& numerics);
+Numerics parse_numerics(const std::string& value);
 
 // Runs a subcommand's body: on success the exit status is 0; an exception is
 // reported on stderr as "error: ..." (after flushing stdout) and gives 1.

@@ -33,6 +33,7 @@ void run_speculative(const Model& model, ThreadPool& pool, const std::vector<int
 
 struct SpecBenchOptions {
   std::string model = "smollm2-135m";
+  std::string numerics = "exact";
   std::string drafters = "ngram";  // comma-separated
   int draft = 6;
   bool fixed = false;

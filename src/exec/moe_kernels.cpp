@@ -86,7 +86,7 @@ void expert_matmul(const StepContext& ctx, const MatView& W, const float* X, int
     for (int o = b; o < e; ++o)
       for (int i = 0; i < m; ++i) Y[i * ldy + o] = tr.dot(W.row(o), X + static_cast<int64_t>(i) * W.cols, W.cols);
   } else {
-    matmul_rows(W, X, m, Y, ldy, b, e);
+    matmul_rows(W, X, m, Y, ldy, b, e, ctx.program->numerics);
   }
 }
 

@@ -226,7 +226,8 @@ void run_op_tile(const Op& op, const StepContext& ctx, int t, int n_tiles) {
       if (ctx.scalar)
         matmul_scalar(op.mat, ctx.slot[static_cast<size_t>(op.in)], ctx.n_rows, ctx.slot[static_cast<size_t>(op.out)], ldy, b, e);
       else
-        matmul_rows(op.mat, ctx.slot[static_cast<size_t>(op.in)], ctx.n_rows, ctx.slot[static_cast<size_t>(op.out)], ldy, b, e);
+        matmul_rows(op.mat, ctx.slot[static_cast<size_t>(op.in)], ctx.n_rows, ctx.slot[static_cast<size_t>(op.out)], ldy, b, e,
+                    p.numerics);
       break;
     }
     case OpKind::HeadNormRope: {

@@ -136,6 +136,8 @@ struct DecodeProgram {
   std::string model_name;
   int n_layer = 0;
   int max_rows = 8;
+  // Activation quantisation of every MatMul and expert op (core/numerics.h).
+  Numerics numerics = Numerics::Exact;
   int n_vocab = 0;
   int kv_dim = 0;       // per layer, per position, for K and for V
   int v_dim = 0;        // per layer, per position, for V when it differs from kv_dim (0: kv_dim)

@@ -170,7 +170,7 @@ size_t DenseModel::weight_bytes() const {
 }
 
 void DenseModel::forward(ThreadPool& pool, KVCache& cache, const int32_t* tokens, int n, int pos0, int n_out,
-                         float* logits) const {
+                         float* logits, Numerics numerics) const {
   const DenseConfig& c = cfg_;
   if (n <= 0) fail("forward needs at least one token");
   if (n_out < 0 || n_out > n) fail("forward: n_out {} must be in [0, {}]", n_out, n);
@@ -188,7 +188,7 @@ void DenseModel::forward(ThreadPool& pool, KVCache& cache, const int32_t* tokens
       const int out_begin = std::max(c0, first_out);
       const int cn_out = std::max(0, c0 + cn - out_begin);
       forward(pool, cache, tokens + c0, cn, pos0 + c0, cn_out,
-              logits + static_cast<size_t>(out_begin - first_out) * static_cast<size_t>(c.n_vocab));
+              logits + static_cast<size_t>(out_begin - first_out) * static_cast<size_t>(c.n_vocab), numerics);
     }
     return;
   }
@@ -224,9 +224,9 @@ void DenseModel::forward(ThreadPool& pool, KVCache& cache, const int32_t* tokens
     const float base = swa ? c.rope_base_local : c.rope_base;
 
     for (int t = 0; t < n; ++t) rmsnorm(&x[t * D], L.attn_norm.data(), D, c.eps, &xn[t * D]);
-    matmul(pool, L.wq, xn.data(), n, q.data());
-    matmul(pool, L.wk, xn.data(), n, k.data());
-    matmul(pool, L.wv, xn.data(), n, v.data());
+    matmul(pool, L.wq, xn.data(), n, q.data(), numerics);
+    matmul(pool, L.wk, xn.data(), n, k.data(), numerics);
+    matmul(pool, L.wv, xn.data(), n, v.data(), numerics);
     for (int t = 0; t < n; ++t) {
       const int pos = pos0 + t;
       thread_local RopeAngles angles;
@@ -268,18 +268,18 @@ void DenseModel::forward(ThreadPool& pool, KVCache& cache, const int32_t* tokens
       }
     });
 
-    matmul(pool, L.wo, att.data(), n, proj.data());
+    matmul(pool, L.wo, att.data(), n, proj.data(), numerics);
     for (int t = 0; t < n; ++t) {
       if (c.sandwich_norm) rmsnorm(&proj[t * D], L.post_attn_norm.data(), D, c.eps, &proj[t * D]);
       for (int i = 0; i < D; ++i) x[t * D + i] += proj[t * D + i];
       rmsnorm(&x[t * D], L.ffn_norm.data(), D, c.eps, &xn[t * D]);
     }
 
-    matmul(pool, L.w_gate, xn.data(), n, gate.data());
-    matmul(pool, L.w_up, xn.data(), n, up.data());
+    matmul(pool, L.w_gate, xn.data(), n, gate.data(), numerics);
+    matmul(pool, L.w_up, xn.data(), n, up.data(), numerics);
     glu_act(c.gelu ? GluKind::GeluTanh : GluKind::SiLU, gate.data(), up.data(), 1.f, 1.f, gate.data(),
             static_cast<int64_t>(gate.size()));
-    matmul(pool, L.w_down, gate.data(), n, proj.data());
+    matmul(pool, L.w_down, gate.data(), n, proj.data(), numerics);
     for (int t = 0; t < n; ++t) {
       if (c.sandwich_norm) rmsnorm(&proj[t * D], L.post_ffn_norm.data(), D, c.eps, &proj[t * D]);
       for (int i = 0; i < D; ++i) x[t * D + i] += proj[t * D + i];
@@ -289,7 +289,7 @@ void DenseModel::forward(ThreadPool& pool, KVCache& cache, const int32_t* tokens
   if (n_out == 0) return;
   const int first = n - n_out;
   for (int t = first; t < n; ++t) rmsnorm(&x[t * D], output_norm_.data(), D, c.eps, &xn[t * D]);
-  matmul(pool, output_, &xn[static_cast<size_t>(first) * D], n_out, logits);
+  matmul(pool, output_, &xn[static_cast<size_t>(first) * D], n_out, logits, numerics);
 }
 
 }  // namespace megakern

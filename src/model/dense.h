@@ -126,9 +126,10 @@ class DenseModel {
 
   // Runs tokens[0..n) at positions pos0..pos0+n-1, appending their keys and
   // values to `cache`. Writes logits [n_out][n_vocab] for the last n_out
-  // positions (n_out = n for teacher forcing, 1 for generation).
+  // positions (n_out = n for teacher forcing, 1 for generation). Matrix
+  // products use `numerics`, as the program's MatMul ops do.
   void forward(ThreadPool& pool, KVCache& cache, const int32_t* tokens, int n, int pos0, int n_out,
-               float* logits) const;
+               float* logits, Numerics numerics = Numerics::Exact) const;
 
  private:
   DenseConfig cfg_;

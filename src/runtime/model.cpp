@@ -59,7 +59,7 @@ class DenseRuntimeModel final : public Model {
                                c.arch_name, c.n_layer, c.n_embd, c.n_head, c.n_head_kv, c.n_vocab,
                                dtype_traits(model_->layers()[0].w_up.type).name, model_->weight_bytes() / 1e6);
   }
-  DecodeProgram build_program(int max_rows) const override { return build_dense_program(*model_, max_rows); }
+  DecodeProgram build_program_for(int max_rows) const override { return build_dense_program(*model_, max_rows); }
   SequenceState new_sequence(int n_ctx) const override {
     SequenceState s;
     s.cache = model_->make_cache(n_ctx);
@@ -67,9 +67,10 @@ class DenseRuntimeModel final : public Model {
   }
   bool prompt_forward(ThreadPool& pool, SequenceState& seq, const int32_t* tokens, int n, int pos0,
                       float* logits) const override {
-    model_->forward(pool, seq.cache, tokens, n, pos0, 1, logits);
+    model_->forward(pool, seq.cache, tokens, n, pos0, 1, logits, numerics_);
     return true;
   }
+  bool prompt_forward_available() const override { return true; }
 
  private:
   std::vector<uint8_t> image_;
@@ -95,7 +96,7 @@ class ArchRuntimeModel final : public Model {
     tokenizer_ = byte_tokenizer(n_vocab_, name_);
     description_ = fmt::format("{} ({:.1f} MB read per step)", summary, build_program(1).weight_bytes() / 1e6);
   }
-  DecodeProgram build_program(int max_rows) const override { return Build(*model_, max_rows); }
+  DecodeProgram build_program_for(int max_rows) const override { return Build(*model_, max_rows); }
   SequenceState new_sequence(int n_ctx) const override {
     SequenceState s;
     s.cache = model_->make_cache(n_ctx);
@@ -168,7 +169,9 @@ std::vector<std::string> known_model_and_preset_names() {
   return v;
 }
 
-std::unique_ptr<Model> load_model(const std::string& name_or_path, const ModelOptions& opts) {
+namespace {
+
+std::unique_ptr<Model> load_model_as_given(const std::string& name_or_path, const ModelOptions& opts) {
   namespace fs = std::filesystem;
   if (const Qwen38Config* c = find_qwen38_preset(name_or_path)) {
     if (c->name == "qwen3.8-27b") fail("{}", too_big(c->name, weight_bytes_total(*c, DType::BF16) / 1e9));
@@ -209,6 +212,14 @@ std::unique_ptr<Model> load_model(const std::string& name_or_path, const ModelOp
          "synthetic presets",
          name_or_path);
   return std::make_unique<DenseRuntimeModel>(name_or_path);
+}
+
+}  // namespace
+
+std::unique_ptr<Model> load_model(const std::string& name_or_path, const ModelOptions& opts) {
+  std::unique_ptr<Model> m = load_model_as_given(name_or_path, opts);
+  m->set_numerics(opts.numerics);
+  return m;
 }
 
 }  // namespace megakern

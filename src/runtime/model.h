@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/numerics.h"
 #include "exec/executor.h"
 #include "exec/recurrent_kernels.h"
 #include "ir/program.h"
@@ -61,13 +62,25 @@ class Model {
   // Whether rows carry recurrent state (a sequence's state cannot be rewound).
   bool recurrent() const { return recurrent_; }
 
-  virtual DecodeProgram build_program(int max_rows) const = 0;
+  // The model's decode program for steps of up to max_rows rows, in the
+  // model's numerics mode.
+  DecodeProgram build_program(int max_rows) const {
+    DecodeProgram p = build_program_for(max_rows);
+    p.numerics = numerics_;
+    return p;
+  }
+  // How activations meet quantised weights (ModelOptions::numerics); every
+  // program and prompt pass of this model uses it.
+  Numerics numerics() const { return numerics_; }
+  void set_numerics(Numerics n) { numerics_ = n; }
   virtual SequenceState new_sequence(int n_ctx) const = 0;
   // A batched prompt pass (dense models): computes tokens[0..n) of seq at
   // positions pos0.., writing the logits of the last one. Returns false when
   // the model has none; the engine then prefills with executor steps.
   virtual bool prompt_forward(ThreadPool& pool, SequenceState& seq, const int32_t* tokens, int n, int pos0,
                               float* logits) const;
+  // Whether prompt_forward computes (dense models) rather than declining.
+  virtual bool prompt_forward_available() const { return false; }
 
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   // The chat format, and whether the model declares one itself (a GGUF
@@ -76,6 +89,8 @@ class Model {
   bool declares_chat_template() const { return chat_declared_; }
 
  protected:
+  virtual DecodeProgram build_program_for(int max_rows) const = 0;
+
   std::string name_, description_;
   int n_vocab_ = 0;
   int train_ctx_ = 0;
@@ -83,6 +98,7 @@ class Model {
   std::unique_ptr<Tokenizer> tokenizer_;
   ChatFormat chat_;
   bool chat_declared_ = false;
+  Numerics numerics_ = Numerics::Exact;
 };
 
 struct ModelOptions {
@@ -93,6 +109,7 @@ struct ModelOptions {
   std::optional<DType> weights;
   std::optional<DType> experts;
   uint64_t seed = 1;  // synthetic presets
+  Numerics numerics = Numerics::Exact;  // activation quantisation (core/numerics.h)
 };
 
 // Throws megakern::Error naming what could not be found or read.

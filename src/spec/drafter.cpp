@@ -234,7 +234,9 @@ std::unique_ptr<Drafter> make_drafter(const std::string& spec, const Model& targ
   }
   if (kind == "model") {
     if (arg.empty()) fail("drafter '{}': name the draft model, as model:PATH", spec);
-    owned_model = load_model(arg);
+    ModelOptions mo;
+    mo.numerics = target.numerics();  // the draft model computes in the target's mode
+    owned_model = load_model(arg, mo);
     return std::make_unique<ModelDrafter>(*owned_model, target.n_vocab(), pool, n_ctx, sampling, executor);
   }
   if (kind == "dspark" || kind == "dflash") {

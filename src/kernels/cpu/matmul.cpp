@@ -8,6 +8,7 @@
 #include "core/thread_pool.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/qmatmul.h"
+#include "kernels/cpu/qmatmul_fast.h"
 #include "kernels/cpu/quant_rows.h"
 #include "kernels/cpu/vec.h"
 #include "kernels/ref/i16_ref.h"
@@ -49,6 +50,14 @@ void rows_prepared(const MatView& W, const float* X, const QuantizedActs* A, int
   }
 }
 
+// The fast mode's path: 8-bit activations for the formats that have it.
+void rows_fast(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t row_begin, int64_t row_end) {
+  if (use_avx2())
+    matmul_rows_fast_avx2(W, A, Y, ldy, row_begin, row_end);
+  else
+    matmul_rows_fast_ref(W, A, Y, ldy, row_begin, row_end);
+}
+
 }  // namespace
 
 void dequantize_row(const MatView& W, int64_t j, float* dst) {
@@ -56,9 +65,15 @@ void dequantize_row(const MatView& W, int64_t j, float* dst) {
 }
 
 void matmul_rows(const MatView& W, const float* X, int64_t n_x, float* Y, int64_t ldy, int64_t row_begin,
-                 int64_t row_end) {
+                 int64_t row_end, Numerics numerics) {
   MK_CHECK(row_begin >= 0 && row_end <= W.rows && row_begin <= row_end);
   if (n_x <= 0 || row_begin == row_end) return;
+  if (numerics == Numerics::Fast && uses_fast_acts(W.type)) {
+    thread_local Q8Acts acts;
+    quantize_q8_acts(X, n_x, W.cols, fast_act_block(W.type), acts);
+    rows_fast(W, acts, Y, ldy, row_begin, row_end);
+    return;
+  }
   if (uses_i16_acts(W.type)) {
     thread_local QuantizedActs acts;
     quantize_acts(X, n_x, W.cols, acts);
@@ -68,9 +83,18 @@ void matmul_rows(const MatView& W, const float* X, int64_t n_x, float* Y, int64_
   rows_prepared(W, X, nullptr, n_x, Y, ldy, row_begin, row_end);
 }
 
-void matmul(ThreadPool& pool, const MatView& W, const float* X, int64_t n_x, float* Y) {
+void matmul(ThreadPool& pool, const MatView& W, const float* X, int64_t n_x, float* Y, Numerics numerics) {
   if (n_x <= 0 || W.rows == 0) return;
   // Inputs are quantised once, by the calling thread, and shared read-only.
+  if (numerics == Numerics::Fast && uses_fast_acts(W.type)) {
+    thread_local Q8Acts q8;
+    quantize_q8_acts(X, n_x, W.cols, fast_act_block(W.type), q8);
+    // The workers read this thread's activations (a thread_local named in
+    // the lambda would be each worker's own).
+    const Q8Acts& acts = q8;
+    pool.parallel_for(W.rows, 16, [&](int64_t b, int64_t e) { rows_fast(W, acts, Y, W.rows, b, e); });
+    return;
+  }
   thread_local QuantizedActs acts;
   const QuantizedActs* A = nullptr;
   if (uses_i16_acts(W.type)) {

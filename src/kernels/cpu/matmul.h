@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "core/numerics.h"
 
 namespace megakern {
 
@@ -25,12 +26,14 @@ struct MatView {
 // Y[t][j] = sum_i W[j][i] * X[t][i] for t < n_x and j in [row_begin, row_end).
 // X is [n_x][W.cols], Y is [n_x][ldy]. Each output is computed the same way
 // whatever n_x and the row range, so results do not depend on batching or on
-// how rows are split between threads.
+// how rows are split between threads. `numerics` picks the activation
+// quantisation of block formats (core/numerics.h).
 void matmul_rows(const MatView& W, const float* X, int64_t n_x, float* Y, int64_t ldy, int64_t row_begin,
-                 int64_t row_end);
+                 int64_t row_end, Numerics numerics = Numerics::Exact);
 
 // The same over all rows, split across the pool's workers. Y is [n_x][W.rows].
-void matmul(ThreadPool& pool, const MatView& W, const float* X, int64_t n_x, float* Y);
+void matmul(ThreadPool& pool, const MatView& W, const float* X, int64_t n_x, float* Y,
+            Numerics numerics = Numerics::Exact);
 
 // Copies row j of W into dst (W.cols floats), dequantising.
 void dequantize_row(const MatView& W, int64_t j, float* dst);

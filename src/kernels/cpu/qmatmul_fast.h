@@ -1,0 +1,75 @@
+// The `fast` numerics mode's matrix kernels (core/numerics.h): 8-bit
+// activations and integer dot products with 8-bit operands (vpmaddubsw).
+//
+// Activations. Each input row is quantised to int8 per block of `block`
+// elements (32 for the 32-element formats, 256 for the K-quants), with
+// dx = absmax / 127 and q = round-half-even(x / dx) in -127..127. Alongside:
+// the sum of q over every 16 elements (s16) and, for 32-element blocks,
+// sx = dx * (float)(sum of q over the block). A block holding inf or NaN gets
+// dx = NaN and q = 0 (the outputs become NaN, as the f32 product would).
+//
+// Weights decode to small signed integers w (value = scale * w [+ min]):
+//
+//  * 32-element formats (Q4_0, Q4_1, Q5_0, Q8_0, MXFP4, NVFP4, INT4_G128,
+//    INT8_COL): for output (t, j) and block k of the row,
+//        isum  = sum_i w_i q_i            (exact int32; per 16-element half
+//                                          for NVFP4's two scales)
+//        acc   = fma((float)isum, sc_k * dx_k, acc)
+//        (NVFP4: acc = fma((float)isum_lo, sc0 * dx, acc);
+//                acc = fma((float)isum_hi, sc1 * dx, acc))
+//        (Q4_1:  acc = fma(mn_k, sx_k, acc) after the scale term)
+//  * K-quants (Q4_K, Q6_K), 256-element blocks with integer group scales:
+//        isum  = sum_g sc_g * sum_{i in g} w_i q_i        (exact int32)
+//        acc   = fma((float)isum, d * dx, acc)
+//        (Q4_K:  msum = sum_g m_g * sum_{i in g} q_i;
+//                acc = fma((float)msum, (-dmin) * dx, acc))
+// acc starts at 0, blocks are taken in order, Y = acc. Every product of
+// scales is one rounded f32 multiplication. Integer sums are exact in any
+// order, so a kernel may compute them however it likes (the AVX2 kernel
+// uses unsigned codes and subtracts offset * sum(q), or the sign trick for
+// 8-bit weights); the float steps are the only ordered part, and they are
+// per output. A row's result therefore does not depend on how many inputs
+// or weight rows are computed together, nor on the ISA: the scalar code in
+// kernels/ref/fast_ref.h is the portable path and the bit-exact oracle.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/cpu/matmul.h"
+
+namespace megakern {
+
+// True for the formats the fast mode computes with 8-bit activations; the
+// others (f32, f16, bf16, fp8) take the f32 path in both modes.
+bool uses_fast_acts(DType t);
+// Activation block of a format: 256 for the K-quants, 32 otherwise.
+int fast_act_block(DType t);
+
+struct Q8Acts {
+  int64_t n_x = 0, cols = 0, block = 32, nb = 0;  // nb = cols / block
+  std::vector<int8_t> q;    // [n_x][cols]
+  std::vector<float> d;     // [n_x][nb] dx
+  std::vector<float> sx;    // [n_x][nb] dx * sum of the block's q (block 32 only)
+  std::vector<int16_t> s16; // [n_x][cols / 16] sums of q over 16 elements
+  const int8_t* q_row(int64_t t) const { return q.data() + t * cols; }
+  const float* d_row(int64_t t) const { return d.data() + t * nb; }
+  const float* sx_row(int64_t t) const { return sx.data() + t * nb; }
+  const int16_t* s16_row(int64_t t) const { return s16.data() + t * (cols / 16); }
+};
+
+// X is [n_x][cols], cols a multiple of block. The AVX2 and scalar versions
+// give identical results; quantize_q8_acts picks one.
+void quantize_q8_acts(const float* X, int64_t n_x, int64_t cols, int64_t block, Q8Acts& out);
+void quantize_q8_acts_scalar(const float* X, int64_t n_x, int64_t cols, int64_t block, Q8Acts& out);
+void quantize_q8_acts_avx2(const float* X, int64_t n_x, int64_t cols, int64_t block, Q8Acts& out);
+void prepare_q8_acts(int64_t n_x, int64_t cols, int64_t block, Q8Acts& out);
+
+// Y[t][j] for t < A.n_x, j in [row_begin, row_end); W.type must satisfy
+// uses_fast_acts and A.block must be fast_act_block(W.type).
+void matmul_rows_fast_ref(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t row_begin,
+                          int64_t row_end);
+void matmul_rows_fast_avx2(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t row_begin,
+                           int64_t row_end);
+
+}  // namespace megakern

@@ -1,0 +1,524 @@
+// AVX2 kernels of the fast numerics mode (qmatmul_fast.h states the
+// arithmetic they reproduce bit for bit). Compiled with -mavx2 -mfma -mf16c;
+// reached only through use_avx2().
+//
+// Weight rows are taken eight at a time. A chunk of blocks of the eight rows
+// is decoded once into an L1 scratch (8-bit codes, scales as vectors over the
+// eight rows) and then dotted with every input: per block and row one
+// vpmaddubsw and one vpmaddwd, then a transposing reduction (vphaddd) turns
+// the eight rows' lane sums into one vector holding each row's exact integer
+// sum, whose float steps are done for the eight rows at once. The outputs of
+// the eight rows are adjacent in Y, so they are stored with one vector store.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/half.h"
+#include "kernels/cpu/avx2_common.h"
+#include "kernels/cpu/qmatmul_fast.h"
+
+namespace megakern {
+namespace {
+
+constexpr int kRows = 8;  // weight rows per group
+
+inline float e8m0_half(uint8_t e) {
+  const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+  return bits_to_f32(bits);
+}
+inline float ue4m3_half(uint8_t s) {
+  s &= 0x7f;
+  return s == 0x7f ? 0.0f : fp8_e4m3_to_f32(s) * 0.5f;
+}
+inline float f16_at(const uint8_t* p) { return avx2::load_f16(p); }
+
+// 16 packed bytes -> 32 codes: low nibbles (elements 0..15), high (16..31).
+inline __m256i nib32(const uint8_t* qs) { return avx2::nibbles(qs); }
+
+// e2m1 code -> doubled value + 12 (0..24): MXFP4 / NVFP4 as unsigned codes
+// with offset 12.
+inline __m256i e2m1_plus12_table() {
+  return _mm256_broadcastsi128_si256(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+}
+
+// The eight rows' lane sums v[0..7] (each 8 x int32) -> one vector whose lane
+// r is the total of v[r]. With `halves`, lo gets the sums of lanes 0..3
+// (elements 0..15 of a 32-element block) and hi those of lanes 4..7.
+inline __m256i reduce8(const __m256i v[8]) {
+  const __m256i a0 = _mm256_hadd_epi32(v[0], v[1]), a1 = _mm256_hadd_epi32(v[2], v[3]);
+  const __m256i a2 = _mm256_hadd_epi32(v[4], v[5]), a3 = _mm256_hadd_epi32(v[6], v[7]);
+  const __m256i b0 = _mm256_hadd_epi32(a0, a1), b1 = _mm256_hadd_epi32(a2, a3);
+  return _mm256_add_epi32(_mm256_permute2x128_si256(b0, b1, 0x20), _mm256_permute2x128_si256(b0, b1, 0x31));
+}
+inline void reduce8_halves(const __m256i v[8], __m256i& lo, __m256i& hi) {
+  const __m256i a0 = _mm256_hadd_epi32(v[0], v[1]), a1 = _mm256_hadd_epi32(v[2], v[3]);
+  const __m256i a2 = _mm256_hadd_epi32(v[4], v[5]), a3 = _mm256_hadd_epi32(v[6], v[7]);
+  const __m256i b0 = _mm256_hadd_epi32(a0, a1), b1 = _mm256_hadd_epi32(a2, a3);
+  lo = _mm256_permute2x128_si256(b0, b1, 0x20);
+  hi = _mm256_permute2x128_si256(b0, b1, 0x31);
+}
+
+// ---------------------------------------------------------------------------
+// 32-element formats. decode(row, k, o) writes block k's 32 bytes to o.w
+// (unsigned codes, or signed weights when kSigned) and its scale(s) / min.
+struct Dec {
+  __m256i w;
+  float s0, s1, mn;
+};
+
+struct FQ4_0 {
+  static constexpr bool kSigned = false, kTwo = false, kMin = false;
+  static constexpr int kOffset = 8;
+  static constexpr int kBytes = 18, kSubs = 1, kNibbleAt = 2;
+  static __m256i map(__m256i c) { return c; }
+  static void scales(const uint8_t* row, int64_t k, Dec& o) { o.s0 = f16_at(row + k * 18); }
+};
+struct FQ4_1 {
+  static constexpr bool kSigned = false, kTwo = false, kMin = true;
+  static constexpr int kOffset = 0;
+  static constexpr int kBytes = 20, kSubs = 1, kNibbleAt = 4;
+  static __m256i map(__m256i c) { return c; }
+  static void scales(const uint8_t* row, int64_t k, Dec& o) {
+    const __m128 v = avx2::load_f16x2(row + k * 20);
+    o.s0 = _mm_cvtss_f32(v);
+    o.mn = _mm_cvtss_f32(_mm_movehdup_ps(v));
+  }
+};
+struct FQ5_0 {
+  static constexpr bool kSigned = false, kTwo = false, kMin = false;
+  static constexpr int kOffset = 16;
+  static void decode(const uint8_t* row, int64_t k, Dec& o) {
+    const uint8_t* b = row + k * 22;
+    uint32_t qh;
+    std::memcpy(&qh, b + 2, 4);
+    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)), shuf);
+    const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
+    bytes = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
+    o.w = _mm256_or_si256(nib32(b + 6), _mm256_and_si256(bytes, _mm256_set1_epi8(0x10)));
+    o.s0 = f16_at(b);
+  }
+};
+struct FQ8_0 {
+  static constexpr bool kSigned = true, kTwo = false, kMin = false;
+  static constexpr int kOffset = 0;
+  static void decode(const uint8_t* row, int64_t k, Dec& o) {
+    const uint8_t* b = row + k * 34;
+    o.w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
+    o.s0 = f16_at(b);
+  }
+};
+struct FMXFP4 {
+  static constexpr bool kSigned = false, kTwo = false, kMin = false;
+  static constexpr int kOffset = 12;
+  static constexpr int kBytes = 17, kSubs = 1, kNibbleAt = 1;
+  static __m256i map(__m256i c) { return _mm256_shuffle_epi8(e2m1_plus12_table(), c); }
+  static void scales(const uint8_t* row, int64_t k, Dec& o) { o.s0 = e8m0_half(row[k * 17]); }
+};
+struct FNVFP4 {
+  static constexpr bool kSigned = false, kTwo = true, kMin = false;
+  static constexpr int kOffset = 12;
+  static void decode(const uint8_t* row, int64_t k, Dec& o) {
+    // Block k / 2, 32-element half k % 2: two 16-element sub-blocks of 8
+    // bytes; in each, low nibbles are elements 0..7 and high ones 8..15.
+    const uint8_t* b = row + (k / 2) * 36;
+    const int h = (int)(k % 2);
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 4 + 16 * h));
+    const __m128i m = _mm_set1_epi8(0x0f);
+    const __m128i lo = _mm_and_si128(raw, m), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), m);
+    // Sub-block s: bytes 8s..8s+7; elements 16s+0..7 = lo nibbles, 16s+8..15 = hi.
+    const __m128i s0 = _mm_unpacklo_epi64(lo, hi), s1 = _mm_unpackhi_epi64(lo, hi);
+    o.w = _mm256_shuffle_epi8(e2m1_plus12_table(), _mm256_set_m128i(s1, s0));
+    o.s0 = ue4m3_half(b[2 * h]);
+    o.s1 = ue4m3_half(b[2 * h + 1]);
+  }
+};
+struct FINT4_G128 {
+  static constexpr bool kSigned = false, kTwo = false, kMin = false;
+  static constexpr int kOffset = 8;
+  static constexpr int kBytes = 66, kSubs = 4, kNibbleAt = 2;
+  static __m256i map(__m256i c) { return c; }
+  static void scales(const uint8_t* row, int64_t k, Dec& o) { o.s0 = f16_at(row + (k / 4) * 66); }
+};
+struct FINT8_COL {
+  static constexpr bool kSigned = true, kTwo = false, kMin = false;
+  static constexpr int kOffset = 0;
+  static void decode(const uint8_t* row, int64_t k, Dec& o) {
+    const uint8_t* b = row + (k / 4) * 132;
+    o.w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 4 + 32 * (k % 4)));
+    std::memcpy(&o.s0, b, 4);
+  }
+};
+
+// Rows are decoded in pairs (a, b) = (2p, 2p + 1) into two vectors:
+//   lo = [a's elements 0..15 | b's elements 0..15], hi = [a's 16..31 | b's 16..31],
+// so one input block, its halves broadcast to both 128-bit lanes, meets two
+// rows at once, and four pair vectors reduce to the eight rows' sums with
+// three vphaddd. Formats whose 16-byte nibble runs already split that way
+// load two rows with one 256-bit load; the others decode a row and permute.
+template <class F>
+inline void decode_pair(const uint8_t* ra, const uint8_t* rb, int64_t k, __m256i& lo, __m256i& hi, Dec& da,
+                        Dec& db) {
+  if constexpr (requires { F::kNibbleAt; }) {
+    // Codes of element i < 16 in the low nibble of byte i, of 16 + i in its high nibble.
+    const uint8_t* qa = ra + (k / F::kSubs) * F::kBytes + F::kNibbleAt + 16 * (k % F::kSubs);
+    const uint8_t* qb = rb + (k / F::kSubs) * F::kBytes + F::kNibbleAt + 16 * (k % F::kSubs);
+    const __m256i raw = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(qb), reinterpret_cast<const __m128i*>(qa));
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    lo = F::map(_mm256_and_si256(raw, m4));
+    hi = F::map(_mm256_and_si256(_mm256_srli_epi16(raw, 4), m4));
+    F::scales(ra, k, da);
+    F::scales(rb, k, db);
+  } else {
+    F::decode(ra, k, da);
+    F::decode(rb, k, db);
+    lo = _mm256_permute2x128_si256(da.w, db.w, 0x20);
+    hi = _mm256_permute2x128_si256(da.w, db.w, 0x31);
+  }
+}
+
+// Four pair vectors (lanes 0..3: row a's four partial sums, 4..7: row b's)
+// -> the eight rows' totals in row order.
+inline __m256i reduce_pairs(const __m256i v[4]) {
+  const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+  // h = rows (0, 2, 4, 6 | 1, 3, 5, 7)
+  return _mm256_permutevar8x32_epi32(h, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+// Blocks decoded per chunk: the scratch of eight rows stays in L1.
+constexpr int kChunk32 = 16;
+
+struct Scratch32 {
+  alignas(32) int8_t lo[kChunk32][4][32], hi[kChunk32][4][32];
+  alignas(32) int8_t alo[kChunk32][4][32], ahi[kChunk32][4][32];  // |w| (signed formats)
+  alignas(32) float s0[kChunk32][kRows], s1[kChunk32][kRows], mn[kChunk32][kRows];
+};
+
+template <class F>
+void fast32_group(const uint8_t* const rows[kRows], const Q8Acts& A, __m256* acc, Scratch32& S) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t k0 = 0; k0 < A.nb; k0 += kChunk32) {
+    const int kn = (int)std::min<int64_t>(kChunk32, A.nb - k0);
+    for (int c = 0; c < kn; ++c) {
+      for (int p = 0; p < 4; ++p) {
+        __m256i lo, hi;
+        Dec da, db;
+        decode_pair<F>(rows[2 * p], rows[2 * p + 1], k0 + c, lo, hi, da, db);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(S.lo[c][p]), lo);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(S.hi[c][p]), hi);
+        if constexpr (F::kSigned) {
+          _mm256_store_si256(reinterpret_cast<__m256i*>(S.alo[c][p]), _mm256_abs_epi8(lo));
+          _mm256_store_si256(reinterpret_cast<__m256i*>(S.ahi[c][p]), _mm256_abs_epi8(hi));
+        }
+        S.s0[c][2 * p] = da.s0;
+        S.s0[c][2 * p + 1] = db.s0;
+        if constexpr (F::kTwo) {
+          S.s1[c][2 * p] = da.s1;
+          S.s1[c][2 * p + 1] = db.s1;
+        }
+        if constexpr (F::kMin) {
+          S.mn[c][2 * p] = da.mn;
+          S.mn[c][2 * p + 1] = db.mn;
+        }
+      }
+    }
+    for (int64_t t = 0; t < A.n_x; ++t) {
+      const int8_t* q = A.q_row(t) + 32 * k0;
+      const float* dx = A.d_row(t) + k0;
+      const float* sx = A.sx_row(t) + k0;
+      const int16_t* s16 = A.s16_row(t) + 2 * k0;
+      __m256 a = acc[t];
+      for (int c = 0; c < kn; ++c) {
+        const __m256i ql = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 32 * c)));
+        const __m256i qh =
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 32 * c + 16)));
+        auto ld = [](const int8_t* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); };
+        const __m256 dxv = _mm256_set1_ps(dx[c]);
+        if constexpr (F::kTwo) {
+          __m256i vl[4], vh[4];
+          for (int p = 0; p < 4; ++p) {
+            vl[p] = _mm256_madd_epi16(_mm256_maddubs_epi16(ld(S.lo[c][p]), ql), ones);
+            vh[p] = _mm256_madd_epi16(_mm256_maddubs_epi16(ld(S.hi[c][p]), qh), ones);
+          }
+          __m256i lo = reduce_pairs(vl), hi = reduce_pairs(vh);
+          if constexpr (F::kOffset != 0) {
+            lo = _mm256_sub_epi32(lo, _mm256_set1_epi32(F::kOffset * s16[2 * c]));
+            hi = _mm256_sub_epi32(hi, _mm256_set1_epi32(F::kOffset * s16[2 * c + 1]));
+          }
+          a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), _mm256_mul_ps(_mm256_load_ps(S.s0[c]), dxv), a);
+          a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), _mm256_mul_ps(_mm256_load_ps(S.s1[c]), dxv), a);
+        } else {
+          __m256i v[4];
+          for (int p = 0; p < 4; ++p) {
+            if constexpr (F::kSigned) {
+              // Sign trick: |w| * (q * sign(w)); each half summed to int32
+              // on its own (two halves of 8-bit products could overflow int16).
+              const __m256i pl = _mm256_maddubs_epi16(ld(S.alo[c][p]), _mm256_sign_epi8(ql, ld(S.lo[c][p])));
+              const __m256i ph = _mm256_maddubs_epi16(ld(S.ahi[c][p]), _mm256_sign_epi8(qh, ld(S.hi[c][p])));
+              v[p] = _mm256_add_epi32(_mm256_madd_epi16(pl, ones), _mm256_madd_epi16(ph, ones));
+            } else {
+              // Codes below 32: both halves' pair sums fit int16 together.
+              v[p] = _mm256_madd_epi16(
+                  _mm256_add_epi16(_mm256_maddubs_epi16(ld(S.lo[c][p]), ql), _mm256_maddubs_epi16(ld(S.hi[c][p]), qh)),
+                  ones);
+            }
+          }
+          __m256i is = reduce_pairs(v);
+          if constexpr (F::kOffset != 0)
+            is = _mm256_sub_epi32(is, _mm256_set1_epi32(F::kOffset * (s16[2 * c] + s16[2 * c + 1])));
+          a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(_mm256_load_ps(S.s0[c]), dxv), a);
+        }
+        if constexpr (F::kMin) a = _mm256_fmadd_ps(_mm256_load_ps(S.mn[c]), _mm256_set1_ps(sx[c]), a);
+      }
+      acc[t] = a;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// K-quants: 256-element blocks, integer group scales. decode(b, r, S) writes
+// row r's unsigned codes of the block (8 sub-blocks of 32), the int16 scale
+// vector of each sub-block (int16 lane l of vpmaddubsw's output, elements
+// 2l and 2l + 1, meets its group's scale) and d; Q4_K also its mins as
+// int16 (mv: [row a's 8 mins | row b's 8] per pair of rows), scaled by
+// -dmin; Q6_K the coefficients -32 * scale of its 16 groups (cv), whose
+// product with the sums of q is part of isum.
+struct ScratchK {
+  alignas(32) int8_t w[8][kRows][32];
+  alignas(32) int16_t sc[8][kRows][16];
+  alignas(32) int16_t mv[4][16];
+  alignas(32) int16_t cv[kRows][16];
+  alignas(32) float d[kRows], nmin[kRows];
+};
+
+struct FQ4_K {
+  static constexpr bool kMin = true;
+  static void decode(const uint8_t* b, int r, ScratchK& S) {
+    // The 6-bit scales and mins, unpacked with 32-bit masks.
+    uint32_t u[4];
+    std::memcpy(u, b + 4, 12);
+    constexpr uint32_t kMask1 = 0x3f3f3f3f, kMask2 = 0x0f0f0f0f, kMask3 = 0x03030303;
+    u[3] = ((u[2] >> 4) & kMask2) | (((u[1] >> 6) & kMask3) << 4);  // m[4..7]
+    const uint32_t m03 = u[1] & kMask1;                              // m[0..3]
+    u[1] = (u[2] & kMask2) | (((u[0] >> 6) & kMask3) << 4);          // sc[4..7]
+    u[2] = m03;
+    u[0] &= kMask1;                                                  // sc[0..3]
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(u));  // sc[0..7], m[0..7]
+    const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(bytes));
+    for (int j = 0; j < 8; ++j) {
+      const __m256i pat = _mm256_set1_epi16((short)(0x0100 * (2 * j + 1) + 2 * j));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(S.sc[j][r]), _mm256_shuffle_epi8(sc16, pat));
+    }
+    _mm_store_si128(reinterpret_cast<__m128i*>(&S.mv[r / 2][8 * (r % 2)]), _mm_cvtepu8_epi16(_mm_srli_si128(bytes, 8)));
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    for (int c = 0; c < 4; ++c) {
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16 + 32 * c));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(S.w[2 * c][r]), _mm256_and_si256(raw, m4));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(S.w[2 * c + 1][r]),
+                         _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4));
+    }
+    const __m128 dm = avx2::load_f16x2(b);
+    S.d[r] = _mm_cvtss_f32(dm);
+    S.nmin[r] = -_mm_cvtss_f32(_mm_movehdup_ps(dm));
+  }
+};
+struct FQ6_K {
+  static constexpr bool kMin = false;
+  static void decode(const uint8_t* b, int r, ScratchK& S) {
+    const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192)));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(S.cv[r]), _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc, 5)));
+    // Sub-block sb: lanes 0..7 get scale 2sb, lanes 8..15 scale 2sb + 1.
+    const __m256i half0 = _mm256_permute4x64_epi64(sc, 0x44), half1 = _mm256_permute4x64_epi64(sc, 0xee);
+    for (int sb = 0; sb < 8; ++sb) {
+      const int w0 = 2 * (sb % 4), w1 = w0 + 1;
+      const __m256i pat = _mm256_setr_m128i(_mm_set1_epi16((short)(0x0100 * (2 * w0 + 1) + 2 * w0)),
+                                            _mm_set1_epi16((short)(0x0100 * (2 * w1 + 1) + 2 * w1)));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(S.sc[sb][r]), _mm256_shuffle_epi8(sb < 4 ? half0 : half1, pat));
+    }
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x30);
+    for (int h = 0; h < 2; ++h) {
+      const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h));
+      const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h + 32));
+      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h));
+      const __m256i c0 = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m2));
+      const __m256i c1 = _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m2));
+      const __m256i c2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, m2));
+      const __m256i c3 =
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(S.w[4 * h + 0][r]), c0);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(S.w[4 * h + 1][r]), c1);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(S.w[4 * h + 2][r]), c2);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(S.w[4 * h + 3][r]), c3);
+    }
+    S.d[r] = f16_at(b + 208);
+  }
+};
+
+template <class F>
+void fastk_group(const uint8_t* const rows[kRows], size_t block_bytes, const Q8Acts& A, __m256* acc, ScratchK& S) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t k = 0; k < A.nb; ++k) {
+    for (int r = 0; r < kRows; ++r) F::decode(rows[r] + k * block_bytes, r, S);
+    const __m256 dw = _mm256_load_ps(S.d);
+    for (int64_t t = 0; t < A.n_x; ++t) {
+      const int8_t* q = A.q_row(t) + 256 * k;
+      const __m256i b16 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(A.s16_row(t) + 16 * k));
+      __m256i ia[kRows];
+      for (int r = 0; r < kRows; ++r) {
+        if constexpr (F::kMin)
+          ia[r] = _mm256_setzero_si256();
+        else  // the -32 offset: sum_g (-32 * sc_g) * (sum of q over group g)
+          ia[r] = _mm256_madd_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(S.cv[r])), b16);
+      }
+      for (int j = 0; j < 8; ++j) {
+        const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * j));
+        for (int r = 0; r < kRows; ++r) {
+          const __m256i p =
+              _mm256_maddubs_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(S.w[j][r])), qv);
+          ia[r] = _mm256_add_epi32(
+              ia[r], _mm256_madd_epi16(p, _mm256_load_si256(reinterpret_cast<const __m256i*>(S.sc[j][r]))));
+        }
+      }
+      const __m256i is = reduce8(ia);
+      const __m256 dxv = _mm256_set1_ps(A.d_row(t)[k]);
+      __m256 a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(dw, dxv), acc[t]);
+      if constexpr (F::kMin) {
+        // Sums of q over the 32-element groups, as int16 in both lanes.
+        const __m256i s32 = _mm256_madd_epi16(b16, ones);  // [g0..g3 | g4..g7] as int32
+        const __m128i p = _mm_packs_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
+        const __m256i bb = _mm256_broadcastsi128_si256(p);
+        __m256i mv[4];
+        for (int pr = 0; pr < 4; ++pr)
+          mv[pr] = _mm256_madd_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(S.mv[pr])), bb);
+        a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce_pairs(mv)), _mm256_mul_ps(_mm256_load_ps(S.nmin), dxv), a);
+      }
+      acc[t] = a;
+    }
+  }
+}
+
+// Rows [rb, re) in groups of eight; a last partial group repeats row rb in
+// its missing places and stores only its valid outputs (each output's
+// arithmetic is its own, so the padding changes nothing).
+template <class Group>
+void run_groups(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t rb, int64_t re, Group&& group) {
+  // Per-input accumulators of the group's eight outputs.
+  struct alignas(32) Acc {
+    float v[kRows];
+  };
+  thread_local std::vector<Acc> store;
+  if (store.size() < (size_t)A.n_x) store.resize((size_t)A.n_x);
+  __m256* acc = reinterpret_cast<__m256*>(store.data());
+  for (int64_t j0 = rb; j0 < re; j0 += kRows) {
+    const int n = (int)std::min<int64_t>(kRows, re - j0);
+    const uint8_t* rows[kRows];
+    for (int r = 0; r < kRows; ++r) rows[r] = W.row(r < n ? j0 + r : rb);
+    for (int64_t t = 0; t < A.n_x; ++t) acc[(size_t)t] = _mm256_setzero_ps();
+    group(rows, acc);
+    for (int64_t t = 0; t < A.n_x; ++t) {
+      if (n == kRows) {
+        _mm256_storeu_ps(Y + t * ldy + j0, acc[(size_t)t]);
+      } else {
+        alignas(32) float tmp[kRows];
+        _mm256_store_ps(tmp, acc[(size_t)t]);
+        std::memcpy(Y + t * ldy + j0, tmp, sizeof(float) * (size_t)n);
+      }
+    }
+  }
+}
+
+template <class F>
+void fast32_rows(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t rb, int64_t re) {
+  thread_local Scratch32 S;
+  run_groups(W, A, Y, ldy, rb, re, [&](const uint8_t* const* rows, __m256* acc) { fast32_group<F>(rows, A, acc, S); });
+}
+
+template <class F>
+void fastk_rows(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t rb, int64_t re) {
+  thread_local ScratchK S;
+  const size_t bytes = dtype_traits(W.type).block_bytes;
+  run_groups(W, A, Y, ldy, rb, re,
+             [&](const uint8_t* const* rows, __m256* acc) { fastk_group<F>(rows, bytes, A, acc, S); });
+}
+
+}  // namespace
+
+// Same arithmetic as quantize_q8_acts_scalar (qmatmul_fast.cpp), vectorised.
+void quantize_q8_acts_avx2(const float* X, int64_t n_x, int64_t cols, int64_t block, Q8Acts& A) {
+  prepare_q8_acts(n_x, cols, block, A);
+  const __m256 sign = _mm256_set1_ps(-0.0f), inf = _mm256_set1_ps(INFINITY);
+  const __m256i ones8 = _mm256_set1_epi8(1);
+  const __m256i ones16 = _mm256_set1_epi16(1);
+  const int64_t nv = block / 8;
+  for (int64_t t = 0; t < n_x; ++t) {
+    for (int64_t k = 0; k < A.nb; ++k) {
+      const float* x = X + t * cols + block * k;
+      int8_t* q = A.q.data() + t * cols + block * k;
+      int16_t* s16 = A.s16.data() + (t * cols + block * k) / 16;
+      __m256 m = _mm256_setzero_ps();
+      int finite = 0xff;
+      for (int64_t i = 0; i < nv; ++i) {
+        const __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(x + 8 * i));
+        finite &= _mm256_movemask_ps(_mm256_cmp_ps(a, inf, _CMP_LT_OQ));
+        m = _mm256_max_ps(m, a);
+      }
+      __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+      m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+      m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+      const float amax = _mm_cvtss_f32(m4);
+      float d = amax / 127.0f;
+      float id = d != 0.0f ? 1.0f / d : 0.0f;
+      if (std::isinf(id)) d = id = 0.0f;
+      const size_t kb = (size_t)(t * A.nb + k);
+      if (finite != 0xff) {
+        std::memset(q, 0, (size_t)block);
+        std::memset(s16, 0, sizeof(int16_t) * (size_t)(block / 16));
+        A.d[kb] = NAN;
+        A.sx[kb] = NAN;  // NaN * 0
+        continue;
+      }
+      const __m256 idv = _mm256_set1_ps(id);
+      __m128i total = _mm_setzero_si128();
+      for (int64_t i = 0; i < block; i += 32) {
+        __m256i qi[4];
+        for (int u = 0; u < 4; ++u) qi[u] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i + 8 * u), idv));
+        // packs interleave 128-bit lanes; the permutes restore element order.
+        const __m256i w01 = _mm256_packs_epi32(qi[0], qi[1]), w23 = _mm256_packs_epi32(qi[2], qi[3]);
+        const __m256i b = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w01, w23), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + i), b);
+        // Sums of 16: pairs by vpmaddubsw (1 * q), then vpmaddwd, in-lane.
+        const __m256i s4 = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, b), ones16);  // 8 sums of 4
+        const __m128i s8 = _mm_hadd_epi32(_mm256_castsi256_si128(s4), _mm256_extracti128_si256(s4, 1));  // 4 of 8
+        const __m128i s16v = _mm_hadd_epi32(s8, s8);  // sums of 16: elements 0..15, 16..31 (twice)
+        s16[i / 16] = (int16_t)_mm_cvtsi128_si32(s16v);
+        s16[i / 16 + 1] = (int16_t)_mm_extract_epi32(s16v, 1);
+        total = _mm_add_epi32(total, s16v);
+      }
+      A.d[kb] = d;
+      const int32_t tot = _mm_cvtsi128_si32(total) + _mm_extract_epi32(total, 1);
+      A.sx[kb] = d * (float)tot;
+    }
+  }
+}
+
+void matmul_rows_fast_avx2(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t rb, int64_t re) {
+  switch (W.type) {
+    case DType::Q4_0: fast32_rows<FQ4_0>(W, A, Y, ldy, rb, re); break;
+    case DType::Q4_1: fast32_rows<FQ4_1>(W, A, Y, ldy, rb, re); break;
+    case DType::Q5_0: fast32_rows<FQ5_0>(W, A, Y, ldy, rb, re); break;
+    case DType::Q8_0: fast32_rows<FQ8_0>(W, A, Y, ldy, rb, re); break;
+    case DType::MXFP4: fast32_rows<FMXFP4>(W, A, Y, ldy, rb, re); break;
+    case DType::NVFP4: fast32_rows<FNVFP4>(W, A, Y, ldy, rb, re); break;
+    case DType::INT4_G128: fast32_rows<FINT4_G128>(W, A, Y, ldy, rb, re); break;
+    case DType::INT8_COL: fast32_rows<FINT8_COL>(W, A, Y, ldy, rb, re); break;
+    case DType::Q4_K: fastk_rows<FQ4_K>(W, A, Y, ldy, rb, re); break;
+    case DType::Q6_K: fastk_rows<FQ6_K>(W, A, Y, ldy, rb, re); break;
+    default: break;
+  }
+}
+
+}  // namespace megakern
