@@ -18,12 +18,15 @@
 //        (NVFP4: acc = fma((float)isum_lo, sc0 * dx, acc);
 //                acc = fma((float)isum_hi, sc1 * dx, acc))
 //        (Q4_1:  acc = fma(mn_k, sx_k, acc) after the scale term)
+//    with two accumulators, acc0 for even blocks k and acc1 for odd ones
+//    (two dependency chains), and Y = acc0 + acc1;
 //  * K-quants (Q4_K, Q6_K), 256-element blocks with integer group scales:
 //        isum  = sum_g sc_g * sum_{i in g} w_i q_i        (exact int32)
 //        acc   = fma((float)isum, d * dx, acc)
 //        (Q4_K:  msum = sum_g m_g * sum_{i in g} q_i;
 //                acc = fma((float)msum, (-dmin) * dx, acc))
-// acc starts at 0, blocks are taken in order, Y = acc. Every product of
+//    with one accumulator, Y = acc.
+// Accumulators start at 0 and blocks are taken in order. Every product of
 // scales is one rounded f32 multiplication. Integer sums are exact in any
 // order, so a kernel may compute them however it likes (the AVX2 kernel
 // uses unsigned codes and subtracts offset * sum(q), or the sign trick for

@@ -234,55 +234,79 @@ void fast32_group(const uint8_t* const rows[kRows], const uint8_t* const ahead[k
         }
       }
     }
-    for (int64_t t = 0; t < A.n_x; ++t) {
-      const int8_t* q = A.q_row(t) + 32 * k0;
-      const float* dx = A.d_row(t) + k0;
-      const float* sx = A.sx_row(t) + k0;
-      const int16_t* s16 = A.s16_row(t) + 2 * k0;
-      __m256 a = acc[t];
-      for (int c = 0; c < kn; ++c) {
-        const __m256i ql = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 32 * c)));
-        const __m256i qh =
-            _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 32 * c + 16)));
-        auto ld = [](const int8_t* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); };
-        const __m256 dxv = _mm256_set1_ps(dx[c]);
-        if constexpr (F::kTwo) {
-          __m256i vl[4], vh[4];
-          for (int p = 0; p < 4; ++p) {
-            vl[p] = _mm256_madd_epi16(_mm256_maddubs_epi16(ld(S.lo[c][p]), ql), ones);
-            vh[p] = _mm256_madd_epi16(_mm256_maddubs_epi16(ld(S.hi[c][p]), qh), ones);
-          }
-          __m256i lo = reduce_pairs(vl), hi = reduce_pairs(vh);
-          if constexpr (F::kOffset != 0) {
-            lo = _mm256_sub_epi32(lo, _mm256_set1_epi32(F::kOffset * s16[2 * c]));
-            hi = _mm256_sub_epi32(hi, _mm256_set1_epi32(F::kOffset * s16[2 * c + 1]));
-          }
-          a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), _mm256_mul_ps(_mm256_load_ps(S.s0[c]), dxv), a);
-          a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), _mm256_mul_ps(_mm256_load_ps(S.s1[c]), dxv), a);
-        } else {
-          __m256i v[4];
-          for (int p = 0; p < 4; ++p) {
-            if constexpr (F::kSigned) {
-              // Sign trick: |w| * (q * sign(w)); each half summed to int32
-              // on its own (two halves of 8-bit products could overflow int16).
-              const __m256i pl = _mm256_maddubs_epi16(ld(S.alo[c][p]), _mm256_sign_epi8(ql, ld(S.lo[c][p])));
-              const __m256i ph = _mm256_maddubs_epi16(ld(S.ahi[c][p]), _mm256_sign_epi8(qh, ld(S.hi[c][p])));
-              v[p] = _mm256_add_epi32(_mm256_madd_epi16(pl, ones), _mm256_madd_epi16(ph, ones));
-            } else {
-              // Codes below 32: both halves' pair sums fit int16 together.
-              v[p] = _mm256_madd_epi16(
-                  _mm256_add_epi16(_mm256_maddubs_epi16(ld(S.lo[c][p]), ql), _mm256_maddubs_epi16(ld(S.hi[c][p]), qh)),
-                  ones);
-            }
-          }
-          __m256i is = reduce_pairs(v);
-          if constexpr (F::kOffset != 0)
-            is = _mm256_sub_epi32(is, _mm256_set1_epi32(F::kOffset * (s16[2 * c] + s16[2 * c + 1])));
-          a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(_mm256_load_ps(S.s0[c]), dxv), a);
+    auto ld = [](const int8_t* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); };
+    // Block c of input t into accumulator a (even or odd blocks' chain).
+    auto step = [&](int64_t t, int c, __m256 a) {
+      const int8_t* q = A.q_row(t) + 32 * (k0 + c);
+      const float dx = A.d_row(t)[k0 + c];
+      const int16_t* s16 = A.s16_row(t) + 2 * (k0 + c);
+      const __m256i ql = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+      const __m256i qh = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16)));
+      const __m256 dxv = _mm256_set1_ps(dx);
+      if constexpr (F::kTwo) {
+        __m256i vl[4], vh[4];
+        for (int p = 0; p < 4; ++p) {
+          vl[p] = _mm256_madd_epi16(_mm256_maddubs_epi16(ld(S.lo[c][p]), ql), ones);
+          vh[p] = _mm256_madd_epi16(_mm256_maddubs_epi16(ld(S.hi[c][p]), qh), ones);
         }
-        if constexpr (F::kMin) a = _mm256_fmadd_ps(_mm256_load_ps(S.mn[c]), _mm256_set1_ps(sx[c]), a);
+        __m256i lo = reduce_pairs(vl), hi = reduce_pairs(vh);
+        if constexpr (F::kOffset != 0) {
+          lo = _mm256_sub_epi32(lo, _mm256_set1_epi32(F::kOffset * s16[0]));
+          hi = _mm256_sub_epi32(hi, _mm256_set1_epi32(F::kOffset * s16[1]));
+        }
+        a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), _mm256_mul_ps(_mm256_load_ps(S.s0[c]), dxv), a);
+        a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), _mm256_mul_ps(_mm256_load_ps(S.s1[c]), dxv), a);
+      } else {
+        __m256i v[4];
+        for (int p = 0; p < 4; ++p) {
+          if constexpr (F::kSigned) {
+            // Sign trick: |w| * (q * sign(w)); each half summed to int32
+            // on its own (two halves of 8-bit products could overflow int16).
+            const __m256i pl = _mm256_maddubs_epi16(ld(S.alo[c][p]), _mm256_sign_epi8(ql, ld(S.lo[c][p])));
+            const __m256i ph = _mm256_maddubs_epi16(ld(S.ahi[c][p]), _mm256_sign_epi8(qh, ld(S.hi[c][p])));
+            v[p] = _mm256_add_epi32(_mm256_madd_epi16(pl, ones), _mm256_madd_epi16(ph, ones));
+          } else {
+            // Codes below 32: both halves' pair sums fit int16 together.
+            v[p] = _mm256_madd_epi16(
+                _mm256_add_epi16(_mm256_maddubs_epi16(ld(S.lo[c][p]), ql), _mm256_maddubs_epi16(ld(S.hi[c][p]), qh)),
+                ones);
+          }
+        }
+        __m256i is = reduce_pairs(v);
+        if constexpr (F::kOffset != 0) is = _mm256_sub_epi32(is, _mm256_set1_epi32(F::kOffset * (s16[0] + s16[1])));
+        a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(_mm256_load_ps(S.s0[c]), dxv), a);
       }
-      acc[t] = a;
+      if constexpr (F::kMin) a = _mm256_fmadd_ps(_mm256_load_ps(S.mn[c]), _mm256_set1_ps(A.sx_row(t)[k0 + c]), a);
+      return a;
+    };
+    // Blocks alternate between two accumulators per output (k0 is even, so
+    // c's parity is the block's); two inputs at a time, so four independent
+    // chains hide the FMA latency.
+    int64_t t = 0;
+    for (; t + 2 <= A.n_x; t += 2) {
+      __m256 a0 = acc[2 * t], a1 = acc[2 * t + 1], b0 = acc[2 * t + 2], b1 = acc[2 * t + 3];
+      int c = 0;
+      for (; c + 2 <= kn; c += 2) {
+        a0 = step(t, c, a0);
+        b0 = step(t + 1, c, b0);
+        a1 = step(t, c + 1, a1);
+        b1 = step(t + 1, c + 1, b1);
+      }
+      if (c < kn) {
+        a0 = step(t, c, a0);
+        b0 = step(t + 1, c, b0);
+      }
+      acc[2 * t] = a0, acc[2 * t + 1] = a1, acc[2 * t + 2] = b0, acc[2 * t + 3] = b1;
+    }
+    if (t < A.n_x) {
+      __m256 a0 = acc[2 * t], a1 = acc[2 * t + 1];
+      int c = 0;
+      for (; c + 2 <= kn; c += 2) {
+        a0 = step(t, c, a0);
+        a1 = step(t, c + 1, a1);
+      }
+      if (c < kn) a0 = step(t, c, a0);
+      acc[2 * t] = a0, acc[2 * t + 1] = a1;
     }
   }
 }
@@ -398,7 +422,7 @@ void fastk_group(const uint8_t* const rows[kRows], const uint8_t* const ahead[kR
       }
       const __m256i is = reduce8(ia);
       const __m256 dxv = _mm256_set1_ps(A.d_row(t)[k]);
-      __m256 a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(dw, dxv), acc[t]);
+      __m256 a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(dw, dxv), acc[2 * t]);
       if constexpr (F::kMin) {
         // Sums of q over the 32-element groups, as int16 in both lanes.
         const __m256i s32 = _mm256_madd_epi16(b16, ones);  // [g0..g3 | g4..g7] as int32
@@ -409,7 +433,7 @@ void fastk_group(const uint8_t* const rows[kRows], const uint8_t* const ahead[kR
           mv[pr] = _mm256_madd_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(S.mv[pr])), bb);
         a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce_pairs(mv)), _mm256_mul_ps(_mm256_load_ps(S.nmin), dxv), a);
       }
-      acc[t] = a;
+      acc[2 * t] = a;
     }
   }
 }
@@ -418,13 +442,15 @@ void fastk_group(const uint8_t* const rows[kRows], const uint8_t* const ahead[kR
 // its missing places and stores only its valid outputs (each output's
 // arithmetic is its own, so the padding changes nothing).
 template <class Group>
-void run_groups(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t rb, int64_t re, Group&& group) {
-  // Per-input accumulators of the group's eight outputs.
+void run_groups(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t rb, int64_t re, bool two_chains,
+                Group&& group) {
+  // Per input, two accumulators of the group's eight outputs (the second
+  // used by the 32-element formats' odd blocks).
   struct alignas(32) Acc {
     float v[kRows];
   };
   thread_local std::vector<Acc> store;
-  if (store.size() < (size_t)A.n_x) store.resize((size_t)A.n_x);
+  if (store.size() < (size_t)(2 * A.n_x)) store.resize((size_t)(2 * A.n_x));
   __m256* acc = reinterpret_cast<__m256*>(store.data());
   for (int64_t j0 = rb; j0 < re; j0 += kRows) {
     const int n = (int)std::min<int64_t>(kRows, re - j0);
@@ -434,14 +460,15 @@ void run_groups(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_
       rows[r] = W.row(r < n ? j0 + r : rb);
       ahead[r] = W.row(std::min<int64_t>(j0 + 2 * kRows + r, re - 1));
     }
-    for (int64_t t = 0; t < A.n_x; ++t) acc[(size_t)t] = _mm256_setzero_ps();
+    for (int64_t t = 0; t < 2 * A.n_x; ++t) acc[t] = _mm256_setzero_ps();
     group(rows, ahead, acc);
     for (int64_t t = 0; t < A.n_x; ++t) {
+      const __m256 y = two_chains ? _mm256_add_ps(acc[2 * t], acc[2 * t + 1]) : acc[2 * t];
       if (n == kRows) {
-        _mm256_storeu_ps(Y + t * ldy + j0, acc[(size_t)t]);
+        _mm256_storeu_ps(Y + t * ldy + j0, y);
       } else {
         alignas(32) float tmp[kRows];
-        _mm256_store_ps(tmp, acc[(size_t)t]);
+        _mm256_store_ps(tmp, y);
         std::memcpy(Y + t * ldy + j0, tmp, sizeof(float) * (size_t)n);
       }
     }
@@ -452,7 +479,7 @@ template <class F>
 void fast32_rows(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t rb, int64_t re) {
   thread_local Scratch32 S;
   const size_t bytes = dtype_traits(W.type).block_bytes * 32 / (size_t)dtype_traits(W.type).block_size;
-  run_groups(W, A, Y, ldy, rb, re, [&](const uint8_t* const* rows, const uint8_t* const* ahead, __m256* acc) {
+  run_groups(W, A, Y, ldy, rb, re, true, [&](const uint8_t* const* rows, const uint8_t* const* ahead, __m256* acc) {
     fast32_group<F>(rows, ahead, bytes, A, acc, S);
   });
 }
@@ -461,7 +488,7 @@ template <class F>
 void fastk_rows(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t rb, int64_t re) {
   thread_local ScratchK S;
   const size_t bytes = dtype_traits(W.type).block_bytes;
-  run_groups(W, A, Y, ldy, rb, re, [&](const uint8_t* const* rows, const uint8_t* const* ahead, __m256* acc) {
+  run_groups(W, A, Y, ldy, rb, re, false, [&](const uint8_t* const* rows, const uint8_t* const* ahead, __m256* acc) {
     fastk_group<F>(rows, ahead, bytes, A, acc, S);
   });
 }

@@ -111,9 +111,10 @@ float dot_32_row(DType t, const uint8_t* row, const Q8Acts& A, int64_t ti) {
   const float* dx = A.d_row(ti);
   const float* sx = A.sx_row(ti);
   const bool two = t == DType::NVFP4;
-  float acc = 0.f;
+  float accs[2] = {0.f, 0.f};  // even and odd blocks
   I16Sub sub;
   for (int64_t k = 0; k < A.nb; ++k) {
+    float& acc = accs[k % 2];
     decode_i16_sub(t, row, k, sub);
     const int8_t* qk = q + 32 * k;
     int32_t lo = 0, hi = 0;
@@ -127,7 +128,7 @@ float dot_32_row(DType t, const uint8_t* row, const Q8Acts& A, int64_t ti) {
     }
     if (sub.has_min) acc = std::fma(sub.mn, sx[k], acc);
   }
-  return acc;
+  return accs[0] + accs[1];
 }
 
 }  // namespace
