@@ -34,6 +34,7 @@ struct GenOptions {
   bool raw = false;
   bool quiet = false;
   std::string executor = "mega";
+  int ubatch = kDefaultUbatch;  // rows per prompt step on the executor path
   ModelFlags model_flags;
   SamplingParams sampling;
   SpecCliOptions spec;  // run --spec: speculative decoding
@@ -49,6 +50,11 @@ void add_common(CLI::App* cmd, GenOptions& o) {
   cmd->add_option("-t,--threads", o.threads, "Worker threads (0: one per core)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1024));
+  cmd->add_option("--ubatch", o.ubatch,
+                  "Prompt positions computed per executor step (models without a batched prompt pass: Qwen3.8, "
+                  "Kimi K3, Muse Spark); also the rows a step may take")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 256));
   cmd->add_option("--executor", o.executor, "Decode executor: mega, opbyop or reference")
       ->capture_default_str()
       ->check(CLI::IsMember({"mega", "opbyop", "reference"}));
@@ -154,10 +160,10 @@ void run_cmd(const GenOptions& o) {
   }
   if (!o.spec.drafter.empty()) {
     run_speculative(*L.model, *L.pool, tokens, o.n_ctx, o.n_predict, o.sampling, o.executor, o.spec, o.quiet,
-                    L.load_ms);
+                    L.load_ms, o.ubatch);
     return;
   }
-  Session s(*L.model, *L.pool, o.n_ctx, o.executor);
+  Session s(*L.model, *L.pool, o.n_ctx, o.executor, o.ubatch);
   Sampler sampler(o.sampling);
   GenStats st;
   st.prompt_tokens = st.new_prompt_tokens = static_cast<int>(tokens.size());
@@ -177,7 +183,7 @@ void chat_cmd(const GenOptions& o) {
   if (!L.model->declares_chat_template())
     fmt::print(stderr, "[{} has no chat template in its metadata; using the {} turn format of its architecture, "
                "which a base model may not follow]\n", o.model, chat_template_name(L.model->chat_format().kind));
-  Session s(*L.model, *L.pool, o.n_ctx, o.executor);
+  Session s(*L.model, *L.pool, o.n_ctx, o.executor, o.ubatch);
   Sampler sampler(o.sampling);
   std::vector<ChatMessage> msgs;
   if (!o.system.empty()) msgs.push_back({"system", o.system});

@@ -36,17 +36,19 @@ SpecOptions spec_options(int draft, bool fixed, const SamplingParams& sampling) 
   return so;
 }
 
-// Rows per verify step the target engine must take.
-int engine_rows(int draft) { return std::max(8, draft + 1); }
+// Rows per step of the target engine: a verify block of draft + 1 rows, and
+// the prompt in blocks of ubatch positions, as plain generation computes it
+// (recurrent models' chunked prompt pass then gives the same state).
+int engine_rows(int draft, int ubatch = kDefaultUbatch) { return std::max(ubatch, draft + 1); }
 
 }  // namespace
 
 void run_speculative(const Model& model, ThreadPool& pool, const std::vector<int32_t>& prompt, int n_ctx,
                      int n_predict, const SamplingParams& sampling, const std::string& executor,
-                     const SpecCliOptions& spec, bool quiet, double load_ms) {
+                     const SpecCliOptions& spec, bool quiet, double load_ms, int ubatch) {
   std::unique_ptr<Model> draft_model;
   auto drafter = make_drafter(spec.drafter, model, pool, n_ctx, sampling, draft_model, executor);
-  Engine engine(model, pool, engine_rows(spec.draft), executor);
+  Engine engine(model, pool, engine_rows(spec.draft, ubatch), executor);
   SequenceState seq = model.new_sequence(n_ctx);
   SpeculativeGenerator gen(engine, seq, *drafter, spec_options(spec.draft, spec.fixed, sampling));
   const Tokenizer& tok = model.tokenizer();
@@ -243,7 +245,7 @@ void spec_bench_cmd(const SpecBenchOptions& o) {
   // Plain and speculative decoding of each prompt are interleaved, rep by
   // rep, so slow drift in the machine's speed affects all methods alike; each
   // keeps its fastest run (the one least disturbed by other work).
-  Session plain(*model, pool, n_ctx);
+  Session plain(*model, pool, n_ctx, "mega", kDefaultUbatch);
   for (auto& r : runs) r.plain_ms = 1e300;
   for (int rep = 0; rep < o.reps; ++rep)
     for (size_t k = 0; k < runs.size(); ++k) {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "runtime/sampler.h"
+#include "runtime/session.h"
 
 namespace CLI {
 class App;
@@ -29,7 +30,7 @@ struct SpecCliOptions {
 // stdout, statistics (acceptance length, tokens/s) on stderr unless quiet.
 void run_speculative(const Model& model, ThreadPool& pool, const std::vector<int32_t>& prompt, int n_ctx,
                      int n_predict, const SamplingParams& sampling, const std::string& executor,
-                     const SpecCliOptions& spec, bool quiet, double load_ms);
+                     const SpecCliOptions& spec, bool quiet, double load_ms, int ubatch = kDefaultUbatch);
 
 struct SpecBenchOptions {
   std::string model = "smollm2-135m";

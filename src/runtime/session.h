@@ -15,6 +15,16 @@ namespace megakern {
 
 class ThreadPool;
 
+// Prompt positions per executor step that the commands use for models
+// without a batched prompt pass (Qwen3.8, Kimi K3, Muse Spark), measured:
+// on qwen3.8-bench (q4_0, fast, 256-token prompt, 2 cores) 8 rows gave
+// 13 tok/s, 32 rows 19 and 64 rows 25 (op-by-op 34) with the megakernel.
+// Plain and speculative generation must prefill with the same block size:
+// a recurrent model's chunked prompt pass equals the per-token form only
+// within a tolerance, which the fast mode's int8 grid can turn into a
+// different token.
+inline constexpr int kDefaultUbatch = 32;
+
 // Steps of one model's DecodeProgram on one executor, for any set of
 // sequences: the batching primitive under sessions, the server and
 // speculative decoding.
