@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <vector>
 #include <string>
@@ -268,11 +269,36 @@ TEST(Cli, InspectScheduleBuildsTheFullKimiProgramFromShapes) {
 }
 
 TEST(Cli, BenchRunsThePrefetchAblationsOnAMoeModel) {
+  const std::string json = (std::filesystem::temp_directory_path() / "megakern_bench_moe_test.json").string();
   const Result r = run("bench -m kimi-k3-mini --executor opbyop,mega,mega-noexp,mega-nopf --batch 1,2 --steps 1 "
-                       "--warmup 1 --rounds 1 --probe-mib 64");
+                       "--warmup 1 --rounds 1 --probe-mib 64 --json " + json);
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("mega-noexp"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("mega-nopf"), std::string::npos) << r.out;
+  std::ifstream in(json);
+  const nlohmann::json j = nlohmann::json::parse(in);
+  // Every executor at every batch size, each figure consistent with the
+  // others: the ablations move the same bytes as the megakernel (prefetching
+  // changes when weights are read, not what), a batch of 2 reads at least
+  // the weights of a batch of 1 (more experts may be picked) and at most
+  // twice them, and the rates follow from the time.
+  ASSERT_EQ(j.at("results").size(), 8u);
+  std::map<int, double> bytes;
+  const double probe = j.at("probe_gbs").get<double>();
+  for (const auto& e : j.at("results")) {
+    SCOPED_TRACE(e.dump());
+    const int b = e.at("batch").get<int>();
+    const double ms = e.at("ms_per_step").get<double>(), by = e.at("bytes_per_step").get<double>();
+    EXPECT_GT(ms, 0);
+    if (!bytes.count(b)) bytes[b] = by;
+    EXPECT_EQ(by, bytes[b]) << "executors disagree on the bytes a step moves";
+    EXPECT_NEAR(e.at("tokens_per_s").get<double>(), b * 1000.0 / ms, 1e-9 * b * 1000.0 / ms);
+    EXPECT_NEAR(e.at("gbs").get<double>(), by / 1e6 / ms, 1e-9 * e.at("gbs").get<double>());
+    EXPECT_NEAR(e.at("fraction_of_probe").get<double>(), e.at("gbs").get<double>() / probe, 1e-12);
+  }
+  ASSERT_EQ(bytes.size(), 2u);
+  EXPECT_GT(bytes[2], bytes[1]);
+  EXPECT_LE(bytes[2], 2 * bytes[1]);
 }
 
 }  // namespace
