@@ -7,7 +7,12 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <regex>
+#include <vector>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "test_util.h"
 
@@ -162,10 +167,20 @@ TEST(Cli, ChatKeepsHistoryAcrossTurns) {
   }
   const Result r = run("chat --temp 0 -n 12 < " + input);
   ASSERT_EQ(r.status, 0) << r.out;
-  // Two answers, the second computed on top of the cached first turn.
-  size_t stats = 0, pos = 0;
-  while ((pos = r.out.find("prompt tokens", pos)) != std::string::npos) ++stats, ++pos;
-  EXPECT_EQ(stats, 2u) << r.out;
+  // Two answers, the second computed on top of the cached first turn: the
+  // statistics line "[N prompt tokens (M new) ... | G tokens at ...]" of turn
+  // one computes all N1 tokens; turn two reuses at least the whole first
+  // prompt and at most the first prompt plus its answer.
+  std::vector<std::array<int, 3>> turns;  // N, M, G
+  const std::regex line(R"(\[(\d+) prompt tokens \((\d+) new\) [^|]*\| (\d+) tokens at)");
+  for (std::sregex_iterator it(r.out.begin(), r.out.end(), line), end; it != end; ++it)
+    turns.push_back({std::stoi((*it)[1]), std::stoi((*it)[2]), std::stoi((*it)[3])});
+  ASSERT_EQ(turns.size(), 2u) << r.out;
+  EXPECT_EQ(turns[0][1], turns[0][0]) << r.out;
+  const int reused = turns[1][0] - turns[1][1];
+  EXPECT_GE(reused, turns[0][0]) << r.out;
+  EXPECT_LE(reused, turns[0][0] + turns[0][2]) << r.out;
+  EXPECT_GT(turns[1][1], 0) << r.out;
 }
 
 TEST(Cli, InspectShowsMetadataAndTensors) {
@@ -186,8 +201,39 @@ TEST(Cli, BenchRunsBothExecutorsAndWritesJson) {
   EXPECT_NE(r.out.find("mega"), std::string::npos);
   std::ifstream in(json);
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  EXPECT_NE(text.find("\"fraction_of_probe\""), std::string::npos) << text;
-  EXPECT_NE(text.find("\"schedule_build_ms\""), std::string::npos) << text;
+  const nlohmann::json j = nlohmann::json::parse(text);
+  // Weights read per step, from dense-mini's shape (src/model/presets.cpp: 4
+  // qwen3 layers, hidden 256, MLP 512, 4 query / 2 KV heads of 64, vocabulary
+  // 512, Q4_0 = 18 bytes per 32 weights): per layer q 256x256, k and v
+  // 256x128, o 256x256, gate and up 256x512, down 512x256; plus the 512x256
+  // output matrix; and the f32 norm vectors: per layer attention and MLP
+  // norms (256 each) and the q and k head norms (64 each), and the output norm.
+  const double q4_0 = 18.0 / 32.0;
+  const double per_layer = 256.0 * 256 + 2 * 256.0 * 128 + 256.0 * 256 + 3 * 256.0 * 512;
+  const double norms = (4 * (2 * 256.0 + 2 * 64) + 256) * 4;
+  const double weights = (4 * per_layer + 512.0 * 256) * q4_0 + norms;
+  EXPECT_DOUBLE_EQ(j.at("weight_bytes_per_step").get<double>(), weights);
+  // Each row moves its KV cache: per layer the new K and V (2 x 128 floats)
+  // and K and V of every position up to the mean timed one (warmup 1 + steps
+  // 2 / 2 = position 2, i.e. 3 positions): 4 x 2 x 128 x 4 x (1 + 3) bytes.
+  const double state_per_row = 4.0 * 2 * 128 * 4 * (1 + 3);
+  const double probe = j.at("probe_gbs").get<double>();
+  EXPECT_GT(probe, 0.05);
+  EXPECT_LT(probe, 1e4);
+  ASSERT_EQ(j.at("results").size(), 4u);
+  for (const auto& r : j.at("results")) {
+    SCOPED_TRACE(r.dump());
+    const int b = r.at("batch").get<int>();
+    EXPECT_TRUE(b == 1 || b == 2);
+    const double ms = r.at("ms_per_step").get<double>();
+    EXPECT_GT(ms, 0);
+    EXPECT_LT(ms, 1e4);
+    EXPECT_NEAR(r.at("tokens_per_s").get<double>(), b * 1000.0 / ms, 1e-9 * b * 1000.0 / ms);
+    EXPECT_DOUBLE_EQ(r.at("bytes_per_step").get<double>(), weights + b * state_per_row);
+    EXPECT_NEAR(r.at("gbs").get<double>(), r.at("bytes_per_step").get<double>() / 1e6 / ms, 1e-9 * r.at("gbs").get<double>());
+    EXPECT_NEAR(r.at("fraction_of_probe").get<double>(), r.at("gbs").get<double>() / probe, 1e-12);
+  }
+  for (const char* e : {"opbyop", "mega"}) EXPECT_GE(j.at("schedule_build_ms").at(e).get<double>(), 0) << e;
 }
 
 TEST(Cli, BenchRejectsBadLists) {
@@ -223,11 +269,36 @@ TEST(Cli, InspectScheduleBuildsTheFullKimiProgramFromShapes) {
 }
 
 TEST(Cli, BenchRunsThePrefetchAblationsOnAMoeModel) {
+  const std::string json = (std::filesystem::temp_directory_path() / "megakern_bench_moe_test.json").string();
   const Result r = run("bench -m kimi-k3-mini --executor opbyop,mega,mega-noexp,mega-nopf --batch 1,2 --steps 1 "
-                       "--warmup 1 --rounds 1 --probe-mib 64");
+                       "--warmup 1 --rounds 1 --probe-mib 64 --json " + json);
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("mega-noexp"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("mega-nopf"), std::string::npos) << r.out;
+  std::ifstream in(json);
+  const nlohmann::json j = nlohmann::json::parse(in);
+  // Every executor at every batch size, each figure consistent with the
+  // others: the ablations move the same bytes as the megakernel (prefetching
+  // changes when weights are read, not what), a batch of 2 reads at least
+  // the weights of a batch of 1 (more experts may be picked) and at most
+  // twice them, and the rates follow from the time.
+  ASSERT_EQ(j.at("results").size(), 8u);
+  std::map<int, double> bytes;
+  const double probe = j.at("probe_gbs").get<double>();
+  for (const auto& e : j.at("results")) {
+    SCOPED_TRACE(e.dump());
+    const int b = e.at("batch").get<int>();
+    const double ms = e.at("ms_per_step").get<double>(), by = e.at("bytes_per_step").get<double>();
+    EXPECT_GT(ms, 0);
+    if (!bytes.count(b)) bytes[b] = by;
+    EXPECT_EQ(by, bytes[b]) << "executors disagree on the bytes a step moves";
+    EXPECT_NEAR(e.at("tokens_per_s").get<double>(), b * 1000.0 / ms, 1e-9 * b * 1000.0 / ms);
+    EXPECT_NEAR(e.at("gbs").get<double>(), by / 1e6 / ms, 1e-9 * e.at("gbs").get<double>());
+    EXPECT_NEAR(e.at("fraction_of_probe").get<double>(), e.at("gbs").get<double>() / probe, 1e-12);
+  }
+  ASSERT_EQ(bytes.size(), 2u);
+  EXPECT_GT(bytes[2], bytes[1]);
+  EXPECT_LE(bytes[2], 2 * bytes[1]);
 }
 
 }  // namespace

@@ -86,6 +86,35 @@ TEST(Dense, GemmaWindowAndGlobalLayers) {
   EXPECT_NE(0, std::memcmp(a.data(), b.data(), sizeof(float) * a.size()));
 }
 
+// The window itself, by its effect: with one sliding-window layer (window 4)
+// the logits at position 7 see positions 4..7 only. Changing token 3 (just
+// outside) leaves them bit for bit unchanged, changing token 4 (the oldest
+// inside) changes them. (The executors are checked beyond the window against
+// transformers in test_fidelity.cpp.)
+TEST(Dense, GemmaSlidingWindowSeesExactlyItsPositions) {
+  TinySpec s;
+  s.arch = "gemma3";
+  s.n_layer = 1;
+  const auto bytes = tiny_model(s);
+  auto f = GGUFFile::parse(bytes.data(), bytes.size(), "tiny.gguf");
+  auto m = DenseModel::load(*f);
+  ASSERT_EQ(m->config().sliding_window, 4);
+  ASSERT_TRUE(m->config().layer_swa[0]);
+  ThreadPool pool(2);
+  const std::vector<int32_t> base = {1, 2, 3, 4, 5, 6, 7, 8};
+  auto last_logits = [&](const std::vector<int32_t>& t) {
+    std::vector<float> out(static_cast<size_t>(m->config().n_vocab));
+    KVCache k = m->make_cache(16);
+    m->forward(pool, k, t.data(), 8, 0, 1, out.data());
+    return out;
+  };
+  auto outside = base, inside = base;
+  outside[3] = 50;
+  inside[4] = 50;
+  EXPECT_EQ(last_logits(base), last_logits(outside)) << "a token outside the window changed the logits";
+  EXPECT_NE(last_logits(base), last_logits(inside)) << "a token inside the window did not matter";
+}
+
 TEST(Dense, RejectsWrongShapesAndMissingTensors) {
   TinySpec s;
   auto bytes = tiny_model(s);

@@ -423,9 +423,24 @@ TEST(DTypeQuantize, SpecialBlocks) {
       const std::vector<float> k((size_t)n, c);
       for (float v : dequantize(t, quantize(t, k), n)) ASSERT_NEAR(v, c, 0.02 * std::fabs(c)) << tr.name;
     }
-    // Quantising is deterministic.
+    // Quantising writes every output byte (the result does not depend on
+    // what the buffer held before) and treats blocks independently: two
+    // blocks quantised in one call are the two quantised one at a time.
     const auto x = gaussian((size_t)n, 5);
-    EXPECT_EQ(quantize(t, x), quantize(t, x)) << tr.name;
+    const size_t bytes = row_bytes(t, n);
+    std::vector<uint8_t> zeroed(bytes, 0x00), filled(bytes, 0xff);
+    tr.quantize(x.data(), zeroed.data(), n);
+    tr.quantize(x.data(), filled.data(), n);
+    EXPECT_EQ(zeroed, filled) << tr.name << ": some output bytes are left unwritten";
+    if (t != DType::INT8_COL) {  // one scale for the whole row: not block-local
+      const int64_t half = n / 2;
+      ASSERT_EQ(half % tr.block_size, 0) << tr.name;
+      std::vector<uint8_t> parts(bytes, 0x5a);
+      const size_t half_bytes = row_bytes(t, half);
+      tr.quantize(x.data(), parts.data(), half);
+      tr.quantize(x.data() + half, parts.data() + half_bytes, half);
+      EXPECT_EQ(parts, zeroed) << tr.name << ": blocks are not quantised independently";
+    }
   }
 }
 

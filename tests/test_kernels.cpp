@@ -18,7 +18,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <optional>
+#include <sstream>
 #include <random>
 #include <string>
 #include <utility>
@@ -544,6 +548,20 @@ uint64_t pinned_hash(DType t) {
         std::vector<float> Y((size_t)(n_x * rows));
         matmul_rows(W, x.data() + mis, n_x, Y.data(), rows, 0, rows);
         h = fnv1a(Y.data(), Y.size() * sizeof(float), h);
+        // Beside the pin, correctness on the same data: every output within
+        // the stated tolerance of the exact (f64) product of the reference
+        // dequantiser's weights and the inputs.
+        std::vector<float> wrow((size_t)cols);
+        for (int64_t j = 0; j < rows; ++j) {
+          tr.dequantize(base + (size_t)j * rb, wrow.data(), cols);
+          for (int64_t s = 0; s < n_x; ++s) {
+            const float* xs = x.data() + mis + s * cols;
+            double exact = 0;
+            for (int64_t i = 0; i < cols; ++i) exact += (double)wrow[(size_t)i] * xs[i];
+            EXPECT_NEAR((double)Y[(size_t)(s * rows + j)], exact, tolerance(t, wrow.data(), xs, cols))
+                << tr.name << " cols=" << cols << " row=" << j << " input=" << s;
+          }
+        }
       }
     }
   }
@@ -562,10 +580,44 @@ TEST(Kernels, Int16KernelOutputsArePinned) {
   }
 }
 
+// The CPU's own flags, read from /proc/cpuinfo (not from the compiler's
+// cpuid builtins the engine uses); nullopt where that file is not there.
+std::optional<bool> cpuinfo_has_avx2_and_fma() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("flags", 0) != 0) continue;
+    std::istringstream words(line.substr(line.find(':') + 1));
+    bool avx2 = false, fma = false;
+    std::string w;
+    while (words >> w) {
+      avx2 = avx2 || w == "avx2";
+      fma = fma || w == "fma";
+    }
+    return avx2 && fma;
+  }
+  return std::nullopt;
+}
+
+// The path the engine takes is the one the CPU and MEGAKERN_ISA call for: the
+// AVX2 kernels exactly when the CPU has AVX2 and FMA and the variable does not
+// say "scalar" (the scalar_isa ctest entry relies on this to run the portable
+// path).
 TEST(Kernels, ReportsIsa) {
-  // Not a check: records which path the suite exercised.
   RecordProperty("avx2", use_avx2() ? "yes" : "no");
   std::printf("[kernels] ISA: %s\n", use_avx2() ? "avx2+fma" : "scalar");
+  const char* isa = std::getenv("MEGAKERN_ISA");
+  const bool forced_scalar = isa && std::string(isa) == "scalar";
+  if (forced_scalar) {
+    EXPECT_FALSE(use_avx2());
+    const CpuFeatures& f = cpu_features();
+    EXPECT_FALSE(f.avx2 || f.fma || f.f16c || f.avx512f) << "MEGAKERN_ISA=scalar must turn off every feature";
+  }
+  const auto cpu = cpuinfo_has_avx2_and_fma();
+#if defined(__x86_64__)
+  ASSERT_TRUE(cpu.has_value()) << "/proc/cpuinfo has no flags line";
+#endif
+  if (cpu) EXPECT_EQ(use_avx2(), *cpu && !forced_scalar);
 }
 
 
