@@ -265,6 +265,9 @@ TEST(Kernels, RandomBitPatternsMatchOracle) {
         case DType::Q4_0: case DType::Q8_0: case DType::Q5_0: case DType::INT4_G128: put_f16(0); break;
         case DType::Q4_1: case DType::Q4_K: put_f16(0); put_f16(2); break;
         case DType::Q6_K: put_f16(208); break;
+        case DType::Q3_K: put_f16(108); break;
+        case DType::Q5_K: put_f16(0); put_f16(2); break;
+        case DType::IQ4_NL: case DType::IQ4_XS: put_f16(0); break;
         case DType::MXFP4: b[0] = (uint8_t)(100 + rng() % 55); break;
         case DType::INT8_COL: { const float d = 0.01f; std::memcpy(b, &d, 4); break; }
         default: break;  // NVFP4: every scale byte is finite
@@ -531,6 +534,9 @@ uint64_t pinned_hash(DType t) {
           case DType::Q4_0: case DType::Q8_0: case DType::Q5_0: case DType::INT4_G128: put_f16(0); break;
           case DType::Q4_1: case DType::Q4_K: put_f16(0); put_f16(2); break;
           case DType::Q6_K: put_f16(208); break;
+          case DType::Q3_K: put_f16(108); break;
+          case DType::Q5_K: put_f16(0); put_f16(2); break;
+          case DType::IQ4_NL: case DType::IQ4_XS: put_f16(0); break;
           case DType::MXFP4: b[0] = (uint8_t)(100 + next() % 55); break;
           case DType::INT8_COL: { const float d = 0.01f * (float)(1 + next() % 7); std::memcpy(b, &d, 4); break; }
           default: break;
@@ -554,6 +560,7 @@ TEST(Kernels, Int16KernelOutputsArePinned) {
       {DType::Q4_0, 0xe8d54d85ae7be735ull}, {DType::Q4_1, 0xbb4e6f91305d0448ull}, {DType::Q5_0, 0x9dc302b955ddcbaaull}, {DType::Q8_0, 0x30a8e62811c90f31ull},
       {DType::Q4_K, 0xa2961b15d548d53full}, {DType::Q6_K, 0xbe586531222501a5ull}, {DType::MXFP4, 0x1f27978feae754deull}, {DType::NVFP4, 0xeccbb9d7efdfc963ull},
       {DType::INT4_G128, 0x5ef9b9e230a3ecebull}, {DType::INT8_COL, 0x985683d327d2cc2full},
+      {DType::Q3_K, 0x0811277f4c81a994ull}, {DType::Q5_K, 0x4418ce19e25217e8ull}, {DType::IQ4_NL, 0xe0b52f2c98cb6138ull}, {DType::IQ4_XS, 0x33a22a52520e26c7ull},
   };
   for (const auto& [t, h] : want) {
     const uint64_t got = pinned_hash(t);

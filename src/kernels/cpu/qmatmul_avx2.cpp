@@ -181,6 +181,111 @@ struct Q6_K {
     s.sc1 = d * (float)sc[1];
   }
 };
+// Q4_K's low nibbles and scales plus a fifth bit per element: element l of
+// sub-block sb takes bit sb of qh[l] (qh = bytes 16..47), so the two 16-byte
+// halves of qh widen to words and give that bit as 16.
+struct Q5_K {
+  static constexpr int kBlock = 256, kBytes = 176;
+  static constexpr bool kTwoScales = false, kMin = true;
+  using State = Q4_K::State;  // the same d, dmin and 12 scale bytes at 0..15
+  static void prepare(const uint8_t* b, State& st) { Q4_K::prepare(b, st); }
+  static void decode(const uint8_t* b, int sb, const State& st, Sub& s) {
+    const uint8_t* q = b + 48 + 32 * (sb / 2);
+    const __m256i lo = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+    const __m256i hi = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16)));
+    const __m256i qh_lo = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 16)));
+    const __m256i qh_hi = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 32)));
+    const __m128i cnt = _mm_cvtsi32_si128(sb);
+    const __m256i bit = _mm256_set1_epi16(1);
+    const __m256i h_lo = _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh_lo, cnt), bit), 4);
+    const __m256i h_hi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh_hi, cnt), bit), 4);
+    if (sb % 2) {
+      s.lo = _mm256_or_si256(_mm256_srli_epi16(lo, 4), h_lo);
+      s.hi = _mm256_or_si256(_mm256_srli_epi16(hi, 4), h_hi);
+    } else {
+      const __m256i m4 = _mm256_set1_epi16(0x0f);
+      s.lo = _mm256_or_si256(_mm256_and_si256(lo, m4), h_lo);
+      s.hi = _mm256_or_si256(_mm256_and_si256(hi, m4), h_hi);
+    }
+    s.sc = st.sc[sb];
+    s.mn = st.mn[sb];
+  }
+};
+// Quants -4..3 from two bits of qs and one of hmask; a signed 6-bit scale per
+// 16 elements, all sixteen unpacked per 256-block with 32-bit masks and
+// multiplied by d (exact: f16 times a 6-bit integer).
+struct Q3_K {
+  static constexpr int kBlock = 256, kBytes = 110;
+  static constexpr bool kTwoScales = true, kMin = false;
+  struct State {
+    alignas(32) float sc[16];
+  };
+  static void prepare(const uint8_t* b, State& st) {
+    uint32_t a[3], u[4];
+    std::memcpy(a, b + 96, 12);
+    constexpr uint32_t kLow4 = 0x0f0f0f0f, kTop2 = 0x03030303;
+    u[0] = (a[0] & kLow4) | (((a[2] >> 0) & kTop2) << 4);  // scales 0..3
+    u[1] = (a[1] & kLow4) | (((a[2] >> 2) & kTop2) << 4);  // 4..7
+    u[2] = ((a[0] >> 4) & kLow4) | (((a[2] >> 4) & kTop2) << 4);  // 8..11
+    u[3] = ((a[1] >> 4) & kLow4) | (((a[2] >> 6) & kTop2) << 4);  // 12..15
+    const __m128i bytes = _mm_sub_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(u)), _mm_set1_epi8(32));
+    const __m256 d = _mm256_set1_ps(avx2::load_f16(b + 108));
+    _mm256_store_ps(st.sc, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes))));
+    _mm256_store_ps(st.sc + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(bytes, 8)))));
+  }
+  static void decode(const uint8_t* b, int sb, const State& st, Sub& s) {
+    const int h = sb / 4, j = sb % 4;
+    const __m256i qs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 32 + 32 * h));
+    const __m256i hm = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b));
+    const __m256i low = _mm256_and_si256(_mm256_srl_epi16(qs, _mm_cvtsi32_si128(2 * j)), _mm256_set1_epi8(3));
+    const __m256i high = _mm256_and_si256(_mm256_srl_epi16(hm, _mm_cvtsi32_si128(4 * h + j)), _mm256_set1_epi8(1));
+    // low | high << 2 is the code 0..7; minus 4 gives the quant.
+    widen_s8(_mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(high, 2)), _mm256_set1_epi8(4)), s);
+    s.sc = st.sc[2 * sb];
+    s.sc1 = st.sc[2 * sb + 1];
+  }
+};
+// GGML's kvalues_iq4nl as a byte-shuffle table.
+inline __m128i iq4nl_table128() {
+  return _mm_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113);
+}
+// 16 index bytes (low nibbles elements 0..15, high 16..31) -> table values.
+inline void iq4_lookup(const uint8_t* qs, Sub& s) {
+  __m128i lo, hi;
+  nibble_halves(qs, lo, hi);
+  const __m128i tab = iq4nl_table128();
+  widen_s8(_mm_shuffle_epi8(tab, lo), _mm_shuffle_epi8(tab, hi), s);
+}
+struct IQ4_NL {
+  static constexpr int kBlock = 32, kBytes = 18;
+  static constexpr bool kTwoScales = false, kMin = false;
+  static void decode(const uint8_t* b, int, Sub& s) {
+    iq4_lookup(b + 2, s);
+    s.sc = avx2::load_f16_in_block(b);
+  }
+};
+// IQ4_NL's values in 256-blocks; the eight sub-block scales d * (ls - 32)
+// are decoded once per block.
+struct IQ4_XS {
+  static constexpr int kBlock = 256, kBytes = 136;
+  static constexpr bool kTwoScales = false, kMin = false;
+  struct State {
+    float sc[8];
+  };
+  static void prepare(const uint8_t* b, State& st) {
+    const float d = avx2::load_f16(b);
+    uint16_t sh;
+    std::memcpy(&sh, b + 2, 2);
+    for (int ib = 0; ib < 8; ++ib) {
+      const int ls = (((b[4 + ib / 2] >> (4 * (ib % 2))) & 0x0f) | (((sh >> (2 * ib)) & 3) << 4)) - 32;
+      st.sc[ib] = d * (float)ls;
+    }
+  }
+  static void decode(const uint8_t* b, int sb, const State& st, Sub& s) {
+    iq4_lookup(b + 8 + 16 * sb, s);
+    s.sc = st.sc[sb];
+  }
+};
 struct MXFP4 {
   static constexpr int kBlock = 32, kBytes = 17;
   static constexpr bool kTwoScales = false, kMin = false;
@@ -595,6 +700,10 @@ void matmul_rows_i16_avx2(const MatView& W, const QuantizedActs& A, float* Y, in
     case DType::Q8_0: i16_rows<Q8_0>(W, A, Y, ldy, rb, re); break;
     case DType::Q4_K: i16_rows<Q4_K>(W, A, Y, ldy, rb, re); break;
     case DType::Q6_K: i16_rows<Q6_K>(W, A, Y, ldy, rb, re); break;
+    case DType::Q3_K: i16_rows<Q3_K>(W, A, Y, ldy, rb, re); break;
+    case DType::Q5_K: i16_rows<Q5_K>(W, A, Y, ldy, rb, re); break;
+    case DType::IQ4_NL: i16_rows<IQ4_NL>(W, A, Y, ldy, rb, re); break;
+    case DType::IQ4_XS: i16_rows<IQ4_XS>(W, A, Y, ldy, rb, re); break;
     case DType::MXFP4: i16_rows<MXFP4>(W, A, Y, ldy, rb, re); break;
     case DType::NVFP4: i16_rows<NVFP4>(W, A, Y, ldy, rb, re); break;
     case DType::INT4_G128: i16_rows<INT4_G128>(W, A, Y, ldy, rb, re); break;
