@@ -107,6 +107,26 @@ TEST(Runtime, WeightsConversionToNewFormats) {
   const double nl = distance(DType::IQ4_NL);
   EXPECT_GT(nl, 0.0);
   EXPECT_TRUE(std::isfinite(nl));
+  // Dense presets convert too: dense-mini in Q5_K against dense-mini in f32
+  // (the same f32 weights before quantisation), within 5x Q5_K's weight
+  // round-trip error as in Dense.NewFormatsLoadAndTrackF32.
+  {
+    ModelOptions a, b;
+    a.weights = DType::F32;
+    b.weights = DType::Q5_K;
+    auto fm = load_model("dense-mini", a), qm = load_model("dense-mini", b);
+    EXPECT_NE(qm->description().find("q5_k"), std::string::npos) << qm->description();
+    Session sa(*fm, pool, 64), sb(*qm, pool, 64);
+    sa.set_tokens(prompt);
+    sb.set_tokens(prompt);
+    double d2 = 0, w2 = 0;
+    for (size_t i = 0; i < sa.logits().size(); ++i) {
+      d2 += ((double)sb.logits()[i] - sa.logits()[i]) * ((double)sb.logits()[i] - sa.logits()[i]);
+      w2 += (double)sa.logits()[i] * sa.logits()[i];
+    }
+    EXPECT_GT(d2, 0.0);
+    EXPECT_LE(std::sqrt(d2 / w2), 5 * 0.036);
+  }
   for (DType t : {DType::Q3_K, DType::Q5_K, DType::IQ4_XS}) {
     ModelOptions o;
     o.weights = t;
