@@ -30,6 +30,7 @@
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/qmatmul.h"
+#include "kernels/cpu/quant_rows.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/vec.h"
 #include "kernels/ref/i16_ref.h"
@@ -352,6 +353,35 @@ TEST(Kernels, DequantizeRowMatchesReference) {
       EXPECT_EQ(std::memcmp(d.data(), &W.deq[(size_t)(j * cols)], d.size() * sizeof(float)), 0)
           << dtype_traits(t).name;
     }
+  }
+}
+
+// The AVX2 row decoders of the K-quant and IQ4 formats on raw random blocks
+// (every quant and sub-block scale byte random, negative super-block scales
+// included; only the f16 scales kept finite): the same floats as the
+// reference dequantiser.
+TEST(Kernels, DequantizeRowRandomBlocksMatchReference) {
+  std::mt19937 rng(77);
+  const std::pair<DType, std::vector<size_t>> cases[] = {
+      {DType::Q3_K, {108}}, {DType::Q5_K, {0, 2}}, {DType::IQ4_NL, {0}}, {DType::IQ4_XS, {0}},
+      {DType::Q4_K, {0, 2}}, {DType::Q6_K, {208}}};
+  for (const auto& [t, f16_at] : cases) {
+    const DTypeTraits& tr = dtype_traits(t);
+    SCOPED_TRACE(tr.name);
+    const int64_t n = 1024;
+    std::vector<uint8_t> buf(row_bytes(t, n) + 1);
+    for (auto& b : buf) b = (uint8_t)rng();
+    uint8_t* w = buf.data() + 1;  // misaligned
+    for (int64_t i = 0; i < n / tr.block_size; ++i)
+      for (size_t at : f16_at) {
+        const float v = std::ldexp(1.0f + (float)(rng() % 1000) / 1000.0f, (int)(rng() % 12) - 10) * (rng() % 4 ? 1.0f : -1.0f);
+        const uint16_t h = f32_to_f16(v);
+        std::memcpy(w + (size_t)i * tr.block_bytes + at, &h, 2);
+      }
+    std::vector<float> want((size_t)n), got((size_t)n);
+    tr.dequantize(w, want.data(), n);
+    dequantize_row_fast(t, w, got.data(), n);
+    EXPECT_EQ(std::memcmp(want.data(), got.data(), sizeof(float) * (size_t)n), 0);
   }
 }
 
