@@ -26,9 +26,10 @@
 namespace megakern {
 namespace {
 
-constexpr DType kAllTypes[] = {DType::F32,      DType::F16,   DType::BF16,      DType::Q4_0,    DType::Q4_1,
-                               DType::Q5_0,     DType::Q8_0,  DType::Q4_K,      DType::Q6_K,    DType::MXFP4,
-                               DType::FP8_E4M3, DType::NVFP4, DType::INT4_G128, DType::INT8_COL};
+constexpr DType kAllTypes[] = {DType::F32,    DType::F16,      DType::BF16,   DType::Q4_0,      DType::Q4_1,
+                               DType::Q5_0,   DType::Q8_0,     DType::Q4_K,   DType::Q6_K,      DType::Q3_K,
+                               DType::Q5_K,   DType::IQ4_NL,   DType::IQ4_XS, DType::MXFP4,     DType::FP8_E4M3,
+                               DType::NVFP4,  DType::INT4_G128, DType::INT8_COL};
 
 TEST(DTypeTable, AllDtypesListsTheTable) {
   size_t n = 0;
@@ -175,6 +176,8 @@ TEST(DTypeTable, TraitsDescribeEachFormat) {
       {DType::Q8_0, "q8_0", 32, 34},   {DType::Q4_K, "q4_k", 256, 144}, {DType::Q6_K, "q6_k", 256, 210},
       {DType::MXFP4, "mxfp4", 32, 17}, {DType::FP8_E4M3, "fp8_e4m3", 32, 33}, {DType::NVFP4, "nvfp4", 64, 36},
       {DType::INT4_G128, "int4_g128", 128, 66}, {DType::INT8_COL, "int8_col", 128, 132},
+      {DType::Q3_K, "q3_k", 256, 110}, {DType::Q5_K, "q5_k", 256, 176}, {DType::IQ4_NL, "iq4_nl", 32, 18},
+      {DType::IQ4_XS, "iq4_xs", 256, 136},
   };
   for (const Expect& e : expect) {
     const DTypeTraits& tr = dtype_traits(e.t);
@@ -195,6 +198,10 @@ TEST(DTypeTable, TraitsDescribeEachFormat) {
     EXPECT_EQ(ggml_type_name((uint32_t)t), "unknown");
   }
   EXPECT_EQ((uint32_t)DType::MXFP4, 39u);
+  EXPECT_EQ((uint32_t)DType::Q3_K, 11u);
+  EXPECT_EQ((uint32_t)DType::Q5_K, 13u);
+  EXPECT_EQ((uint32_t)DType::IQ4_NL, 20u);
+  EXPECT_EQ((uint32_t)DType::IQ4_XS, 23u);
 }
 
 TEST(DTypeTable, UnsupportedTypeThrowsNamingIt) {
@@ -205,7 +212,7 @@ TEST(DTypeTable, UnsupportedTypeThrowsNamingIt) {
     EXPECT_NE(std::string(e.what()).find("q2_k"), std::string::npos) << e.what();
   }
   EXPECT_THROW((void)dtype_traits(static_cast<DType>(999)), Error);
-  EXPECT_THROW((void)row_bytes(static_cast<DType>(13), 256), Error);
+  EXPECT_THROW((void)row_bytes(static_cast<DType>(10), 256), Error);
 }
 
 TEST(DTypeTable, FromGgmlUnknownIdsAreNullopt) {
@@ -217,8 +224,8 @@ TEST(DTypeTable, FromGgmlUnknownIdsAreNullopt) {
       EXPECT_EQ((uint32_t)*t, id);
     }
   }
-  EXPECT_EQ(supported, 14);
-  for (uint32_t id : {4u, 5u, 7u, 9u, 10u, 11u, 13u, 15u, 16u, 20u, 28u, 31u, 40u, 63u, 68u, 0xffffffffu}) {
+  EXPECT_EQ(supported, 18);
+  for (uint32_t id : {4u, 5u, 7u, 9u, 10u, 15u, 16u, 21u, 22u, 28u, 31u, 40u, 63u, 68u, 0xffffffffu}) {
     EXPECT_FALSE(dtype_from_ggml(id).has_value()) << id;
   }
 }
@@ -272,6 +279,11 @@ TEST(DTypeTable, FromNameIsCaseInsensitive) {
   EXPECT_EQ(dtype_from_name("NVFP4"), DType::NVFP4);
   EXPECT_EQ(dtype_from_name("int4_g128"), DType::INT4_G128);
   EXPECT_EQ(dtype_from_name("INT8_COL"), DType::INT8_COL);
+  EXPECT_EQ(dtype_from_name("Q3_K"), DType::Q3_K);
+  EXPECT_EQ(dtype_from_name("q5_k"), DType::Q5_K);
+  EXPECT_EQ(dtype_from_name("IQ4_NL"), DType::IQ4_NL);
+  EXPECT_EQ(dtype_from_name("iq4_xs"), DType::IQ4_XS);
+  EXPECT_FALSE(dtype_from_name("q5_k_m").has_value());
 }
 
 TEST(DTypeTable, RowBytes) {
@@ -299,6 +311,12 @@ TEST(DTypeTable, RowBytes) {
     EXPECT_NE(what.find("4000"), std::string::npos) << what;
   }
   EXPECT_THROW((void)row_bytes(DType::Q4_K, 128), Error);
+  EXPECT_EQ(row_bytes(DType::Q3_K, 512), 220u);
+  EXPECT_EQ(row_bytes(DType::Q5_K, 256), 176u);
+  EXPECT_EQ(row_bytes(DType::IQ4_NL, 64), 36u);
+  EXPECT_EQ(row_bytes(DType::IQ4_XS, 768), 408u);
+  EXPECT_THROW((void)row_bytes(DType::Q3_K, 288), Error);
+  EXPECT_THROW((void)row_bytes(DType::IQ4_XS, 32), Error);
   EXPECT_THROW((void)row_bytes(DType::F16, -2), Error);
 }
 
@@ -345,7 +363,9 @@ double relative_rms(const std::vector<float>& x, const std::vector<float>& y) {
 // relative error and hence the relative RMS; f32 is lossless. The newer
 // formats, same measurement (mean / worst): mxfp4 0.114 / 0.139, fp8_e4m3
 // 0.027 / 0.030, nvfp4 0.100 / 0.109, int4_g128 0.119 / 0.154, int8_col
-// 0.0070 / 0.0091 (bounds ~1.3x the worst).
+// 0.0070 / 0.0091 (bounds ~1.3x the worst). Q3_K, Q5_K, IQ4_NL, IQ4_XS with
+// our quantisers, same measurement: 0.143 / 0.155, 0.036 / 0.040, 0.073 /
+// 0.083, 0.073 / 0.084.
 double rms_bound(DType t) {
   switch (t) {
     case DType::F32: return 0.0;
@@ -362,6 +382,10 @@ double rms_bound(DType t) {
     case DType::NVFP4: return 0.16;
     case DType::INT4_G128: return 0.20;
     case DType::INT8_COL: return 0.012;
+    case DType::Q3_K: return 0.20;
+    case DType::Q5_K: return 0.052;
+    case DType::IQ4_NL: return 0.11;
+    case DType::IQ4_XS: return 0.11;
   }
   return 0.0;
 }
@@ -729,11 +753,14 @@ TEST(DTypeFixture, MatchesGgufPackageBitExactly) {
   const nlohmann::json doc = nlohmann::json::parse(in);
   const auto& formats = doc.at("formats");
   int checked = 0;
-  for (const char* name : {"q4_0", "q4_1", "q5_0", "q8_0", "q4_k", "q6_k", "f16", "bf16"}) {
+  for (const std::string name : {"q4_0", "q4_1", "q5_0", "q8_0", "q4_k", "q6_k", "f16", "bf16", "q3_k", "q5_k",
+                                 "iq4_nl", "iq4_xs", "q3_k_ours", "q5_k_ours", "iq4_nl_ours", "iq4_xs_ours"}) {
     SCOPED_TRACE(name);
     ASSERT_TRUE(formats.contains(name));
     const auto& f = formats.at(name);
-    const auto t = dtype_from_name(name);
+    // "<format>_ours": blocks written by our quantiser, decoded by gguf.
+    const size_t ours = name.rfind("_ours");
+    const auto t = dtype_from_name(ours == std::string::npos ? name : name.substr(0, ours));
     ASSERT_TRUE(t.has_value());
     const auto bytes = from_hex(f.at("hex").get<std::string>());
     const auto& values = f.at("values");
@@ -752,7 +779,9 @@ TEST(DTypeFixture, MatchesGgufPackageBitExactly) {
       }
     }
     // Where gguf quantised the input itself, our reference quantiser must
-    // write the same bytes (gguf mirrors ggml's reference quantisers).
+    // write the same bytes (gguf mirrors ggml's reference quantisers). For
+    // the "_ours" entries the bytes came from our quantiser when the fixture
+    // was made, so this pins its output.
     if (f.contains("input")) {
       std::vector<float> x;
       for (const auto& v : f.at("input")) x.push_back(json_float(v));
@@ -761,7 +790,7 @@ TEST(DTypeFixture, MatchesGgufPackageBitExactly) {
     }
     ++checked;
   }
-  EXPECT_EQ(checked, 8);
+  EXPECT_EQ(checked, 16);
 }
 
 }  // namespace
@@ -903,6 +932,75 @@ TEST(DTypeBlocks, Int8ColUsesOneScalePerRow) {
   const auto y = dequantize(DType::INT8_COL, q, 256);
   for (int i = 0; i < 256; ++i) EXPECT_EQ(y[i], x[i]) << i;  // integers: exact
   EXPECT_EQ((int8_t)q[4 + 3], -2);
+}
+
+// Q3_K from its documented layout: d = 1, every 6-bit scale 33 (+1) except
+// scale 10 (elements 160..175) at 30 (-2); all quants -4 except element 0
+// (low bits 3, high bit set: 3) and element 167 (half 1, group 1, l = 7:
+// low bits 2 in bits 2..3 of qs[32 + 7], high bit 5 of hmask[7] clear: -2).
+TEST(DTypeBlocks, Q3_KLayout) {
+  std::vector<uint8_t> b(110, 0);
+  for (int i = 0; i < 8; ++i) b[96 + i] = 0x11;    // low nibbles of scales 0..15: 1
+  for (int i = 8; i < 12; ++i) b[96 + i] = 0xAA;   // top two bits of every scale: 2
+  b[96 + 2] = 0xE1;                                 // scale 10's low nibble 0xE (scale 2 keeps 1)
+  b[96 + 10] = 0x9A;                                // scale 10's top bits (4..5 of byte 10): 1
+  put_u16(b, 108, 0x3c00);
+  b[32] = 0x03;
+  b[0] = 0x01;
+  b[32 + 32 + 7] = 0x02 << 2;
+  const auto y = dequantize(DType::Q3_K, b, 256);
+  for (int e = 0; e < 256; ++e) {
+    const float sc = e >= 160 && e < 176 ? -2.0f : 1.0f;
+    const float q = e == 0 ? 3.0f : e == 167 ? -2.0f : -4.0f;
+    EXPECT_EQ(y[e], sc * q) << e;
+  }
+}
+
+// IQ4_XS from its documented layout: d = 0.5, every 6-bit scale 34 (+2)
+// except sub-block 5 at 0 (-32); every byte of qs 0x80 (index 0 = -127 for
+// elements 0..15 of a sub-block, index 8 = +1 for 16..31).
+TEST(DTypeBlocks, Iq4XsLayout) {
+  std::vector<uint8_t> b(136, 0x80);
+  put_u16(b, 0, 0x3800);
+  put_u16(b, 2, 0xA2AA);  // high bits 2 everywhere but sub-block 5 (bits 10..11)
+  for (int i = 0; i < 4; ++i) b[4 + i] = 0x22;
+  b[4 + 2] = 0x02;  // sub-block 5 = high nibble of scales_l[2]
+  const auto y = dequantize(DType::IQ4_XS, b, 256);
+  for (int e = 0; e < 256; ++e) {
+    const float sc = e / 32 == 5 ? -16.0f : 1.0f;  // 0.5 * (ls - 32)
+    EXPECT_EQ(y[e], sc * (e % 32 < 16 ? -127.0f : 1.0f)) << e;
+  }
+  // IQ4_NL: the same table in a 32-element block with a plain f16 scale.
+  std::vector<uint8_t> nl(18);
+  put_u16(nl, 0, 0xbc00);  // -1
+  for (int j = 0; j < 16; ++j) nl[2 + j] = (uint8_t)(j | ((15 - j) << 4));
+  const int8_t table[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+  const auto z = dequantize(DType::IQ4_NL, nl, 32);
+  for (int j = 0; j < 16; ++j) {
+    EXPECT_EQ(z[j], -(float)table[j]) << j;
+    EXPECT_EQ(z[16 + j], -(float)table[15 - j]) << j;
+  }
+}
+
+// Q5_K: Q4_K's nibbles and scales with element l of sub-block sb taking bit
+// sb of qh[l]. d = 1, dmin = 0.5, every scale 1 and min 2 (-1): a zero
+// nibble with its fifth bit set decodes to 16 - 1.
+TEST(DTypeBlocks, Q5_KFifthBit) {
+  std::vector<uint8_t> b(176, 0);
+  put_u16(b, 0, 0x3c00);
+  put_u16(b, 2, 0x3800);
+  for (int i = 0; i < 4; ++i) {
+    b[4 + i] = 1;         // scales 0..3
+    b[8 + i] = 2;         // mins 0..3
+    b[12 + i] = 0x21;     // scales / mins 4..7 (low four bits)
+  }
+  b[16 + 9] = 1 << 6;     // element 9 of sub-block 6
+  b[48 + 32 * 1 + 4] = 0x70;  // sub-block 3 (odd: high nibble), element 4: 7
+  const auto y = dequantize(DType::Q5_K, b, 256);
+  for (int e = 0; e < 256; ++e) {
+    const float want = e == 6 * 32 + 9 ? 15.0f : e == 3 * 32 + 4 ? 6.0f : -1.0f;
+    EXPECT_EQ(y[e], want) << e;
+  }
 }
 
 }  // namespace

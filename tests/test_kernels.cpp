@@ -34,6 +34,7 @@
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/qmatmul.h"
+#include "kernels/cpu/quant_rows.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/vec.h"
 #include "kernels/ref/i16_ref.h"
@@ -270,6 +271,9 @@ TEST(Kernels, RandomBitPatternsMatchOracle) {
         case DType::Q4_0: case DType::Q8_0: case DType::Q5_0: case DType::INT4_G128: put_f16(0); break;
         case DType::Q4_1: case DType::Q4_K: put_f16(0); put_f16(2); break;
         case DType::Q6_K: put_f16(208); break;
+        case DType::Q3_K: put_f16(108); break;
+        case DType::Q5_K: put_f16(0); put_f16(2); break;
+        case DType::IQ4_NL: case DType::IQ4_XS: put_f16(0); break;
         case DType::MXFP4: b[0] = (uint8_t)(100 + rng() % 55); break;
         case DType::INT8_COL: { const float d = 0.01f; std::memcpy(b, &d, 4); break; }
         default: break;  // NVFP4: every scale byte is finite
@@ -354,6 +358,35 @@ TEST(Kernels, DequantizeRowMatchesReference) {
       EXPECT_EQ(std::memcmp(d.data(), &W.deq[(size_t)(j * cols)], d.size() * sizeof(float)), 0)
           << dtype_traits(t).name;
     }
+  }
+}
+
+// The AVX2 row decoders of the K-quant and IQ4 formats on raw random blocks
+// (every quant and sub-block scale byte random, negative super-block scales
+// included; only the f16 scales kept finite): the same floats as the
+// reference dequantiser.
+TEST(Kernels, DequantizeRowRandomBlocksMatchReference) {
+  std::mt19937 rng(77);
+  const std::pair<DType, std::vector<size_t>> cases[] = {
+      {DType::Q3_K, {108}}, {DType::Q5_K, {0, 2}}, {DType::IQ4_NL, {0}}, {DType::IQ4_XS, {0}},
+      {DType::Q4_K, {0, 2}}, {DType::Q6_K, {208}}};
+  for (const auto& [t, f16_at] : cases) {
+    const DTypeTraits& tr = dtype_traits(t);
+    SCOPED_TRACE(tr.name);
+    const int64_t n = 1024;
+    std::vector<uint8_t> buf(row_bytes(t, n) + 1);
+    for (auto& b : buf) b = (uint8_t)rng();
+    uint8_t* w = buf.data() + 1;  // misaligned
+    for (int64_t i = 0; i < n / tr.block_size; ++i)
+      for (size_t at : f16_at) {
+        const float v = std::ldexp(1.0f + (float)(rng() % 1000) / 1000.0f, (int)(rng() % 12) - 10) * (rng() % 4 ? 1.0f : -1.0f);
+        const uint16_t h = f32_to_f16(v);
+        std::memcpy(w + (size_t)i * tr.block_bytes + at, &h, 2);
+      }
+    std::vector<float> want((size_t)n), got((size_t)n);
+    tr.dequantize(w, want.data(), n);
+    dequantize_row_fast(t, w, got.data(), n);
+    EXPECT_EQ(std::memcmp(want.data(), got.data(), sizeof(float) * (size_t)n), 0);
   }
 }
 
@@ -536,6 +569,9 @@ uint64_t pinned_hash(DType t) {
           case DType::Q4_0: case DType::Q8_0: case DType::Q5_0: case DType::INT4_G128: put_f16(0); break;
           case DType::Q4_1: case DType::Q4_K: put_f16(0); put_f16(2); break;
           case DType::Q6_K: put_f16(208); break;
+          case DType::Q3_K: put_f16(108); break;
+          case DType::Q5_K: put_f16(0); put_f16(2); break;
+          case DType::IQ4_NL: case DType::IQ4_XS: put_f16(0); break;
           case DType::MXFP4: b[0] = (uint8_t)(100 + next() % 55); break;
           case DType::INT8_COL: { const float d = 0.01f * (float)(1 + next() % 7); std::memcpy(b, &d, 4); break; }
           default: break;
@@ -573,6 +609,7 @@ TEST(Kernels, Int16KernelOutputsArePinned) {
       {DType::Q4_0, 0xe8d54d85ae7be735ull}, {DType::Q4_1, 0xbb4e6f91305d0448ull}, {DType::Q5_0, 0x9dc302b955ddcbaaull}, {DType::Q8_0, 0x30a8e62811c90f31ull},
       {DType::Q4_K, 0xa2961b15d548d53full}, {DType::Q6_K, 0xbe586531222501a5ull}, {DType::MXFP4, 0x1f27978feae754deull}, {DType::NVFP4, 0xeccbb9d7efdfc963ull},
       {DType::INT4_G128, 0x5ef9b9e230a3ecebull}, {DType::INT8_COL, 0x985683d327d2cc2full},
+      {DType::Q3_K, 0x0811277f4c81a994ull}, {DType::Q5_K, 0x4418ce19e25217e8ull}, {DType::IQ4_NL, 0xe0b52f2c98cb6138ull}, {DType::IQ4_XS, 0x33a22a52520e26c7ull},
   };
   for (const auto& [t, h] : want) {
     const uint64_t got = pinned_hash(t);

@@ -33,7 +33,7 @@ ModelOptions ModelFlags::options() const {
   o.seed = seed;
   auto parse = [](const std::string& flag, const std::string& v) {
     const auto t = dtype_from_name(v);
-    if (!t) fail("{}: unknown weight format '{}' (e.g. f32, bf16, q8_0, q4_0, q4_1, mxfp4, int4_g128, nvfp4, int8_col)", flag, v);
+    if (!t) fail("{}: unknown weight format '{}' (e.g. f32, bf16, q8_0, q4_0, q4_1, q4_k, q5_k, q3_k, iq4_nl, iq4_xs, mxfp4, int4_g128, nvfp4, int8_col)", flag, v);
     return *t;
   };
   if (!weights.empty()) o.weights = parse("--weights", weights);

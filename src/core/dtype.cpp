@@ -329,35 +329,43 @@ void fit_scale_min(const float* x, int n, int nmax, float& scale, float& minv) {
   }
 }
 
-void quant_q4_k(const float* x, uint8_t* b) {
+// The K-quant fit shared by Q4_K and Q5_K: each 32-element sub-block i is
+// fitted as scale * q - min with q in 0..nmax (fit_scale_min); the super-block
+// scales d, dmin map the largest sub-block scale / min to the 6-bit code 63;
+// the codes sc[i], m[i] are chosen against the f16-rounded d, dmin actually
+// stored, and every element is then requantised against the sub-block scale
+// and offset it will decode with.
+void quantize_k_scale_min(const float* x, int nmax, uint16_t& d_h, uint16_t& dmin_h, uint8_t sc[8], uint8_t m[8],
+                          uint8_t q[kQKK]) {
   float scale[8], minv[8];
   float max_scale = 0.0f, max_min = 0.0f;
   for (int i = 0; i < 8; ++i) {
-    fit_scale_min(x + 32 * i, 32, 15, scale[i], minv[i]);
+    fit_scale_min(x + 32 * i, 32, nmax, scale[i], minv[i]);
     max_scale = std::max(max_scale, scale[i]);
     max_min = std::max(max_min, minv[i]);
   }
-  // The super-block scales map the largest sub-block scale/min to 63; the
-  // 6-bit codes are then chosen against the f16-rounded values actually stored.
-  const uint16_t d_h = scale_to_f16(max_scale / 63.0f);
-  const uint16_t dmin_h = scale_to_f16(max_min / 63.0f);
+  d_h = scale_to_f16(max_scale / 63.0f);
+  dmin_h = scale_to_f16(max_min / 63.0f);
   const float d = f16_to_f32(d_h), dmin = f16_to_f32(dmin_h);
-  uint8_t sc[8], m[8];
   for (int i = 0; i < 8; ++i) {
     sc[i] = d > 0.0f ? (uint8_t)std::clamp(nearest_int(scale[i] / d), 0, 63) : 0;
     m[i] = dmin > 0.0f ? (uint8_t)std::clamp(nearest_int(minv[i] / dmin), 0, 63) : 0;
   }
-  store_u16(b, d_h);
-  store_u16(b + 2, dmin_h);
-  pack_q4_k_scale_min(sc, m, b + 4);
-  // Requantise every element against the scale and offset it will decode with.
-  uint8_t q[kQKK];
   for (int i = 0; i < 8; ++i) {
     const float ds = d * (float)sc[i], off = dmin * (float)m[i];
     for (int l = 0; l < 32; ++l) {
-      q[32 * i + l] = ds > 0.0f ? (uint8_t)std::clamp(nearest_int((x[32 * i + l] + off) / ds), 0, 15) : 0;
+      q[32 * i + l] = ds > 0.0f ? (uint8_t)std::clamp(nearest_int((x[32 * i + l] + off) / ds), 0, nmax) : 0;
     }
   }
+}
+
+void quant_q4_k(const float* x, uint8_t* b) {
+  uint16_t d_h, dmin_h;
+  uint8_t sc[8], m[8], q[kQKK];
+  quantize_k_scale_min(x, 15, d_h, dmin_h, sc, m, q);
+  store_u16(b, d_h);
+  store_u16(b + 2, dmin_h);
+  pack_q4_k_scale_min(sc, m, b + 4);
   uint8_t* qs = b + 16;
   for (int c = 0; c < 4; ++c) {
     for (int l = 0; l < 32; ++l) qs[32 * c + l] = (uint8_t)(q[64 * c + l] | (q[64 * c + 32 + l] << 4));
@@ -467,6 +475,260 @@ void quant_q6_k(const float* x, uint8_t* b) {
   store_u16(b + kQ6_KD, d_h);
 }
 
+
+// ---------------------------------------------------------------------------
+// Q5_K (GGML id 13, block_q5_K): f16 d, f16 dmin, the 12 scale bytes of Q4_K,
+// 32 bytes qh, 128 bytes qs. The low four bits of each element sit exactly as
+// in Q4_K (chunk c = sub-blocks 2c, 2c+1 share qs[32c .. 32c+31], low then high
+// nibbles); element l of sub-block sb (l = 0..31) takes its fifth bit from bit
+// sb of qh[l]. value = d * sc * q - dmin * m with q in 0..31.
+
+constexpr size_t kQ5_KBytes = 2 + 2 + 12 + kQKK / 8 + kQKK / 2;  // d, dmin, scales, qh, qs
+constexpr size_t kQ5_KQh = 16, kQ5_KQs = kQ5_KQh + kQKK / 8;
+static_assert(kQ5_KBytes == 176);
+
+void deq_q5_k(const uint8_t* b, float* y) {
+  const float d = load_f16(b);
+  const float dmin = load_f16(b + 2);
+  const uint8_t* qh = b + kQ5_KQh;
+  for (int sb = 0; sb < 8; ++sb) {
+    int sc, m;
+    unpack_q4_k_scale_min(b + 4, sb, sc, m);
+    const float ds = d * (float)sc, off = dmin * (float)m;
+    const uint8_t* q = b + kQ5_KQs + 32 * (sb / 2);
+    for (int l = 0; l < 32; ++l) {
+      const int lo = sb % 2 ? q[l] >> 4 : q[l] & 0x0f;
+      const int v = lo | (((qh[l] >> sb) & 1) << 4);
+      y[32 * sb + l] = ds * (float)v - off;
+    }
+  }
+}
+
+// Our quantiser: the Q4_K fit (quantize_k_scale_min) with 32 levels.
+void quant_q5_k(const float* x, uint8_t* b) {
+  uint16_t d_h, dmin_h;
+  uint8_t sc[8], m[8], q[kQKK];
+  quantize_k_scale_min(x, 31, d_h, dmin_h, sc, m, q);
+  std::memset(b, 0, kQ5_KBytes);
+  store_u16(b, d_h);
+  store_u16(b + 2, dmin_h);
+  pack_q4_k_scale_min(sc, m, b + 4);
+  for (int sb = 0; sb < 8; ++sb) {
+    uint8_t* qs = b + kQ5_KQs + 32 * (sb / 2);
+    for (int l = 0; l < 32; ++l) {
+      const uint8_t v = q[32 * sb + l];
+      qs[l] |= (uint8_t)((v & 0x0f) << (sb % 2 ? 4 : 0));
+      b[kQ5_KQh + l] |= (uint8_t)((v >> 4) << sb);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Q3_K (GGML id 11, block_q3_K): 32 bytes hmask, 64 bytes qs, 12 bytes of
+// sixteen 6-bit scales, f16 d; 110 bytes per 256 elements.
+//
+// Elements: the block is two 128-element halves h; inside a half, element
+// 32j + l (j = 0..3, l = 0..31) takes its low two bits from bits 2j, 2j+1 of
+// qs[32h + l] and its high bit from bit 4h + j of hmask[l]. The quant is
+// low - 4 when that high bit is clear and low when it is set, so -4..3.
+// Scales: element e uses scale index e / 16 (so a 32-element sub-block sb has
+// two: 2sb, 2sb+1); scale i (6 bits, biased by 32) has its low nibble in
+// scales[i] (i < 8) or the high nibble of scales[i - 8] (i >= 8), and its top
+// two bits in bits 2(i / 4), +1 of scales[8 + i % 4].
+// value = d * (scale - 32) * quant.
+
+constexpr size_t kQ3_KBytes = kQKK / 8 + kQKK / 4 + 12 + 2;  // hmask, qs, scales, d
+constexpr size_t kQ3_KQs = kQKK / 8, kQ3_KScales = kQ3_KQs + kQKK / 4, kQ3_KD = kQ3_KScales + 12;
+static_assert(kQ3_KBytes == 110);
+
+int q3_k_scale(const uint8_t* s, int i) {
+  const int lo = i < 8 ? s[i] & 0x0f : s[i - 8] >> 4;
+  const int hi = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
+  return (lo | (hi << 4)) - 32;
+}
+
+void deq_q3_k(const uint8_t* b, float* y) {
+  const float d = load_f16(b + kQ3_KD);
+  for (int sb = 0; sb < 8; ++sb) {
+    const int h = sb / 4, j = sb % 4;
+    const uint8_t* qs = b + kQ3_KQs + 32 * h;
+    for (int half = 0; half < 2; ++half) {
+      const float dl = d * (float)q3_k_scale(b + kQ3_KScales, 2 * sb + half);
+      for (int l = 16 * half; l < 16 * half + 16; ++l) {
+        const int low = (qs[l] >> (2 * j)) & 3;
+        const int q = ((b[l] >> (4 * h + j)) & 1) ? low : low - 4;
+        y[32 * sb + l] = dl * (float)q;
+      }
+    }
+  }
+}
+
+// Our quantiser: each 16-element group is fitted symmetrically with quants
+// -4..3 (fit_symmetric); the group scale of largest magnitude becomes the
+// code -32 of the super-block scale d (stored as f16), the others are rounded
+// against that stored d, and every element is requantised against the group
+// scale it will decode with.
+void quant_q3_k(const float* x, uint8_t* b) {
+  float scale[16];
+  float smax = 0.0f;
+  for (int i = 0; i < 16; ++i) {
+    scale[i] = fit_symmetric(x + 16 * i, 16, 4);
+    if (std::fabs(scale[i]) > std::fabs(smax)) smax = scale[i];
+  }
+  const uint16_t d_h = scale_to_f16(smax / -32.0f);
+  const float d = f16_to_f32(d_h);
+  int sc[16];
+  for (int i = 0; i < 16; ++i) sc[i] = d != 0.0f ? std::clamp(nearest_int(scale[i] / d), -32, 31) : 0;
+  std::memset(b, 0, kQ3_KBytes);
+  uint8_t* s = b + kQ3_KScales;
+  for (int i = 0; i < 16; ++i) {
+    const int u = sc[i] + 32;
+    s[i < 8 ? i : i - 8] |= (uint8_t)((u & 0x0f) << (i < 8 ? 0 : 4));
+    s[8 + i % 4] |= (uint8_t)((u >> 4) << (2 * (i / 4)));
+  }
+  for (int e = 0; e < kQKK; ++e) {
+    const float ds = d * (float)sc[e / 16];
+    const int q = ds != 0.0f ? std::clamp(nearest_int(x[e] / ds), -4, 3) : 0;
+    const int code = q + 4;  // low two bits, and the high bit set for q >= 0
+    const int h = e / 128, j = (e % 128) / 32, l = e % 32;
+    b[kQ3_KQs + 32 * h + l] |= (uint8_t)((code & 3) << (2 * j));
+    b[l] |= (uint8_t)((code >> 2) << (4 * h + j));
+  }
+  store_u16(b + kQ3_KD, d_h);
+}
+
+// ---------------------------------------------------------------------------
+// IQ4_NL (GGML id 20, block_iq4_nl): f16 d, 16 bytes of 4-bit indices split as
+// in Q4_0 (low nibbles elements 0..15, high nibbles 16..31); value =
+// d * kIQ4NL[index]. IQ4_XS (GGML id 23, block_iq4_xs): f16 d, u16 scales_h,
+// 4 bytes scales_l, 128 bytes qs; sub-block ib (32 elements) has the 6-bit
+// scale ls = (nibble ib % 2 of scales_l[ib / 2]) | (bits 2ib, 2ib+1 of
+// scales_h) << 4 and its 16 index bytes at qs[16 ib] split as in IQ4_NL;
+// value = d * (ls - 32) * kIQ4NL[index].
+
+// GGML's kvalues_iq4nl: the non-linear 4-bit grid, ascending.
+constexpr int8_t kIQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+constexpr size_t kIQ4_NLBytes = 2 + kQK / 2;
+constexpr size_t kIQ4_XSBytes = 2 + 2 + kQKK / 64 + kQKK / 2;
+static_assert(kIQ4_NLBytes == 18 && kIQ4_XSBytes == 136);
+
+void deq_iq4_nl(const uint8_t* b, float* y) {
+  const float d = load_f16(b);
+  for (int j = 0; j < kQK / 2; ++j) {
+    y[j] = d * (float)kIQ4NL[b[2 + j] & 0x0f];
+    y[j + kQK / 2] = d * (float)kIQ4NL[b[2 + j] >> 4];
+  }
+}
+
+int iq4_xs_scale(const uint8_t* b, int ib) {
+  const int lo = (b[4 + ib / 2] >> (4 * (ib % 2))) & 0x0f;
+  const int hi = (load_u16(b + 2) >> (2 * ib)) & 3;
+  return (lo | (hi << 4)) - 32;
+}
+
+void deq_iq4_xs(const uint8_t* b, float* y) {
+  const float d = load_f16(b);
+  for (int ib = 0; ib < 8; ++ib) {
+    const float dl = d * (float)iq4_xs_scale(b, ib);
+    const uint8_t* qs = b + 8 + 16 * ib;
+    for (int j = 0; j < 16; ++j) {
+      y[32 * ib + j] = dl * (float)kIQ4NL[qs[j] & 0x0f];
+      y[32 * ib + j + 16] = dl * (float)kIQ4NL[qs[j] >> 4];
+    }
+  }
+}
+
+// Index of the grid value nearest to v (the lower one on a tie).
+int nearest_iq4(float v) {
+  int best = 0;
+  float best_err = std::fabs(v - (float)kIQ4NL[0]);
+  for (int i = 1; i < 16; ++i) {
+    const float err = std::fabs(v - (float)kIQ4NL[i]);
+    if (err < best_err) {
+      best = i;
+      best_err = err;
+    }
+  }
+  return best;
+}
+
+// Fits x[i] ~= s * kIQ4NL[idx[i]] over n <= 32 values and returns s (signed;
+// 0 for an all-zero block). Candidate grids map the element of largest
+// magnitude near either end of the table (-127 or 113, a few steps either
+// side); for each, the indices are fixed and s refit by least squares; the
+// lowest squared error wins. This is a plain nearest-value search, not GGML's
+// importance-weighted one.
+float fit_iq4(const float* x, int n) {
+  constexpr int kMaxN = 32;
+  MK_DCHECK(n > 0 && n <= kMaxN);
+  const float max = signed_absmax(x, n);
+  if (max == 0.0f) return 0.0f;
+  float best_s = max / (float)kIQ4NL[0];
+  double best_err = std::numeric_limits<double>::infinity();
+  for (const int edge : {-127, 113}) {
+    for (int step = -10; step <= 10; ++step) {
+      const float iscale = ((float)edge + (float)step) / max;
+      double sxt = 0, st2 = 0;
+      int idx[kMaxN];
+      for (int i = 0; i < n; ++i) {
+        idx[i] = nearest_iq4(iscale * x[i]);
+        sxt += (double)x[i] * kIQ4NL[idx[i]];
+        st2 += (double)kIQ4NL[idx[i]] * kIQ4NL[idx[i]];
+      }
+      const double s = sxt / st2;  // st2 > 0: the table has no zero
+      double err = 0;
+      for (int i = 0; i < n; ++i) {
+        const double e = s * kIQ4NL[idx[i]] - x[i];
+        err += e * e;
+      }
+      if (err < best_err) {
+        best_err = err;
+        best_s = (float)s;
+      }
+    }
+  }
+  return best_s;
+}
+
+// 16 index bytes for 32 values at scale ds (ds = 0 writes index 8, value +1,
+// which decodes to zero).
+void put_iq4_indices(const float* x, float ds, uint8_t* qs) {
+  auto idx = [&](float v) { return ds != 0.0f ? nearest_iq4(v / ds) : 8; };
+  for (int j = 0; j < 16; ++j) qs[j] = (uint8_t)(idx(x[j]) | (idx(x[j + 16]) << 4));
+}
+
+// Our quantiser: fit_iq4, the scale stored as f16, indices chosen against it.
+void quant_iq4_nl(const float* x, uint8_t* b) {
+  const uint16_t d_h = scale_to_f16(fit_iq4(x, kQK));
+  store_u16(b, d_h);
+  put_iq4_indices(x, f16_to_f32(d_h), b + 2);
+}
+
+// Our quantiser: fit_iq4 per 32 elements; the sub-block scale of largest
+// magnitude becomes the code -32 of d (stored as f16), the others are rounded
+// against that d, and indices are chosen against each decoded sub-block scale.
+void quant_iq4_xs(const float* x, uint8_t* b) {
+  float scale[8];
+  float smax = 0.0f;
+  for (int ib = 0; ib < 8; ++ib) {
+    scale[ib] = fit_iq4(x + 32 * ib, 32);
+    if (std::fabs(scale[ib]) > std::fabs(smax)) smax = scale[ib];
+  }
+  const uint16_t d_h = scale_to_f16(smax / -32.0f);
+  const float d = f16_to_f32(d_h);
+  std::memset(b, 0, kIQ4_XSBytes);
+  store_u16(b, d_h);
+  uint16_t scales_h = 0;
+  for (int ib = 0; ib < 8; ++ib) {
+    const int ls = d != 0.0f ? std::clamp(nearest_int(scale[ib] / d), -32, 31) : 0;
+    const int u = ls + 32;
+    b[4 + ib / 2] |= (uint8_t)((u & 0x0f) << (4 * (ib % 2)));
+    scales_h |= (uint16_t)((u >> 4) << (2 * ib));
+    put_iq4_indices(x + 32 * ib, d * (float)ls, b + 8 + 16 * ib);
+  }
+  store_u16(b + 2, scales_h);
+}
 
 // ---------------------------------------------------------------------------
 // Microscaling and other "new" formats. Shared pieces first.
@@ -781,6 +1043,10 @@ constexpr DTypeTraits kQ5_0 = make_traits<DType::Q5_0, kQK, kQ5_0Bytes, deq_q5_0
 constexpr DTypeTraits kQ8_0 = make_traits<DType::Q8_0, kQK, kQ8_0Bytes, deq_q8_0, quant_q8_0>("q8_0");
 constexpr DTypeTraits kQ4_K = make_traits<DType::Q4_K, kQKK, kQ4_KBytes, deq_q4_k, quant_q4_k>("q4_k");
 constexpr DTypeTraits kQ6_K = make_traits<DType::Q6_K, kQKK, kQ6_KBytes, deq_q6_k, quant_q6_k>("q6_k");
+constexpr DTypeTraits kQ3_K = make_traits<DType::Q3_K, kQKK, kQ3_KBytes, deq_q3_k, quant_q3_k>("q3_k");
+constexpr DTypeTraits kQ5_K = make_traits<DType::Q5_K, kQKK, kQ5_KBytes, deq_q5_k, quant_q5_k>("q5_k");
+constexpr DTypeTraits kIQ4_NL = make_traits<DType::IQ4_NL, kQK, kIQ4_NLBytes, deq_iq4_nl, quant_iq4_nl>("iq4_nl");
+constexpr DTypeTraits kIQ4_XS = make_traits<DType::IQ4_XS, kQKK, kIQ4_XSBytes, deq_iq4_xs, quant_iq4_xs>("iq4_xs");
 
 constexpr DTypeTraits kMXFP4 = make_traits<DType::MXFP4, kQK, kMXFP4Bytes, deq_mxfp4, quant_mxfp4>("mxfp4");
 constexpr DTypeTraits kFP8 = make_traits<DType::FP8_E4M3, kQK, kFP8Bytes, deq_fp8, quant_fp8>("fp8_e4m3");
@@ -794,11 +1060,13 @@ constexpr DTypeTraits kInt8Col = [] {
   return t;
 }();
 
-constexpr const DTypeTraits* kAllTraits[] = {&kF32,  &kF16,   &kBF16,  &kQ4_0,     &kQ4_1,   &kQ5_0, &kQ8_0,
-                                             &kQ4_K, &kQ6_K,  &kMXFP4, &kFP8,      &kNVFP4, &kInt4G128, &kInt8Col};
-constexpr DType kAllTypes[] = {DType::F32,  DType::F16,   DType::BF16,     DType::Q4_0,  DType::Q4_1,
-                               DType::Q5_0, DType::Q8_0,  DType::Q4_K,     DType::Q6_K,  DType::MXFP4,
-                               DType::FP8_E4M3, DType::NVFP4, DType::INT4_G128, DType::INT8_COL};
+constexpr const DTypeTraits* kAllTraits[] = {&kF32,   &kF16,    &kBF16,   &kQ4_0,  &kQ4_1,     &kQ5_0,
+                                             &kQ8_0,  &kQ4_K,   &kQ6_K,   &kQ3_K,  &kQ5_K,     &kIQ4_NL,
+                                             &kIQ4_XS, &kMXFP4, &kFP8,    &kNVFP4, &kInt4G128, &kInt8Col};
+constexpr DType kAllTypes[] = {DType::F32,      DType::F16,    DType::BF16,     DType::Q4_0,     DType::Q4_1,
+                               DType::Q5_0,     DType::Q8_0,   DType::Q4_K,     DType::Q6_K,     DType::Q3_K,
+                               DType::Q5_K,     DType::IQ4_NL, DType::IQ4_XS,   DType::MXFP4,    DType::FP8_E4M3,
+                               DType::NVFP4,    DType::INT4_G128, DType::INT8_COL};
 static_assert(std::size(kAllTypes) == std::size(kAllTraits));
 
 const DTypeTraits* find_traits(uint32_t id) {

@@ -14,6 +14,14 @@ namespace megakern {
 // Values are the GGML type ids, so a GGUF tensor's type field maps directly.
 // Formats of our own (not in GGML) take ids from 64 up, clear of GGML's.
 //
+// GGML's K-quants and 4-bit non-linear formats beyond Q4_K / Q6_K (layouts in
+// dtype.cpp): Q3_K (3-bit, 256-element super-blocks, signed 6-bit scales per
+// 16), Q5_K (Q4_K plus a fifth bit per element), IQ4_NL (32 elements, f16
+// scale, 4-bit indices into a fixed 16-entry non-linear table) and IQ4_XS
+// (IQ4_NL's table in 256-element super-blocks with 6-bit scales per 32).
+// Their quantisers are ours (documented in dtype.cpp), not GGML's
+// importance-weighted ones; the decoders are bit-exact with GGML's.
+//
 // Formats beyond GGML's classic set (layouts in dtype.cpp):
 //   MXFP4     GGML id 39, GGML's block_mxfp4: 32 e2m1 values per block, one
 //             E8M0 power-of-two scale byte then 16 bytes of nibbles.
@@ -37,8 +45,12 @@ enum class DType : uint32_t {
   Q4_1 = 3,
   Q5_0 = 6,
   Q8_0 = 8,
+  Q3_K = 11,
   Q4_K = 12,
+  Q5_K = 13,
   Q6_K = 14,
+  IQ4_NL = 20,
+  IQ4_XS = 23,
   BF16 = 30,
   MXFP4 = 39,
   FP8_E4M3 = 64,

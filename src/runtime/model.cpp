@@ -36,10 +36,14 @@ std::unique_ptr<Tokenizer> byte_tokenizer(int n_vocab, const std::string& model)
 // Dense transformers from GGUF (files, fetched models, bench presets).
 class DenseRuntimeModel final : public Model {
  public:
-  DenseRuntimeModel(const std::string& name_or_path) {
+  // `weights` (presets only) replaces the preset's matrix format; the
+  // preset's f32 weights are then quantised into it at load.
+  explicit DenseRuntimeModel(const std::string& name_or_path, std::optional<DType> weights = std::nullopt) {
     name_ = name_or_path;
     if (const DensePreset* p = find_dense_preset(name_or_path)) {
-      image_ = make_dense_gguf(*p);
+      DensePreset q = *p;
+      if (weights) q.wtype = *weights;
+      image_ = make_dense_gguf(q);
       file_ = GGUFFile::parse(image_.data(), image_.size(), p->name);
     } else {
       file_ = GGUFFile::open(resolve_model_path(name_or_path));
@@ -207,6 +211,8 @@ std::unique_ptr<Model> load_model_as_given(const std::string& name_or_path, cons
          "(supported: qwen3_5_text, kimi_k3, muse_spark)",
          name_or_path, mt);
   }
+  if (opts.weights && find_dense_preset(name_or_path))
+    return std::make_unique<DenseRuntimeModel>(name_or_path, opts.weights);
   if (opts.weights)
     fail("model '{}': converting the weight format at load is only supported for checkpoint directories and "
          "synthetic presets",

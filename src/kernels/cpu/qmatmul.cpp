@@ -16,6 +16,10 @@ bool uses_i16_acts(DType t) {
     case DType::Q8_0:
     case DType::Q4_K:
     case DType::Q6_K:
+    case DType::Q3_K:
+    case DType::Q5_K:
+    case DType::IQ4_NL:
+    case DType::IQ4_XS:
     case DType::MXFP4:
     case DType::NVFP4:
     case DType::INT4_G128:

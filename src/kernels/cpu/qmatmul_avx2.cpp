@@ -181,6 +181,147 @@ struct Q6_K {
     s.sc1 = d * (float)sc[1];
   }
 };
+// Q4_K's low nibbles and scales plus a fifth bit per element: element l of
+// sub-block sb takes bit sb of qh[l] (qh = bytes 16..47). prepare decodes the
+// whole 256-block (the 32 qh bytes serve all eight sub-blocks, with constant
+// shift counts) into int16 codes 0..31 beside Q4_K's scales and mins.
+struct Q5_K {
+  static constexpr int kBlock = 256, kBytes = 176;
+  static constexpr bool kTwoScales = false, kMin = true;
+  struct State {
+    Q4_K::State k;  // the same d, dmin and 12 scale bytes at 0..15
+    alignas(32) int16_t w[256];
+  };
+  template <int SB>
+  static void codes(__m256i qs, __m256i qh, State& st) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const __m256i low = _mm256_and_si256(SB % 2 ? _mm256_srli_epi16(qs, 4) : qs, m4);
+    const __m256i high = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, SB), _mm256_set1_epi8(1)), 4);
+    const __m256i q = _mm256_or_si256(low, high);
+    int16_t* w = st.w + 32 * SB;
+    _mm256_store_si256(reinterpret_cast<__m256i*>(w), _mm256_cvtepu8_epi16(_mm256_castsi256_si128(q)));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(w + 16), _mm256_cvtepu8_epi16(_mm256_extracti128_si256(q, 1)));
+  }
+  static void prepare(const uint8_t* b, State& st) {
+    Q4_K::prepare(b, st.k);
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16));
+    const auto qs = [&](int c) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 48 + 32 * c)); };
+    const __m256i q0 = qs(0), q1 = qs(1), q2 = qs(2), q3 = qs(3);
+    codes<0>(q0, qh, st);
+    codes<1>(q0, qh, st);
+    codes<2>(q1, qh, st);
+    codes<3>(q1, qh, st);
+    codes<4>(q2, qh, st);
+    codes<5>(q2, qh, st);
+    codes<6>(q3, qh, st);
+    codes<7>(q3, qh, st);
+  }
+  static void decode(const uint8_t*, int sb, const State& st, Sub& s) {
+    s.lo = _mm256_load_si256(reinterpret_cast<const __m256i*>(st.w + 32 * sb));
+    s.hi = _mm256_load_si256(reinterpret_cast<const __m256i*>(st.w + 32 * sb + 16));
+    s.sc = st.k.sc[sb];
+    s.mn = st.k.mn[sb];
+  }
+};
+// Quants -4..3 from two bits of qs and one of hmask; a signed 6-bit scale per
+// 16 elements. prepare decodes the whole 256-block at once (the 32 hmask
+// bytes serve all eight sub-blocks and each 32 qs bytes four, with constant
+// shift counts) into int16 quants and the sixteen scales d * (s - 32), the
+// scales unpacked with 32-bit masks (exact: f16 times a 6-bit integer);
+// decode then only loads a sub-block.
+struct Q3_K {
+  static constexpr int kBlock = 256, kBytes = 110;
+  static constexpr bool kTwoScales = true, kMin = false;
+  struct State {
+    alignas(32) int16_t w[256];
+    alignas(32) float sc[16];
+  };
+  template <int H, int J>
+  static void quants(__m256i qs, __m256i hm, State& st) {
+    const __m256i low = _mm256_and_si256(_mm256_srli_epi16(qs, 2 * J), _mm256_set1_epi8(3));
+    const __m256i high = _mm256_and_si256(_mm256_srli_epi16(hm, 4 * H + J), _mm256_set1_epi8(1));
+    // low | high << 2 is the code 0..7; minus 4 gives the quant.
+    const __m256i q = _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(high, 2)), _mm256_set1_epi8(4));
+    int16_t* w = st.w + 32 * (4 * H + J);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(w), _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q)));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(w + 16), _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1)));
+  }
+  static void prepare(const uint8_t* b, State& st) {
+    uint32_t a[3], u[4];
+    std::memcpy(a, b + 96, 12);
+    constexpr uint32_t kLow4 = 0x0f0f0f0f, kTop2 = 0x03030303;
+    u[0] = (a[0] & kLow4) | (((a[2] >> 0) & kTop2) << 4);  // scales 0..3
+    u[1] = (a[1] & kLow4) | (((a[2] >> 2) & kTop2) << 4);  // 4..7
+    u[2] = ((a[0] >> 4) & kLow4) | (((a[2] >> 4) & kTop2) << 4);  // 8..11
+    u[3] = ((a[1] >> 4) & kLow4) | (((a[2] >> 6) & kTop2) << 4);  // 12..15
+    const __m128i bytes = _mm_sub_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(u)), _mm_set1_epi8(32));
+    const __m256 d = _mm256_set1_ps(avx2::load_f16(b + 108));
+    _mm256_store_ps(st.sc, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes))));
+    _mm256_store_ps(st.sc + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(bytes, 8)))));
+    const __m256i hm = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b));
+    const __m256i qs0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 32));
+    const __m256i qs1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64));
+    quants<0, 0>(qs0, hm, st);
+    quants<0, 1>(qs0, hm, st);
+    quants<0, 2>(qs0, hm, st);
+    quants<0, 3>(qs0, hm, st);
+    quants<1, 0>(qs1, hm, st);
+    quants<1, 1>(qs1, hm, st);
+    quants<1, 2>(qs1, hm, st);
+    quants<1, 3>(qs1, hm, st);
+  }
+  static void decode(const uint8_t*, int sb, const State& st, Sub& s) {
+    s.lo = _mm256_load_si256(reinterpret_cast<const __m256i*>(st.w + 32 * sb));
+    s.hi = _mm256_load_si256(reinterpret_cast<const __m256i*>(st.w + 32 * sb + 16));
+    s.sc = st.sc[2 * sb];
+    s.sc1 = st.sc[2 * sb + 1];
+  }
+};
+// GGML's kvalues_iq4nl as a byte-shuffle table.
+inline __m128i iq4nl_table128() {
+  return _mm_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113);
+}
+// 16 index bytes (low nibbles elements 0..15, high 16..31) -> table values.
+inline void iq4_lookup(const uint8_t* qs, Sub& s) {
+  __m128i lo, hi;
+  nibble_halves(qs, lo, hi);
+  const __m128i tab = iq4nl_table128();
+  widen_s8(_mm_shuffle_epi8(tab, lo), _mm_shuffle_epi8(tab, hi), s);
+}
+struct IQ4_NL {
+  static constexpr int kBlock = 32, kBytes = 18;
+  static constexpr bool kTwoScales = false, kMin = false;
+  static void decode(const uint8_t* b, int, Sub& s) {
+    iq4_lookup(b + 2, s);
+    s.sc = avx2::load_f16_in_block(b);
+  }
+};
+// IQ4_NL's values in 256-blocks; the eight sub-block scales d * (ls - 32)
+// are decoded once per block.
+struct IQ4_XS {
+  static constexpr int kBlock = 256, kBytes = 136;
+  static constexpr bool kTwoScales = false, kMin = false;
+  struct State {
+    alignas(32) float sc[8];
+  };
+  // Lane ib: the low nibble is bits 4ib.. of the 32-bit scales_l, the top
+  // two bits are bits 2ib.. of scales_h.
+  static void prepare(const uint8_t* b, State& st) {
+    uint32_t lo, hi = 0;
+    std::memcpy(&lo, b + 4, 4);
+    std::memcpy(&hi, b + 2, 2);
+    const __m256i l = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)lo), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+                                       _mm256_set1_epi32(0x0f));
+    const __m256i h = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)hi), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
+                                       _mm256_set1_epi32(3));
+    const __m256i ls = _mm256_sub_epi32(_mm256_or_si256(l, _mm256_slli_epi32(h, 4)), _mm256_set1_epi32(32));
+    _mm256_store_ps(st.sc, _mm256_mul_ps(_mm256_set1_ps(avx2::load_f16(b)), _mm256_cvtepi32_ps(ls)));
+  }
+  static void decode(const uint8_t* b, int sb, const State& st, Sub& s) {
+    iq4_lookup(b + 8 + 16 * sb, s);
+    s.sc = st.sc[sb];
+  }
+};
 struct MXFP4 {
   static constexpr int kBlock = 32, kBytes = 17;
   static constexpr bool kTwoScales = false, kMin = false;
@@ -595,6 +736,10 @@ void matmul_rows_i16_avx2(const MatView& W, const QuantizedActs& A, float* Y, in
     case DType::Q8_0: i16_rows<Q8_0>(W, A, Y, ldy, rb, re); break;
     case DType::Q4_K: i16_rows<Q4_K>(W, A, Y, ldy, rb, re); break;
     case DType::Q6_K: i16_rows<Q6_K>(W, A, Y, ldy, rb, re); break;
+    case DType::Q3_K: i16_rows<Q3_K>(W, A, Y, ldy, rb, re); break;
+    case DType::Q5_K: i16_rows<Q5_K>(W, A, Y, ldy, rb, re); break;
+    case DType::IQ4_NL: i16_rows<IQ4_NL>(W, A, Y, ldy, rb, re); break;
+    case DType::IQ4_XS: i16_rows<IQ4_XS>(W, A, Y, ldy, rb, re); break;
     case DType::MXFP4: i16_rows<MXFP4>(W, A, Y, ldy, rb, re); break;
     case DType::NVFP4: i16_rows<NVFP4>(W, A, Y, ldy, rb, re); break;
     case DType::INT4_G128: i16_rows<INT4_G128>(W, A, Y, ldy, rb, re); break;

@@ -119,6 +119,80 @@ struct Q6_K {
   }
 };
 
+// Q3_K: quants -4..3 (two bits of qs, one of hmask), then (d * scale) * q
+// with one 6-bit signed scale per 16 elements, as the reference.
+struct Q3_K {
+  static constexpr int kBlock = 256, kBytes = 110;
+  static int scale(const uint8_t* s, int i) {
+    const int lo = i < 8 ? s[i] & 0x0f : s[i - 8] >> 4;
+    const int hi = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
+    return (lo | (hi << 4)) - 32;
+  }
+  static void decode(const uint8_t* b, int sb, __m256 v[4]) {
+    const int h = sb / 4, j = sb % 4;
+    const __m256i qs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 32 + 32 * h));
+    const __m256i hm = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b));
+    const __m256i low = _mm256_and_si256(_mm256_srl_epi16(qs, _mm_cvtsi32_si128(2 * j)), _mm256_set1_epi8(3));
+    const __m256i high = _mm256_and_si256(_mm256_srl_epi16(hm, _mm_cvtsi32_si128(4 * h + j)), _mm256_set1_epi8(1));
+    bytes_to_floats(_mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(high, 2)), _mm256_set1_epi8(4)), v);
+    const float d = load_f16(b + 108);
+    const __m256 s0 = _mm256_set1_ps(d * static_cast<float>(scale(b + 96, 2 * sb)));
+    const __m256 s1 = _mm256_set1_ps(d * static_cast<float>(scale(b + 96, 2 * sb + 1)));
+    v[0] = _mm256_mul_ps(s0, v[0]);
+    v[1] = _mm256_mul_ps(s0, v[1]);
+    v[2] = _mm256_mul_ps(s1, v[2]);
+    v[3] = _mm256_mul_ps(s1, v[3]);
+  }
+};
+// Q5_K: Q4_K's nibbles and scales with bit sb of qh[l] as the fifth bit.
+struct Q5_K {
+  static constexpr int kBlock = 256, kBytes = 176;
+  static void decode(const uint8_t* b, int sb, __m256 v[4]) {
+    const uint8_t* s = b + 4;
+    int sc, m;
+    if (sb < 4) {
+      sc = s[sb] & 63;
+      m = s[sb + 4] & 63;
+    } else {
+      sc = (s[sb + 4] & 0x0f) | ((s[sb - 4] >> 6) << 4);
+      m = (s[sb + 4] >> 4) | ((s[sb] >> 6) << 4);
+    }
+    const float d = load_f16(b) * static_cast<float>(sc);
+    const float off = load_f16(b + 2) * static_cast<float>(m);
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 48 + 32 * (sb / 2)));
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16));
+    const __m256i low = _mm256_and_si256(sb % 2 ? _mm256_srli_epi16(raw, 4) : raw, _mm256_set1_epi8(0x0f));
+    const __m256i high =
+        _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(sb)), _mm256_set1_epi8(1)), 4);
+    bytes_to_floats(_mm256_or_si256(low, high), v);
+    const __m256 dv = _mm256_set1_ps(d), ov = _mm256_set1_ps(off);
+    for (int k = 0; k < 4; ++k) v[k] = _mm256_sub_ps(_mm256_mul_ps(dv, v[k]), ov);
+  }
+};
+// IQ4_NL / IQ4_XS: 4-bit indices into GGML's kvalues_iq4nl, times the scale.
+inline __m256i iq4_values(const uint8_t* qs) {
+  const __m256i tab = _mm256_broadcastsi128_si256(
+      _mm_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113));
+  return _mm256_shuffle_epi8(tab, nibbles(qs));
+}
+struct IQ4_NL {
+  static constexpr int kBlock = 32, kBytes = 18;
+  static void decode(const uint8_t* b, int, __m256 v[4]) {
+    bytes_to_floats(iq4_values(b + 2), v);
+    scale_vecs(v, _mm256_set1_ps(load_f16(b)));
+  }
+};
+struct IQ4_XS {
+  static constexpr int kBlock = 256, kBytes = 136;
+  static void decode(const uint8_t* b, int sb, __m256 v[4]) {
+    uint16_t sh;
+    std::memcpy(&sh, b + 2, 2);
+    const int ls = (((b[4 + sb / 2] >> (4 * (sb % 2))) & 0x0f) | (((sh >> (2 * sb)) & 3) << 4)) - 32;
+    bytes_to_floats(iq4_values(b + 8 + 16 * sb), v);
+    scale_vecs(v, _mm256_set1_ps(load_f16(b) * static_cast<float>(ls)));
+  }
+};
+
 template <typename F>
 void dequant(const uint8_t* w, float* dst, int64_t n) {
   __m256 v[4];
@@ -143,6 +217,10 @@ bool avx2_row_kernels_support(DType t) {
     case DType::Q8_0:
     case DType::Q4_K:
     case DType::Q6_K:
+    case DType::Q3_K:
+    case DType::Q5_K:
+    case DType::IQ4_NL:
+    case DType::IQ4_XS:
       return true;
     default:
       return false;
@@ -159,6 +237,10 @@ void dequantize_row_avx2(DType t, const void* wv, float* dst, int64_t n) {
     case DType::Q8_0: dequant<Q8_0>(w, dst, n); break;
     case DType::Q4_K: dequant<Q4_K>(w, dst, n); break;
     case DType::Q6_K: dequant<Q6_K>(w, dst, n); break;
+    case DType::Q3_K: dequant<Q3_K>(w, dst, n); break;
+    case DType::Q5_K: dequant<Q5_K>(w, dst, n); break;
+    case DType::IQ4_NL: dequant<IQ4_NL>(w, dst, n); break;
+    case DType::IQ4_XS: dequant<IQ4_XS>(w, dst, n); break;
     default: break;
   }
 }

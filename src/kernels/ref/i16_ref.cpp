@@ -15,6 +15,8 @@ namespace megakern {
 namespace {
 
 constexpr int8_t kE2M1x2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+// GGML's kvalues_iq4nl (IQ4_NL / IQ4_XS), as in core/dtype.cpp.
+constexpr int8_t kIQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
 float f16_at(const uint8_t* p) {
   uint16_t h;
@@ -113,6 +115,67 @@ void decode_i16_sub(DType t, const uint8_t* row, int64_t k, I16Sub& o) {
       o.sc[1] = d * (float)sc[1];
       break;
     }
+    case DType::Q3_K: {
+      // Quants -4..3; one signed 6-bit scale per 16 elements (dtype.cpp).
+      const uint8_t* b = row + (k / 8) * 110;
+      const int sb = (int)(k % 8), h = sb / 4, j = sb % 4;
+      const uint8_t* qs = b + 32 + 32 * h;
+      for (int i = 0; i < 32; ++i) {
+        const int low = (qs[i] >> (2 * j)) & 3;
+        o.w[i] = (int8_t)(((b[i] >> (4 * h + j)) & 1) ? low : low - 4);
+      }
+      const uint8_t* s = b + 96;
+      const float d = f16_at(b + 108);
+      for (int half = 0; half < 2; ++half) {
+        const int idx = 2 * sb + half;
+        const int lo = idx < 8 ? s[idx] & 0x0f : s[idx - 8] >> 4;
+        const int hi = (s[8 + idx % 4] >> (2 * (idx / 4))) & 3;
+        o.sc[half] = d * (float)((lo | (hi << 4)) - 32);
+      }
+      break;
+    }
+    case DType::Q5_K: {
+      // Q4_K's scales and nibbles plus a fifth bit: w is the code 0..31.
+      const uint8_t* b = row + (k / 8) * 176;
+      const int sb = (int)(k % 8);
+      const uint8_t* s = b + 4;
+      int sc, m;
+      if (sb < 4) {
+        sc = s[sb] & 63;
+        m = s[sb + 4] & 63;
+      } else {
+        sc = (s[sb + 4] & 0x0f) | ((s[sb - 4] >> 6) << 4);
+        m = (s[sb + 4] >> 4) | ((s[sb] >> 6) << 4);
+      }
+      const uint8_t* qh = b + 16;
+      const uint8_t* q = b + 48 + 32 * (sb / 2);
+      for (int i = 0; i < 32; ++i) {
+        const int lo = sb % 2 ? q[i] >> 4 : q[i] & 0x0f;
+        o.w[i] = (int8_t)(lo | (((qh[i] >> sb) & 1) << 4));
+      }
+      o.sc[0] = o.sc[1] = f16_at(b) * (float)sc;
+      o.mn = -(f16_at(b + 2) * (float)m);
+      o.has_min = true;
+      break;
+    }
+    case DType::IQ4_NL: {
+      const uint8_t* b = row + k * 18;
+      split_nibbles(b + 2, code);
+      for (int i = 0; i < 32; ++i) o.w[i] = kIQ4NL[code[i]];
+      o.sc[0] = o.sc[1] = f16_at(b);
+      break;
+    }
+    case DType::IQ4_XS: {
+      const uint8_t* b = row + (k / 8) * 136;
+      const int ib = (int)(k % 8);
+      split_nibbles(b + 8 + 16 * ib, code);
+      for (int i = 0; i < 32; ++i) o.w[i] = kIQ4NL[code[i]];
+      uint16_t sh;
+      std::memcpy(&sh, b + 2, 2);
+      const int ls = (((b[4 + ib / 2] >> (4 * (ib % 2))) & 0x0f) | (((sh >> (2 * ib)) & 3) << 4)) - 32;
+      o.sc[0] = o.sc[1] = f16_at(b) * (float)ls;
+      break;
+    }
     case DType::MXFP4: {
       const uint8_t* b = row + k * 17;
       split_nibbles(b + 1, code);
@@ -167,7 +230,7 @@ void contrib(DType t, const I16Sub& sub, const int16_t* xq, const float* xd, con
     hi[l] = (int32_t)sub.w[16 + 2 * l] * x[16 + 2 * l] + (int32_t)sub.w[17 + 2 * l] * x[17 + 2 * l];
   }
   const float s0 = sub.sc[0] * xd[k];
-  if (t == DType::Q6_K || t == DType::NVFP4) {
+  if (t == DType::Q6_K || t == DType::NVFP4 || t == DType::Q3_K) {
     const float s1 = sub.sc[1] * xd[k];
     for (int l = 0; l < 8; ++l) acc[l] = std::fma((float)lo[l], s0, acc[l]);
     for (int l = 0; l < 8; ++l) acc[l] = std::fma((float)hi[l], s1, acc[l]);

@@ -15,7 +15,7 @@ struct I16Sub {
   int8_t w[32];
   float sc[2];
   float mn;       // 0 unless has_min
-  bool has_min;   // Q4_1 and Q4_K: w holds the unsigned code 0..15
+  bool has_min;   // Q4_1, Q4_K (code 0..15) and Q5_K (0..31): w holds the unsigned code
 };
 
 // Decodes sub-block k (elements 32k..32k+31) of a row of type t.
