@@ -789,6 +789,9 @@ TEST(FastKernels, RandomBitPatternsMatchOracle) {
         case DType::Q4_0: case DType::Q8_0: case DType::Q5_0: case DType::INT4_G128: put_f16(0); break;
         case DType::Q4_1: case DType::Q4_K: put_f16(0); put_f16(2); break;
         case DType::Q6_K: put_f16(208); break;
+        case DType::Q3_K: put_f16(108); break;
+        case DType::Q5_K: put_f16(0); put_f16(2); break;
+        case DType::IQ4_NL: case DType::IQ4_XS: put_f16(0); break;
         case DType::MXFP4: b[0] = (uint8_t)(100 + rng() % 55); break;
         case DType::INT8_COL: { const float d = 0.01f; std::memcpy(b, &d, 4); break; }
         default: break;

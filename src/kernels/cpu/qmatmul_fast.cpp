@@ -20,6 +20,10 @@ bool uses_fast_acts(DType t) {
     case DType::NVFP4:
     case DType::INT4_G128:
     case DType::INT8_COL:
+    case DType::Q3_K:
+    case DType::Q5_K:
+    case DType::IQ4_NL:
+    case DType::IQ4_XS:
       return true;
     default:
       return false;

@@ -154,6 +154,85 @@ struct FINT8_COL {
   }
 };
 
+// The formats below follow the 32-element contract with 32-element
+// activation blocks (their super-blocks' scales are floats per 32 or 16).
+inline __m256i iq4nl_table() {
+  return _mm256_broadcastsi128_si256(
+      _mm_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113));
+}
+struct FIQ4_NL {
+  static constexpr bool kSigned = true, kTwo = false, kMin = false;
+  static constexpr int kOffset = 0;
+  static constexpr int kBytes = 18, kSubs = 1, kNibbleAt = 2;
+  static __m256i map(__m256i c) { return _mm256_shuffle_epi8(iq4nl_table(), c); }
+  static void scales(const uint8_t* row, int64_t k, Dec& o) { o.s0 = f16_at(row + k * 18); }
+};
+struct FIQ4_XS {
+  static constexpr bool kSigned = true, kTwo = false, kMin = false;
+  static constexpr int kOffset = 0;
+  static constexpr int kBytes = 136, kSubs = 8, kNibbleAt = 8;
+  static __m256i map(__m256i c) { return _mm256_shuffle_epi8(iq4nl_table(), c); }
+  static void scales(const uint8_t* row, int64_t k, Dec& o) {
+    const uint8_t* b = row + (k / 8) * 136;
+    const int ib = (int)(k % 8);
+    uint16_t sh;
+    std::memcpy(&sh, b + 2, 2);
+    const int ls = (((b[4 + ib / 2] >> (4 * (ib % 2))) & 0x0f) | (((sh >> (2 * ib)) & 3) << 4)) - 32;
+    o.s0 = f16_at(b) * (float)ls;
+  }
+};
+struct FQ5_K {
+  static constexpr bool kSigned = false, kTwo = false, kMin = true;
+  static constexpr int kOffset = 0;
+  static void decode(const uint8_t* row, int64_t k, Dec& o) {
+    const uint8_t* b = row + (k / 8) * 176;
+    const int sb = (int)(k % 8);
+    const uint8_t* s = b + 4;
+    int sc, m;
+    if (sb < 4) {
+      sc = s[sb] & 63;
+      m = s[sb + 4] & 63;
+    } else {
+      sc = (s[sb + 4] & 0x0f) | ((s[sb - 4] >> 6) << 4);
+      m = (s[sb + 4] >> 4) | ((s[sb] >> 6) << 4);
+    }
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 48 + 32 * (sb / 2)));
+    const __m256i low = _mm256_and_si256(sb % 2 ? _mm256_srli_epi16(raw, 4) : raw, _mm256_set1_epi8(0x0f));
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16));
+    const __m256i bit = _mm256_set1_epi8((char)(1 << sb));
+    const __m256i high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit), _mm256_set1_epi8(16));
+    o.w = _mm256_or_si256(low, high);
+    o.s0 = f16_at(b) * (float)sc;
+    o.mn = -(f16_at(b + 2) * (float)m);
+  }
+};
+struct FQ3_K {
+  static constexpr bool kSigned = false, kTwo = true, kMin = false;
+  static constexpr int kOffset = 4;
+  static void decode(const uint8_t* row, int64_t k, Dec& o) {
+    const uint8_t* b = row + (k / 8) * 110;
+    const int sb = (int)(k % 8), h = sb / 4, j = sb % 4;
+    const __m256i qs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 32 + 32 * h));
+    const __m256i low = _mm256_and_si256(_mm256_srl_epi16(qs, _mm_cvtsi32_si128(2 * j)), _mm256_set1_epi8(3));
+    const __m256i hm = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b));
+    const __m256i bit = _mm256_set1_epi8((char)(1 << (4 * h + j)));
+    // code = w + 4: low + 4 where the high-mask bit is set, low otherwise.
+    const __m256i four = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit), _mm256_set1_epi8(4));
+    o.w = _mm256_or_si256(low, four);
+    const uint8_t* s = b + 96;
+    const float d = f16_at(b + 108);
+    float sc[2];
+    for (int half = 0; half < 2; ++half) {
+      const int idx = 2 * sb + half;
+      const int lo = idx < 8 ? s[idx] & 0x0f : s[idx - 8] >> 4;
+      const int hi = (s[8 + idx % 4] >> (2 * (idx / 4))) & 3;
+      sc[half] = d * (float)((lo | (hi << 4)) - 32);
+    }
+    o.s0 = sc[0];
+    o.s1 = sc[1];
+  }
+};
+
 // Rows two groups ahead are prefetched block by block while a group is
 // decoded: a group reads eight short row pieces at a time, too many streams
 // for the hardware prefetcher to run ahead of.
@@ -563,6 +642,10 @@ void matmul_rows_fast_avx2(const MatView& W, const Q8Acts& A, float* Y, int64_t 
     case DType::NVFP4: fast32_rows<FNVFP4>(W, A, Y, ldy, rb, re); break;
     case DType::INT4_G128: fast32_rows<FINT4_G128>(W, A, Y, ldy, rb, re); break;
     case DType::INT8_COL: fast32_rows<FINT8_COL>(W, A, Y, ldy, rb, re); break;
+    case DType::IQ4_NL: fast32_rows<FIQ4_NL>(W, A, Y, ldy, rb, re); break;
+    case DType::IQ4_XS: fast32_rows<FIQ4_XS>(W, A, Y, ldy, rb, re); break;
+    case DType::Q5_K: fast32_rows<FQ5_K>(W, A, Y, ldy, rb, re); break;
+    case DType::Q3_K: fast32_rows<FQ3_K>(W, A, Y, ldy, rb, re); break;
     case DType::Q4_K: fastk_rows<FQ4_K>(W, A, Y, ldy, rb, re); break;
     case DType::Q6_K: fastk_rows<FQ6_K>(W, A, Y, ldy, rb, re); break;
     default: break;

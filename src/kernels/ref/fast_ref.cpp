@@ -110,7 +110,7 @@ float dot_32_row(DType t, const uint8_t* row, const Q8Acts& A, int64_t ti) {
   const int8_t* q = A.q_row(ti);
   const float* dx = A.d_row(ti);
   const float* sx = A.sx_row(ti);
-  const bool two = t == DType::NVFP4;
+  const bool two = t == DType::NVFP4 || t == DType::Q3_K;
   float accs[2] = {0.f, 0.f};  // even and odd blocks
   I16Sub sub;
   for (int64_t k = 0; k < A.nb; ++k) {
