@@ -67,6 +67,8 @@
 
 namespace megakern {
 
+class SafetensorsModel;  // io/safetensors.h
+
 struct KimiLayer {
   bool mla = false, dense = false;
   int cache_index = 0;  // among the MLA layers (KV cache) or the KDA layers (state)
@@ -157,6 +159,15 @@ class KimiModel {
 // Reads a KimiConfig from a config.json object written by save() (model_type
 // "kimi_k3"); throws megakern::Error naming a missing or bad field.
 KimiConfig kimi_config_from_json(const std::string& json_text, const std::string& where);
+// The published reference's checkpoint layout (model/kimi_layout.cpp): true
+// when a config.json text is in its form (text_config, num_experts, ...).
+bool is_kimi_reference_config(const std::string& json_text);
+// Reads such a checkpoint directory: fills c from its config (kimi/__init__.py
+// Config.from_checkpoint keys) and returns its tensors renamed, reshaped and
+// folded into the names KimiModel::load reads, held in `buffer` (which must
+// outlive the result). Throws megakern::Error naming a bad key or tensor.
+SafetensorsModel open_kimi_reference(const std::string& dir, const std::string& cfg_path, const std::string& text,
+                                     KimiConfig& c, std::vector<uint8_t>& buffer);
 std::string kimi_config_to_json(const KimiConfig& c);
 
 // The decode step: embedding into residual block 0; per layer the attention
