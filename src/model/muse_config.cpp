@@ -138,6 +138,9 @@ void MuseConfig::validate() const {
   positive("expert_dim", expert_dim);
   if (vocab_used > vocab) fail("{}: vocab_used ({}) exceeds vocab ({})", who, vocab_used, vocab);
   if (n_head % n_head_kv != 0) fail("{}: n_head ({}) must be a multiple of n_head_kv ({})", who, n_head, n_head_kv);
+  // musespark/config.py Config.__post_init__: the attention width is the hidden width.
+  if (q_dim() != hidden)
+    fail("{}: n_head * head_dim ({} * {} = {}) must equal hidden ({})", who, n_head, head_dim, q_dim(), hidden);
   if (head_dim % 2 != 0) fail("{}: head_dim must be even for RoPE, got {}", who, head_dim);
   if (top_k > n_expert) fail("{}: top_k ({}) exceeds n_expert ({})", who, top_k, n_expert);
   if (full_attn_offset < 0 || full_attn_offset >= full_attn_interval)
