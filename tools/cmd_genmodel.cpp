@@ -73,7 +73,7 @@ void gen_model_cmd(const GenModelOptions& o) {
     KimiModel::synthetic(*k, o.seed, ko)->save(o.out);
   } else if (const MuseConfig* m = find_muse_preset(o.config)) {
     if (m->name == "muse-spark-1.2")
-      fail("--config {}: ~446 GB of weights is too large to generate; use a mini or bench preset", o.config);
+      fail("--config {}: ~454 GB of weights (bf16 dense, int4 experts) is too large to generate; use a mini or bench preset", o.config);
     const auto model = MuseModel::synthetic(*m, o.seed, format_flag("--weights", o.weights, DType::BF16),
                                             format_flag("--experts", o.experts, DType::INT4_G128));
     if (reference)
