@@ -76,7 +76,7 @@ std::vector<MuseConfig> make_presets() {
   {
     // All 62 layers and the real head dim / top-k at an eighth of the width
     // and 32 experts: with bf16 dense and int4_g128 experts a step reads
-    // 0.70 GB and the whole model is 1.44 GB (describe() prints the figures).
+    // 0.83 GB and the whole model is 1.50 GB (describe() prints the figures).
     MuseConfig c;
     c.name = "muse-spark-bench";
     c.n_layer = 62;
