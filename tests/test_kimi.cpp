@@ -604,7 +604,7 @@ TEST(KimiReferenceLayout, BadInputNamesWhatIsWrong) {
   rewrite(scale, "");
   e = error();  // named as the loader reads it, in the translated (reference layout) checkpoint
   EXPECT_NE(e.find("model.layers.4.mlp.experts.5.up_proj.weight_scales' is missing"), std::string::npos) << e;
-  EXPECT_NE(e.find("reference layout"), std::string::npos) << e;
+  EXPECT_NE(e.find("(the tensor is '" + scale + "' in the reference layout)"), std::string::npos) << e;
   rewrite("language_model.model.layers.2.mlp_res_proj.weight", "");
   e = error();
   EXPECT_NE(e.find("language_model.model.layers.2.mlp_res_norm.weight' has no _proj.weight partner"), std::string::npos)

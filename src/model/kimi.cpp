@@ -668,6 +668,24 @@ std::string read_text(const std::string& path) {
 }  // namespace
 
 std::unique_ptr<KimiModel> KimiModel::load(const std::string& dir, const KimiWeightOptions& o) {
+  try {
+    return load_checkpoint(dir, o);
+  } catch (const Error& e) {
+    // In the reference's layout, name the tensor as that checkpoint does too.
+    const std::string msg = e.what();
+    std::ifstream f(std::filesystem::path(dir) / "config.json");
+    std::stringstream ss;
+    ss << f.rdbuf();
+    const size_t a = msg.find("'model."), a2 = msg.find("'lm_head.");
+    const size_t at = std::min(a, a2);
+    if (!f || !is_kimi_reference_config(ss.str()) || at == std::string::npos) throw;
+    const size_t end = msg.find('\'', at + 1);
+    if (end == std::string::npos) throw;
+    fail("{} (the tensor is '{}' in the reference layout)", msg, kimi_reference_name(msg.substr(at + 1, end - at - 1)));
+  }
+}
+
+std::unique_ptr<KimiModel> KimiModel::load_checkpoint(const std::string& dir, const KimiWeightOptions& o) {
   namespace fs = std::filesystem;
   if (!fs::is_directory(dir)) fail("'{}' is not a directory (expected config.json and model.safetensors)", dir);
   const std::string cfg_path = (fs::path(dir) / "config.json").string();

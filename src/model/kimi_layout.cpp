@@ -67,6 +67,32 @@ bool is_kimi_reference_config(const std::string& text) {
   }
 }
 
+std::string kimi_reference_name(const std::string& ours) {
+  if (ours == "lm_head.weight") return "language_model.lm_head.weight";
+  if (!starts_with(ours, "model.")) return ours;
+  std::string n = std::string(kPrefix) + ours.substr(std::strlen("model."));
+  if (n == std::string(kPrefix) + "attn_res.weight") return std::string(kPrefix) + "output_attn_res_norm.weight";
+  replace_all(n, ".attn_res.weight", ".self_attention_res_norm.weight");
+  replace_all(n, ".mlp_res.weight", ".mlp_res_norm.weight");
+  // The MoE layers' names (layer 0's dense MLP keeps mlp.*).
+  for (const char* moe : {".mlp.gate.", ".mlp.experts.", ".mlp.latent_", ".mlp.shared_experts."})
+    if (n.find(moe) != std::string::npos) {
+      replace_all(n, ".mlp.", ".block_sparse_moe.");
+      replace_all(n, ".latent_down_proj.", ".routed_expert_down_proj.");
+      replace_all(n, ".latent_up_proj.", ".routed_expert_up_proj.");
+      replace_all(n, ".latent_norm.", ".routed_expert_norm.");
+      if (n.find(".experts.") != std::string::npos) {
+        replace_all(n, ".gate_proj.", ".w1.");
+        replace_all(n, ".up_proj.", ".w3.");
+        replace_all(n, ".down_proj.", ".w2.");
+        replace_all(n, ".weight_blocks", ".weight_packed");
+        replace_all(n, ".weight_scales", ".weight_scale");
+      }
+      break;
+    }
+  return n;
+}
+
 SafetensorsModel open_kimi_reference(const std::string& dir, const std::string& cfg_path, const std::string& text,
                                      KimiConfig& c, std::vector<uint8_t>& buffer) {
   nlohmann::json root = nlohmann::json::parse(text);
