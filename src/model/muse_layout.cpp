@@ -255,7 +255,7 @@ void MuseModel::save_reference(const std::string& dir) const {
   if (c.router_scale != c.logit_scale)
     fail("{}: the reference layout has one output_multiplier for the router and the logits", c.name);
   const nlohmann::json text = {
-      {"model_type", "muse_spark_text"},
+      {"model_type", "muse_spark"},
       {"num_hidden_layers", c.n_layer},
       {"hidden_size", c.hidden},
       {"moe_hidden_size", c.expert_dim},
