@@ -75,20 +75,25 @@ TEST(KimiConfig, FullPresetSizes) {
   // KDA: fused in-projection 7168 * (4 * 12288 + 96), f_a 7168 * 128, f_b 128 * 12288,
   // conv 36864 * 4, A_log 96, dt_bias 12288, o_norm 128, o_proj 12288 * 7168.
   EXPECT_EQ(pc.kda_per_layer, 353009664 + 917504 + 1572864 + 147456 + 96 + 12288 + 128 + 88080384);
-  // MLA: q_a 7168*1536 + 1536, q_b 1536*64*192, kv_a 7168*576 + 512, kv_b 512*64*256,
-  // gate 7168*8192, o_proj 8192*7168.
-  EXPECT_EQ(pc.mla_per_layer, 11010048 + 1536 + 18874368 + 4128768 + 512 + 8388608 + 58720256 + 58720256);
+  // MLA with the reference's 96 heads (kimi/__init__.py Config.heads): q_a
+  // 7168*1536 + 1536, q_b 1536*96*192, kv_a 7168*576 + 512, kv_b 512*96*256,
+  // gate 7168*12288, o_proj 12288*7168.
+  EXPECT_EQ(c->mla_n_head, 96);
+  EXPECT_EQ(pc.mla_per_layer, 11010048 + 1536 + 28311552 + 4128768 + 512 + 12582912 + 88080384 + 88080384);
   EXPECT_EQ(pc.expert_each, 3LL * 3072 * 3584);
   EXPECT_EQ(pc.experts, 92LL * 896 * 3 * 3072 * 3584);
-  EXPECT_EQ(pc.total(), 2777746693728LL);
+  // 64 heads (the earlier assumption) gave 2,777,746,693,728; the 32 more
+  // heads add 24 x 72,351,744.
+  EXPECT_EQ(pc.total(), 2777746693728LL + 24LL * 72351744);
+  EXPECT_EQ(pc.total(), 2779483135584LL);
   EXPECT_EQ(pc.active, pc.total() - 163839LL * 7168 - 92LL * (896 - 16) * 33030144);
-  // Expanded K (64 * 192) and V (64 * 128) of 24 layers, f32.
-  EXPECT_EQ(kv_bytes_per_token(*c), 24LL * 64 * (192 + 128) * 4);
+  // Expanded K (96 * 192) and V (96 * 128) of 24 layers, f32.
+  EXPECT_EQ(kv_bytes_per_token(*c), 24LL * 96 * (192 + 128) * 4);
   EXPECT_EQ(recurrent_state_bytes(*c).kda_state, 69LL * 96 * 128 * 128 * 4);
   EXPECT_EQ(recurrent_state_bytes(*c).conv_window, 69LL * 3 * 3 * 12288 * 4);
   const std::string d = describe(*c);
-  EXPECT_NE(d.find("2,777,746,693,728"), std::string::npos);
-  EXPECT_NE(d.find("KV cache per token: 1,966,080 B"), std::string::npos);
+  EXPECT_NE(d.find("2,779,483,135,584"), std::string::npos);
+  EXPECT_NE(d.find("KV cache per token: 2,949,120 B"), std::string::npos);
 }
 
 TEST(KimiConfig, BenchAndMiniPresets) {
@@ -121,6 +126,7 @@ std::vector<float> route(const std::vector<float>& logits, const std::vector<flo
   op.out = out;
   op.norm = bias.data();
   op.n_norm = static_cast<int>(bias.size());
+  op.eps = 0.f;  // as kimi.cpp builds it: no eps in the weight normalisation
   op.top_k = k;
   std::vector<float> x = logits, y(static_cast<size_t>(2 * k));
   StepContext ctx;
@@ -490,6 +496,138 @@ TEST(KimiFixture, ChunkedPrefillMatchesNumpy) {
     all[kind] = logits;
   }
   EXPECT_EQ(all["opbyop"], all["mega"]);
+}
+
+// E8M0 exponents 0 and 255 are rejected at load, as the reference loader does
+// (kimi/load.py Checkpoint.experts: "expected normal, finite E8M0 scales");
+// before, exponent 0 loaded as 2^-127 and 255 as 2^128.
+TEST(KimiModel, RejectsNonNormalMxfp4Scales) {
+  const KimiModel& m = synthetic_mini();
+  const fs::path dir = temp_dir("e8m0");
+  m.save(dir.string());
+  const std::string name = "model.layers.4.mlp.experts.5.up_proj.weight_scales";
+  const fs::path file = dir / "model.safetensors";
+  uint64_t n = 0;
+  nlohmann::json header;
+  {
+    std::ifstream f(file, std::ios::binary);
+    f.read(reinterpret_cast<char*>(&n), 8);
+    std::string h(n, ' ');
+    f.read(h.data(), static_cast<std::streamsize>(n));
+    header = nlohmann::json::parse(h);
+  }
+  ASSERT_TRUE(header.contains(name));
+  const uint64_t at = 8 + n + header[name]["data_offsets"][0].get<uint64_t>() + 7;  // [32][1]: row 7, block 0
+  for (int bad : {0, 255}) {
+    {
+      std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+      f.seekp(static_cast<std::streamoff>(at));
+      const char b = static_cast<char>(bad);
+      f.write(&b, 1);
+    }
+    try {
+      KimiModel::load(dir.string());
+      ADD_FAILURE() << "exponent " << bad << " loaded";
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find(name), std::string::npos) << msg;
+      EXPECT_NE(msg.find(fmt::format("row 7 block 0 holds E8M0 exponent {}", bad)), std::string::npos) << msg;
+    }
+  }
+  {  // A normal exponent loads again.
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(at));
+    const char b = 127;
+    f.write(&b, 1);
+  }
+  EXPECT_NO_THROW(KimiModel::load(dir.string()));
+  fs::remove_all(dir);
+}
+
+// ---------------------------------------------------------------------------
+// The reference's checkpoint layout (model/kimi_layout.cpp).
+
+// tests/fixtures/kimi_reflayout holds the kimi_mini weights in the reference's
+// names, shapes and config keys (scripts/fixtures/gen_kimi_reference_layout.py,
+// each attention-residual weight as a _norm x _proj pair): it loads to the
+// same config and the same logits, bit for bit.
+TEST(KimiReferenceLayout, LoadsTheReferenceCheckpointBitForBit) {
+  const KimiModel& ours = fixture_model(false);
+  const auto ref = KimiModel::load(fixture_path("kimi_reflayout"));
+  KimiConfig a = ours.config(), b = ref->config();
+  b.name = a.name;
+  EXPECT_EQ(kimi_config_to_json(a), kimi_config_to_json(b));
+  const auto tokens = reference()["tokens"].get<std::vector<int32_t>>();
+  const DecodeProgram pa = build_kimi_program(ours, 1), pb = build_kimi_program(*ref, 1);
+  auto ea = make_reference_executor(pa);
+  auto eb = make_reference_executor(pb);
+  const auto la = decode(ours, *ea, tokens), lb = decode(*ref, *eb, tokens);
+  ASSERT_EQ(la.size(), lb.size());
+  EXPECT_EQ(std::memcmp(la.data(), lb.data(), la.size() * sizeof(float)), 0);
+}
+
+TEST(KimiReferenceLayout, BadInputNamesWhatIsWrong) {
+  const std::string src = fixture_path("kimi_reflayout");
+  const fs::path dir = temp_dir("refbad");
+  const fs::path cfg = dir / "config.json";
+  fs::copy_file(src + "/config.json", cfg);
+  auto file = SafetensorsFile::open(src + "/model.safetensors");
+  auto rewrite = [&](const std::string& drop, const std::string& zero_scale) {
+    nlohmann::json header = nlohmann::json::object();
+    std::string data;
+    for (const SafetensorsTensor& t : file->tensors()) {
+      if (t.name == drop) continue;
+      header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {data.size(), data.size() + t.n_bytes}}};
+      data.append(reinterpret_cast<const char*>(t.data), t.n_bytes);
+      if (t.name == zero_scale) data[data.size() - t.n_bytes + 2] = 0;
+    }
+    std::string h = header.dump();
+    while (h.size() % 8) h += ' ';
+    const uint64_t n = h.size();
+    std::ofstream out(dir / "model.safetensors", std::ios::binary);
+    out.write(reinterpret_cast<const char*>(&n), 8);
+    out.write(h.data(), static_cast<std::streamsize>(h.size()));
+    out.write(data.data(), static_cast<std::streamsize>(data.size()));
+  };
+  auto error = [&] {
+    try {
+      KimiModel::load(dir.string());
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const std::string scale = "language_model.model.layers.4.block_sparse_moe.experts.5.w3.weight_scale";
+  rewrite("", scale);
+  std::string e = error();
+  EXPECT_NE(e.find(scale + "' element 2 holds E8M0 exponent 0"), std::string::npos) << e;
+  rewrite(scale, "");
+  e = error();  // named as the loader reads it, in the translated (reference layout) checkpoint
+  EXPECT_NE(e.find("model.layers.4.mlp.experts.5.up_proj.weight_scales' is missing"), std::string::npos) << e;
+  EXPECT_NE(e.find("(the tensor is '" + scale + "' in the reference layout)"), std::string::npos) << e;
+  rewrite("language_model.model.layers.2.mlp_res_proj.weight", "");
+  e = error();
+  EXPECT_NE(e.find("language_model.model.layers.2.mlp_res_norm.weight' has no _proj.weight partner"), std::string::npos)
+      << e;
+  rewrite("", "");
+  EXPECT_NO_THROW(KimiModel::load(dir.string()));
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(src + "/config.json"));
+  nlohmann::json j2 = j;
+  j2["text_config"].erase("num_experts_per_token");
+  std::ofstream(cfg) << j2.dump();
+  e = error();
+  EXPECT_NE(e.find("num_experts_per_token"), std::string::npos) << e;
+  j2 = j;
+  j2["text_config"]["linear_attn_config"]["full_attn_layers"] = {4, 8};  // the last layer is missing
+  std::ofstream(cfg) << j2.dump();
+  e = error();
+  EXPECT_NE(e.find("full_attn_layers does not follow"), std::string::npos) << e;
+  j2 = j;
+  j2["text_config"]["hidden_act"] = "silu";
+  std::ofstream(cfg) << j2.dump();
+  e = error();
+  EXPECT_NE(e.find("hidden_act"), std::string::npos) << e;
+  fs::remove_all(dir);
 }
 
 // ---------------------------------------------------------------------------

@@ -344,6 +344,21 @@ TEST(Qwen38Model, PrefixMisalignedAndBf16Checkpoints) {
     EXPECT_EQ(0, std::memcmp(got.logits.data(), want.logits.data(), sizeof(float) * want.logits.size()));
   }
   {
+    // The published reference's checkpoint layout (qwen/load.py
+    // load_canonical: model.language_model.* names) with the multimodal
+    // config form, the text model's keys under text_config: the same logits.
+    rewrite_checkpoint(base / "reflayout", "");
+    nlohmann::json text;
+    std::ifstream(mini_dir() + "/config.json") >> text;
+    std::ofstream(base / "reflayout" / "config.json") << nlohmann::json({{"model_type", "qwen3_5"}, {"text_config", text}}).dump(2);
+    auto m = Qwen38Model::load((base / "reflayout").string());
+    EXPECT_EQ(m->tensor_prefix(), "model.language_model.");
+    const DecodeProgram p = build_qwen38_program(*m, 2);
+    auto mega = make_mega_executor(p, pool);
+    const DecodeRun got = decode(*m, *mega, tokens);
+    EXPECT_EQ(0, std::memcmp(got.logits.data(), want.logits.data(), sizeof(float) * want.logits.size()));
+  }
+  {
     // F64 is converted to F32 at load (exactly, here): identical logits.
     rewrite_checkpoint(base / "f64", "F64");
     auto m = Qwen38Model::load((base / "f64").string());

@@ -27,6 +27,7 @@ struct GenModelOptions {
   uint64_t seed = 1;
   bool force = false;
   std::string weights, experts;
+  std::string layout = "ours";  // or "reference": the published reference's checkpoint layout
 };
 
 std::string preset_list() {
@@ -50,6 +51,11 @@ void gen_model_cmd(const GenModelOptions& o) {
   if (fs::exists(o.out, ec) && !fs::is_directory(o.out, ec)) fail("-o {}: exists and is not a directory", o.out);
   if (!o.force && fs::exists(fs::path(o.out) / "model.safetensors", ec))
     fail("-o {}: already holds a model.safetensors (pass --force to overwrite)", o.out);
+  if (o.layout != "ours" && o.layout != "reference")
+    fail("--layout: expected 'ours' or 'reference', got '{}'", o.layout);
+  const bool reference = o.layout == "reference";
+  if (reference && !find_muse_preset(o.config))
+    fail("--layout reference: written for the Muse Spark presets only so far (got '{}')", o.config);
   const auto t0 = std::chrono::steady_clock::now();
   if (const Qwen38Config* c = find_qwen38_preset(o.config)) {
     const double gb = static_cast<double>(weight_bytes_total(*c, DType::BF16)) / 1e9;
@@ -67,10 +73,13 @@ void gen_model_cmd(const GenModelOptions& o) {
     KimiModel::synthetic(*k, o.seed, ko)->save(o.out);
   } else if (const MuseConfig* m = find_muse_preset(o.config)) {
     if (m->name == "muse-spark-1.2")
-      fail("--config {}: ~446 GB of weights is too large to generate; use a mini or bench preset", o.config);
-    MuseModel::synthetic(*m, o.seed, format_flag("--weights", o.weights, DType::BF16),
-                         format_flag("--experts", o.experts, DType::INT4_G128))
-        ->save(o.out);
+      fail("--config {}: ~454 GB of weights (bf16 dense, int4 experts) is too large to generate; use a mini or bench preset", o.config);
+    const auto model = MuseModel::synthetic(*m, o.seed, format_flag("--weights", o.weights, DType::BF16),
+                                            format_flag("--experts", o.experts, DType::INT4_G128));
+    if (reference)
+      model->save_reference(o.out);
+    else
+      model->save(o.out);
   } else {
     fail("--config: unknown preset '{}' (known: {})", o.config, preset_list());
   }
@@ -90,6 +99,10 @@ void register_gen_model(CLI::App& app) {
   cmd->add_flag("-f,--force", o->force, "Overwrite an existing checkpoint in the directory");
   cmd->add_option("--weights", o->weights, "MoE presets: format of the dense matrices (bf16, int8_col, f32)");
   cmd->add_option("--experts", o->experts, "MoE presets: format of the routed experts (int4_g128, nvfp4, ...)");
+  cmd->add_option("--layout", o->layout,
+                  "Checkpoint layout: ours, or reference (the published reference's names and config keys; "
+                  "Muse Spark presets; block-format matrices are written dequantised)")
+      ->capture_default_str();
   cmd->callback([o] { run_guarded([&] { gen_model_cmd(*o); }); });
 }
 

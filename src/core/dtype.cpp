@@ -889,23 +889,31 @@ void deq_nvfp4(const uint8_t* b, float* y) {
   }
 }
 
-// Scale = sub-block absmax / 6 rounded to e4m3 (rounded up one step if the
-// rounding went down, so the extreme does not clip), values to nearest.
+// The e2m1 code of v (already divided by its scale): nearest magnitude,
+// ties to the even ordinal, above 6 clipped to 6, as the modelopt quantiser
+// the Muse Spark reference follows (musespark/quant.py e2m1_encode).
+uint8_t e2m1_ties_even(float v) {
+  static constexpr float kMid[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
+  const float a = std::fabs(v);
+  int ord = 0;
+  for (int i = 0; i < 7; ++i) ord += (a > kMid[i] || (i % 2 == 1 && a == kMid[i])) ? 1 : 0;
+  return (uint8_t)((v < 0.0f ? 8 : 0) | ord);
+}
+
+// Scale = sub-block absmax / 6 clamped to [2^-9, 448] and rounded to the
+// nearest e4m3 (ties to even), values e2m1_ties_even(x / scale), as
+// musespark/quant.py quantize_nvfp4_np (x already divided by the global scale).
 void quant_nvfp4(const float* x, uint8_t* b) {
   for (int s = 0; s < 4; ++s) {
     const float* xs = x + 16 * s;
     float amax = 0.0f;
     for (int j = 0; j < 16; ++j) amax = std::max(amax, std::fabs(xs[j]));
-    uint8_t sc = f32_to_fp8_e4m3(amax / 6.0f) & 0x7f;
-    if (sc < 0x7e && fp8_e4m3_to_f32(sc) * 6.0f < amax) ++sc;
+    const uint8_t sc = f32_to_fp8_e4m3(std::clamp(amax / 6.0f, 0x1p-9f, 448.0f)) & 0x7f;
     b[s] = sc;
-    const float d = ue4m3_half(sc);
+    const float d = fp8_e4m3_to_f32(sc);
     uint8_t* qs = b + 4 + 8 * s;
-    for (int j = 0; j < 8; ++j) {
-      const uint8_t lo = d > 0.0f ? nearest_e2m1(xs[j], d) : 0;
-      const uint8_t hi = d > 0.0f ? nearest_e2m1(xs[8 + j], d) : 0;
-      qs[j] = (uint8_t)(lo | (hi << 4));
-    }
+    for (int j = 0; j < 8; ++j)
+      qs[j] = (uint8_t)(e2m1_ties_even(xs[j] / d) | (e2m1_ties_even(xs[8 + j] / d) << 4));
   }
 }
 
@@ -928,16 +936,18 @@ void deq_int4_g128(const uint8_t* b, float* y) {
   }
 }
 
-// d = absmax / 7 (stored as f16); q = round-half-even(x / d) clipped to -8..7,
-// computed against the stored (f16-rounded) d.
+// d = bf16(absmax * f32(1/7)), stored as f16 (exact for a bf16 value in f16's
+// normal range); q = round-half-even(x * f32(1/d)) clipped to -8..7: the
+// Muse Spark reference's quantiser (musespark/quant.py quantize_int4_np).
 void quant_int4_g128(const float* x, uint8_t* b) {
   float amax = 0.0f;
   for (int j = 0; j < kG128; ++j) amax = std::max(amax, std::fabs(x[j]));
-  const uint16_t dh = scale_to_f16(amax / 7.0f);
+  const uint16_t dh = scale_to_f16(bf16_to_f32(f32_to_bf16(amax * (1.0f / 7.0f))));
   const float d = f16_to_f32(dh);
+  const float inv = d > 0.0f ? 1.0f / d : 0.0f;
   store_u16(b, dh);
   auto code = [&](float v) {
-    const int q = d > 0.0f ? (int)std::clamp(std::nearbyint(v / d), -8.0f, 7.0f) : 0;
+    const int q = d > 0.0f ? (int)std::clamp(std::nearbyint(v * inv), -8.0f, 7.0f) : 0;
     return (uint8_t)(q + 8);
   };
   for (int g = 0; g < 4; ++g) {

@@ -29,6 +29,13 @@ void gated_residual_tile(const Op& op, const StepContext& ctx, int r) {
   const float* x = row_of(ctx, op.in, r);
   thread_local std::vector<float> xn;
   xn.resize(static_cast<size_t>(n));
+  if (op.n_norm == 3 * n) {
+    // An input scale before the weightless norm: Muse Spark's post-FFN norm
+    // (musespark/__init__.py decoder_layer: t = ffn_out * post_ffn_norm).
+    const float* w = op.norm + 2 * n;
+    for (int i = 0; i < n; ++i) xn[static_cast<size_t>(i)] = x[i] * w[i];
+    x = xn.data();
+  }
   rmsnorm(x, nullptr, n, op.eps, xn.data());
   const float* alpha = op.norm;
   const float* beta = op.norm + n;

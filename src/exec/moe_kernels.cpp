@@ -137,8 +137,12 @@ void moe_route_tile(const Op& op, const StepContext& ctx, int r) {
   thread_local std::vector<float> score, key;
   score.resize(static_cast<size_t>(E));
   key.resize(static_cast<size_t>(E));
+  // The multiplier acts inside the sigmoid and the weights are the unbiased
+  // scores over (their sum + eps): the reference's musespark/moe.py
+  // route_from_logits (scale = output_multiplier, eps = route_eps) and, with
+  // scale 1 and eps 0, kimi/__init__.py route.
   for (int e = 0; e < E; ++e) {
-    score[static_cast<size_t>(e)] = op.scale * sigmoidf(logit[e]);
+    score[static_cast<size_t>(e)] = sigmoidf(op.scale * logit[e]);
     key[static_cast<size_t>(e)] = score[static_cast<size_t>(e)] + (op.norm ? op.norm[e] : 0.f);
   }
   // k passes of an arg-max, strictly greater wins, so ties go to the lowest
@@ -157,8 +161,8 @@ void moe_route_tile(const Op& op, const StepContext& ctx, int r) {
     out[k + j] = score[static_cast<size_t>(best)];
     sum += score[static_cast<size_t>(best)];
   }
-  const float inv = sum > 0.f ? 1.f / sum : 0.f;
-  for (int j = 0; j < k; ++j) out[k + j] *= inv;
+  const float den = sum + op.eps;
+  for (int j = 0; j < k; ++j) out[k + j] = den > 0.f ? out[k + j] / den : 0.f;
 }
 
 void moe_glu_tile(const Op& op, const StepContext& ctx, int t, int n_tiles) {
@@ -226,7 +230,10 @@ void moe_combine_tile(const Op& op, const StepContext& ctx, int r) {
     const float wj = route[k + j];
     const float* yj = y + static_cast<size_t>(j) * D;
     if (!b.out_norm.empty()) {
-      rmsnorm(yj, b.out_norm.data() + static_cast<size_t>(e) * D, D, b.out_norm_eps, tmp.data());
+      // The shared weight scales the expert output before a weightless norm
+      // (musespark/moe.py finalize: t = Y * w_post, t * rsqrt(mean(t^2) + post_eps)).
+      for (int d = 0; d < D; ++d) tmp[static_cast<size_t>(d)] = yj[d] * b.out_norm[static_cast<size_t>(d)];
+      rmsnorm(tmp.data(), nullptr, D, b.out_norm_eps, tmp.data());
       yj = tmp.data();
     }
     for (int d = 0; d < D; ++d) out[d] += wj * yj[d];

@@ -4,7 +4,10 @@
 // Expert e maps an input z [d_in] to
 //   h_e = act(gate_scale[e] * (W_gate_e z), up_scale[e] * (W_up_e z))      [d_ff]
 //   y_e = down_scale[e] * (W_down_e h_e)                                   [d_in]
-//   y_e = RMSNorm(y_e) * out_norm[e]          (only when out_norm is given)
+//   t   = y_e * out_norm,  y_e = t * rsqrt(mean(t^2) + out_norm_eps)
+//         (only when out_norm is given: one weight shared by every expert,
+//         applied before a weightless norm, as Muse Spark's post_expert_norm
+//         in the reference's musespark/__init__.py moe_branch)
 // and a row's output is sum_j weight_j * y_{e_j} over its selected experts in
 // selection order. The scales carry a per-matrix global factor (NVFP4's
 // per-tensor scale, which the block format itself does not store); they are
@@ -31,8 +34,8 @@ struct ExpertBank {
   std::vector<MatView> gate, up;  // [n_expert], each [d_ff][d_in]
   std::vector<MatView> down;      // [n_expert], each [d_in][d_ff]
   std::vector<float> gate_scale, up_scale, down_scale;  // [n_expert] each, or empty (1)
-  std::vector<float> out_norm;    // [n_expert][d_in], or empty (no output norm)
-  float out_norm_eps = 1e-6f;
+  std::vector<float> out_norm;    // [d_in] shared by all experts, or empty (no output norm)
+  float out_norm_eps = 1e-8f;
 
   // Bytes of the gate and up (or down) matrices of expert e.
   size_t glu_bytes(int e) const {

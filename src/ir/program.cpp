@@ -50,7 +50,7 @@ size_t Op::weight_bytes() const {
   if (kind == OpKind::MoeGlu && experts) return static_cast<size_t>(top_k) * experts->glu_bytes(0);
   if (kind == OpKind::MoeDown && experts) return static_cast<size_t>(top_k) * experts->down_bytes(0);
   if (kind == OpKind::MoeCombine && experts)
-    return experts->out_norm.empty() ? 0 : sizeof(float) * static_cast<size_t>(top_k) * experts->d_in;
+    return sizeof(float) * experts->out_norm.size();  // one shared [d_in] weight
   return sizeof(float) * static_cast<size_t>(n_norm);
 }
 
@@ -331,8 +331,8 @@ void DecodeProgram::verify() const {
         break;
       case OpKind::GatedResidual:
         MK_CHECK(op.in >= 0 && width(op.in) == width(op.out), "{}: widths", where);
-        MK_CHECK(op.norm && op.n_norm == 2 * width(op.out), "{}: needs [alpha | beta] of 2 x {} floats", where,
-                 width(op.out));
+        MK_CHECK(op.norm && (op.n_norm == 2 * width(op.out) || op.n_norm == 3 * width(op.out)),
+                 "{}: needs [alpha | beta] or [alpha | beta | input scale], 2 or 3 x {} floats", where, width(op.out));
         break;
       case OpKind::HeadNormGate:
         MK_CHECK(op.in >= 0 && op.n_head > 0 && op.n_head * op.head_dim == width(op.out), "{}: heads", where);
@@ -366,8 +366,8 @@ void DecodeProgram::verify() const {
                    b->d_ff);
         for (const auto* v : {&b->gate_scale, &b->up_scale, &b->down_scale})
           MK_CHECK(v->empty() || v->size() == E, "{}: expert scales", where);
-        MK_CHECK(b->out_norm.empty() || b->out_norm.size() == E * static_cast<size_t>(b->d_in), "{}: expert norms",
-                 where);
+        MK_CHECK(b->out_norm.empty() || b->out_norm.size() == static_cast<size_t>(b->d_in),
+                 "{}: expert output norm weight ({} floats, want {})", where, b->out_norm.size(), b->d_in);
         const int k = op.top_k;
         if (op.kind == OpKind::MoeGlu)
           MK_CHECK(width(op.in) == b->d_in && width(op.out) == k * b->d_ff, "{}: widths", where);

@@ -56,21 +56,22 @@ enum class OpKind : uint8_t {
   GatedRmsNorm,    // in-place on `out`, per head: rmsnorm(out) * norm * silu(in)   (in = z);
                    // with `kda`: * sigmoid(in) instead of silu(in)
   // Gated residual, gated head norm, logit soft-cap (exec/gate_kernels.h).
-  GatedResidual,   // out[r] = alpha * out[r] + beta * in[r] * rsqrt(mean(in[r]^2) + eps);
-                   // norm = [alpha | beta], 2 * width floats
+  GatedResidual,   // out[r] = alpha * out[r] + beta * t * rsqrt(mean(t^2) + eps), t = in[r] (* w);
+                   // norm = [alpha | beta] (2 * width floats) or [alpha | beta | w] (3 * width)
   HeadNormGate,    // in-place on `out`, per head h: rmsnorm(out_h) (* norm when given) * sigmoid(gate),
                    // gate = in[h] when in has n_head values, else in[h * head_dim + i]
   LogitSoftcap,    // in-place on `out`: cap * tanh(out * scale / cap) (+ norm[i], an additive
                    // mask, when given; -inf removes a token)
   // Mixture of experts (exec/moe_kernels.h). A route slot holds, per row,
   // top_k expert ids (as floats) then their top_k weights.
-  MoeRoute,        // out[r] = route(in[r]): in = router logits [E]; score = scale * sigmoid(logit);
+  MoeRoute,        // out[r] = route(in[r]): in = router logits [E]; score = sigmoid(scale * logit);
                    // top_k of score + norm (the bias, optional), ties to the lowest index;
-                   // weights = score / sum of the selected scores
+                   // weights = score / (sum of the selected scores + eps)
   MoeGlu,          // out[r][j] = act(gate_e in[r], up_e in[r]) for e = expert j of row r (in2 = route);
                    // tiles: (distinct selected expert, d_ff range), weights read once per step
   MoeDown,         // out[r][j] = down_e in[r][j]   (in = the MoeGlu slot, in2 = route); tiled as MoeGlu
-  MoeCombine,      // out[r] = sum_j weight_j * norm_e(in[r][j])   (in = the MoeDown slot, in2 = route)
+  MoeCombine,      // out[r] = sum_j weight_j * norm(in[r][j])   (in = the MoeDown slot, in2 = route;
+                   // norm: see ExpertBank::out_norm)
   // Kimi K3 residual stream and MLA (exec/kimi_kernels.h).
   AttnResMix,      // out[r] = softmax-weighted mixture of blocks 0..block-1 of `in` ([n_blocks][H] per
                    // row): score_i = (v_i . norm) * rsqrt(mean(v_i^2) + eps)  (attention residuals)

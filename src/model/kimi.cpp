@@ -626,6 +626,13 @@ struct Loader {
     const auto& scales = get(name + ".weight_scales", {rows, nb});
     if (blocks.dtype != "U8" || scales.dtype != "U8")
       fail("{}: '{}.weight_blocks' / '.weight_scales' must be U8, got {} / {}", st.path(), name, blocks.dtype, scales.dtype);
+    // E8M0 exponents 0 (2^-127) and 255 (NaN in the OCP format) are not
+    // normal, finite scales; the reference loader rejects them (kimi/load.py
+    // Checkpoint.experts / expert), and so do we, naming the first one.
+    for (size_t i = 0; i < static_cast<size_t>(rows * nb); ++i)
+      if (scales.data[i] == 0 || scales.data[i] == 255)
+        fail("{}: '{}.weight_scales' row {} block {} holds E8M0 exponent {}; expected a normal, finite scale (1..254)",
+             st.path(), name, static_cast<int64_t>(i) / nb, static_cast<int64_t>(i) % nb, scales.data[i]);
     uint8_t codes[kBlock];
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t b = 0; b < nb; ++b) {
@@ -661,13 +668,37 @@ std::string read_text(const std::string& path) {
 }  // namespace
 
 std::unique_ptr<KimiModel> KimiModel::load(const std::string& dir, const KimiWeightOptions& o) {
+  try {
+    return load_checkpoint(dir, o);
+  } catch (const Error& e) {
+    // In the reference's layout, name the tensor as that checkpoint does too.
+    const std::string msg = e.what();
+    std::ifstream f(std::filesystem::path(dir) / "config.json");
+    std::stringstream ss;
+    ss << f.rdbuf();
+    const size_t a = msg.find("'model."), a2 = msg.find("'lm_head.");
+    const size_t at = std::min(a, a2);
+    if (!f || !is_kimi_reference_config(ss.str()) || at == std::string::npos) throw;
+    const size_t end = msg.find('\'', at + 1);
+    if (end == std::string::npos) throw;
+    fail("{} (the tensor is '{}' in the reference layout)", msg, kimi_reference_name(msg.substr(at + 1, end - at - 1)));
+  }
+}
+
+std::unique_ptr<KimiModel> KimiModel::load_checkpoint(const std::string& dir, const KimiWeightOptions& o) {
   namespace fs = std::filesystem;
   if (!fs::is_directory(dir)) fail("'{}' is not a directory (expected config.json and model.safetensors)", dir);
   const std::string cfg_path = (fs::path(dir) / "config.json").string();
   std::unique_ptr<KimiModel> m(new KimiModel());
-  m->cfg_ = kimi_config_from_json(read_text(cfg_path), cfg_path);
+  const std::string text = read_text(cfg_path);
+  // A checkpoint in the reference's layout is translated into ours in memory
+  // (model/kimi_layout.cpp); `translated` holds its bytes while loading.
+  std::vector<uint8_t> translated;
+  const bool reference = is_kimi_reference_config(text);
+  if (!reference) m->cfg_ = kimi_config_from_json(text, cfg_path);
+  const SafetensorsModel st =
+      reference ? open_kimi_reference(dir, cfg_path, text, m->cfg_, translated) : SafetensorsModel::open(dir);
   const KimiConfig& c = m->cfg_;
-  const SafetensorsModel st = SafetensorsModel::open(dir);
   KimiBuilder B{*m};
   Loader R{B, st};
   const int64_t H = c.hidden, V = c.vocab, KD = c.kda_key_dim(), D = c.kda_head_dim, K = c.conv_kernel;
@@ -981,6 +1012,7 @@ DecodeProgram build_kimi_program(const KimiModel& model, int max_rows) {
       rt.norm = L.router_bias.data();
       rt.n_norm = static_cast<int>(L.router_bias.size());
       rt.top_k = c.n_expert_used;
+      rt.eps = 0.f;  // kimi/__init__.py route: weights / sum, nothing added
       p.add_matmul(l, "latent_down", L.latent_down, xn, z);
       p.add_matmul(l, "shared_gate", L.mlp_gate, xn, sgate);
       p.add_matmul(l, "shared_up", L.mlp_up, xn, sup);

@@ -67,6 +67,8 @@
 
 namespace megakern {
 
+class SafetensorsModel;  // io/safetensors.h
+
 struct KimiLayer {
   bool mla = false, dense = false;
   int cache_index = 0;  // among the MLA layers (KV cache) or the KDA layers (state)
@@ -119,10 +121,18 @@ class KimiModel {
   // Reads dir/config.json and dir/model.safetensors (or a sharded index; see
   // SafetensorsModel::open). Throws megakern::Error naming a missing tensor, a
   // wrong shape or dtype, or a bad config field.
+  // A checkpoint in the published reference's layout (model/kimi_layout.cpp)
+  // is read too; an error about one of its tensors then also gives the
+  // tensor's name in that layout.
   static std::unique_ptr<KimiModel> load(const std::string& dir, const KimiWeightOptions& o = {});
   // Writes dir/config.json and dir/model.safetensors (dir is created) in the
   // naming above; load(dir) gives back the same weights.
   void save(const std::string& dir) const;
+
+ private:
+  static std::unique_ptr<KimiModel> load_checkpoint(const std::string& dir, const KimiWeightOptions& o);
+
+ public:
   // Views point into buffers the model owns, so it is neither copied nor assigned.
   KimiModel(const KimiModel&) = delete;
   KimiModel& operator=(const KimiModel&) = delete;
@@ -157,6 +167,20 @@ class KimiModel {
 // Reads a KimiConfig from a config.json object written by save() (model_type
 // "kimi_k3"); throws megakern::Error naming a missing or bad field.
 KimiConfig kimi_config_from_json(const std::string& json_text, const std::string& where);
+// The published reference's checkpoint layout (model/kimi_layout.cpp): true
+// when a config.json text is in its form (text_config, num_experts, ...).
+bool is_kimi_reference_config(const std::string& json_text);
+// The reference-layout name of one of our tensor names ("model.layers.4.mlp.
+// experts.5.up_proj.weight_scales" -> "language_model.model.layers.4.
+// block_sparse_moe.experts.5.w3.weight_scale"); for a folded attention-residual
+// weight, its _norm.weight half.
+std::string kimi_reference_name(const std::string& ours);
+// Reads such a checkpoint directory: fills c from its config (kimi/__init__.py
+// Config.from_checkpoint keys) and returns its tensors renamed, reshaped and
+// folded into the names KimiModel::load reads, held in `buffer` (which must
+// outlive the result). Throws megakern::Error naming a bad key or tensor.
+SafetensorsModel open_kimi_reference(const std::string& dir, const std::string& cfg_path, const std::string& text,
+                                     KimiConfig& c, std::vector<uint8_t>& buffer);
 std::string kimi_config_to_json(const KimiConfig& c);
 
 // The decode step: embedding into residual block 0; per layer the attention

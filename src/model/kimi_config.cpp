@@ -26,7 +26,7 @@ std::vector<KimiConfig> make_presets() {
     c.kda_head_dim = 128;
     c.kda_gate_rank = 128;
     c.conv_kernel = 4;
-    c.mla_n_head = 64;
+    c.mla_n_head = 96;  // kimi/__init__.py Config.heads (32 ranks x 3 heads in kimi/load.py)
     c.q_lora_rank = 1536;
     c.kv_lora_rank = 512;
     c.qk_nope_dim = 128;

@@ -8,12 +8,15 @@
 // attention-residual block list (see model/kimi.h), with a new block every
 // attn_res_block layers.
 //
-// Figures the reference document does not give, and where they come from
-// (stated assumptions):
-//  - MLA heads: 64 (as Kimi K2, whose hidden size 7168 K3 shares); q_lora_rank
-//    1536, kv_lora_rank 512, per head 128 "nope" + 64 extra query/key dims and
-//    128 value dims, as DeepSeek-V3 / Kimi K2 (the doc gives rank 1536, 512 + 64
-//    and 192^-0.5, which fix everything but the head count);
+// The full-size figures are the published reference's (Inferact/tpu-megakernels
+// kimi/__init__.py Config: dim 7168, 93 layers, 96 heads of 128 for both KDA
+// and MLA, q rank 1536, kv rank 512 + 64 extra dims, 896 experts top-16 of
+// width 3072 in a latent of 3584, shared width 6144, dense width 33792,
+// vocabulary 163840, residual block 12; kimi/load.py shards MLA as 32 ranks x
+// 3 heads: q_b 3 x 192 rows, kv_b 3 x 256, g_proj 3 x 128). The reference
+// states no parameter count; ours is derived in tests/test_kimi.cpp.
+// Layout assumptions that match the reference:
+//  - MLA: per head 128 "nope" + 64 extra query/key dims and 128 value dims;
 //  - the sigmoid output gate of MLA is a full-rank [n_head * v_head_dim, hidden]
 //    projection of the layer input (the doc's W_gate x);
 //  - the KDA output gate is part of the fused input projection (full rank), the

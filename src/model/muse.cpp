@@ -198,6 +198,7 @@ void MuseModel::bind() {
   lm_head_ = mat("lm_head.weight", dense_, c.vocab, H);
   final_norm_ = vec("final_norm", H);
   ones_.assign(static_cast<size_t>(c.head_dim), 1.f);
+  ones_h_.assign(static_cast<size_t>(H), 1.f);
   vocab_mask_.assign(static_cast<size_t>(c.vocab), 0.f);
   for (int i = c.vocab_used; i < c.vocab; ++i) vocab_mask_[static_cast<size_t>(i)] = -INFINITY;
   layers_.clear();
@@ -210,12 +211,14 @@ void MuseModel::bind() {
     L.wq = mat(p + "attn.q", dense_, c.q_dim(), H);
     L.wk = mat(p + "attn.k", dense_, c.kv_dim(), H);
     L.wv = mat(p + "attn.v", dense_, c.kv_dim(), H);
-    L.wgate = mat(p + "attn.gate", dense_, c.n_head, H);
+    L.wgate = mat(p + "attn.gate", dense_, c.q_dim(), H);
     L.wo = mat(p + "attn.o", dense_, H, c.q_dim());
     L.attn_gamma = vec(p + "attn_gamma", H);
     L.ffn_gamma = vec(p + "ffn_gamma", H);
+    L.post_ffn_norm = vec(p + "post_ffn_norm", H);
     L.attn_gate = residual_gate_coefficients(L.attn_gamma);
     L.ffn_gate = residual_gate_coefficients(L.ffn_gamma);
+    L.ffn_gate.insert(L.ffn_gate.end(), L.post_ffn_norm.begin(), L.post_ffn_norm.end());
     L.router = mat(p + "moe.router", DType::F32, E, H);
     L.router_bias = vec(p + "moe.router_bias", E);
     L.pre = mat(p + "moe.pre", dense_, D, H);
@@ -226,7 +229,7 @@ void MuseModel::bind() {
     b.d_in = static_cast<int>(D);
     b.d_ff = static_cast<int>(F);
     b.act = ExpertAct::SwiGLU;
-    b.out_norm_eps = static_cast<float>(c.rms_eps);
+    b.out_norm_eps = static_cast<float>(c.post_eps);
     const size_t glu_bytes = static_cast<size_t>(F) * row_bytes(expert_, D);
     const size_t down_bytes = static_cast<size_t>(D) * row_bytes(expert_, F);
     for (int64_t e = 0; e < E; ++e) {
@@ -238,7 +241,7 @@ void MuseModel::bind() {
     b.gate_scale.assign(sc.begin(), sc.begin() + E);
     b.up_scale.assign(sc.begin() + E, sc.begin() + 2 * E);
     b.down_scale.assign(sc.begin() + 2 * E, sc.end());
-    b.out_norm = vec(p + "moe.experts.norm", E * D);
+    b.out_norm = vec(p + "moe.experts.norm", D);
     layers_.push_back(std::move(L));
   }
 }
@@ -254,6 +257,9 @@ void MuseModel::save(const std::string& dir) const {
                        {"vocab", c.vocab},
                        {"vocab_used", c.vocab_used},
                        {"rms_eps", c.rms_eps},
+                       {"post_eps", c.post_eps},
+                       {"qk_scale_factor", c.qk_scale_factor},
+                       {"route_eps", c.route_eps},
                        {"n_head", c.n_head},
                        {"n_head_kv", c.n_head_kv},
                        {"head_dim", c.head_dim},
@@ -313,6 +319,9 @@ std::unique_ptr<MuseModel> MuseModel::load(const std::string& dir) {
   } catch (const nlohmann::json::exception& e) {
     fail("{}: invalid JSON: {}", cpath, e.what());
   }
+  // A Hugging Face style config (the reference's checkpoints) has its
+  // fields under text_config, or hidden_size at the top level.
+  if (j.is_object() && (j.contains("text_config") || j.contains("hidden_size"))) return load_reference(dir, cpath);
   if (!j.is_object() || j.value("model_type", std::string()) != "muse_spark")
     fail("{}: model_type must be \"muse_spark\"", cpath);
   std::unique_ptr<MuseModel> m(new MuseModel());
@@ -323,6 +332,9 @@ std::unique_ptr<MuseModel> MuseModel::load(const std::string& dir) {
   c.vocab = json_int(j, cpath, "vocab");
   c.vocab_used = json_int(j, cpath, "vocab_used");
   c.rms_eps = json_num(j, cpath, "rms_eps", c.rms_eps);
+  c.post_eps = json_num(j, cpath, "post_eps", c.post_eps);
+  c.qk_scale_factor = json_num(j, cpath, "qk_scale_factor", c.qk_scale_factor);
+  c.route_eps = json_num(j, cpath, "route_eps", c.route_eps);
   c.n_head = json_int(j, cpath, "n_head");
   c.n_head_kv = json_int(j, cpath, "n_head_kv");
   c.head_dim = json_int(j, cpath, "head_dim");
@@ -393,14 +405,15 @@ DecodeProgram build_muse_program(const MuseModel& model, int max_rows) {
   const int H = c.hidden, qd = static_cast<int>(c.q_dim()), kvd = p.kv_dim, E = c.n_expert, k = c.top_k;
   const int D = c.expert_dim, F = c.expert_ff;
   const float eps = static_cast<float>(c.rms_eps);
-  constexpr float kResidualEps = 1e-8f;
+  const float post_eps = static_cast<float>(c.post_eps);
 
   const int s = p.add_slot("s", -1, H);             // the f32 residual stream
   const int xn = p.add_slot("xn", -1, H);
   const int q = p.add_slot("q", -1, qd);
   const int kk = p.add_slot("k", -1, kvd);
   const int v = p.add_slot("v", -1, kvd);
-  const int g = p.add_slot("attn_gate", -1, c.n_head);
+  const int g = p.add_slot("attn_gate", -1, qd);
+  const int e0 = p.add_slot("embed_raw", -1, H);
   const int att = p.add_slot("att", -1, qd);
   const int proj = p.add_slot("proj", -1, H);
   const int rlogit = p.add_slot("router_logits", -1, E);
@@ -411,9 +424,12 @@ DecodeProgram build_muse_program(const MuseModel& model, int max_rows) {
   const int y = p.add_slot("moe_y", -1, k * D);
   const int mo = p.add_slot("moe_out", -1, D);
 
+  // The embedding row is RMS-normalised without a weight before the first
+  // layer (musespark/__init__.py embed).
   Op& emb = p.add_op(OpKind::Embed, -1, "token_embd");
   emb.mat = model.tok_embd();
-  emb.out = s;
+  emb.out = e0;
+  p.add_rmsnorm(-1, "token_embd_norm", model.unit_hidden(), eps, e0, s);
 
   for (int l = 0; l < c.n_layer; ++l) {
     const MuseLayer& L = model.layers()[static_cast<size_t>(l)];
@@ -437,7 +453,7 @@ DecodeProgram build_muse_program(const MuseModel& model, int max_rows) {
     a.eps = eps;
     a.q_norm = &model.unit_norm();
     a.k_norm = &model.unit_norm();
-    a.scale = 1.f / std::sqrt(static_cast<float>(c.head_dim));
+    a.scale = static_cast<float>(c.softmax_scale());  // musespark/config.py softmax_scale
     a.window = L.full ? 0 : c.window;
     a.cache_index = l;
     p.add_attention_core(a);
@@ -453,7 +469,7 @@ DecodeProgram build_muse_program(const MuseModel& model, int max_rows) {
     ra.out = s;
     ra.norm = L.attn_gate.data();
     ra.n_norm = static_cast<int>(L.attn_gate.size());
-    ra.eps = kResidualEps;
+    ra.eps = post_eps;
 
     p.add_rmsnorm(l, "ffn_norm", L.ffn_norm, eps, s, xn);
     p.add_matmul(l, "moe_router", L.router, xn, rlogit);
@@ -464,6 +480,7 @@ DecodeProgram build_muse_program(const MuseModel& model, int max_rows) {
     rt.scale = static_cast<float>(c.router_scale);
     rt.norm = L.router_bias.data();
     rt.n_norm = E;
+    rt.eps = static_cast<float>(c.route_eps);
     p.add_matmul(l, "moe_pre", L.pre, xn, zp);
     p.add_rmsnorm(l, "moe_pre_norm", L.pre_norm, eps, zp, z);
     p.add_moe_experts(l, &L.experts, k, route, z, h, y, mo);
@@ -473,7 +490,7 @@ DecodeProgram build_muse_program(const MuseModel& model, int max_rows) {
     rf.out = s;
     rf.norm = L.ffn_gate.data();
     rf.n_norm = static_cast<int>(L.ffn_gate.size());
-    rf.eps = kResidualEps;
+    rf.eps = post_eps;
   }
   const int logits = p.add_slot("logits", -1, c.vocab);
   p.add_rmsnorm(-1, "output_norm", model.final_norm(), eps, s, xn);

@@ -10,19 +10,24 @@
 namespace megakern {
 
 // Full-size figures (muse-spark-1.2), from parameter_count() and checked in
-// tests/test_muse.cpp. H = 8192, 62 layers, qd = 128 * 64 = 8192,
-// kvd = 16 * 64 = 1024, E = 256, F = 4096, D = 4096, V = 202048:
-//   embedding, lm_head   2 * 202048 * 8192                      =   3,310,354,432
-//   attention  62 * (2 * 8192*8192 + 2 * 1024*8192 + 128*8192)  =   9,426,698,240
-//   router     62 * (256*8192 + 256)                            =     130,039,296
-//   pre/post   62 * (2 * 4096*8192 + 4096)                      =   4,161,003,520
-//   experts    62 * 256 * 3 * 4096*4096                         = 798,863,917,056
-//   expert norms and scales 62 * 256 * (4096 + 3)               =      65,059,328
-//   layer norms and gammas 62 * 4 * 8192, final norm 8192       =       2,039,808
-//   total                                                       = 815,959,111,680
-//   active (8 of 256 experts per layer)                         =  41,996,665,808
-// That is the 816 B / 42 B of the description, which is how the unstated
-// sizes were chosen (one gate scalar per head, expert latent width 4096).
+// tests/test_muse.cpp. The shapes are the reference's (musespark/config.py
+// Config defaults, musespark/__init__.py weight dict): H = 8192, 62 layers,
+// qd = 128 * 64 = 8192, kvd = 16 * 64 = 1024, E = 256, F = 4096, D = 4096,
+// V = 202048:
+//   embedding, lm_head   2 * 202048 * 8192                          =   3,310,354,432
+//   attention  62 * (q, gate, o 3 * 8192*8192 + k, v 2 * 1024*8192) =  13,522,436,096
+//   router     62 * (256*8192 + 256)                                =     130,039,296
+//   pre/post + pre/post-expert norms 62 * (2 * 4096*8192 + 2*4096)  =   4,161,257,472
+//   experts    62 * 256 * 3 * 4096*4096                             = 798,863,917,056
+//   expert global scales 62 * 3 * 256                               =          47,616
+//   layer norms and gammas 62 * 5 * 8192, final norm 8192           =       2,547,712
+//   total                                                           = 819,990,599,680
+//   without the embedding and the LM head                           = 816,680,245,248
+//   active (8 of 256 experts per layer)                             =  46,091,133,904
+//   active without the embedding and the LM head                    =  42,780,779,472
+// The checkpoint's name ("Muse-Spark-1.2-816B-A42B", quoted in
+// musespark/quant.py) gives 816 B / 42 B: the counts without the embedding
+// and the LM head.
 
 namespace {
 
@@ -34,7 +39,7 @@ std::vector<MuseConfig> make_presets() {
     c.n_layer = 62;
     c.hidden = 8192;
     c.vocab = 202048;
-    c.vocab_used = 200000;  // assumed: the padded tail of the table is unused
+    c.vocab_used = 201818;  // musespark/config.py: ids >= 201818 are untrained padding
     c.n_head = 128;
     c.n_head_kv = 16;
     c.head_dim = 64;
@@ -71,7 +76,7 @@ std::vector<MuseConfig> make_presets() {
   {
     // All 62 layers and the real head dim / top-k at an eighth of the width
     // and 32 experts: with bf16 dense and int4_g128 experts a step reads
-    // 0.70 GB and the whole model is 1.44 GB (describe() prints the figures).
+    // 0.83 GB and the whole model is 1.50 GB (describe() prints the figures).
     MuseConfig c;
     c.name = "muse-spark-bench";
     c.n_layer = 62;
@@ -105,6 +110,8 @@ int64_t tensor_bytes(const MuseTensor& t, DType dense, DType experts, int64_t n_
 
 }  // namespace
 
+double MuseConfig::softmax_scale() const { return qk_scale_factor / std::sqrt(static_cast<double>(head_dim)); }
+
 int MuseConfig::n_full_layers() const {
   int n = 0;
   for (int l = 0; l < n_layer; ++l) n += is_full_attention(l) ? 1 : 0;
@@ -131,6 +138,9 @@ void MuseConfig::validate() const {
   positive("expert_dim", expert_dim);
   if (vocab_used > vocab) fail("{}: vocab_used ({}) exceeds vocab ({})", who, vocab_used, vocab);
   if (n_head % n_head_kv != 0) fail("{}: n_head ({}) must be a multiple of n_head_kv ({})", who, n_head, n_head_kv);
+  // musespark/config.py Config.__post_init__: the attention width is the hidden width.
+  if (q_dim() != hidden)
+    fail("{}: n_head * head_dim ({} * {} = {}) must equal hidden ({})", who, n_head, head_dim, q_dim(), hidden);
   if (head_dim % 2 != 0) fail("{}: head_dim must be even for RoPE, got {}", who, head_dim);
   if (top_k > n_expert) fail("{}: top_k ({}) exceeds n_expert ({})", who, top_k, n_expert);
   if (full_attn_offset < 0 || full_attn_offset >= full_attn_interval)
@@ -140,8 +150,11 @@ void MuseConfig::validate() const {
   for (auto [field, val] : {std::pair<const char*, int64_t>{"hidden", hidden}, {"q_dim", q_dim()},
                             {"expert_dim", expert_dim}, {"expert_ff", expert_ff}})
     if (val % 128 != 0) fail("{}: {} ({}) must be a multiple of 128", who, field, val);
-  if (!(rms_eps > 0) || !(rope_theta > 0) || !(router_scale > 0) || !(logit_scale > 0) || !(logit_cap > 0))
-    fail("{}: rms_eps, rope_theta, router_scale, logit_scale and logit_cap must be > 0", who);
+  if (!(rms_eps > 0) || !(post_eps > 0) || !(rope_theta > 0) || !(qk_scale_factor > 0) || !(router_scale > 0) ||
+      !(logit_scale > 0) || !(logit_cap > 0))
+    fail("{}: rms_eps, post_eps, rope_theta, qk_scale_factor, router_scale, logit_scale and logit_cap must be > 0",
+         who);
+  if (!(route_eps >= 0)) fail("{}: route_eps must be >= 0, got {}", who, route_eps);
 }
 
 const std::vector<MuseConfig>& muse_presets() {
@@ -172,7 +185,7 @@ std::vector<MuseTensor> muse_tensors(const MuseConfig& c) {
     t.push_back({p + "attn.q", {c.q_dim(), H}, K::Attention, l, 'd', true});
     t.push_back({p + "attn.k", {c.kv_dim(), H}, K::Attention, l, 'd', true});
     t.push_back({p + "attn.v", {c.kv_dim(), H}, K::Attention, l, 'd', true});
-    t.push_back({p + "attn.gate", {c.n_head, H}, K::Attention, l, 'd', true});
+    t.push_back({p + "attn.gate", {c.q_dim(), H}, K::Attention, l, 'd', true});
     t.push_back({p + "attn.o", {H, c.q_dim()}, K::Attention, l, 'd', true});
     t.push_back({p + "attn_gamma", {H}, K::Norm, l, 'f', false});
     t.push_back({p + "ffn_norm", {H}, K::Norm, l, 'f', false});
@@ -184,8 +197,9 @@ std::vector<MuseTensor> muse_tensors(const MuseConfig& c) {
     t.push_back({p + "moe.experts.up", {E, F, D}, K::Experts, l, 'e', true});
     t.push_back({p + "moe.experts.down", {E, D, F}, K::Experts, l, 'e', true});
     t.push_back({p + "moe.experts.scale", {3, E}, K::ExpertAux, l, 'f', false});
-    t.push_back({p + "moe.experts.norm", {E, D}, K::ExpertAux, l, 'f', false});
+    t.push_back({p + "moe.experts.norm", {D}, K::MoeDense, l, 'f', false});
     t.push_back({p + "moe.post", {H, D}, K::MoeDense, l, 'd', true});
+    t.push_back({p + "post_ffn_norm", {H}, K::Norm, l, 'f', false});
     t.push_back({p + "ffn_gamma", {H}, K::Norm, l, 'f', false});
   }
   t.push_back({"final_norm", {H}, K::Norm, -1, 'f', false});
@@ -246,13 +260,14 @@ std::string describe(const MuseConfig& c) {
                    "{} with RoPE theta {:g})\n",
                    c.n_layer, c.n_full_layers(), c.full_attn_interval, c.full_attn_offset, c.n_window_layers(),
                    c.window, c.rope_theta);
-  s += fmt::format("  hidden {}, vocab {} ({} used), eps {:g}, untied embeddings, gated residual stream\n", c.hidden,
-                   c.vocab, c.vocab_used, c.rms_eps);
-  s += fmt::format("  attention: {} q heads, {} kv heads, head dim {}, per-head q/k RMSNorm, per-head output norm "
-                   "and sigmoid gate\n",
-                   c.n_head, c.n_head_kv, c.head_dim);
-  s += fmt::format("  MoE: {} experts, top-{}, sigmoid router x {:g}, SwiGLU width {} in a latent of {}, per-expert "
-                   "output norm\n",
+  s += fmt::format("  hidden {}, vocab {} ({} used), eps {:g} (post-norms {:g}), RMS-normed embedding, untied "
+                   "head, gated residual stream\n",
+                   c.hidden, c.vocab, c.vocab_used, c.rms_eps, c.post_eps);
+  s += fmt::format("  attention: {} q heads, {} kv heads, head dim {}, softmax scale {:g}, per-head q/k RMSNorm, "
+                   "per-head output norm and per-channel sigmoid gate\n",
+                   c.n_head, c.n_head_kv, c.head_dim, c.softmax_scale());
+  s += fmt::format("  MoE: {} experts, top-{}, router sigmoid(logit x {:g}), SwiGLU width {} in a latent of {}, "
+                   "shared expert output norm\n",
                    c.n_expert, c.top_k, c.router_scale, c.expert_ff, c.expert_dim);
   s += fmt::format("  logits: {:g} * tanh(x * {:g} / {:g})\n", c.logit_cap, c.logit_scale, c.logit_cap);
   s += "\n  parameters\n";
@@ -265,11 +280,13 @@ std::string describe(const MuseConfig& c) {
   row("router", pc.router);
   row("MoE pre/post projections", pc.moe_dense);
   row("routed experts", pc.experts);
-  row("expert norms and scales", pc.expert_aux);
+  row("expert global scales", pc.expert_aux);
   row("norms and gammas", pc.norms);
   row("LM head", pc.lm_head);
   row("total", pc.total());
   row("active per token", pc.active);
+  row("total w/o embedding, head", pc.total() - pc.embedding - pc.lm_head);
+  row("active w/o embedding, head", pc.active - pc.embedding - pc.lm_head);
   s += "\n  weights (dense / experts)     read per decode step (batch 1)        stored in total\n";
   for (DType d : {DType::BF16, DType::INT8_COL})
     for (DType e : {DType::INT4_G128, DType::NVFP4}) {
