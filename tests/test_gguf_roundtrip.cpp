@@ -9,7 +9,7 @@
 // Regenerate after a deliberate change of the writer or of the tensor set:
 //   MEGAKERN_WRITE_GGUF_FIXTURE=tests/fixtures/gguf_writer_roundtrip.gguf \
 //     build/megakern_tests --gtest_filter='GGUFWriterRoundTrip.*'
-//   /work/venv-tests/bin/python scripts/fixtures/gen_gguf_roundtrip_fixture.py
+//   python scripts/fixtures/gen_gguf_roundtrip_fixture.py   (with the gguf and numpy packages)
 #include <gtest/gtest.h>
 
 #include <cmath>
