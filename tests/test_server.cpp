@@ -276,6 +276,18 @@ TEST(ServerChat, MessageContentCannotInjectControlTokens) {
   EXPECT_EQ(count(r.prompt, im_start), 3);
   EXPECT_EQ(count(r.prompt, im_end), 2);
   EXPECT_NE(tok.decode(r.prompt, false).find(evil), std::string::npos);
+  // A byte SmolLM2's vocabulary cannot spell used to become its UNK, which is
+  // <|endoftext|>, a control token (found by fuzz_chat): now refused.
+  const int32_t eot = tok.encode("<|endoftext|>", false, true).at(0);
+  try {
+    const auto x =
+        server::parse_chat_request(json{{"messages", {{{"role", "user"}, {"content", "a\x06b"}}}}}, *model, l);
+    EXPECT_EQ(count(x.prompt, eot), 0) << "a stray byte became <|endoftext|>";
+  } catch (const server::ApiError& e) {
+    EXPECT_EQ(e.status, 400);
+    EXPECT_EQ(e.param, "messages");
+    EXPECT_NE(std::string(e.what()).find("0x06"), std::string::npos) << e.what();
+  }
 }
 
 TEST_F(ServerApi, RefusesPromptsLongerThanTheContext) {

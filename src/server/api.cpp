@@ -218,7 +218,11 @@ GenRequest parse_completion_request(const json& body, const Model& model, const 
   auto encode = [&](const std::string& text) {
     // Control tokens written in the prompt ("<|im_start|>") become their ids,
     // so a client can write a chat template by hand.
-    return tok.encode(text, tok.add_bos_default(), /*parse_special=*/true);
+    try {
+      return tok.encode(text, tok.add_bos_default(), /*parse_special=*/true);
+    } catch (const Error& e) {
+      bad_param("prompt", "the prompt cannot be tokenized: {}", e.what());
+    }
   };
   if (p->is_string()) {
     r.prompt = encode(p->get<std::string>());
@@ -301,7 +305,13 @@ GenRequest parse_chat_request(const json& body, const Model& model, const ApiLim
   // written in a message is text, so no message can end its turn early or
   // forge another role's.
   const RenderedChat chat = render_chat_marked(model.chat_format(), msgs, /*add_generation_prompt=*/true);
-  r.prompt = tok.encode_marked(chat.text, chat.markers, tok.add_bos_default());
+  try {
+    r.prompt = tok.encode_marked(chat.text, chat.markers, tok.add_bos_default());
+  } catch (const ApiError&) {
+    throw;
+  } catch (const Error& e) {
+    bad_param("messages", "the messages cannot be tokenized: {}", e.what());
+  }
   check_prompt_length(r, limits, "messages");
   return r;
 }

@@ -458,10 +458,15 @@ void Tokenizer::Impl::bpe_word(std::string_view word, std::vector<int32_t>& out)
     const int32_t id = byte_token[b];
     if (id >= 0) {
       out.push_back(id);
-    } else if (v.unk_id >= 0) {
+    } else if (v.unk_id >= 0 && type(v.unk_id) != TokenType::Control) {
       out.push_back(v.unk_id);
     } else {
-      fail("byte 0x{:02X} has no token in this byte-level vocabulary and there is no UNK token", b);
+      // Some vocabularies name a control token as their UNK (SmolLM2:
+      // <|endoftext|>); emitting it would turn a stray byte of ordinary text
+      // into end-of-text.
+      fail("byte 0x{:02X} has no token in this byte-level vocabulary and {}", b,
+           v.unk_id < 0 ? std::string("there is no UNK token")
+                        : fmt::format("its UNK token '{}' is a control token", printable(v.tokens[static_cast<size_t>(v.unk_id)])));
     }
   };
   if (word.size() == 1) {
