@@ -2,12 +2,16 @@
 // every kind of malformed file.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
+#include <fstream>
 #include <filesystem>
 #include <random>
 
 #include "core/error.h"
 #include "io/gguf.h"
+#include "model/dense.h"
+#include "model/presets.h"
 #include "test_util.h"
 
 namespace megakern {
@@ -235,6 +239,99 @@ TEST(GGUF, OpensRealModelIfPresent) {
   EXPECT_EQ(f->tensors().size(), 272u);
   EXPECT_EQ(f->tensor("token_embd.weight").type, DType::Q8_0);
   EXPECT_EQ(f->get_string_array("tokenizer.ggml.tokens").size(), 49152u);
+}
+
+// ---- Corrupt models: tensor infos that do not match the data ----------------------
+
+// Where a tensor's info starts in a serialized file: the position just after
+// its name. Layout: u32 n_dims, n_dims x u64 extent, u32 type, u64 offset.
+size_t tensor_info_pos(const std::vector<uint8_t>& bytes, const std::string& name) {
+  const uint64_t len = name.size();
+  std::string needle(reinterpret_cast<const char*>(&len), sizeof len);
+  needle += name;
+  const auto it = std::search(bytes.begin(), bytes.end(), needle.begin(), needle.end());
+  EXPECT_NE(it, bytes.end()) << name;
+  return static_cast<size_t>(it - bytes.begin()) + needle.size();
+}
+template <typename T>
+T peek(const std::vector<uint8_t>& b, size_t pos) {
+  T v;
+  std::memcpy(&v, b.data() + pos, sizeof v);
+  return v;
+}
+
+// The error loading a dense model from this image gives, or "".
+std::string model_load_error(const std::vector<uint8_t>& bytes) {
+  try {
+    auto f = GGUFFile::parse(bytes.data(), bytes.size(), "corrupt.gguf");
+    DenseModel::load(*f);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(GGUF, EmbeddingAndOutputWithWrongTypeShapeOrOffsetAreRefusedByName) {
+  const std::vector<uint8_t> good = make_dense_gguf(*find_dense_preset("dense-mini"));
+  ASSERT_EQ(model_load_error(good), "");
+  for (const char* name : {"token_embd.weight", "output.weight"}) {
+    const size_t pos = tensor_info_pos(good, name);
+    ASSERT_EQ(peek<uint32_t>(good, pos), 2u);
+    const size_t type_pos = pos + 4 + 16, offset_pos = type_pos + 4;
+    const uint32_t type = peek<uint32_t>(good, type_pos);
+    // A smaller type (Q4_0, or Q8_0 for output) and a larger one (F32).
+    for (uint32_t other : {type == 2u ? 8u : 2u, 0u}) {
+      auto b = good;
+      poke<uint32_t>(b, type_pos, other);
+      const std::string e = model_load_error(b);
+      EXPECT_NE(e.find(name), std::string::npos) << name << " type " << other << ": " << e;
+    }
+    {  // one row only
+      auto b = good;
+      poke<uint64_t>(b, pos + 4 + 8, 1);
+      const std::string e = model_load_error(b);
+      EXPECT_NE(e.find(name), std::string::npos) << name << " one row: " << e;
+    }
+    {  // the offset of another tensor, and one past the end
+      auto b = good;
+      const uint64_t other_offset = peek<uint64_t>(good, tensor_info_pos(good, "blk.0.attn_q.weight") + 4 + 16 + 4);
+      poke<uint64_t>(b, offset_pos, other_offset);
+      std::string e = model_load_error(b);
+      EXPECT_NE(e.find(name), std::string::npos) << name << " offset: " << e;
+      poke<uint64_t>(b, offset_pos, uint64_t{1} << 40);
+      e = model_load_error(b);
+      EXPECT_NE(e.find(name), std::string::npos) << name << " offset past the end: " << e;
+    }
+  }
+}
+
+TEST(GGUF, ControlBytesInKeysAndNamesAreEscapedInErrors) {
+  GGUFWriter w;
+  const std::string key("bad\x01key\0tail", 12);
+  w.set_u32(key, 1);
+  auto bytes = w.serialize();
+  // The first key's type field (after the 24-byte header and the key) made unknown.
+  poke<uint32_t>(bytes, 24 + 8 + key.size(), 99);
+  const std::string e = parse_error(bytes);
+  EXPECT_NE(e.find("bad\\x01key\\x00tail"), std::string::npos) << e;
+  EXPECT_EQ(e.find('\0'), std::string::npos);
+  EXPECT_EQ(e.find('\x01'), std::string::npos);
+}
+
+TEST(GGUF, InspectReportsTheFormatItDetected) {
+  const std::string path = (std::filesystem::temp_directory_path() / "megakern-bad-magic.gguf").string();
+  {
+    auto bytes = small_file();
+    bytes[0] = 'X';
+    bytes[1] = '\0';
+    std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  }
+  const CliResult r = run_cli("inspect " + path);
+  std::filesystem::remove(path);
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("not a model file"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("GGUF magic"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("58005546"), std::string::npos) << r.err;  // the bytes it found
 }
 
 TEST(GGUF, MissingFileIsAClearError) {

@@ -15,6 +15,7 @@
 #include "core/units.h"
 #include "io/gguf.h"
 #include "io/hf_config.h"
+#include "io/model_format.h"
 #include "io/safetensors.h"
 #include "model/dense_program.h"
 #include "core/thread_pool.h"
@@ -121,13 +122,6 @@ void inspect_safetensors(const std::string& path, const InspectOptions& o) {
   fmt::print("\nsummary: {} parameters, {:.1f} MiB of tensor data\n", params, bytes / 1048576.0);
 }
 
-bool looks_like_gguf(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  char magic[4] = {};
-  in.read(magic, 4);
-  return in.gcount() == 4 && std::memcmp(magic, "GGUF", 4) == 0;
-}
-
 void inspect_program(const InspectOptions& o) {
   const std::unique_ptr<Model> m = load_model(o.model);
   const DecodeProgram p = m->build_program(o.max_rows);
@@ -202,10 +196,13 @@ void inspect_cmd(const InspectOptions& o) {
     return;
   }
   const std::string path = resolve_model_path(o.model);
-  if (looks_like_gguf(path))
+  const SniffedFormat f = sniff_model_format(path);
+  if (f.format == ModelFileFormat::GGUF)
     inspect_gguf(path, o);
-  else
+  else if (f.format == ModelFileFormat::Safetensors)
     inspect_safetensors(path, o);
+  else
+    fail("{}: not a model file: {}", path, f.detail);
 }
 
 }  // namespace

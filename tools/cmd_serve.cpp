@@ -93,7 +93,18 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--port", o->server.port, "Port to listen on (0: any free port, printed at start)")
       ->capture_default_str()
       ->check(CLI::Range(0, 65535));
-  cmd->add_option("--api-key", o->server.api_key, "Require 'Authorization: Bearer KEY' on every endpoint but /health");
+  cmd->add_option("--api-key", o->server.api_key, "Require 'Authorization: Bearer KEY' on every endpoint but /health")
+      ->check(
+          [](const std::string& key) -> std::string {
+            // An empty key would turn authentication off without a word: a
+            // key that came from an unset variable must stop the start.
+            if (key.find_first_not_of(" \t\r\n") == std::string::npos)
+              return "the API key is empty (leave --api-key out to serve without one)";
+            for (unsigned char c : key)
+              if (c < 0x21 || c == 0x7f) return "the API key must not contain spaces or control characters";
+            return "";
+          },
+          "KEY");
   cmd->add_option("-c,--context", o->server.n_ctx, "Context size in tokens of each sequence")
       ->capture_default_str()
       ->check(CLI::Range(16, 1 << 20));

@@ -9,6 +9,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace megakern {
 
@@ -22,6 +23,11 @@ template <typename... Args>
 [[noreturn]] void fail(fmt::format_string<Args...> f, Args&&... args) {
   throw Error(fmt::format(f, std::forward<Args>(args)...));
 }
+
+// `s` made fit for an error message: control bytes (NUL included, which
+// would end a C string early) are written as \xNN and backslashes doubled;
+// text past max_bytes is cut, with the full length noted.
+std::string printable(std::string_view s, size_t max_bytes = 256);
 
 [[noreturn]] void check_failed(const char* expr, const char* file, int line, const std::string& msg);
 

@@ -1,7 +1,13 @@
 #include "core/thread_pool.h"
 
+#include <fmt/format.h>
+#include <sched.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -16,10 +22,32 @@ inline void cpu_relax() {
 }
 // How long an idle worker spins before it sleeps on the condition variable.
 constexpr auto kSpinTime = std::chrono::microseconds(200);
+// How long the caller of run() spins, then yields, before it sleeps until the
+// last worker is done.
+constexpr int kCallerSpins = 2048;
+constexpr int kCallerYields = 16;
 }  // namespace
 
-ThreadPool::ThreadPool(int n_threads) {
-  if (n_threads <= 0) n_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+int ThreadPool::available_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+ThreadPool::ThreadPool(int n_threads, bool oversubscribe) {
+  const int cores = available_cores();
+  if (n_threads <= 0) n_threads = cores;
+  if (n_threads > cores) {
+    const char* env = std::getenv("MEGAKERN_FORCE_THREADS");
+    if (!oversubscribe && !(env && std::strcmp(env, "1") == 0)) {
+      fmt::print(stderr,
+                 "megakern: {} threads asked for, but this process may use only {} cores: using {} "
+                 "(set MEGAKERN_FORCE_THREADS=1 to use more)\n",
+                 n_threads, cores, cores);
+      n_threads = cores;
+    }
+  }
   n_threads_ = n_threads;
   for (int w = 1; w < n_threads_; ++w) threads_.emplace_back([this, w] { worker_loop(w); });
 }
@@ -50,7 +78,9 @@ void ThreadPool::worker_loop(int worker) {
     seen = gen;
     if (stop_.load()) return;
     (*job_)(worker);
-    pending_.fetch_sub(1, std::memory_order_acq_rel);
+    // The last worker out wakes the caller if it went to sleep (the notify
+    // costs no system call when nobody waits).
+    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) pending_.notify_one();
   }
 }
 
@@ -69,13 +99,18 @@ void ThreadPool::run(const std::function<void(int)>& fn) {
   }
   cv_.notify_all();
   fn(0);
-  // Spin briefly, then yield: if a worker has been descheduled (more threads
-  // than free cores), spinning would only steal its time slice.
-  for (int spins = 0; pending_.load(std::memory_order_acquire) != 0; ++spins) {
-    if (spins < 256)
+  // Spin briefly (the common case: the others finish within microseconds),
+  // then yield a little, then sleep on the counter: if a worker has been
+  // descheduled (another process took its core), spinning or yielding would
+  // only compete with it for the core it needs.
+  int spins = 0;
+  for (int left; (left = pending_.load(std::memory_order_acquire)) != 0; ++spins) {
+    if (spins < kCallerSpins)
       cpu_relax();
-    else
+    else if (spins < kCallerSpins + kCallerYields)
       std::this_thread::yield();
+    else
+      pending_.wait(left, std::memory_order_acquire);
   }
   job_ = nullptr;
 }

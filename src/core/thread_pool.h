@@ -3,7 +3,9 @@
 // never more). Jobs are dispatched by bumping a generation counter that the
 // workers spin on briefly before sleeping, which keeps the per-job handoff
 // cost in the low microseconds for back-to-back jobs such as a decode step's
-// matrix products.
+// matrix products. The caller waits for the team the same way: a short spin,
+// a few yields, then a futex sleep, so that a worker that lost its core to
+// another process gets it back instead of competing with a spinner.
 #pragma once
 
 #include <atomic>
@@ -18,8 +20,15 @@ namespace megakern {
 
 class ThreadPool {
  public:
-  // n_threads <= 0 picks the number of available cores.
-  explicit ThreadPool(int n_threads = 0);
+  // n_threads <= 0 picks the number of available cores. More threads than
+  // available cores are only used when `oversubscribe` is set (or the
+  // environment variable MEGAKERN_FORCE_THREADS=1): spinning workers that
+  // outnumber cores take turns at every barrier and slow each other down by
+  // orders of magnitude. Otherwise the count is capped, with a warning.
+  explicit ThreadPool(int n_threads = 0, bool oversubscribe = false);
+
+  // Cores this process may run on (its CPU affinity), at least 1.
+  static int available_cores();
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;

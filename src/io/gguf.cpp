@@ -1,5 +1,7 @@
 #include "io/gguf.h"
 
+#include <algorithm>
+
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -119,23 +121,23 @@ GGUFValue::Scalar read_scalar(Cursor& c, GGUFValueType t, const std::string& key
     case GGUFValueType::FLOAT64: return c.read<double>("metadata value");
     case GGUFValueType::BOOL: {
       const uint8_t b = c.read<uint8_t>("metadata value");
-      if (b > 1) fail("{}: metadata '{}': bool value must be 0 or 1, got {}", file, key, b);
+      if (b > 1) fail("{}: metadata '{}': bool value must be 0 or 1, got {}", file, printable(key), b);
       return b != 0;
     }
     case GGUFValueType::STRING: return c.read_string("metadata string");
-    default: fail("{}: metadata '{}': unknown value type {}", file, key, static_cast<uint32_t>(t));
+    default: fail("{}: metadata '{}': unknown value type {}", file, printable(key), static_cast<uint32_t>(t));
   }
 }
 
 int64_t scalar_as_int(const GGUFValue::Scalar& s, const std::string& key, const std::string& file) {
   if (auto* u = std::get_if<uint64_t>(&s)) {
     if (*u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-      fail("{}: metadata '{}': value {} does not fit in int64", file, key, *u);
+      fail("{}: metadata '{}': value {} does not fit in int64", file, printable(key), *u);
     return static_cast<int64_t>(*u);
   }
   if (auto* i = std::get_if<int64_t>(&s)) return *i;
   if (auto* b = std::get_if<bool>(&s)) return *b ? 1 : 0;
-  fail("{}: metadata '{}' is not an integer", file, key);
+  fail("{}: metadata '{}' is not an integer", file, printable(key));
 }
 
 }  // namespace
@@ -182,21 +184,21 @@ void GGUFFile::parse_all(const uint8_t* data, size_t size) {
 
   for (uint64_t i = 0; i < n_kv; ++i) {
     std::string key = c.read_string("metadata key");
-    if (kv_.count(key)) fail("{}: duplicate metadata key '{}'", name_, key);
+    if (kv_.count(key)) fail("{}: duplicate metadata key '{}'", name_, printable(key));
     const uint32_t type_raw = c.read<uint32_t>("metadata type");
-    if (type_raw > 12) fail("{}: metadata '{}': unknown value type {}", name_, key, type_raw);
+    if (type_raw > 12) fail("{}: metadata '{}': unknown value type {}", name_, printable(key), type_raw);
     GGUFValue v;
     v.type = static_cast<GGUFValueType>(type_raw);
     if (v.type == GGUFValueType::ARRAY) {
       const uint32_t et_raw = c.read<uint32_t>("array element type");
-      if (et_raw > 12) fail("{}: metadata '{}': unknown array element type {}", name_, key, et_raw);
+      if (et_raw > 12) fail("{}: metadata '{}': unknown array element type {}", name_, printable(key), et_raw);
       v.elem_type = static_cast<GGUFValueType>(et_raw);
       if (v.elem_type == GGUFValueType::ARRAY)
-        fail("{}: metadata '{}': nested arrays are not supported", name_, key);
+        fail("{}: metadata '{}': nested arrays are not supported", name_, printable(key));
       v.array_len = c.read<uint64_t>("array length");
       const size_t min_elem = scalar_size(v.elem_type);
       if (v.array_len > c.remaining() / min_elem)
-        fail("{}: metadata '{}': array of {} {} elements exceeds the {} bytes that remain", name_, key,
+        fail("{}: metadata '{}': array of {} {} elements exceeds the {} bytes that remain", name_, printable(key),
              v.array_len, value_type_name(et_raw), c.remaining());
       if (v.elem_type == GGUFValueType::STRING) {
         v.strings.reserve(std::min<uint64_t>(v.array_len, kMaxReserve));
@@ -229,36 +231,36 @@ void GGUFFile::parse_all(const uint8_t* data, size_t size) {
   for (uint64_t i = 0; i < n_tensors; ++i) {
     GGUFTensorInfo t;
     t.name = c.read_string("tensor name");
-    if (tensor_index_.count(t.name)) fail("{}: duplicate tensor name '{}'", name_, t.name);
+    if (tensor_index_.count(t.name)) fail("{}: duplicate tensor name '{}'", name_, printable(t.name));
     const uint32_t n_dims = c.read<uint32_t>("tensor dimension count");
     if (n_dims == 0 || n_dims > kMaxDims)
-      fail("{}: tensor '{}' has {} dimensions (expected 1 to {})", name_, t.name, n_dims, kMaxDims);
+      fail("{}: tensor '{}' has {} dimensions (expected 1 to {})", name_, printable(t.name), n_dims, kMaxDims);
     uint64_t n_el = 1;
     for (uint32_t d = 0; d < n_dims; ++d) {
       const uint64_t extent = c.read<uint64_t>("tensor dimension");
       if (extent == 0 || extent > static_cast<uint64_t>(kMaxDimExtent))
-        fail("{}: tensor '{}' dimension {} has absurd extent {}", name_, t.name, d, extent);
+        fail("{}: tensor '{}' dimension {} has absurd extent {}", name_, printable(t.name), d, extent);
       if (n_el > std::numeric_limits<uint64_t>::max() / extent)
-        fail("{}: tensor '{}' element count overflows", name_, t.name);
+        fail("{}: tensor '{}' element count overflows", name_, printable(t.name));
       n_el *= extent;
       t.shape.push_back(static_cast<int64_t>(extent));
     }
-    if (n_el > (uint64_t{1} << 48)) fail("{}: tensor '{}' has absurd element count {}", name_, t.name, n_el);
+    if (n_el > (uint64_t{1} << 48)) fail("{}: tensor '{}' has absurd element count {}", name_, printable(t.name), n_el);
     const uint32_t type_raw = c.read<uint32_t>("tensor type");
     const auto dt = dtype_from_ggml(type_raw);
     if (!dt)
-      fail("{}: tensor '{}' has type {} ({}), which this engine does not support", name_, t.name, type_raw,
+      fail("{}: tensor '{}' has type {} ({}), which this engine does not support", name_, printable(t.name), type_raw,
            ggml_type_name(type_raw));
     t.type = *dt;
     const auto& tr = dtype_traits(t.type);
     if (t.shape[0] % tr.block_size != 0)
-      fail("{}: tensor '{}' row length {} is not a multiple of the {} block size {}", name_, t.name,
+      fail("{}: tensor '{}' row length {} is not a multiple of the {} block size {}", name_, printable(t.name),
            t.shape[0], tr.name, tr.block_size);
     t.n_elements = n_el;
     t.n_bytes = n_el / static_cast<uint64_t>(tr.block_size) * tr.block_bytes;
     t.offset = c.read<uint64_t>("tensor offset");
     if (t.offset % alignment_ != 0)
-      fail("{}: tensor '{}' offset {} is not a multiple of the alignment {}", name_, t.name, t.offset,
+      fail("{}: tensor '{}' offset {} is not a multiple of the alignment {}", name_, printable(t.name), t.offset,
            alignment_);
     tensor_index_.emplace(t.name, tensors_.size());
     tensors_.push_back(std::move(t));
@@ -273,8 +275,38 @@ void GGUFFile::parse_all(const uint8_t* data, size_t size) {
   for (auto& t : tensors_) {
     if (t.offset > data_size || t.n_bytes > data_size - t.offset)
       fail("{}: tensor '{}' data [{}, {}) lies outside the data section of {} bytes (truncated file?)", name_,
-           t.name, t.offset, t.offset + t.n_bytes, data_size);
+           printable(t.name), t.offset, t.offset + t.n_bytes, data_size);
     t.data = data + data_start + t.offset;
+  }
+  // No two tensors may share bytes. A tensor whose type or offset was
+  // changed (corruption, a bad edit) almost always lands on a neighbour's
+  // data; loading it would give wrong results without any error.
+  std::vector<const GGUFTensorInfo*> by_offset;
+  by_offset.reserve(tensors_.size());
+  for (const auto& t : tensors_) by_offset.push_back(&t);
+  std::sort(by_offset.begin(), by_offset.end(), [](const GGUFTensorInfo* a, const GGUFTensorInfo* b) {
+    return a->offset != b->offset ? a->offset < b->offset : a->n_bytes < b->n_bytes;
+  });
+  for (size_t i = 1; i < by_offset.size(); ++i) {
+    const GGUFTensorInfo& a = *by_offset[i - 1];
+    const GGUFTensorInfo& b = *by_offset[i];
+    if (a.offset + a.n_bytes > b.offset)
+      fail("{}: tensor '{}' ({}, {} bytes at data offset {}) overlaps tensor '{}' at data offset {}: the file is "
+           "corrupt (a wrong type, shape or offset)",
+           name_, printable(a.name), dtype_traits(a.type).name, a.n_bytes, a.offset, printable(b.name), b.offset);
+  }
+  for (size_t i = 1; i < by_offset.size(); ++i) {
+    const GGUFTensorInfo& a = *by_offset[i - 1];
+    const GGUFTensorInfo& b = *by_offset[i];
+    // Writers lay tensors out back to back, each padded to the alignment. A
+    // gap beyond that padding means a tensor's type or shape says it is
+    // smaller than the space it was written in.
+    const uint64_t padded_end = (a.offset + a.n_bytes + alignment_ - 1) / alignment_ * alignment_;
+    if (b.offset > padded_end)
+      fail("{}: tensor '{}' ({} {}, {} bytes at data offset {}) is followed by {} unaccounted bytes before tensor "
+           "'{}': the file is corrupt (a wrong type or shape for '{}'?)",
+           name_, printable(a.name), dtype_traits(a.type).name, fmt::format("[{}]", fmt::join(a.shape, ", ")),
+           a.n_bytes, a.offset, b.offset - padded_end, printable(b.name), printable(a.name));
   }
 }
 
@@ -295,7 +327,7 @@ std::optional<std::string> GGUFFile::get_string_opt(const std::string& key) cons
   const GGUFValue* v = find(key);
   if (!v) return std::nullopt;
   if (v->type != GGUFValueType::STRING)
-    fail("{}: metadata '{}' must be a string, got {}", name_, key, value_type_name((uint32_t)v->type));
+    fail("{}: metadata '{}' must be a string, got {}", name_, printable(key), value_type_name((uint32_t)v->type));
   return std::get<std::string>(v->scalar);
 }
 std::string GGUFFile::get_string(const std::string& key) const {
@@ -306,7 +338,7 @@ std::optional<int64_t> GGUFFile::get_int_opt(const std::string& key) const {
   const GGUFValue* v = find(key);
   if (!v) return std::nullopt;
   if (!is_int_type(v->type))
-    fail("{}: metadata '{}' must be an integer, got {}", name_, key, value_type_name((uint32_t)v->type));
+    fail("{}: metadata '{}' must be an integer, got {}", name_, printable(key), value_type_name((uint32_t)v->type));
   return scalar_as_int(v->scalar, key, name_);
 }
 int64_t GGUFFile::get_int(const std::string& key) const {
@@ -318,7 +350,7 @@ std::optional<double> GGUFFile::get_float_opt(const std::string& key) const {
   if (!v) return std::nullopt;
   if (v->type == GGUFValueType::FLOAT32 || v->type == GGUFValueType::FLOAT64) return std::get<double>(v->scalar);
   if (is_int_type(v->type)) return static_cast<double>(scalar_as_int(v->scalar, key, name_));
-  fail("{}: metadata '{}' must be a number, got {}", name_, key, value_type_name((uint32_t)v->type));
+  fail("{}: metadata '{}' must be a number, got {}", name_, printable(key), value_type_name((uint32_t)v->type));
 }
 double GGUFFile::get_float(const std::string& key) const {
   require(*this, key);
@@ -328,26 +360,26 @@ std::optional<bool> GGUFFile::get_bool_opt(const std::string& key) const {
   const GGUFValue* v = find(key);
   if (!v) return std::nullopt;
   if (v->type != GGUFValueType::BOOL)
-    fail("{}: metadata '{}' must be a bool, got {}", name_, key, value_type_name((uint32_t)v->type));
+    fail("{}: metadata '{}' must be a bool, got {}", name_, printable(key), value_type_name((uint32_t)v->type));
   return std::get<bool>(v->scalar);
 }
 const std::vector<std::string>& GGUFFile::get_string_array(const std::string& key) const {
   const GGUFValue& v = require(*this, key);
   if (v.type != GGUFValueType::ARRAY || v.elem_type != GGUFValueType::STRING)
-    fail("{}: metadata '{}' must be an array of strings", name_, key);
+    fail("{}: metadata '{}' must be an array of strings", name_, printable(key));
   return v.strings;
 }
 const std::vector<int64_t>& GGUFFile::get_int_array(const std::string& key) const {
   const GGUFValue& v = require(*this, key);
   if (v.type != GGUFValueType::ARRAY || !(is_int_type(v.elem_type) || v.elem_type == GGUFValueType::BOOL))
-    fail("{}: metadata '{}' must be an array of integers", name_, key);
+    fail("{}: metadata '{}' must be an array of integers", name_, printable(key));
   return v.ints;
 }
 const std::vector<double>& GGUFFile::get_float_array(const std::string& key) const {
   const GGUFValue& v = require(*this, key);
   if (v.type != GGUFValueType::ARRAY ||
       (v.elem_type != GGUFValueType::FLOAT32 && v.elem_type != GGUFValueType::FLOAT64))
-    fail("{}: metadata '{}' must be an array of floats", name_, key);
+    fail("{}: metadata '{}' must be an array of floats", name_, printable(key));
   return v.floats;
 }
 

@@ -1,5 +1,7 @@
 #include "model/dense.h"
 
+#include "core/units.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -156,6 +158,14 @@ KVCache DenseModel::make_cache(int n_ctx) const {
   kv.n_layer = cfg_.n_layer;
   kv.kv_dim = cfg_.n_head_kv * cfg_.head_dim;
   const size_t n = static_cast<size_t>(cfg_.n_layer) * n_ctx * kv.kv_dim;
+  // The cache is committed only as positions fill, but a context whose full
+  // cache could never fit would fail (or swap) far into a generation: refuse
+  // it now, naming the sizes.
+  const double bytes = 2.0 * static_cast<double>(n) * sizeof(float);
+  if (const size_t phys = physical_memory_bytes(); phys > 0 && bytes > static_cast<double>(phys))
+    fail("a context of {} positions needs a KV cache of {} ({} layers x {} positions x {} values x 2 (K and V) x "
+         "4 bytes), more than the {} of physical memory: use a smaller --context",
+         n_ctx, human_bytes(bytes), cfg_.n_layer, n_ctx, kv.kv_dim, human_bytes(static_cast<double>(phys)));
   kv.k.assign(n, 0.f);
   kv.v.assign(n, 0.f);
   return kv;

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "core/zeroed_buffer.h"
+
 #include "kernels/cpu/matmul.h"
 
 namespace megakern {
@@ -67,7 +69,8 @@ struct KVCache {
   int n_layer = 0;
   int kv_dim = 0;
   int v_dim = 0;
-  std::vector<float> k, v;
+  // Zeroed, committed as positions are written (see ZeroedBuffer).
+  ZeroedBuffer<float> k, v;
   int v_width() const { return v_dim > 0 ? v_dim : kv_dim; }
   std::vector<int> ring;             // [n_layer] or empty
   std::vector<size_t> layer_offset;  // [n_layer + 1] when ring is set

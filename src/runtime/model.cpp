@@ -59,6 +59,12 @@ class DenseRuntimeModel final : public Model {
     } else {
       tokenizer_ = byte_tokenizer(n_vocab_, name_);
     }
+    // Every token the tokenizer can produce needs an embedding row (and a
+    // logit): a shorter table would fail, or read out of bounds, only once
+    // such a token comes up in a prompt.
+    if (tokenizer_->n_vocab() > n_vocab_)
+      fail("{}: tensor 'token_embd.weight' has {} rows, fewer than the {} tokens of the tokenizer", file_->name(),
+           n_vocab_, tokenizer_->n_vocab());
     description_ = fmt::format("{}: {} layers, hidden {}, {} heads ({} kv), vocab {}, {} ({:.1f} MB read per step)",
                                c.arch_name, c.n_layer, c.n_embd, c.n_head, c.n_head_kv, c.n_vocab,
                                dtype_traits(model_->layers()[0].w_up.type).name, model_->weight_bytes() / 1e6);

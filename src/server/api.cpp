@@ -11,6 +11,11 @@
 
 namespace megakern::server {
 
+std::string json_number_text(const json& v) {
+  if (v.is_number()) return v.dump();
+  return v.type_name();
+}
+
 json error_body(const std::string& message, const std::string& type, const std::string& param,
                 const std::string& code) {
   json e = {{"message", message}, {"type", type}, {"param", nullptr}, {"code", nullptr}};
@@ -60,13 +65,17 @@ bool get_bool(const json& body, const char* key, bool dflt) {
 std::optional<int64_t> get_int(const json& body, const char* key) {
   const json* v = field(body, key);
   if (!v) return std::nullopt;
+  if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+    bad_param(key, "'{}' is out of range: {} is too large an integer", key, v->dump());
   if (v->is_number_integer()) return v->get<int64_t>();
   // 3.0 is an integer in JSON's eyes (JavaScript clients send such values).
   if (v->is_number_float()) {
     const double d = v->get<double>();
     if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9e15) return static_cast<int64_t>(d);
   }
-  bad_param(key, "'{}' must be an integer, got {}", key, v->is_number() ? v->dump() : std::string(v->type_name()));
+  if (v->is_number_float() && std::isfinite(v->get<double>()) && v->get<double>() == std::floor(v->get<double>()))
+    bad_param(key, "'{}' is out of range: {} is too large an integer", key, v->dump());
+  bad_param(key, "'{}' must be an integer, got {}", key, json_number_text(*v));
 }
 
 std::optional<double> get_number(const json& body, const char* key) {
@@ -85,7 +94,9 @@ void parse_common(const json& body, const ApiLimits& limits, std::initializer_li
     const std::string name = m->get<std::string>();
     const auto& names = limits.model_names;
     if (std::find(names.begin(), names.end(), name) == names.end())
-      throw ApiError(400, fmt::format("the model '{}' does not exist: this server serves '{}'", name, names.at(0)),
+      throw ApiError(400,
+                     fmt::format("the model '{}' does not exist: this server serves '{}'", printable(name),
+                                 printable(names.at(0))),
                      "invalid_request_error", "model", "model_not_found");
   }
   if (auto n = get_int(body, "n"); n && *n != 1)
@@ -98,6 +109,15 @@ void parse_common(const json& body, const ApiLimits& limits, std::initializer_li
   }
   if (const json* tools = field(body, "tools"); tools && !(tools->is_array() && tools->empty()))
     bad_param("tools", "tool calls are not supported by this server");
+  // Fields that would change what is generated or returned, which this
+  // server cannot honour: refused rather than silently ignored.
+  if (const json* f = field(body, "functions"); f && !(f->is_array() && f->empty()))
+    bad_param("functions", "function calls are not supported by this server");
+  if (field(body, "function_call")) bad_param("function_call", "function calls are not supported by this server");
+  if (const json* tc = field(body, "tool_choice"); tc && !(tc->is_string() && tc->get<std::string>() == "none"))
+    bad_param("tool_choice", "tool calls are not supported by this server (only 'tool_choice': 'none')");
+  if (const json* tl = field(body, "top_logprobs"); tl && !(tl->is_number() && tl->get<double>() == 0))
+    bad_param("top_logprobs", "'top_logprobs' is not supported by this server");
 
   r.max_tokens = limits.max_tokens;
   for (const char* key : max_tokens_keys) {
@@ -112,11 +132,14 @@ void parse_common(const json& body, const ApiLimits& limits, std::initializer_li
   r.sampling = SamplingParams{};
   r.sampling.temperature = 1.f;  // OpenAI's default
   if (auto t = get_number(body, "temperature")) {
-    if (!std::isfinite(*t) || *t < 0) bad_param("temperature", "'temperature' must be >= 0, got {}", *t);
+    // Checked as the double it was sent as: a value beyond float's range
+    // would otherwise be reported as the "inf" it turns into.
+    if (!std::isfinite(*t) || *t < 0 || *t > std::numeric_limits<float>::max())
+      bad_param("temperature", "'temperature' must be a finite number >= 0, got {}", body["temperature"].dump());
     r.sampling.temperature = static_cast<float>(*t);
   }
   if (auto p = get_number(body, "top_p")) {
-    if (!(*p > 0 && *p <= 1)) bad_param("top_p", "'top_p' must be in (0, 1], got {}", *p);
+    if (!(*p > 0 && *p <= 1)) bad_param("top_p", "'top_p' must be in (0, 1], got {}", body["top_p"].dump());
     r.sampling.top_p = static_cast<float>(*p);
   }
   if (auto k = get_int(body, "top_k")) {
@@ -129,7 +152,11 @@ void parse_common(const json& body, const ApiLimits& limits, std::initializer_li
     std::random_device rd;
     r.sampling.seed = (static_cast<uint64_t>(rd()) << 32) ^ rd();
   }
-  validate(r.sampling);
+  try {
+    validate(r.sampling);
+  } catch (const Error& e) {
+    throw ApiError(400, e.what(), "invalid_request_error", "temperature");
+  }
 
   if (const json* s = field(body, "stop")) {
     if (s->is_string()) {
@@ -165,9 +192,12 @@ std::vector<int32_t> token_array(const json& a, const Model& model) {
   std::vector<int32_t> out;
   for (const auto& t : a) {
     if (!t.is_number_integer()) bad_param("prompt", "a token prompt must hold integers only");
-    const int64_t id = t.get<int64_t>();
+    // Unsigned ids past 2^63 would turn negative in an int64_t: compare first.
+    const int64_t id = t.is_number_unsigned() && t.get<uint64_t>() > static_cast<uint64_t>(INT32_MAX)
+                           ? int64_t{-1}
+                           : t.get<int64_t>();
     if (id < 0 || id >= model.tokenizer().n_vocab())
-      bad_param("prompt", "token id {} is outside the vocabulary of {} tokens", id, model.tokenizer().n_vocab());
+      bad_param("prompt", "token id {} is outside the vocabulary of {} tokens", t.dump(), model.tokenizer().n_vocab());
     out.push_back(static_cast<int32_t>(id));
   }
   return out;
@@ -188,7 +218,11 @@ GenRequest parse_completion_request(const json& body, const Model& model, const 
   auto encode = [&](const std::string& text) {
     // Control tokens written in the prompt ("<|im_start|>") become their ids,
     // so a client can write a chat template by hand.
-    return tok.encode(text, tok.add_bos_default(), /*parse_special=*/true);
+    try {
+      return tok.encode(text, tok.add_bos_default(), /*parse_special=*/true);
+    } catch (const Error& e) {
+      bad_param("prompt", "the prompt cannot be tokenized: {}", e.what());
+    }
   };
   if (p->is_string()) {
     r.prompt = encode(p->get<std::string>());
@@ -217,6 +251,8 @@ GenRequest parse_chat_request(const json& body, const Model& model, const ApiLim
   GenRequest r;
   r.endpoint = Endpoint::ChatCompletions;
   parse_common(body, limits, {"max_tokens", "max_completion_tokens"}, r);
+  for (const char* key : {"echo", "suffix"})
+    if (field(body, key)) bad_param(key, "'{}' is not a chat completion parameter", key);
   if (const json* rf = field(body, "response_format")) {
     const json* t = rf->is_object() ? field(*rf, "type") : nullptr;
     if (!t || !t->is_string() || t->get<std::string>() != "text")
@@ -235,7 +271,16 @@ GenRequest parse_chat_request(const json& body, const Model& model, const ApiLim
     ChatMessage cm;
     cm.role = role->get<std::string>();
     if (cm.role == "developer") cm.role = "system";  // OpenAI's newer name for the system role
-    if (const json* c = field(msg, "content")) {
+    // The role is written into the template verbatim: only the roles every
+    // template knows are accepted (no tool turns: tools are not supported).
+    if (cm.role != "system" && cm.role != "user" && cm.role != "assistant")
+      bad_param(where + ".role", "{}.role must be 'system', 'developer', 'user' or 'assistant', got '{}'", where,
+                printable(role->get<std::string>(), 64));
+    const json* c = field(msg, "content");
+    if (!c) bad_param(where + ".content", "{}.content is required (a string or an array of text parts)", where);
+    if (c->is_array() && c->empty())
+      bad_param(where + ".content", "{}.content is an empty array: give at least one text part", where);
+    {
       if (c->is_string()) {
         cm.content = c->get<std::string>();
       } else if (c->is_array()) {
@@ -256,8 +301,17 @@ GenRequest parse_chat_request(const json& body, const Model& model, const ApiLim
     msgs.push_back(std::move(cm));
   }
   const Tokenizer& tok = model.tokenizer();
-  const std::string text = render_chat(model.chat_format(), msgs, /*add_generation_prompt=*/true);
-  r.prompt = tok.encode(text, tok.add_bos_default(), /*parse_special=*/true);
+  // Only the template's own markers become control tokens: "<|im_end|>"
+  // written in a message is text, so no message can end its turn early or
+  // forge another role's.
+  const RenderedChat chat = render_chat_marked(model.chat_format(), msgs, /*add_generation_prompt=*/true);
+  try {
+    r.prompt = tok.encode_marked(chat.text, chat.markers, tok.add_bos_default());
+  } catch (const ApiError&) {
+    throw;
+  } catch (const Error& e) {
+    bad_param("messages", "the messages cannot be tokenized: {}", e.what());
+  }
   check_prompt_length(r, limits, "messages");
   return r;
 }

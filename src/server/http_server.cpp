@@ -1,12 +1,18 @@
 #include "server/http_server.h"
 
 #include <httplib.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <random>
 
 #include "core/thread_pool.h"
+#include "server/http_guard.h"
 #include "runtime/model.h"
 #include "tokenizer/tokenizer.h"
 
@@ -51,6 +57,35 @@ void guarded(httplib::Response& res, F&& body) {
 constexpr auto kPoll = std::chrono::milliseconds(100);
 constexpr auto kProbeAfter = std::chrono::milliseconds(1000);
 
+// httplib reports a failed bind as false only: bind once more, the same way,
+// to learn why ("Address already in use", "Cannot assign requested address").
+std::string bind_failure(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* res = nullptr;
+  const std::string service = std::to_string(port);
+  if (const int rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &res); rc != 0)
+    return fmt::format("cannot resolve the address ({})", ::gai_strerror(rc));
+  std::string why = "unknown reason";
+  for (addrinfo* a = res; a; a = a->ai_next) {
+    const int s = ::socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+    if (s < 0) {
+      why = std::strerror(errno);
+      continue;
+    }
+    int yes = 1;
+    ::setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    const int rc = ::bind(s, a->ai_addr, a->ai_addrlen);
+    why = rc == 0 ? "address in use by a listener that raced us" : std::strerror(errno);
+    ::close(s);
+    if (rc != 0) break;
+  }
+  ::freeaddrinfo(res);
+  if (why == std::strerror(EADDRINUSE)) why += " (another server listens on this port)";
+  return why;
+}
+
 }  // namespace
 
 std::string default_model_id(const std::string& name_or_path) {
@@ -77,13 +112,19 @@ HttpServer::HttpServer(const Model& model, ThreadPool& pool, ServerOptions opts)
   so.queue_limit = opts_.queue;
   so.executor = opts_.executor;
   scheduler_ = std::make_unique<Scheduler>(model_, pool, so);
-  http_ = std::make_unique<httplib::Server>();
-  const int threads = opts_.http_threads > 0 ? opts_.http_threads : std::max(8, opts_.batch + opts_.queue + 8);
-  http_->new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
-  http_->set_payload_max_length(16u << 20);
+  ConnectionLimits cl;
+  // Every connection has its own thread: even a full queue leaves threads to
+  // answer 503, and connections beyond them are answered 503 at once.
+  cl.max_connections = opts_.http_threads > 0 ? opts_.http_threads : std::max(8, opts_.batch + opts_.queue + 8);
+  cl.header_timeout = std::chrono::milliseconds(std::max(1, opts_.header_timeout_ms));
+  cl.body_timeout = std::chrono::milliseconds(std::max(1, opts_.body_timeout_ms));
+  cl.idle_timeout = std::chrono::milliseconds(std::max(1, opts_.idle_timeout_ms));
+  cl.overflow_timeout = std::min(cl.overflow_timeout, cl.header_timeout);
+  cl.max_body = opts_.max_body;
   // Clients such as the openai package keep a pool of connections; let them
   // reuse one for many requests.
-  http_->set_keep_alive_max_count(1000);
+  cl.max_requests_per_connection = 1000;
+  http_ = std::make_unique<GuardedServer>(cl);
   setup_routes();
 }
 
@@ -96,7 +137,7 @@ int HttpServer::start() {
     if (port_ < 0) fail("could not listen on {} (any port)", opts_.host);
   } else {
     if (!http_->bind_to_port(opts_.host, opts_.port))
-      fail("could not listen on {}:{} (in use, or not an address of this machine?)", opts_.host, opts_.port);
+      fail("could not listen on {}:{}: {}", opts_.host, opts_.port, bind_failure(opts_.host, opts_.port));
     port_ = opts_.port;
   }
   listener_ = std::thread([this] {
@@ -124,6 +165,9 @@ void HttpServer::shutdown(std::chrono::milliseconds drain) {
   while (open_responses_ > 0 && Clock::now() < written_by) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   // httplib's stop() closes the listener and waits for its threads.
   if (port_ >= 0) {
+    // Idle and slow clients must not hold the serving threads: their reads
+    // and waits end now (in-flight responses were given their time above).
+    http_->abort_connections();
     // stop() only acts on a running listener: give a just-started one the
     // moment it needs to get there.
     while (!http_->is_running() && !listener_done_) std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -158,6 +202,9 @@ std::string HttpServer::metrics_text() const {
       lines += line("megakern_http_responses_total", n, fmt::format("status=\"{}\"", status));
     metric("megakern_http_responses_total", "counter", "HTTP responses sent, by status.", lines);
   }
+  metric("megakern_http_connections_overflow_total", "counter",
+         "Connections beyond the connection cap (answered 503, or /health only).",
+         line("megakern_http_connections_overflow_total", http_->overflow_count()));
   metric("megakern_prompt_tokens_total", "counter", "Prompt tokens prefilled.",
          line("megakern_prompt_tokens_total", s.prompt_tokens));
   metric("megakern_generation_tokens_total", "counter", "Tokens generated.",
@@ -183,18 +230,38 @@ void HttpServer::setup_routes() {
   auto& svr = *http_;
 
   svr.set_pre_routing_handler([this](const Request& req, Response& res) {
+    // Beyond the connection cap only /health is served (a monitor must see
+    // the server alive when clients have taken every connection); the rest
+    // are told to come back, before their bodies are read.
+    if (GuardedServer::overflow_request() && req.path != "/health") {
+      GuardedServer::close_after_response();
+      send_json(res, 503,
+                error_body("the server has too many open connections, retry later", "server_error", "",
+                           "too_many_connections"));
+      return httplib::Server::HandlerResponse::Handled;
+    }
     if (opts_.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
     if (req.get_header_value("Authorization") == "Bearer " + opts_.api_key)
       return httplib::Server::HandlerResponse::Unhandled;
+    // The body is not read: the connection cannot carry another request.
+    GuardedServer::close_after_response();
     send_json(res, 401,
               error_body("invalid or missing API key: send the header 'Authorization: Bearer <key>'",
                          "invalid_request_error", "", "invalid_api_key"));
     return httplib::Server::HandlerResponse::Handled;
   });
   // Unknown paths and methods get an error body like every other error.
-  svr.set_error_handler([](const Request& req, Response& res) {
+  svr.set_error_handler([this](const Request& req, Response& res) {
+    if (GuardedServer::body_too_large() || res.status == 413) {
+      res.status = 413;
+      res.set_content(dump_json(error_body(fmt::format("the request body is larger than the limit of {} bytes",
+                                                       opts_.max_body),
+                                           "invalid_request_error", "", "request_too_large")),
+                      "application/json");
+      return;
+    }
     if (!res.body.empty()) return;
-    const std::string msg = res.status == 404 ? fmt::format("no such endpoint: {} {}", req.method, req.path)
+    const std::string msg = res.status == 404 ? fmt::format("no such endpoint: {} {}", printable(req.method, 32), printable(req.path))
                                               : fmt::format("HTTP {}", res.status);
     res.set_content(dump_json(error_body(msg, "invalid_request_error")), "application/json");
   });
@@ -243,7 +310,7 @@ void HttpServer::setup_routes() {
     if (req.matches[1] == model_id_)
       send_json(res, 200, model_object());
     else
-      send_error(res, ApiError(404, fmt::format("the model '{}' does not exist", req.matches[1].str()),
+      send_error(res, ApiError(404, fmt::format("the model '{}' does not exist", printable(req.matches[1].str())),
                                "invalid_request_error", "model", "model_not_found"));
   });
 
@@ -274,8 +341,11 @@ void HttpServer::setup_routes() {
       const int n_vocab = model_.tokenizer().n_vocab();
       for (const auto& t : *it) {
         if (!t.is_number_integer()) bad_param("tokens", "'tokens' must hold integers only");
-        const int64_t id = t.get<int64_t>();
-        if (id < 0 || id >= n_vocab) bad_param("tokens", "token id {} is outside the vocabulary of {}", id, n_vocab);
+        const int64_t id = t.is_number_unsigned() && t.get<uint64_t>() > static_cast<uint64_t>(INT32_MAX)
+                               ? int64_t{-1}
+                               : t.get<int64_t>();
+        if (id < 0 || id >= n_vocab)
+          bad_param("tokens", "token id {} is outside the vocabulary of {}", t.dump(), n_vocab);
         ids.push_back(static_cast<int32_t>(id));
       }
       send_json(res, 200, {{"content", model_.tokenizer().decode(ids, /*skip_special=*/false)}});

@@ -22,6 +22,8 @@ struct Response;
 
 namespace megakern::server {
 
+class GuardedServer;
+
 extern const char* const kServerVersion;
 
 struct ServerOptions {
@@ -35,6 +37,16 @@ struct ServerOptions {
   std::string executor = "mega";
   int http_threads = 0;     // 0: batch + queue + 8, so that even a full queue leaves threads to answer 503
   std::string model_id;     // the name reported and accepted in "model" (empty: the model's name)
+  // Connection handling (see http_guard.h). Connections beyond http_threads
+  // get 503 at once (except /health); a client must send a request's
+  // headers within header_timeout_ms of its first byte, and its body within
+  // body_timeout_ms; an idle keep-alive connection is closed after
+  // idle_timeout_ms. Bodies over max_body bytes get 413, whatever their
+  // transfer encoding.
+  int header_timeout_ms = 10000;
+  int body_timeout_ms = 30000;
+  int idle_timeout_ms = 5000;
+  size_t max_body = 16u << 20;
 };
 
 class HttpServer {
@@ -82,7 +94,7 @@ class HttpServer {
   ServerOptions opts_;
   std::string model_id_;
   std::unique_ptr<Scheduler> scheduler_;
-  std::unique_ptr<httplib::Server> http_;
+  std::unique_ptr<GuardedServer> http_;
   std::unique_ptr<Impl> impl_;
   std::thread listener_;
   int port_ = -1;

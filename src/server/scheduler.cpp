@@ -1,5 +1,9 @@
 #include "server/scheduler.h"
 
+#include "core/units.h"
+
+#include "core/zeroed_buffer.h"
+
 #include <algorithm>
 
 #include "core/error.h"
@@ -88,6 +92,15 @@ Scheduler::Scheduler(const Model& model, ThreadPool& pool, const SchedulerOption
     s->seq = model_.new_sequence(opts_.n_ctx);
     slots_.push_back(std::move(s));
   }
+  // Each cache is committed only as it fills, and each alone was checked
+  // against physical memory; all rows at full context must fit as well.
+  double kv_bytes = 0;
+  for (const auto& s : slots_)
+    kv_bytes += static_cast<double>(s->seq.cache.k.size() + s->seq.cache.v.size()) * sizeof(float);
+  if (const size_t phys = physical_memory_bytes(); phys > 0 && kv_bytes > static_cast<double>(phys))
+    fail("--batch {} x --context {} needs KV caches of {} in all, more than the {} of physical memory: use a "
+         "smaller --batch or --context",
+         opts_.max_rows, opts_.n_ctx, human_bytes(kv_bytes), human_bytes(static_cast<double>(phys)));
   logits_.resize(static_cast<size_t>(opts_.max_rows) * static_cast<size_t>(engine_->n_vocab()));
   thread_ = std::thread([this] { loop(); });
 }

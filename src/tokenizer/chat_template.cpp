@@ -81,22 +81,34 @@ std::optional<std::string> extract_default_system_prompt(const std::string& tmpl
   return unescaped;
 }
 
+// Appends a control marker of the template, recording where it is.
+void mark(RenderedChat& rc, std::string_view marker) {
+  rc.markers.emplace_back(rc.text.size(), rc.text.size() + marker.size());
+  rc.text += marker;
+}
+
 void render_chatml(const ChatFormat& format, const std::vector<ChatMessage>& messages, bool add_generation_prompt,
-                   std::string& out) {
+                   RenderedChat& rc) {
+  std::string& out = rc.text;
   auto turn = [&](std::string_view role, std::string_view content) {
-    out += "<|im_start|>";
+    mark(rc, "<|im_start|>");
     out += role;
     out += '\n';
     out += content;
-    out += "<|im_end|>\n";
+    mark(rc, "<|im_end|>");
+    out += '\n';
   };
   if (!messages.empty() && messages.front().role != "system" && format.default_system_prompt)
     turn("system", *format.default_system_prompt);
   for (const ChatMessage& m : messages) turn(m.role, m.content);
-  if (add_generation_prompt) out += "<|im_start|>assistant\n";
+  if (add_generation_prompt) {
+    mark(rc, "<|im_start|>");
+    out += "assistant\n";
+  }
 }
 
-void render_gemma(const std::vector<ChatMessage>& messages, bool add_generation_prompt, std::string& out) {
+void render_gemma(const std::vector<ChatMessage>& messages, bool add_generation_prompt, RenderedChat& rc) {
+  std::string& out = rc.text;
   size_t first = 0;
   std::string prefix;  // the system message, carried into the first turn
   if (!messages.empty() && messages.front().role == "system") {
@@ -105,14 +117,18 @@ void render_gemma(const std::vector<ChatMessage>& messages, bool add_generation_
   }
   for (size_t i = first; i < messages.size(); ++i) {
     const ChatMessage& m = messages[i];
-    out += "<start_of_turn>";
+    mark(rc, "<start_of_turn>");
     out += m.role == "assistant" ? std::string_view("model") : std::string_view(m.role);
     out += '\n';
     if (i == first) out += prefix;
     out += trim(m.content);
-    out += "<end_of_turn>\n";
+    mark(rc, "<end_of_turn>");
+    out += '\n';
   }
-  if (add_generation_prompt) out += "<start_of_turn>model\n";
+  if (add_generation_prompt) {
+    mark(rc, "<start_of_turn>");
+    out += "model\n";
+  }
 }
 
 }  // namespace
@@ -162,22 +178,27 @@ std::string render_chat(ChatTemplate kind, const std::vector<ChatMessage>& messa
 
 std::string render_chat(const ChatFormat& format, const std::vector<ChatMessage>& messages,
                         bool add_generation_prompt) {
-  std::string out;
+  return render_chat_marked(format, messages, add_generation_prompt).text;
+}
+
+RenderedChat render_chat_marked(const ChatFormat& format, const std::vector<ChatMessage>& messages,
+                                bool add_generation_prompt) {
+  RenderedChat rc;
   switch (format.kind) {
     case ChatTemplate::ChatML:
-      render_chatml(format, messages, add_generation_prompt, out);
+      render_chatml(format, messages, add_generation_prompt, rc);
       break;
     case ChatTemplate::Gemma:
-      render_gemma(messages, add_generation_prompt, out);
+      render_gemma(messages, add_generation_prompt, rc);
       break;
     case ChatTemplate::None:
       for (size_t i = 0; i < messages.size(); ++i) {
-        if (i > 0) out += '\n';
-        out += messages[i].content;
+        if (i > 0) rc.text += '\n';
+        rc.text += messages[i].content;
       }
       break;
   }
-  return out;
+  return rc;
 }
 
 const char* chat_template_name(ChatTemplate kind) {

@@ -68,6 +68,17 @@ std::string render_chat(ChatTemplate kind, const std::vector<ChatMessage>& messa
 std::string render_chat(const ChatFormat& format, const std::vector<ChatMessage>& messages,
                         bool add_generation_prompt);
 
+// The rendered text with the byte ranges of the template's own control
+// markers ("<|im_start|>", "<end_of_turn>", ...), in order. Encode it with
+// Tokenizer::encode_marked so that only those become control tokens: message
+// contents are text, whatever they spell.
+struct RenderedChat {
+  std::string text;
+  std::vector<std::pair<size_t, size_t>> markers;
+};
+RenderedChat render_chat_marked(const ChatFormat& format, const std::vector<ChatMessage>& messages,
+                                bool add_generation_prompt);
+
 const char* chat_template_name(ChatTemplate kind);  // "chatml", "gemma", "none"
 
 }  // namespace megakern

@@ -91,6 +91,9 @@ struct Tokenizer::Impl {
   void encode_byte_level(std::string_view text, bool parse_special, std::vector<int32_t>& out) const;
   void bpe_word(std::string_view word, std::vector<int32_t>& out) const;
   void encode_spm(std::string_view text, bool parse_special, std::vector<int32_t>& out) const;
+  // Text with no control tokens in it, found at `offset` of the whole input
+  // (SentencePiece's dummy prefix goes only at offset 0).
+  void encode_plain(std::string_view text, size_t offset, std::vector<int32_t>& out) const;
   void spm_bpe(std::string_view norm, std::vector<int32_t>& out) const;
 };
 
@@ -408,6 +411,36 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos, bool
   return out;
 }
 
+std::vector<int32_t> Tokenizer::encode_marked(std::string_view text,
+                                             const std::vector<std::pair<size_t, size_t>>& markers,
+                                             bool add_bos) const {
+  const size_t bad = tokenizer_detail::utf8_first_invalid(text);
+  if (bad != std::string_view::npos)
+    fail("cannot tokenize text that is not valid UTF-8: bad byte 0x{:02X} at offset {}",
+         static_cast<uint8_t>(text[bad]), bad);
+  std::vector<int32_t> out;
+  out.reserve(text.size() / 3 + 2);
+  if (add_bos) {
+    if (impl_->v.bos_id < 0) fail("cannot add BOS: the vocabulary has no BOS token");
+    out.push_back(impl_->v.bos_id);
+  }
+  size_t at = 0;
+  for (const auto& [begin, end] : markers) {
+    if (begin < at || end < begin || end > text.size())
+      fail("internal error: marker [{}, {}) is out of order or outside the text of {} bytes", begin, end, text.size());
+    impl_->encode_plain(text.substr(at, begin - at), at, out);
+    const std::string_view marker = text.substr(begin, end - begin);
+    const int32_t id = impl_->token_to_id.find(marker);
+    if (id >= 0 && impl_->special[static_cast<size_t>(id)])
+      out.push_back(id);
+    else
+      impl_->encode_plain(marker, begin, out);  // the vocabulary has no such control token
+    at = end;
+  }
+  impl_->encode_plain(text.substr(at), at, out);
+  return out;
+}
+
 void Tokenizer::Impl::encode_byte_level(std::string_view text, bool parse_special, std::vector<int32_t>& out) const {
   const TokenTrie& trie = parse_special ? special_trie : user_trie;
   trie.partition(
@@ -425,10 +458,15 @@ void Tokenizer::Impl::bpe_word(std::string_view word, std::vector<int32_t>& out)
     const int32_t id = byte_token[b];
     if (id >= 0) {
       out.push_back(id);
-    } else if (v.unk_id >= 0) {
+    } else if (v.unk_id >= 0 && type(v.unk_id) != TokenType::Control) {
       out.push_back(v.unk_id);
     } else {
-      fail("byte 0x{:02X} has no token in this byte-level vocabulary and there is no UNK token", b);
+      // Some vocabularies name a control token as their UNK (SmolLM2:
+      // <|endoftext|>); emitting it would turn a stray byte of ordinary text
+      // into end-of-text.
+      fail("byte 0x{:02X} has no token in this byte-level vocabulary and {}", b,
+           v.unk_id < 0 ? std::string("there is no UNK token")
+                        : fmt::format("its UNK token '{}' is a control token", printable(v.tokens[static_cast<size_t>(v.unk_id)])));
     }
   };
   if (word.size() == 1) {
@@ -510,30 +548,38 @@ void Tokenizer::Impl::bpe_word(std::string_view word, std::vector<int32_t>& out)
 }
 
 void Tokenizer::Impl::encode_spm(std::string_view text, bool parse_special, std::vector<int32_t>& out) const {
-  auto encode_plain = [&](std::string_view plain, size_t offset) {
-    // Normalization is SentencePiece's "identity" plus whitespace escaping:
-    // every space becomes "▁", and the optional dummy prefix is added only at
-    // the very start of the input (not after a special token).
-    std::string norm;
-    norm.reserve(plain.size() + 8);
-    if (v.add_space_prefix && offset == 0) norm.append(kSpaceMarker);
-    for (char c : plain) {
-      if (c == ' ') {
-        norm.append(kSpaceMarker);
-      } else {
-        norm.push_back(c);
-      }
-    }
-    // User-defined pieces are atomic: they are cut out first and never merge.
-    user_trie.partition(
-        std::string_view(norm), [&](std::string_view piece, size_t) { spm_bpe(piece, out); },
-        [&](int32_t id) { out.push_back(id); });
-  };
   if (parse_special) {
-    special_trie.partition(text, encode_plain, [&](int32_t id) { out.push_back(id); });
+    special_trie.partition(
+        text, [&](std::string_view plain, size_t offset) { encode_plain(plain, offset, out); },
+        [&](int32_t id) { out.push_back(id); });
   } else if (!text.empty()) {
-    encode_plain(text, 0);
+    encode_plain(text, 0, out);
   }
+}
+
+void Tokenizer::Impl::encode_plain(std::string_view plain, size_t offset, std::vector<int32_t>& out) const {
+  if (plain.empty()) return;
+  if (v.kind == TokenizerKind::ByteLevelBPE) {
+    encode_byte_level(plain, /*parse_special=*/false, out);
+    return;
+  }
+  // Normalization is SentencePiece's "identity" plus whitespace escaping:
+  // every space becomes "▁", and the optional dummy prefix is added only at
+  // the very start of the input (not after a special token).
+  std::string norm;
+  norm.reserve(plain.size() + 8);
+  if (v.add_space_prefix && offset == 0) norm.append(kSpaceMarker);
+  for (char c : plain) {
+    if (c == ' ') {
+      norm.append(kSpaceMarker);
+    } else {
+      norm.push_back(c);
+    }
+  }
+  // User-defined pieces are atomic: they are cut out first and never merge.
+  user_trie.partition(
+      std::string_view(norm), [&](std::string_view piece, size_t) { spm_bpe(piece, out); },
+      [&](int32_t id) { out.push_back(id); });
 }
 
 void Tokenizer::Impl::spm_bpe(std::string_view norm, std::vector<int32_t>& out) const {

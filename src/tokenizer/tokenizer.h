@@ -107,6 +107,15 @@ class Tokenizer {
   // are tokenized as ordinary text. Throws megakern::Error if `text` is not
   // valid UTF-8.
   std::vector<int32_t> encode(std::string_view text, bool add_bos, bool parse_special) const;
+  // Encodes text in which only the given byte ranges may become control
+  // tokens: each range that spells one control token exactly becomes its id,
+  // and everything else is tokenized as ordinary text (user-defined tokens
+  // still match). For chat prompts, the ranges are the template's own turn
+  // markers, so that "<|im_end|>" typed in a message stays text. For benign
+  // text the result equals encode(text, add_bos, /*parse_special=*/true).
+  // Ranges must be sorted, disjoint and inside `text`.
+  std::vector<int32_t> encode_marked(std::string_view text, const std::vector<std::pair<size_t, size_t>>& markers,
+                                     bool add_bos) const;
 
   // The raw bytes a token stands for: byte-level tokens mapped back through the
   // GPT-2 byte table, "▁" turned into a space, "<0xAB>" byte tokens turned into
