@@ -224,8 +224,8 @@ void BM_Attention(benchmark::State& state) {
   cache.kv_dim = prog.kv_dim;
   std::mt19937 rng(3);
   std::normal_distribution<float> g(0.f, 1.f);
-  cache.k.resize((size_t)n_ctx * prog.kv_dim);
-  cache.v.resize(cache.k.size());
+  cache.k.assign((size_t)n_ctx * prog.kv_dim, 0.f);
+  cache.v.assign(cache.k.size(), 0.f);
   for (auto& x : cache.k) x = g(rng);
   for (auto& x : cache.v) x = g(rng);
   std::vector<float> qv(H * D), ov(H * D);
