@@ -875,6 +875,23 @@ TEST(ServerHttp, SlowClientsCannotStarveTheServer) {
   dribbler.join();
 }
 
+TEST(ServerHttp, IdleKeepAliveConnectionsGiveWayToNewOnes) {
+  server::ServerOptions o = opts(1);
+  o.http_threads = 4;
+  TestServer s("dense-mini", o);
+  // Four clients each make a request and keep their connections open.
+  std::vector<std::unique_ptr<RawConn>> idle;
+  for (int i = 0; i < 4; ++i) {
+    idle.push_back(std::make_unique<RawConn>(s.port));
+    idle.back()->send_all("GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n");
+    EXPECT_NE(idle.back()->read_for(std::chrono::seconds(5), "}]").find("HTTP/1.1 200"), std::string::npos);
+  }
+  // A fifth is served (an idle connection is closed to make room), not refused.
+  auto r = s.client().Get("/v1/models");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+}
+
 TEST(ServerHttp, PipelinedRequestsAreAllAnswered) {
   TestServer s("dense-mini", opts(1));
   RawConn c(s.port);

@@ -117,6 +117,15 @@ class GuardedServer::Queue : public httplib::TaskQueue {
       cv_.notify_all();
       return;
     }
+    if (srv_.idle_.load() > srv_.evict_.load()) {
+      // An idle keep-alive connection closes within a wait slice and its
+      // thread takes this one.
+      ++srv_.evict_;
+      ++srv_.active_;
+      regular_.push_back(std::move(fn));
+      cv_.notify_all();
+      return;
+    }
     ++srv_.overflowed_;
     if (static_cast<int>(overflow_.size()) < srv_.limits_.overflow_queue) {
       overflow_.push_back(std::move(fn));
@@ -179,6 +188,7 @@ class GuardedServer::Stream : public httplib::Stream {
     if (pos_ < end_) return true;
     return wait_socket(sock_, POLLIN, Clock::now() + timeout, srv_.aborting_);
   }
+  bool buffered() const { return pos_ < end_; }
   // A request begins: its line and headers must arrive by `deadline`.
   void begin_request(Clock::time_point deadline) {
     deadline_ = deadline;
@@ -324,13 +334,33 @@ bool GuardedServer::process_and_close_socket(socket_t sock) {
   return true;
 }
 
+bool GuardedServer::wait_next_request(Stream& strm, socket_t sock) {
+  if (strm.buffered()) return true;
+  ++idle_;
+  const auto deadline = Clock::now() + limits_.idle_timeout;
+  bool ready = false;
+  while (!aborting_ && Clock::now() < deadline) {
+    int e = evict_.load();
+    if (e > 0 && evict_.compare_exchange_strong(e, e - 1)) break;
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    pollfd p{sock, POLLIN, 0};
+    const int r = ::poll(&p, 1, static_cast<int>(std::clamp<int64_t>(left.count(), 0, kSlice.count())) + 1);
+    if (r > 0) {
+      ready = true;
+      break;
+    }
+  }
+  --idle_;
+  return ready;
+}
+
 void GuardedServer::serve_connection(socket_t sock, bool overflow) {
   Stream strm(sock, *this);
   const auto first_wait = overflow ? limits_.overflow_timeout : limits_.header_timeout;
   size_t served = 0;
   bool drain = false;
   while (!aborting_) {
-    if (!strm.wait_request(served == 0 ? first_wait : limits_.idle_timeout)) break;
+    if (served == 0 ? !strm.wait_request(first_wait) : !wait_next_request(strm, sock)) break;
     RequestState st;
     t_request = &st;
     const auto start = Clock::now();

@@ -79,11 +79,19 @@ class GuardedServer : public httplib::Server {
   class Stream;
   bool process_and_close_socket(socket_t sock) override;
   void serve_connection(socket_t sock, bool overflow);
+  // Waits for the next request of a keep-alive connection; false when the
+  // client sent none in time, or the connection was chosen to make room.
+  bool wait_next_request(Stream& strm, socket_t sock);
 
   ConnectionLimits limits_;
   std::atomic<bool> aborting_{false};
   std::atomic<int> active_{0};
   std::atomic<uint64_t> overflowed_{0};
+  // Keep-alive connections waiting for a next request, and how many of them
+  // have been asked to close so that new connections get their threads: at
+  // the cap, an idle connection gives way before a new one is refused.
+  std::atomic<int> idle_{0};
+  std::atomic<int> evict_{0};
 };
 
 }  // namespace megakern::server
