@@ -252,7 +252,7 @@ TEST_F(ServerApi, NumbersAndTextInErrorsAreReportedAsGiven) {
   EXPECT_NE(std::string(m.what()).find("dense-mini"), std::string::npos) << m.what();
 }
 
-TEST(ServerChat, MessageContentCannotInjectControlTokens) {
+TEST(ServerChatContent, MessageContentCannotInjectControlTokens) {
   const std::string path = test_model_path("smollm2-135m");
   if (path.empty()) GTEST_SKIP() << "models/smollm2-135m.gguf not fetched";
   auto model = load_model(path);
