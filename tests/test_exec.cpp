@@ -158,7 +158,7 @@ TEST_P(ExecArchTest, ResultDoesNotDependOnTeamSize) {
     const DecodeProgram prog = build_dense_program(*m, 8);
     std::vector<float> first;
     for (int workers : {1, 2, 3, 5}) {
-      ThreadPool pool(workers);
+      ThreadPool pool(workers, /*oversubscribe=*/true);  // team sizes beyond the cores on purpose
       for (const char* kind : {"opbyop", "mega"}) {
         auto ex = make_executor(kind, prog, pool);
         for (int rows : {1, 3}) {

@@ -199,7 +199,7 @@ TEST(Kernels, MatchOracleBitExactlyAndReferenceWithinTolerance) {
 
 TEST(Kernels, OutputsDoNotDependOnBatchRowRangeOrThreads) {
   constexpr int64_t kMaxX = 64;
-  ThreadPool pool1(1), pool2(2), pool3(3);
+  ThreadPool pool1(1), pool2(2), pool3(3, /*oversubscribe=*/true);
   for (DType t : all_types()) {
     const DTypeTraits& tr = dtype_traits(t);
     SCOPED_TRACE(tr.name);
@@ -735,7 +735,7 @@ TEST(FastKernels, MatchOracleBitExactlyAndReferenceWithinTolerance) {
 
 TEST(FastKernels, OutputsDoNotDependOnBatchRowRangeOrThreads) {
   constexpr int64_t kMaxX = 40;
-  ThreadPool pool1(1), pool3(3);
+  ThreadPool pool1(1), pool3(3, /*oversubscribe=*/true);
   for (DType t : fast_types()) {
     SCOPED_TRACE(dtype_traits(t).name);
     const int64_t cols = std::max<int64_t>(dtype_traits(t).block_size, fast_act_block(t)) * 2;

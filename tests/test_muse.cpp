@@ -646,7 +646,7 @@ TEST(MuseModel, LoadsFixtureAndVerifies) {
 TEST(MuseModel, ExecutorsMatchNumpyReference) {
   const MuseModel& m = fixture_model();
   const DecodeProgram prog = build_muse_program(m, 4);
-  ThreadPool pool(3);
+  ThreadPool pool(3, /*oversubscribe=*/true);
   const auto tokens = reference()["tokens"].get<std::vector<int32_t>>();
   const int used = reference()["vocab_used"].get<int>();
   const int V = m.n_vocab();
@@ -839,7 +839,7 @@ TEST(MuseModel, TileCutsDoNotChangeResults) {
   const auto toks = random_tokens(9, m.config().vocab_used, 17);
   std::vector<std::vector<float>> runs;
   for (int w : {1, 2, 5}) {
-    ThreadPool pool(w);
+    ThreadPool pool(w, /*oversubscribe=*/true);
     auto ex = make_executor("mega", prog, pool);
     KVCache c = m.make_cache(16, 4);
     runs.push_back(decode(m, *ex, toks, c, 3));
