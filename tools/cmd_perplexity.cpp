@@ -313,12 +313,14 @@ void run_perplexity(const PerplexityOptions& o) {
     const double p_err = count > 1 ? std::sqrt(p * (1 - p) / static_cast<double>(count - 1)) : 0;
     fmt::print("against base {} ({}):\n", o.kl_base, bh.name);
     fmt::print("  PPL(base)            = {:.6f} +/- {:.6f}\n", std::exp(bm.mean), bm.err * std::exp(bm.mean));
-    fmt::print("  PPL(this)/PPL(base)  = {:.6f}  (mean ln ratio {:.6f} +/- {:.6f})\n", std::exp(dm.mean), dm.mean,
+    // KL divergences span orders of magnitude (exact mode: ~1e-8), so
+    // they are printed with significant digits rather than decimals.
+    fmt::print("  PPL(this)/PPL(base)  = {:.6f}  (mean ln ratio {:.6g} +/- {:.6g})\n", std::exp(dm.mean), dm.mean,
                dm.err);
-    fmt::print("  KL divergence mean   = {:.6f} +/- {:.6f}\n", km.mean, km.err);
-    fmt::print("  KL divergence median = {:.6f}\n", quantile(kls, 0.5));
-    fmt::print("  KL divergence p99    = {:.6f}\n", quantile(kls, 0.99));
-    fmt::print("  KL divergence max    = {:.6f}\n", kls.back());
+    fmt::print("  KL divergence mean   = {:.6g} +/- {:.6g}\n", km.mean, km.err);
+    fmt::print("  KL divergence median = {:.6g}\n", quantile(kls, 0.5));
+    fmt::print("  KL divergence p99    = {:.6g}\n", quantile(kls, 0.99));
+    fmt::print("  KL divergence max    = {:.6g}\n", kls.back());
     fmt::print("  same top-1           = {:.3f} +/- {:.3f} %  ({} of {})\n", 100 * p, 100 * p_err, same_top, count);
   }
 }
