@@ -217,7 +217,7 @@ TEST(Perplexity, GgufWeightsDequantisedToF32AreTheBaseOfExact) {
   const std::string common = "perplexity -m " + model + " -f " + gpl_text() + " -c 128 --chunks 1 -t 2 ";
   CliRun r = run(common + "--weights f32 --save-logits " + saved);
   ASSERT_EQ(r.status, 0) << r.out;
-  EXPECT_NE(r.out.find("f32"), std::string::npos) << r.out;  // the description names the format
+  EXPECT_NE(r.out.find(", f32 ("), std::string::npos) << r.out;  // the description names the weight format
   r = run(common + "--kl-base " + saved);
   ASSERT_EQ(r.status, 0) << r.out;
   // The exact mode computes the f32 result of the same weights to ~1e-5.
