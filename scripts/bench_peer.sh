@@ -14,6 +14,11 @@
 # with flash attention on. The table shows the median over rounds of each
 # figure and megakern / llama.cpp ratios of those medians.
 #
+# Measure on a quiet machine: llama.cpp's OpenMP workers spin at barriers, so
+# on a machine whose cores are shared with other work its figures collapse
+# (SmolLM2 batch-1 decode: 7.4 tok/s at load average 7 on 2 cores, against
+# ~190 unloaded) and the ratios mean nothing.
+#
 # llama.cpp is built once, CPU only (-DGGML_NATIVE=ON), from the source
 # vendored in the llama-cpp-python sdist on PyPI, into build-peer/ (ignored by
 # git; not part of setup or CI). LLAMA_CPP_PYTHON_VERSION picks the sdist.
@@ -55,8 +60,8 @@ MODEL="${1:?usage: scripts/bench_peer.sh [--build-only] MODEL.gguf}"
 [[ -x "$MEGAKERN" ]] || { echo "error: $MEGAKERN not built (cmake --build build --target megakern)" >&2; exit 1; }
 [[ "$ROUNDS" =~ ^[1-9][0-9]*$ ]] || { echo "error: ROUNDS must be a positive integer, got '$ROUNDS'" >&2; exit 1; }
 
+# Raw outputs (JSON and logs of every run) are kept for inspection.
 OUT="$(mktemp -d "${TMPDIR:-/tmp}/bench_peer.XXXXXX")"
-trap 'rm -rf "$OUT"' EXIT
 echo "[peer] $MODEL, $THREADS threads, $ROUNDS rounds; raw results in $OUT" >&2
 t_start=$(date +%s)
 

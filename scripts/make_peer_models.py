@@ -115,8 +115,10 @@ def main():
         if os.path.exists(dst):
             continue
         print(f"quantising to {t}: {dst}", flush=True)
-        subprocess.run([a.quantize, f16, dst + ".tmp", t, str(a.threads)], check=True,
-                       stdout=subprocess.DEVNULL)
+        r = subprocess.run([a.quantize, f16, dst + ".tmp", t, str(a.threads)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if r.returncode != 0:
+            sys.exit(f"error: llama-quantize to {t} failed:\n{r.stderr[-4000:]}")
         os.replace(dst + ".tmp", dst)
     print("done:", ", ".join(sorted(f for f in os.listdir(a.out) if f.endswith(".gguf"))))
 
