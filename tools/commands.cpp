@@ -62,7 +62,8 @@ void add_model_flags(CLI::App* cmd, std::string& model, ModelFlags& f) {
       ->capture_default_str();
   cmd->add_option("--weights", f.weights,
                   "Weight format of a checkpoint directory or preset, converted at load (e.g. q8_0, q4_0, bf16; for "
-                  "MoE presets the dense matrices: bf16, int8_col)");
+                  "MoE presets the dense matrices: bf16, int8_col; GGUF files and dense presets: f32 only, every "
+                  "matrix dequantised at load)");
   cmd->add_option("--experts", f.experts, "MoE presets: format of the routed experts (int4_g128, nvfp4, ...)");
   cmd->add_option("--model-seed", f.seed, "Seed of a synthetic preset's weights")->capture_default_str();
   add_numerics_flag(cmd, f.numerics);

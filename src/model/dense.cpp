@@ -50,7 +50,11 @@ std::vector<float> vec(const GGUFFile& f, const std::string& name, int64_t n) {
 
 }  // namespace
 
-std::unique_ptr<DenseModel> DenseModel::load(const GGUFFile& f) {
+std::unique_ptr<DenseModel> DenseModel::load(const GGUFFile& f, std::optional<DType> weights) {
+  if (weights && *weights != DType::F32)
+    fail("{}: a GGUF file keeps the formats it was written in; --weights can only be f32 (dequantised at load), "
+         "got {}",
+         f.name(), dtype_traits(*weights).name);
   auto m = std::unique_ptr<DenseModel>(new DenseModel());
   DenseConfig& c = m->cfg_;
   c.arch_name = f.get_string("general.architecture");
@@ -148,7 +152,30 @@ std::unique_ptr<DenseModel> DenseModel::load(const GGUFFile& f) {
       L.post_ffn_norm = vec(f, p + "post_ffw_norm.weight", c.n_embd);
     }
   }
+  if (weights) m->dequantize_all_to_f32();
   return m;
+}
+
+void DenseModel::dequantize_all_to_f32() {
+  // A tied output matrix is the embedding: it is converted once and both
+  // views keep pointing at the same storage.
+  const bool tied = output_.data == tok_embd_.data;
+  auto convert = [this](MatView& m) {
+    if (m.type == DType::F32) return;
+    std::vector<float> out(static_cast<size_t>(m.rows) * static_cast<size_t>(m.cols));
+    for (int64_t j = 0; j < m.rows; ++j) dequantize_row(m, j, out.data() + static_cast<size_t>(j) * m.cols);
+    m.type = DType::F32;
+    m.row_bytes = row_bytes(DType::F32, m.cols);
+    m.data = reinterpret_cast<const uint8_t*>(out.data());
+    owned_.push_back(std::move(out));  // moving a vector keeps its buffer where it is
+  };
+  convert(tok_embd_);
+  if (tied)
+    output_ = tok_embd_;
+  else
+    convert(output_);
+  for (DenseLayer& L : layers_)
+    for (MatView* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) convert(*m);
 }
 
 KVCache DenseModel::make_cache(int n_ctx) const {

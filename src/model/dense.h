@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -112,7 +113,13 @@ class DenseModel {
  public:
   // Reads the config and tensor views; the GGUF file must outlive the model.
   // Throws megakern::Error naming a missing tensor or a wrong shape.
-  static std::unique_ptr<DenseModel> load(const GGUFFile& file);
+  // With `weights` = F32, every weight matrix (embedding and output
+  // included) is dequantised to f32 at load and owned by the model: the
+  // f32 computation of the very same weights, which accuracy measurements
+  // (megakern perplexity --kl-base) compare the quantised kernels against.
+  // Other formats are refused: requantising a quantised file would change
+  // the weights.
+  static std::unique_ptr<DenseModel> load(const GGUFFile& file, std::optional<DType> weights = std::nullopt);
 
   const DenseConfig& config() const { return cfg_; }
   KVCache make_cache(int n_ctx) const;
@@ -140,6 +147,10 @@ class DenseModel {
   MatView output_;    // [n_vocab][n_embd] (the embedding when tied)
   std::vector<float> output_norm_;
   std::vector<DenseLayer> layers_;
+  // Storage of matrices dequantised at load (load with weights = F32); the
+  // MatViews above point into it.
+  std::vector<std::vector<float>> owned_;
+  void dequantize_all_to_f32();
 };
 
 }  // namespace megakern

@@ -22,6 +22,9 @@ namespace megakern {
 Model::~Model() = default;
 
 bool Model::prompt_forward(ThreadPool&, SequenceState&, const int32_t*, int, int, float*) const { return false; }
+bool Model::prompt_forward_logits(ThreadPool&, SequenceState&, const int32_t*, int, int, int, float*) const {
+  return false;
+}
 
 namespace {
 
@@ -36,19 +39,22 @@ std::unique_ptr<Tokenizer> byte_tokenizer(int n_vocab, const std::string& model)
 // Dense transformers from GGUF (files, fetched models, bench presets).
 class DenseRuntimeModel final : public Model {
  public:
-  // `weights` (presets only) replaces the preset's matrix format; the
-  // preset's f32 weights are then quantised into it at load.
+  // `weights`: for a preset, the matrix format it is generated in (its f32
+  // weights quantised into it at load); for a GGUF file only f32, every
+  // matrix dequantised at load (the f32 computation of the same weights).
   explicit DenseRuntimeModel(const std::string& name_or_path, std::optional<DType> weights = std::nullopt) {
     name_ = name_or_path;
+    std::optional<DType> dequantise = weights;  // GGUF files: f32 at load
     if (const DensePreset* p = find_dense_preset(name_or_path)) {
       DensePreset q = *p;
       if (weights) q.wtype = *weights;
       image_ = make_dense_gguf(q);
       file_ = GGUFFile::parse(image_.data(), image_.size(), p->name);
+      dequantise.reset();  // generated in the asked format already
     } else {
       file_ = GGUFFile::open(resolve_model_path(name_or_path));
     }
-    model_ = DenseModel::load(*file_);
+    model_ = DenseModel::load(*file_, dequantise);
     const DenseConfig& c = model_->config();
     n_vocab_ = c.n_vocab;
     train_ctx_ = c.n_ctx_train;
@@ -78,6 +84,11 @@ class DenseRuntimeModel final : public Model {
   bool prompt_forward(ThreadPool& pool, SequenceState& seq, const int32_t* tokens, int n, int pos0,
                       float* logits) const override {
     model_->forward(pool, seq.cache, tokens, n, pos0, 1, logits, numerics_);
+    return true;
+  }
+  bool prompt_forward_logits(ThreadPool& pool, SequenceState& seq, const int32_t* tokens, int n, int pos0, int n_out,
+                             float* logits) const override {
+    model_->forward(pool, seq.cache, tokens, n, pos0, n_out, logits, numerics_);
     return true;
   }
   bool prompt_forward_available() const override { return true; }
@@ -219,11 +230,11 @@ std::unique_ptr<Model> load_model_as_given(const std::string& name_or_path, cons
   }
   if (opts.weights && find_dense_preset(name_or_path))
     return std::make_unique<DenseRuntimeModel>(name_or_path, opts.weights);
-  if (opts.weights)
-    fail("model '{}': converting the weight format at load is only supported for checkpoint directories and "
-         "synthetic presets",
-         name_or_path);
-  return std::make_unique<DenseRuntimeModel>(name_or_path);
+  if (opts.weights && *opts.weights != DType::F32)
+    fail("model '{}': a GGUF file keeps its weight formats; --weights can only be f32 for it "
+         "(every matrix dequantised at load), got {}",
+         name_or_path, dtype_traits(*opts.weights).name);
+  return std::make_unique<DenseRuntimeModel>(name_or_path, opts.weights);
 }
 
 }  // namespace

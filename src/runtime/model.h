@@ -79,6 +79,13 @@ class Model {
   // the model has none; the engine then prefills with executor steps.
   virtual bool prompt_forward(ThreadPool& pool, SequenceState& seq, const int32_t* tokens, int n, int pos0,
                               float* logits) const;
+  // Teacher forcing (dense models): computes tokens[0..n) of seq at
+  // positions pos0.., writing the logits of the last n_out positions,
+  // [n_out][n_vocab], each the same bits as prompt_forward would give for
+  // that position. Returns false when the model has no batched pass; callers
+  // then run executor steps (Engine::step over the positions as rows).
+  virtual bool prompt_forward_logits(ThreadPool& pool, SequenceState& seq, const int32_t* tokens, int n, int pos0,
+                                     int n_out, float* logits) const;
   // Whether prompt_forward computes (dense models) rather than declining.
   virtual bool prompt_forward_available() const { return false; }
 
@@ -103,7 +110,8 @@ class Model {
 
 struct ModelOptions {
   // Convert every weight matrix to this format at load (checkpoint
-  // directories and synthetic presets; GGUF files keep their formats).
+  // directories and synthetic presets; GGUF files and dense presets keep
+  // their formats, or are dequantised to f32 when this is F32).
   // For MoE presets: this is the dense format, and `experts` the routed
   // experts' (defaults bf16 and int4_g128 for Muse Spark).
   std::optional<DType> weights;

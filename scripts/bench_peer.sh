@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# megakern against llama.cpp on the same GGUF file, same thread count, rounds
+# interleaved (megakern first in odd rounds, llama.cpp first in even ones) so
+# that a machine whose load drifts disturbs both alike.
+#
+# Usage: scripts/bench_peer.sh [--build-only] [MODEL.gguf]
+#   ROUNDS=3 THREADS=2 scripts/bench_peer.sh models/smollm2-135m.gguf
+#
+# Measured per round, on each engine:
+#   b1      batch-1 decode tok/s      megakern bench --batch 1     | llama-bench -p 0 -n 64
+#   b8      batch-8 decode, aggregate megakern bench --batch 8     | llama-batched-bench -npp 16 -ntg 64 -npl 8
+#   pp512   512-token prompt tok/s    megakern bench --prompt 512  | llama-bench -p 512 -n 0
+# megakern runs in both numerics modes (exact, fast) in each round; llama.cpp
+# with flash attention on. The table shows the median over rounds of each
+# figure and megakern / llama.cpp ratios of those medians.
+#
+# Measure on a quiet machine: llama.cpp's OpenMP workers spin at barriers, so
+# on a machine whose cores are shared with other work its figures collapse
+# (SmolLM2 batch-1 decode: 7.4 tok/s at load average 7 on 2 cores, against
+# ~190 unloaded) and the ratios mean nothing.
+#
+# llama.cpp is built once, CPU only (-DGGML_NATIVE=ON), from the source
+# vendored in the llama-cpp-python sdist on PyPI, into build-peer/ (ignored by
+# git; not part of setup or CI). LLAMA_CPP_PYTHON_VERSION picks the sdist.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+PEER="${PEER_DIR:-$ROOT/build-peer}"
+VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
+THREADS="${THREADS:-2}"
+ROUNDS="${ROUNDS:-3}"
+MEGAKERN="${MEGAKERN:-$ROOT/build/megakern}"
+BIN="$PEER/llama-build/bin"
+
+build_peer() {
+  if [[ -x "$BIN/llama-bench" && -x "$BIN/llama-batched-bench" && -x "$BIN/llama-quantize" ]]; then return; fi
+  mkdir -p "$PEER"
+  local sdist="$PEER/llama_cpp_python-$VERSION.tar.gz"
+  if [[ ! -f "$sdist" ]]; then
+    echo "[peer] downloading the llama-cpp-python $VERSION sdist" >&2
+    python3 -m pip download --no-binary :all: --no-deps "llama-cpp-python==$VERSION" -d "$PEER" >&2
+  fi
+  local src="$PEER/llama_cpp_python-$VERSION/vendor/llama.cpp"
+  [[ -d "$src" ]] || tar -xzf "$sdist" -C "$PEER"
+  echo "[peer] building llama.cpp from $src (CPU only, native; takes a while)" >&2
+  cmake -S "$src" -B "$PEER/llama-build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+    -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF >&2
+  nice -n 15 cmake --build "$PEER/llama-build" -j2 \
+    --target llama-bench llama-batched-bench llama-quantize llama-perplexity >&2
+}
+
+BUILD_ONLY=0
+if [[ "${1:-}" == "--build-only" ]]; then BUILD_ONLY=1; shift; fi
+build_peer
+if [[ $BUILD_ONLY == 1 ]]; then echo "llama.cpp tools in $BIN"; exit 0; fi
+
+MODEL="${1:?usage: scripts/bench_peer.sh [--build-only] MODEL.gguf}"
+[[ -f "$MODEL" ]] || { echo "error: model file '$MODEL' not found" >&2; exit 1; }
+[[ -x "$MEGAKERN" ]] || { echo "error: $MEGAKERN not built (cmake --build build --target megakern)" >&2; exit 1; }
+[[ "$ROUNDS" =~ ^[1-9][0-9]*$ ]] || { echo "error: ROUNDS must be a positive integer, got '$ROUNDS'" >&2; exit 1; }
+
+# Raw outputs (JSON and logs of every run) are kept for inspection.
+OUT="$(mktemp -d "${TMPDIR:-/tmp}/bench_peer.XXXXXX")"
+echo "[peer] $MODEL, $THREADS threads, $ROUNDS rounds; raw results in $OUT" >&2
+t_start=$(date +%s)
+
+run_megakern() {  # $1: round
+  "$MEGAKERN" bench -m "$MODEL" --numerics exact,fast --executor mega --batch 1,8 --steps 64 --warmup 4 \
+    --rounds 1 -t "$THREADS" --probe-mib 64 --json "$OUT/mk-decode-$1.json" > "$OUT/mk-decode-$1.log" 2>&1
+  "$MEGAKERN" bench -m "$MODEL" --numerics exact,fast --executor mega --prompt 512 --rounds 1 -t "$THREADS" \
+    --json "$OUT/mk-prompt-$1.json" > "$OUT/mk-prompt-$1.log" 2>&1
+}
+run_llama() {  # $1: round
+  "$BIN/llama-bench" -m "$MODEL" -t "$THREADS" -p 0 -n 64 -fa 1 -r 1 -o json > "$OUT/ll-decode-$1.json" 2> "$OUT/ll-decode-$1.log"
+  "$BIN/llama-bench" -m "$MODEL" -t "$THREADS" -p 512 -n 0 -fa 1 -r 1 -o json > "$OUT/ll-prompt-$1.json" 2> "$OUT/ll-prompt-$1.log"
+  "$BIN/llama-batched-bench" -m "$MODEL" -t "$THREADS" -tb "$THREADS" -c 1024 -b 512 -ub 512 -fa on \
+    -npp 16 -ntg 64 -npl 8 --output-format jsonl > "$OUT/ll-batched-$1.log" 2>&1
+}
+
+for ((r = 1; r <= ROUNDS; r++)); do
+  echo "[peer] round $r of $ROUNDS" >&2
+  if ((r % 2)); then run_megakern "$r"; run_llama "$r"; else run_llama "$r"; run_megakern "$r"; fi
+done
+
+python3 - "$OUT" "$ROUNDS" "$MODEL" "$THREADS" "$(( $(date +%s) - t_start ))" <<'EOF'
+import json, re, statistics, sys
+out, rounds, model, threads, secs = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+fig = {}  # (engine, metric) -> [tok/s per round]
+def add(key, v): fig.setdefault(key, []).append(v)
+for r in range(1, rounds + 1):
+    d = json.load(open(f"{out}/mk-decode-{r}.json"))
+    for x in d["results"]:
+        mode = x["executor"].split("/")[-1] if "/" in x["executor"] else "exact"
+        add((f"megakern {mode}", f"b{x['batch']}"), x["tokens_per_s"])
+    p = json.load(open(f"{out}/mk-prompt-{r}.json"))
+    for x in p["results"]:
+        add((f"megakern {x['case'].split('/')[-1]}", "pp512"), x["tokens_per_s"])
+    for name, metric in (("decode", "b1"), ("prompt", "pp512")):
+        for x in json.load(open(f"{out}/ll-{name}-{r}.json")):
+            add(("llama.cpp", metric), x["avg_ts"])
+    found = False
+    for line in open(f"{out}/ll-batched-{r}.log"):
+        m = re.search(r"\{.*\"speed_tg\".*\}", line)
+        if m:
+            add(("llama.cpp", "b8"), json.loads(m.group(0))["speed_tg"]); found = True
+    if not found:
+        sys.exit(f"error: no llama-batched-bench result in {out}/ll-batched-{r}.log")
+med = {k: statistics.median(v) for k, v in fig.items()}
+metrics = ["b1", "b8", "pp512"]
+print(f"\n{model}: {threads} threads, median of {rounds} interleaved round(s), tokens/s ({secs} s in all)")
+print(f"{'engine':<16}" + "".join(f"{m:>10}" for m in metrics))
+engines = ["llama.cpp", "megakern exact", "megakern fast"]
+for e in engines:
+    print(f"{e:<16}" + "".join(f"{med.get((e, m), float('nan')):>10.1f}" for m in metrics))
+for e in engines[1:]:
+    print(f"{e + ' / llama':<16}" + "".join(
+        f"{med[(e, m)] / med[('llama.cpp', m)]:>9.2f}x" if (e, m) in med and ("llama.cpp", m) in med else f"{'-':>10}"
+        for m in metrics))
+EOF
