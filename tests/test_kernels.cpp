@@ -123,6 +123,26 @@ double tolerance(DType t, const float* w, const float* x, int64_t n) {
   return 1.0001 * q + 2.0 * ((double)n / 32 * 3 + 8) * 0x1p-24 * mag + 1e-30;
 }
 
+// Raw random blocks keep every code and sub-block scale byte, but their
+// f16 / f32 / e8m0 super-scales are set to sane values so no inf/NaN arises
+// (NVFP4's scale bytes are all finite already).
+void pin_block_scales(DType t, uint8_t* b, std::mt19937& rng) {
+  auto put_f16 = [&](size_t at) {
+    const uint16_t h = f32_to_f16(std::ldexp(1.0f + (float)(rng() % 1000) / 1000.0f, (int)(rng() % 10) - 8));
+    std::memcpy(b + at, &h, 2);
+  };
+  switch (t) {
+    case DType::Q4_0: case DType::Q8_0: case DType::Q5_0: case DType::INT4_G128: put_f16(0); break;
+    case DType::Q4_1: case DType::Q4_K: case DType::Q5_K: put_f16(0); put_f16(2); break;
+    case DType::Q6_K: put_f16(208); break;
+    case DType::Q3_K: put_f16(108); break;
+    case DType::IQ4_NL: case DType::IQ4_XS: put_f16(0); break;
+    case DType::MXFP4: b[0] = (uint8_t)(100 + rng() % 55); break;
+    case DType::INT8_COL: { const float d = 0.01f; std::memcpy(b, &d, 4); break; }
+    default: break;
+  }
+}
+
 // The many-row dot and axpy give exactly the bits of the one-row functions,
 // for aligned and odd widths, strides and row counts (attention relies on it:
 // the dense prompt pass and the executors must agree bit for bit).
@@ -263,21 +283,7 @@ TEST(Kernels, RandomBitPatternsMatchOracle) {
     const int64_t nblk = rows * cols / tr.block_size;
     for (int64_t i = 0; i < nblk; ++i) {
       uint8_t* b = base + (size_t)i * tr.block_bytes;
-      auto put_f16 = [&](size_t at) {
-        const uint16_t h = f32_to_f16(std::ldexp(1.0f + (float)(rng() % 1000) / 1000.0f, (int)(rng() % 10) - 8));
-        std::memcpy(b + at, &h, 2);
-      };
-      switch (t) {
-        case DType::Q4_0: case DType::Q8_0: case DType::Q5_0: case DType::INT4_G128: put_f16(0); break;
-        case DType::Q4_1: case DType::Q4_K: put_f16(0); put_f16(2); break;
-        case DType::Q6_K: put_f16(208); break;
-        case DType::Q3_K: put_f16(108); break;
-        case DType::Q5_K: put_f16(0); put_f16(2); break;
-        case DType::IQ4_NL: case DType::IQ4_XS: put_f16(0); break;
-        case DType::MXFP4: b[0] = (uint8_t)(100 + rng() % 55); break;
-        case DType::INT8_COL: { const float d = 0.01f; std::memcpy(b, &d, 4); break; }
-        default: break;  // NVFP4: every scale byte is finite
-      }
+      pin_block_scales(t, b, rng);
     }
     const MatView W{t, cols, rows, base, rb};
     const int64_t n_x = 5;
@@ -781,21 +787,7 @@ TEST(FastKernels, RandomBitPatternsMatchOracle) {
     const int64_t nblk = rows * cols / tr.block_size;
     for (int64_t i = 0; i < nblk; ++i) {
       uint8_t* b = base + (size_t)i * tr.block_bytes;
-      auto put_f16 = [&](size_t at) {
-        const uint16_t h = f32_to_f16(std::ldexp(1.0f + (float)(rng() % 1000) / 1000.0f, (int)(rng() % 10) - 8));
-        std::memcpy(b + at, &h, 2);
-      };
-      switch (t) {
-        case DType::Q4_0: case DType::Q8_0: case DType::Q5_0: case DType::INT4_G128: put_f16(0); break;
-        case DType::Q4_1: case DType::Q4_K: put_f16(0); put_f16(2); break;
-        case DType::Q6_K: put_f16(208); break;
-        case DType::Q3_K: put_f16(108); break;
-        case DType::Q5_K: put_f16(0); put_f16(2); break;
-        case DType::IQ4_NL: case DType::IQ4_XS: put_f16(0); break;
-        case DType::MXFP4: b[0] = (uint8_t)(100 + rng() % 55); break;
-        case DType::INT8_COL: { const float d = 0.01f; std::memcpy(b, &d, 4); break; }
-        default: break;
-      }
+      pin_block_scales(t, b, rng);
     }
     const MatView W{t, cols, rows, base, rb};
     for (int64_t n_x : {1, 3, 9}) {

@@ -230,15 +230,7 @@ void quant_q8_0(const float* x, uint8_t* b) {
 // elements 64c .. 64c+31 (sub-block 2c), the high nibbles 64c+32 .. 64c+63
 // (sub-block 2c+1). value = d * sc * q - dmin * m.
 
-void unpack_q4_k_scale_min(const uint8_t* s, int i, int& sc, int& m) {
-  if (i < 4) {
-    sc = s[i] & 63;
-    m = s[i + 4] & 63;
-  } else {
-    sc = (s[i + 4] & 0x0f) | ((s[i - 4] >> 6) << 4);
-    m = (s[i + 4] >> 4) | ((s[i] >> 6) << 4);
-  }
-}
+void unpack_q4_k_scale_min(const uint8_t* s, int i, int& sc, int& m) { k_scale_min(s, i, sc, m); }
 
 void pack_q4_k_scale_min(const uint8_t sc[8], const uint8_t m[8], uint8_t* s) {
   for (int i = 0; i < 4; ++i) {
@@ -1141,6 +1133,16 @@ size_t row_bytes(DType t, int64_t n) {
          n, traits.name, traits.block_size);
   }
   return (size_t)(n / traits.block_size) * traits.block_bytes;
+}
+
+void k_scale_min(const uint8_t* s, int j, int& sc, int& m) {
+  if (j < 4) {
+    sc = s[j] & 63;
+    m = s[j + 4] & 63;
+  } else {
+    sc = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
+    m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
 }
 
 }  // namespace megakern

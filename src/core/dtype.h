@@ -92,6 +92,10 @@ std::optional<DType> dtype_from_name(std::string_view name);
 float fp8_e4m3_to_f32(uint8_t b);
 uint8_t f32_to_fp8_e4m3(float v);
 
+// Q4_K / Q5_K: the 6-bit scale and min of sub-block j (0..7) from the 12
+// packed scale bytes s of a super-block (GGML's layout).
+void k_scale_min(const uint8_t* s, int j, int& sc, int& m);
+
 // Bytes needed by a row of n elements; throws if n is not a multiple of the block size.
 size_t row_bytes(DType t, int64_t n);
 

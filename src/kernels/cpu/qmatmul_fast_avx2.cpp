@@ -189,13 +189,7 @@ struct FQ5_K {
     const int sb = (int)(k % 8);
     const uint8_t* s = b + 4;
     int sc, m;
-    if (sb < 4) {
-      sc = s[sb] & 63;
-      m = s[sb + 4] & 63;
-    } else {
-      sc = (s[sb + 4] & 0x0f) | ((s[sb - 4] >> 6) << 4);
-      m = (s[sb + 4] >> 4) | ((s[sb] >> 6) << 4);
-    }
+    k_scale_min(s, sb, sc, m);
     const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 48 + 32 * (sb / 2)));
     const __m256i low = _mm256_and_si256(sb % 2 ? _mm256_srli_epi16(raw, 4) : raw, _mm256_set1_epi8(0x0f));
     const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16));

@@ -75,13 +75,7 @@ struct Q4_K {
   static void decode(const uint8_t* b, int sb, __m256 v[4]) {
     const uint8_t* s = b + 4;
     int sc, m;
-    if (sb < 4) {
-      sc = s[sb] & 63;
-      m = s[sb + 4] & 63;
-    } else {
-      sc = (s[sb + 4] & 0x0f) | ((s[sb - 4] >> 6) << 4);
-      m = (s[sb + 4] >> 4) | ((s[sb] >> 6) << 4);
-    }
+    k_scale_min(s, sb, sc, m);
     const float d = load_f16(b) * static_cast<float>(sc);
     const float off = load_f16(b + 2) * static_cast<float>(m);
     // Sub-blocks 2c and 2c+1 share 32 bytes: low nibbles, then high nibbles.
@@ -150,13 +144,7 @@ struct Q5_K {
   static void decode(const uint8_t* b, int sb, __m256 v[4]) {
     const uint8_t* s = b + 4;
     int sc, m;
-    if (sb < 4) {
-      sc = s[sb] & 63;
-      m = s[sb + 4] & 63;
-    } else {
-      sc = (s[sb + 4] & 0x0f) | ((s[sb - 4] >> 6) << 4);
-      m = (s[sb + 4] >> 4) | ((s[sb] >> 6) << 4);
-    }
+    k_scale_min(s, sb, sc, m);
     const float d = load_f16(b) * static_cast<float>(sc);
     const float off = load_f16(b + 2) * static_cast<float>(m);
     const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 48 + 32 * (sb / 2)));

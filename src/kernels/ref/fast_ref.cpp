@@ -46,13 +46,7 @@ void decode_k_block(DType t, const uint8_t* b, KBlock& o) {
       const uint8_t* s = b + 4;
       for (int j = 0; j < 8; ++j) {
         int sc, m;
-        if (j < 4) {
-          sc = s[j] & 63;
-          m = s[j + 4] & 63;
-        } else {
-          sc = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
-          m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-        }
+        k_scale_min(s, j, sc, m);
         o.sc[j] = sc;
         o.m[j] = m;
         const uint8_t* q = b + 16 + 32 * (j / 2);

@@ -85,13 +85,7 @@ void decode_i16_sub(DType t, const uint8_t* row, int64_t k, I16Sub& o) {
       const int sb = (int)(k % 8);
       const uint8_t* s = b + 4;
       int sc, m;
-      if (sb < 4) {
-        sc = s[sb] & 63;
-        m = s[sb + 4] & 63;
-      } else {
-        sc = (s[sb + 4] & 0x0f) | ((s[sb - 4] >> 6) << 4);
-        m = (s[sb + 4] >> 4) | ((s[sb] >> 6) << 4);
-      }
+      k_scale_min(s, sb, sc, m);
       const uint8_t* q = b + 16 + 32 * (sb / 2);
       for (int i = 0; i < 32; ++i) o.w[i] = (int8_t)(sb % 2 ? q[i] >> 4 : q[i] & 0x0f);
       o.sc[0] = o.sc[1] = f16_at(b) * (float)sc;
@@ -140,13 +134,7 @@ void decode_i16_sub(DType t, const uint8_t* row, int64_t k, I16Sub& o) {
       const int sb = (int)(k % 8);
       const uint8_t* s = b + 4;
       int sc, m;
-      if (sb < 4) {
-        sc = s[sb] & 63;
-        m = s[sb + 4] & 63;
-      } else {
-        sc = (s[sb + 4] & 0x0f) | ((s[sb - 4] >> 6) << 4);
-        m = (s[sb + 4] >> 4) | ((s[sb] >> 6) << 4);
-      }
+      k_scale_min(s, sb, sc, m);
       const uint8_t* qh = b + 16;
       const uint8_t* q = b + 48 + 32 * (sb / 2);
       for (int i = 0; i < 32; ++i) {
