@@ -444,6 +444,7 @@ TEST(ServerHttp, InfoEndpoints) {
   r = cli.Get("/version");
   ASSERT_TRUE(r);
   EXPECT_EQ(json::parse(r->body)["batch"], 2);
+  EXPECT_EQ(json::parse(r->body)["numerics"], "exact");  // the model's mode (default)
   r = cli.Get("/no/such/thing");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 404);

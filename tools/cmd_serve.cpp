@@ -54,8 +54,10 @@ void serve_cmd(const ServeOptions& o) {
   if (so.model_id.empty()) so.model_id = server::default_model_id(o.model);
   server::HttpServer srv(*model, pool, so);
   const int port = srv.start();
-  fmt::print(stderr, "megakern serve: {} ({}) on http://{}:{} | batch {} | context {} | {} threads | {} executor\n",
-             srv.model_id(), model->description(), so.host, port, so.batch, so.n_ctx, pool.size(), so.executor);
+  fmt::print(stderr,
+             "megakern serve: {} ({}) on http://{}:{} | batch {} | context {} | {} threads | {} executor | {} numerics\n",
+             srv.model_id(), model->description(), so.host, port, so.batch, so.n_ctx, pool.size(), so.executor,
+             numerics_name(model->numerics()));
   if (!so.api_key.empty()) fmt::print(stderr, "megakern serve: an API key is required (Authorization: Bearer ...)\n");
   std::fflush(stderr);
 

@@ -293,6 +293,7 @@ void HttpServer::setup_routes() {
                {"model", model_id_},
                {"description", model_.description()},
                {"executor", opts_.executor},
+               {"numerics", numerics_name(model_.numerics())},
                {"batch", opts_.batch},
                {"context", opts_.n_ctx},
                {"max_tokens", opts_.max_tokens}});
