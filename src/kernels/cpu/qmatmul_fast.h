@@ -11,7 +11,7 @@
 // Weights decode to small signed integers w (value = scale * w [+ min]):
 //
 //  * 32-element formats (Q4_0, Q4_1, Q5_0, Q8_0, MXFP4, NVFP4, INT4_G128,
-//    INT8_COL, IQ4_NL; and Q3_K, Q5_K, IQ4_XS, whose scales are floats per
+//    INT8_COL, IQ4_NL; and Q3_K, IQ4_XS, whose scales are floats per
 //    32 or 16 elements, sub-block by sub-block): for output (t, j) and
 //    block k of the row,
 //        isum  = sum_i w_i q_i            (exact int32; per 16-element half
@@ -19,13 +19,13 @@
 //        acc   = fma((float)isum, sc_k * dx_k, acc)
 //        (NVFP4, Q3_K: acc = fma((float)isum_lo, sc0 * dx, acc);
 //                acc = fma((float)isum_hi, sc1 * dx, acc))
-//        (Q4_1, Q5_K: acc = fma(mn_k, sx_k, acc) after the scale term)
+//        (Q4_1:  acc = fma(mn_k, sx_k, acc) after the scale term)
 //    with two accumulators, acc0 for even blocks k and acc1 for odd ones
 //    (two dependency chains), and Y = acc0 + acc1;
-//  * K-quants (Q4_K, Q6_K), 256-element blocks with integer group scales:
+//  * K-quants (Q4_K, Q5_K, Q6_K), 256-element blocks with integer group scales:
 //        isum  = sum_g sc_g * sum_{i in g} w_i q_i        (exact int32)
 //        acc   = fma((float)isum, d * dx, acc)
-//        (Q4_K:  msum = sum_g m_g * sum_{i in g} q_i;
+//        (Q4_K, Q5_K: msum = sum_g m_g * sum_{i in g} q_i;
 //                acc = fma((float)msum, (-dmin) * dx, acc))
 //    with one accumulator, Y = acc.
 // Accumulators start at 0 and blocks are taken in order. Every product of

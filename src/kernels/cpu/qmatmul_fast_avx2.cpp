@@ -181,25 +181,6 @@ struct FIQ4_XS {
     o.s0 = f16_at(b) * (float)ls;
   }
 };
-struct FQ5_K {
-  static constexpr bool kSigned = false, kTwo = false, kMin = true;
-  static constexpr int kOffset = 0;
-  static void decode(const uint8_t* row, int64_t k, Dec& o) {
-    const uint8_t* b = row + (k / 8) * 176;
-    const int sb = (int)(k % 8);
-    const uint8_t* s = b + 4;
-    int sc, m;
-    k_scale_min(s, sb, sc, m);
-    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 48 + 32 * (sb / 2)));
-    const __m256i low = _mm256_and_si256(sb % 2 ? _mm256_srli_epi16(raw, 4) : raw, _mm256_set1_epi8(0x0f));
-    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16));
-    const __m256i bit = _mm256_set1_epi8((char)(1 << sb));
-    const __m256i high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit), _mm256_set1_epi8(16));
-    o.w = _mm256_or_si256(low, high);
-    o.s0 = f16_at(b) * (float)sc;
-    o.mn = -(f16_at(b + 2) * (float)m);
-  }
-};
 struct FQ3_K {
   static constexpr bool kSigned = false, kTwo = true, kMin = false;
   static constexpr int kOffset = 4;
@@ -388,7 +369,7 @@ void fast32_group(const uint8_t* const rows[kRows], const uint8_t* const ahead[k
 // K-quants: 256-element blocks, integer group scales. decode(b, r, S) writes
 // row r's unsigned codes of the block (8 sub-blocks of 32), the int16 scale
 // vector of each sub-block (int16 lane l of vpmaddubsw's output, elements
-// 2l and 2l + 1, meets its group's scale) and d; Q4_K also its mins as
+// 2l and 2l + 1, meets its group's scale) and d; Q4_K and Q5_K their mins as
 // int16 (mv: [row a's 8 mins | row b's 8] per pair of rows), scaled by
 // -dmin; Q6_K the coefficients -32 * scale of its 16 groups (cv), whose
 // product with the sums of q is part of isum.
@@ -402,8 +383,8 @@ struct ScratchK {
 
 struct FQ4_K {
   static constexpr bool kMin = true;
-  static void decode(const uint8_t* b, int r, ScratchK& S) {
-    // The 6-bit scales and mins, unpacked with 32-bit masks.
+  // The 6-bit scales and mins (unpacked with 32-bit masks), d and -dmin.
+  static void scales(const uint8_t* b, int r, ScratchK& S) {
     uint32_t u[4];
     std::memcpy(u, b + 4, 12);
     constexpr uint32_t kMask1 = 0x3f3f3f3f, kMask2 = 0x0f0f0f0f, kMask3 = 0x03030303;
@@ -419,6 +400,12 @@ struct FQ4_K {
       _mm256_store_si256(reinterpret_cast<__m256i*>(S.sc[j][r]), _mm256_shuffle_epi8(sc16, pat));
     }
     _mm_store_si128(reinterpret_cast<__m128i*>(&S.mv[r / 2][8 * (r % 2)]), _mm_cvtepu8_epi16(_mm_srli_si128(bytes, 8)));
+    const __m128 dm = avx2::load_f16x2(b);
+    S.d[r] = _mm_cvtss_f32(dm);
+    S.nmin[r] = -_mm_cvtss_f32(_mm_movehdup_ps(dm));
+  }
+  static void decode(const uint8_t* b, int r, ScratchK& S) {
+    scales(b, r, S);
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     for (int c = 0; c < 4; ++c) {
       const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16 + 32 * c));
@@ -426,9 +413,26 @@ struct FQ4_K {
       _mm256_store_si256(reinterpret_cast<__m256i*>(S.w[2 * c + 1][r]),
                          _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4));
     }
-    const __m128 dm = avx2::load_f16x2(b);
-    S.d[r] = _mm_cvtss_f32(dm);
-    S.nmin[r] = -_mm_cvtss_f32(_mm_movehdup_ps(dm));
+  }
+};
+// Q5_K: Q4_K's scales and mins, codes 0..31 (the fifth bit from qh, bit j
+// of byte i for element i of sub-block j).
+struct FQ5_K {
+  static constexpr bool kMin = true;
+  static void decode(const uint8_t* b, int r, ScratchK& S) {
+    FQ4_K::scales(b, r, S);
+    const __m256i m4 = _mm256_set1_epi8(0x0f), b16 = _mm256_set1_epi8(0x10);
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16));
+    auto high = [&](int j) {  // 16 where bit j of the element's qh byte is set
+      const __m256i bit = _mm256_set1_epi8((char)(1 << j));
+      return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit), b16);
+    };
+    for (int c = 0; c < 4; ++c) {
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 48 + 32 * c));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(S.w[2 * c][r]), _mm256_or_si256(_mm256_and_si256(raw, m4), high(2 * c)));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(S.w[2 * c + 1][r]),
+                         _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), m4), high(2 * c + 1)));
+    }
   }
 };
 struct FQ6_K {
@@ -638,7 +642,7 @@ void matmul_rows_fast_avx2(const MatView& W, const Q8Acts& A, float* Y, int64_t 
     case DType::INT8_COL: fast32_rows<FINT8_COL>(W, A, Y, ldy, rb, re); break;
     case DType::IQ4_NL: fast32_rows<FIQ4_NL>(W, A, Y, ldy, rb, re); break;
     case DType::IQ4_XS: fast32_rows<FIQ4_XS>(W, A, Y, ldy, rb, re); break;
-    case DType::Q5_K: fast32_rows<FQ5_K>(W, A, Y, ldy, rb, re); break;
+    case DType::Q5_K: fastk_rows<FQ5_K>(W, A, Y, ldy, rb, re); break;
     case DType::Q3_K: fast32_rows<FQ3_K>(W, A, Y, ldy, rb, re); break;
     case DType::Q4_K: fastk_rows<FQ4_K>(W, A, Y, ldy, rb, re); break;
     case DType::Q6_K: fastk_rows<FQ6_K>(W, A, Y, ldy, rb, re); break;

@@ -54,6 +54,24 @@ void decode_k_block(DType t, const uint8_t* b, KBlock& o) {
       }
       break;
     }
+    case DType::Q5_K: {  // Q4_K's scales and nibbles plus a fifth bit per element (qh)
+      o.group = 32;
+      o.has_min = true;
+      o.d = f16_at(b);
+      o.nmin = -f16_at(b + 2);
+      const uint8_t* s = b + 4;
+      const uint8_t* qh = b + 16;
+      for (int j = 0; j < 8; ++j) {
+        int sc, m;
+        k_scale_min(s, j, sc, m);
+        o.sc[j] = sc;
+        o.m[j] = m;
+        const uint8_t* q = b + 48 + 32 * (j / 2);
+        for (int i = 0; i < 32; ++i)
+          o.w[32 * j + i] = (int8_t)((j % 2 ? q[i] >> 4 : q[i] & 0x0f) | (((qh[i] >> j) & 1) << 4));
+      }
+      break;
+    }
     case DType::Q6_K: {
       o.group = 16;
       o.has_min = false;
