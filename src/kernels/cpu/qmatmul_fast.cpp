@@ -30,7 +30,9 @@ bool uses_fast_acts(DType t) {
   }
 }
 
-int fast_act_block(DType t) { return t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K ? 256 : 32; }
+int fast_act_block(DType t) {
+  return t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K || t == DType::IQ4_XS ? 256 : 32;
+}
 
 void prepare_q8_acts(int64_t n_x, int64_t cols, int64_t block, Q8Acts& A) {
   MK_CHECK(block == 32 || block == 256, "activation block {} is neither 32 nor 256", block);

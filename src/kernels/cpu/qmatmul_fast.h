@@ -11,8 +11,8 @@
 // Weights decode to small signed integers w (value = scale * w [+ min]):
 //
 //  * 32-element formats (Q4_0, Q4_1, Q5_0, Q8_0, MXFP4, NVFP4, INT4_G128,
-//    INT8_COL, IQ4_NL; and Q3_K, IQ4_XS, whose scales are floats per
-//    32 or 16 elements, sub-block by sub-block): for output (t, j) and
+//    INT8_COL, IQ4_NL; and Q3_K, whose scales are floats per 16 elements,
+//    sub-block by sub-block): for output (t, j) and
 //    block k of the row,
 //        isum  = sum_i w_i q_i            (exact int32; per 16-element half
 //                                          for NVFP4's two scales)
@@ -22,7 +22,8 @@
 //        (Q4_1:  acc = fma(mn_k, sx_k, acc) after the scale term)
 //    with two accumulators, acc0 for even blocks k and acc1 for odd ones
 //    (two dependency chains), and Y = acc0 + acc1;
-//  * K-quants (Q4_K, Q5_K, Q6_K), 256-element blocks with integer group scales:
+//  * K-quants (Q4_K, Q5_K, Q6_K, IQ4_XS), 256-element blocks with integer
+//    group scales:
 //        isum  = sum_g sc_g * sum_{i in g} w_i q_i        (exact int32)
 //        acc   = fma((float)isum, d * dx, acc)
 //        (Q4_K, Q5_K: msum = sum_g m_g * sum_{i in g} q_i;

@@ -167,20 +167,6 @@ struct FIQ4_NL {
   static __m256i map(__m256i c) { return _mm256_shuffle_epi8(iq4nl_table(), c); }
   static void scales(const uint8_t* row, int64_t k, Dec& o) { o.s0 = f16_at(row + k * 18); }
 };
-struct FIQ4_XS {
-  static constexpr bool kSigned = true, kTwo = false, kMin = false;
-  static constexpr int kOffset = 0;
-  static constexpr int kBytes = 136, kSubs = 8, kNibbleAt = 8;
-  static __m256i map(__m256i c) { return _mm256_shuffle_epi8(iq4nl_table(), c); }
-  static void scales(const uint8_t* row, int64_t k, Dec& o) {
-    const uint8_t* b = row + (k / 8) * 136;
-    const int ib = (int)(k % 8);
-    uint16_t sh;
-    std::memcpy(&sh, b + 2, 2);
-    const int ls = (((b[4 + ib / 2] >> (4 * (ib % 2))) & 0x0f) | (((sh >> (2 * ib)) & 3) << 4)) - 32;
-    o.s0 = f16_at(b) * (float)ls;
-  }
-};
 struct FQ3_K {
   static constexpr bool kSigned = false, kTwo = true, kMin = false;
   static constexpr int kOffset = 4;
@@ -375,6 +361,7 @@ void fast32_group(const uint8_t* const rows[kRows], const uint8_t* const ahead[k
 // product with the sums of q is part of isum.
 struct ScratchK {
   alignas(32) int8_t w[8][kRows][32];
+  alignas(32) int8_t aw[8][kRows][32];  // |w| (IQ4_XS: signed table values, the sign trick)
   alignas(32) int16_t sc[8][kRows][16];
   alignas(32) int16_t mv[4][16];
   alignas(32) int16_t cv[kRows][16];
@@ -382,7 +369,7 @@ struct ScratchK {
 };
 
 struct FQ4_K {
-  static constexpr bool kMin = true;
+  static constexpr bool kMin = true, kSigned = false;
   // The 6-bit scales and mins (unpacked with 32-bit masks), d and -dmin.
   static void scales(const uint8_t* b, int r, ScratchK& S) {
     uint32_t u[4];
@@ -418,7 +405,7 @@ struct FQ4_K {
 // Q5_K: Q4_K's scales and mins, codes 0..31 (the fifth bit from qh, bit j
 // of byte i for element i of sub-block j).
 struct FQ5_K {
-  static constexpr bool kMin = true;
+  static constexpr bool kMin = true, kSigned = false;
   static void decode(const uint8_t* b, int r, ScratchK& S) {
     FQ4_K::scales(b, r, S);
     const __m256i m4 = _mm256_set1_epi8(0x0f), b16 = _mm256_set1_epi8(0x10);
@@ -435,8 +422,35 @@ struct FQ5_K {
     }
   }
 };
+// IQ4_XS: signed table values (the sign trick), signed 6-bit scales per 32,
+// no offset or min (its cv stays zero).
+struct FIQ4_XS {
+  static constexpr bool kMin = false, kSigned = true;
+  static void decode(const uint8_t* b, int r, ScratchK& S) {
+    uint16_t sh;
+    std::memcpy(&sh, b + 2, 2);
+    for (int j = 0; j < 8; ++j) {
+      const int ls = (((b[4 + j / 2] >> (4 * (j % 2))) & 0x0f) | (((sh >> (2 * j)) & 3) << 4)) - 32;
+      _mm256_store_si256(reinterpret_cast<__m256i*>(S.sc[j][r]), _mm256_set1_epi16((short)ls));
+    }
+    _mm256_store_si256(reinterpret_cast<__m256i*>(S.cv[r]), _mm256_setzero_si256());
+    const __m256i m4 = _mm256_set1_epi8(0x0f), tab = iq4nl_table();
+    for (int c = 0; c < 4; ++c) {
+      // Sub-blocks 2c and 2c + 1: 16 bytes each, low nibbles first.
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 8 + 32 * c));
+      const __m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+      const __m256i w0 = _mm256_shuffle_epi8(tab, _mm256_permute2x128_si256(lo, hi, 0x20));
+      const __m256i w1 = _mm256_shuffle_epi8(tab, _mm256_permute2x128_si256(lo, hi, 0x31));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(S.w[2 * c][r]), w0);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(S.w[2 * c + 1][r]), w1);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(S.aw[2 * c][r]), _mm256_abs_epi8(w0));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(S.aw[2 * c + 1][r]), _mm256_abs_epi8(w1));
+    }
+    S.d[r] = f16_at(b);
+  }
+};
 struct FQ6_K {
-  static constexpr bool kMin = false;
+  static constexpr bool kMin = false, kSigned = false;
   static void decode(const uint8_t* b, int r, ScratchK& S) {
     const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192)));
     _mm256_store_si256(reinterpret_cast<__m256i*>(S.cv[r]), _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc, 5)));
@@ -491,8 +505,13 @@ void fastk_group(const uint8_t* const rows[kRows], const uint8_t* const ahead[kR
       for (int j = 0; j < 8; ++j) {
         const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * j));
         for (int r = 0; r < kRows; ++r) {
-          const __m256i p =
-              _mm256_maddubs_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(S.w[j][r])), qv);
+          const __m256i wv = _mm256_load_si256(reinterpret_cast<const __m256i*>(S.w[j][r]));
+          __m256i p;
+          if constexpr (F::kSigned)
+            p = _mm256_maddubs_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(S.aw[j][r])),
+                                     _mm256_sign_epi8(qv, wv));
+          else
+            p = _mm256_maddubs_epi16(wv, qv);
           ia[r] = _mm256_add_epi32(
               ia[r], _mm256_madd_epi16(p, _mm256_load_si256(reinterpret_cast<const __m256i*>(S.sc[j][r]))));
         }
@@ -641,7 +660,7 @@ void matmul_rows_fast_avx2(const MatView& W, const Q8Acts& A, float* Y, int64_t 
     case DType::INT4_G128: fast32_rows<FINT4_G128>(W, A, Y, ldy, rb, re); break;
     case DType::INT8_COL: fast32_rows<FINT8_COL>(W, A, Y, ldy, rb, re); break;
     case DType::IQ4_NL: fast32_rows<FIQ4_NL>(W, A, Y, ldy, rb, re); break;
-    case DType::IQ4_XS: fast32_rows<FIQ4_XS>(W, A, Y, ldy, rb, re); break;
+    case DType::IQ4_XS: fastk_rows<FIQ4_XS>(W, A, Y, ldy, rb, re); break;
     case DType::Q5_K: fastk_rows<FQ5_K>(W, A, Y, ldy, rb, re); break;
     case DType::Q3_K: fast32_rows<FQ3_K>(W, A, Y, ldy, rb, re); break;
     case DType::Q4_K: fastk_rows<FQ4_K>(W, A, Y, ldy, rb, re); break;

@@ -72,6 +72,23 @@ void decode_k_block(DType t, const uint8_t* b, KBlock& o) {
       }
       break;
     }
+    case DType::IQ4_XS: {  // IQ4_NL's table per 32 elements under signed 6-bit scales
+      static constexpr int8_t kTable[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+      o.group = 32;
+      o.has_min = false;
+      o.d = f16_at(b);
+      uint16_t sh;
+      std::memcpy(&sh, b + 2, 2);
+      for (int j = 0; j < 8; ++j) {
+        o.sc[j] = (((b[4 + j / 2] >> (4 * (j % 2))) & 0x0f) | (((sh >> (2 * j)) & 3) << 4)) - 32;
+        const uint8_t* q = b + 8 + 16 * j;
+        for (int i = 0; i < 16; ++i) {
+          o.w[32 * j + i] = kTable[q[i] & 0x0f];
+          o.w[32 * j + 16 + i] = kTable[q[i] >> 4];
+        }
+      }
+      break;
+    }
     case DType::Q6_K: {
       o.group = 16;
       o.has_min = false;
