@@ -13,13 +13,13 @@
 #include "core/thread_pool.h"
 #include "io/gguf.h"
 #include "model/dense.h"
+#include "runtime/generator.h"
 #include "runtime/model.h"
-#include "runtime/sampler.h"
-#include "runtime/session.h"
+#include "spec/drafter.h"
+#include "spec/speculative.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 #include "tools/commands.h"
-#include "tools/spec_cli.h"
 
 namespace megakern::cli {
 namespace {
@@ -29,15 +29,11 @@ struct GenOptions {
   std::string prompt;
   std::string system;
   int n_predict = 256;
-  int n_ctx = 4096;
   int threads = 0;
   bool raw = false;
   bool quiet = false;
-  std::string executor = "mega";
-  int ubatch = kDefaultUbatch;  // rows per prompt step on the executor path
   ModelFlags model_flags;
-  SamplingParams sampling;
-  SpecCliOptions spec;  // run --spec: speculative decoding
+  GeneratorOptions gen;  // context, executor, ubatch, sampling; run --spec: speculative decoding
 };
 
 void add_common(CLI::App* cmd, GenOptions& o) {
@@ -46,22 +42,22 @@ void add_common(CLI::App* cmd, GenOptions& o) {
   cmd->add_option("-n,--n-predict", o.n_predict, "Maximum tokens to generate per answer")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("-c,--context", o.n_ctx, "Context size in tokens")->capture_default_str()->check(CLI::Range(16, 1 << 20));
+  cmd->add_option("-c,--context", o.gen.n_ctx, "Context size in tokens")->capture_default_str()->check(CLI::Range(16, 1 << 20));
   cmd->add_option("-t,--threads", o.threads, "Worker threads (0: one per core)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1024));
-  cmd->add_option("--ubatch", o.ubatch,
+  cmd->add_option("--ubatch", o.gen.ubatch,
                   "Prompt positions computed per executor step (models without a batched prompt pass: Qwen3.8, "
                   "Kimi K3, Muse Spark); also the rows a step may take")
       ->capture_default_str()
       ->check(CLI::Range(1, 256));
-  cmd->add_option("--executor", o.executor, "Decode executor: mega, opbyop or reference")
+  cmd->add_option("--executor", o.gen.executor, "Decode executor: mega, opbyop or reference")
       ->capture_default_str()
       ->check(CLI::IsMember({"mega", "opbyop", "reference"}));
-  cmd->add_option("--temp", o.sampling.temperature, "Sampling temperature (0: greedy)")->capture_default_str();
-  cmd->add_option("--top-k", o.sampling.top_k, "Keep only the k most likely tokens (0: all)")->capture_default_str();
-  cmd->add_option("--top-p", o.sampling.top_p, "Nucleus sampling mass in (0, 1]")->capture_default_str();
-  cmd->add_option("--seed", o.sampling.seed, "Random seed for sampling")->capture_default_str();
+  cmd->add_option("--temp", o.gen.sampling.temperature, "Sampling temperature (0: greedy)")->capture_default_str();
+  cmd->add_option("--top-k", o.gen.sampling.top_k, "Keep only the k most likely tokens (0: all)")->capture_default_str();
+  cmd->add_option("--top-p", o.gen.sampling.top_p, "Nucleus sampling mass in (0, 1]")->capture_default_str();
+  cmd->add_option("--seed", o.gen.sampling.seed, "Random seed for sampling")->capture_default_str();
 }
 
 // Everything a generation needs, loaded once.
@@ -73,7 +69,7 @@ struct Loaded {
 };
 
 Loaded load(const GenOptions& o) {
-  validate(o.sampling);
+  validate(o.gen.sampling);
   const ModelOptions mo = o.model_flags.options();
   auto t0 = Clock::now();
   Loaded L;
@@ -84,53 +80,40 @@ Loaded load(const GenOptions& o) {
   return L;
 }
 
-struct GenStats {
-  int prompt_tokens = 0;
-  int new_prompt_tokens = 0;
-  double prefill_ms = 0;
-  int generated = 0;
-  double decode_ms = 0;
-};
-
-// Generates from the session's current logits until an end-of-generation
-// token or n_predict tokens, streaming text to `out`. Returns the text.
-std::string generate(Loaded& L, Session& s, Sampler& sampler, int n_predict, FILE* out, GenStats& st) {
-  StreamDecoder dec(*L.tokenizer);
-  std::string text;
-  auto t0 = Clock::now();
-  for (int i = 0; i < n_predict; ++i) {
-    const auto& logits = s.logits();
-    const int32_t tok = sampler.sample(logits.data(), static_cast<int64_t>(logits.size()));
-    if (L.tokenizer->is_end_of_generation(tok)) break;
-    const std::string piece = dec.push(tok);
-    text += piece;
-    if (out) {
-      std::fputs(piece.c_str(), out);
-      std::fflush(out);
-    }
-    ++st.generated;
-    if (i + 1 == n_predict) break;
-    if (static_cast<int>(s.tokens().size()) >= s.n_ctx()) {
-      fmt::print(stderr, "\n[context of {} tokens is full; stopping]\n", s.n_ctx());
-      break;
-    }
-    s.append(tok);
-  }
-  const std::string rest = dec.flush();
-  text += rest;
-  if (out) std::fputs(rest.c_str(), out);
-  st.decode_ms += ms_since(t0);
-  return text;
+// Generates after `prompt`, streaming the text to stdout.
+GenResult generate(Generator& gen, const std::vector<int32_t>& prompt, int n_predict) {
+  GenerationParams p;
+  p.max_tokens = n_predict;
+  GenResult r = gen.generate(prompt, p, [&](const Delta& d) {
+    std::fputs(d.text.c_str(), stdout);
+    if (!d.done()) std::fflush(stdout);
+  });
+  if (r.stop == StopReason::ContextFull)
+    fmt::print(stderr, "\n[context of {} tokens is full; stopping]\n", gen.n_ctx());
+  std::fputs("\n", stdout);
+  std::fflush(stdout);
+  return r;
 }
 
-void print_stats(const Loaded& L, const GenStats& st) {
+void print_stats(const Loaded& L, const Generator& gen, const GenResult& r) {
   fmt::print(stderr, "\n[model {} | {} | load {:.0f} ms | {} threads]\n", L.model->name(), L.model->description(),
              L.load_ms, L.pool->size());
-  fmt::print(stderr, "[prompt: {} tokens ({} computed) in {:.1f} ms, {:.1f} tok/s]\n", st.prompt_tokens,
-             st.new_prompt_tokens, st.prefill_ms,
-             st.prefill_ms > 0 ? st.new_prompt_tokens * 1000.0 / st.prefill_ms : 0.0);
-  fmt::print(stderr, "[decode: {} tokens in {:.1f} ms, {:.2f} tok/s]\n", st.generated, st.decode_ms,
-             st.decode_ms > 0 ? st.generated * 1000.0 / st.decode_ms : 0.0);
+  const int n = static_cast<int>(r.tokens.size());
+  const double tps = r.decode_ms > 0 ? n * 1000.0 / r.decode_ms : 0.0;
+  const SpecStats* st = gen.spec_stats();
+  if (!st) {
+    fmt::print(stderr, "[prompt: {} tokens ({} computed) in {:.1f} ms, {:.1f} tok/s]\n", r.prompt_tokens,
+               r.prompt_computed, r.prefill_ms, r.prefill_ms > 0 ? r.prompt_computed * 1000.0 / r.prefill_ms : 0.0);
+    fmt::print(stderr, "[decode: {} tokens in {:.1f} ms, {:.2f} tok/s]\n", n, r.decode_ms, tps);
+    return;
+  }
+  fmt::print(stderr, "[prompt: {} tokens in {:.1f} ms]\n", r.prompt_tokens, r.prefill_ms);
+  fmt::print(stderr, "[decode: {} tokens in {:.1f} ms, {:.2f} tok/s]\n", n, r.decode_ms, tps);
+  fmt::print(stderr,
+             "[speculative, drafter {}: {} verify steps, acceptance length {:.2f} tokens per verify, {}/{} drafts "
+             "accepted ({:.0f}%), draft {:.0f} ms, verify {:.0f} ms]\n",
+             gen.drafter()->name(), st->rounds, st->mean_accept(), st->accepted, st->proposed,
+             100.0 * st->acceptance_rate(), st->draft_ms, st->verify_ms);
 }
 
 std::vector<int32_t> encode_conversation(const Loaded& L, const std::vector<ChatMessage>& msgs) {
@@ -158,22 +141,9 @@ void run_cmd(const GenOptions& o) {
     msgs.push_back({"user", o.prompt});
     tokens = encode_conversation(L, msgs);
   }
-  if (!o.spec.drafter.empty()) {
-    run_speculative(*L.model, *L.pool, tokens, o.n_ctx, o.n_predict, o.sampling, o.executor, o.spec, o.quiet,
-                    L.load_ms, o.ubatch);
-    return;
-  }
-  Session s(*L.model, *L.pool, o.n_ctx, o.executor, o.ubatch);
-  Sampler sampler(o.sampling);
-  GenStats st;
-  st.prompt_tokens = st.new_prompt_tokens = static_cast<int>(tokens.size());
-  auto t0 = Clock::now();
-  s.set_tokens(tokens);
-  st.prefill_ms = ms_since(t0);
-  generate(L, s, sampler, o.n_predict, stdout, st);
-  std::fputs("\n", stdout);
-  std::fflush(stdout);
-  if (!o.quiet) print_stats(L, st);
+  Generator gen(*L.model, *L.pool, o.gen);
+  const GenResult r = generate(gen, tokens, o.n_predict);
+  if (!o.quiet) print_stats(L, gen, r);
 }
 
 void chat_cmd(const GenOptions& o) {
@@ -183,8 +153,7 @@ void chat_cmd(const GenOptions& o) {
   if (!L.model->declares_chat_template())
     fmt::print(stderr, "[{} has no chat template in its metadata; using the {} turn format of its architecture, "
                "which a base model may not follow]\n", o.model, chat_template_name(L.model->chat_format().kind));
-  Session s(*L.model, *L.pool, o.n_ctx, o.executor, o.ubatch);
-  Sampler sampler(o.sampling);
+  Generator gen(*L.model, *L.pool, o.gen);
   std::vector<ChatMessage> msgs;
   if (!o.system.empty()) msgs.push_back({"system", o.system});
   const bool tty = isatty(STDIN_FILENO);
@@ -196,33 +165,25 @@ void chat_cmd(const GenOptions& o) {
     if (line == "/exit" || line == "/quit") break;
     if (line == "/reset") {
       msgs.resize(o.system.empty() ? 0 : 1);
-      s.reset();
+      gen.reset();
       fmt::print(stderr, "[conversation reset]\n");
       continue;
     }
     if (line.empty()) continue;
     msgs.push_back({"user", line});
-    const auto tokens = encode_conversation(L, msgs);
-    GenStats st;
-    st.prompt_tokens = static_cast<int>(tokens.size());
-    st.new_prompt_tokens = static_cast<int>(tokens.size() - s.reusable_prefix(tokens));
-    auto t0 = Clock::now();
+    GenResult r;
     try {
-      s.set_tokens(tokens);
+      r = generate(gen, encode_conversation(L, msgs), o.n_predict);
     } catch (const Error& e) {
       msgs.pop_back();
       fmt::print(stderr, "error: {}\n", e.what());
       continue;
     }
-    st.prefill_ms = ms_since(t0);
-    const std::string answer = generate(L, s, sampler, o.n_predict, stdout, st);
-    std::fputs("\n", stdout);
-    std::fflush(stdout);
-    msgs.push_back({"assistant", answer});
+    msgs.push_back({"assistant", r.text});
     if (!o.quiet)
-      fmt::print(stderr, "[{} prompt tokens ({} new) {:.0f} ms | {} tokens at {:.2f} tok/s]\n", st.prompt_tokens,
-                 st.new_prompt_tokens, st.prefill_ms, st.generated,
-                 st.decode_ms > 0 ? st.generated * 1000.0 / st.decode_ms : 0.0);
+      fmt::print(stderr, "[{} prompt tokens ({} new) {:.0f} ms | {} tokens at {:.2f} tok/s]\n", r.prompt_tokens,
+                 r.prompt_computed, r.prefill_ms, r.tokens.size(),
+                 r.decode_ms > 0 ? r.tokens.size() * 1000.0 / r.decode_ms : 0.0);
   }
 }
 
@@ -235,23 +196,23 @@ void register_run(CLI::App& app) {
   cmd->add_option("-p,--prompt", o->prompt, "The prompt (with the model's chat template unless --raw)")->required();
   cmd->add_flag("--raw", o->raw, "Feed the prompt as plain text, without the chat template");
   cmd->add_flag("-q,--quiet", o->quiet, "Do not print statistics");
-  cmd->add_option("--spec", o->spec.drafter,
+  cmd->add_option("--spec", o->gen.drafter,
                   "Speculative decoding with this drafter: ngram, ngram:N, self, self:skip=A-B, self:N (layers kept), model:PATH, "
                   "dspark[:PATH] or dflash[:PATH] (block drafters on target taps; without PATH random MINI weights, "
                   "so acceptance is near zero)");
-  cmd->add_option("--draft", o->spec.draft, "Speculative decoding: most draft tokens per verify step")
+  cmd->add_option("--draft", o->gen.draft, "Speculative decoding: most draft tokens per verify step")
       ->capture_default_str()
       ->check(CLI::Range(1, 32));
-  cmd->add_flag("--fixed-draft", o->spec.fixed, "Speculative decoding: always propose --draft tokens");
+  cmd->add_flag("--fixed-draft", o->gen.fixed_draft, "Speculative decoding: always propose --draft tokens");
   add_common(cmd, *o);
   cmd->callback([o] { run_guarded([&] { run_cmd(*o); }); });
 }
 
 void register_chat(CLI::App& app) {
   auto o = std::make_shared<GenOptions>();
-  o->sampling.temperature = 0.7f;
-  o->sampling.top_p = 0.9f;
-  o->sampling.seed = 42;
+  o->gen.sampling.temperature = 0.7f;
+  o->gen.sampling.top_p = 0.9f;
+  o->gen.sampling.seed = 42;
   auto* cmd = app.add_subcommand("chat", "Interactive chat in the terminal (one user turn per line of input)");
   cmd->add_flag("-q,--quiet", o->quiet, "Do not print statistics");
   add_common(cmd, *o);

@@ -1,5 +1,5 @@
-// `megakern run --spec DRAFTER` and `megakern bench-spec`: speculative
-// decoding from the command line.
+// `megakern bench-spec` (speculative against plain decoding) and
+// `megakern gen-drafter`.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -15,6 +15,7 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "runtime/generator.h"
 #include "runtime/model.h"
 #include "runtime/session.h"
 #include "spec/block_drafter.h"
@@ -28,79 +29,9 @@
 namespace megakern::cli {
 namespace {
 
-SpecOptions spec_options(int draft, bool fixed, const SamplingParams& sampling) {
-  SpecOptions so;
-  so.draft = draft;
-  so.adaptive = !fixed;
-  so.sampling = sampling;
-  return so;
-}
-
-// Rows per step of the target engine: a verify block of draft + 1 rows, and
-// the prompt in blocks of ubatch positions, as plain generation computes it
-// (recurrent models' chunked prompt pass then gives the same state).
-int engine_rows(int draft, int ubatch = kDefaultUbatch) { return std::max(ubatch, draft + 1); }
-
-}  // namespace
-
-void run_speculative(const Model& model, ThreadPool& pool, const std::vector<int32_t>& prompt, int n_ctx,
-                     int n_predict, const SamplingParams& sampling, const std::string& executor,
-                     const SpecCliOptions& spec, bool quiet, double load_ms, int ubatch) {
-  std::unique_ptr<Model> draft_model;
-  auto drafter = make_drafter(spec.drafter, model, pool, n_ctx, sampling, draft_model, executor);
-  Engine engine(model, pool, engine_rows(spec.draft, ubatch), executor);
-  SequenceState seq = model.new_sequence(n_ctx);
-  SpeculativeGenerator gen(engine, seq, *drafter, spec_options(spec.draft, spec.fixed, sampling));
-  const Tokenizer& tok = model.tokenizer();
-  StreamDecoder dec(tok);
-  int emitted = 0;
-  bool done = false;
-  auto emit = [&](int32_t t) {
-    if (tok.is_end_of_generation(t)) return false;
-    std::fputs(dec.push(t).c_str(), stdout);
-    std::fflush(stdout);
-    ++emitted;
-    if (emitted == n_predict) return false;
-    if (static_cast<int64_t>(prompt.size()) + emitted - 1 >= n_ctx) {
-      fmt::print(stderr, "\n[context of {} tokens is full; stopping]\n", n_ctx);
-      return false;
-    }
-    return true;
-  };
-  const auto t0 = Clock::now();
-  done = !emit(gen.start(prompt));
-  std::vector<int32_t> out;
-  while (!done) {
-    out.clear();
-    if (gen.round(n_predict - emitted, out) == 0) break;
-    for (int32_t t : out)
-      if (!emit(t)) {
-        done = true;
-        break;
-      }
-  }
-  const double total_ms = ms_since(t0);
-  std::fputs(dec.flush().c_str(), stdout);
-  std::fputs("\n", stdout);
-  std::fflush(stdout);
-  if (quiet) return;
-  const SpecStats& st = gen.stats();
-  const double decode_ms = total_ms - st.prefill_ms;
-  fmt::print(stderr, "\n[model {} | {} | load {:.0f} ms | {} threads]\n", model.name(), model.description(), load_ms,
-             pool.size());
-  fmt::print(stderr, "[prompt: {} tokens in {:.1f} ms]\n", prompt.size(), st.prefill_ms);
-  fmt::print(stderr, "[decode: {} tokens in {:.1f} ms, {:.2f} tok/s]\n", emitted, decode_ms,
-             decode_ms > 0 ? emitted * 1000.0 / decode_ms : 0.0);
-  fmt::print(stderr,
-             "[speculative, drafter {}: {} verify steps, acceptance length {:.2f} tokens per verify, {}/{} drafts "
-             "accepted ({:.0f}%), draft {:.0f} ms, verify {:.0f} ms]\n",
-             drafter->name(), st.rounds, st.mean_accept(), st.accepted, st.proposed, 100.0 * st.acceptance_rate(),
-             st.draft_ms, st.verify_ms);
-}
-
-// ---------------------------------------------------------------- bench-spec
-
-namespace {
+// Rows per step of a target engine: a verify block of draft + 1 rows, and
+// the prompt in blocks of ubatch positions (as Generator builds it).
+int engine_rows(int draft) { return std::max(kDefaultUbatch, draft + 1); }
 
 const char* kParagraph =
     "The city council met on Tuesday evening to discuss the proposal for a new public library in the north "
@@ -200,12 +131,10 @@ void spec_bench_cmd(const SpecBenchOptions& o) {
   ThreadPool pool(o.threads);
   fmt::print("model {} | {} | load {:.0f} ms | {} threads\n", model->name(), model->description(), ms_since(t_load),
              pool.size());
-  const Tokenizer& tok = model->tokenizer();
-  auto stop = [&](int32_t t) { return tok.is_end_of_generation(t); };
   struct PromptRun {
     std::string name;
     std::vector<int32_t> prompt, plain;
-    double plain_ms = 0;
+    double plain_ms = 1e300;
   };
   std::vector<PromptRun> runs;
   int n_ctx = 0;
@@ -220,22 +149,20 @@ void spec_bench_cmd(const SpecBenchOptions& o) {
   // The speculative generators, one per drafter, built before anything is
   // timed.
   struct SpecRun {
-    std::unique_ptr<Model> draft_model;
-    std::unique_ptr<Drafter> drafter;
-    std::unique_ptr<Engine> engine;
-    std::unique_ptr<SequenceState> seq;
-    std::unique_ptr<SpeculativeGenerator> gen;
+    std::unique_ptr<Generator> gen;
     std::vector<double> ms;           // per prompt, best of reps
     std::vector<SpecStats> stats;     // of that best run
     std::vector<std::vector<int32_t>> out;
   };
+  GeneratorOptions go;
+  go.n_ctx = n_ctx;
+  go.draft = o.draft;
+  go.fixed_draft = o.fixed;
   std::vector<SpecRun> specs;
   for (const std::string& spec : split_list(o.drafters)) {
     SpecRun s;
-    s.drafter = make_drafter(spec, *model, pool, n_ctx, {}, s.draft_model);
-    s.engine = std::make_unique<Engine>(*model, pool, engine_rows(o.draft));
-    s.seq = std::make_unique<SequenceState>(model->new_sequence(n_ctx));
-    s.gen = std::make_unique<SpeculativeGenerator>(*s.engine, *s.seq, *s.drafter, spec_options(o.draft, o.fixed, {}));
+    go.drafter = spec;
+    s.gen = std::make_unique<Generator>(*model, pool, go);
     s.ms.assign(runs.size(), 1e300);
     s.stats.resize(runs.size());
     s.out.resize(runs.size());
@@ -244,27 +171,27 @@ void spec_bench_cmd(const SpecBenchOptions& o) {
 
   // Plain and speculative decoding of each prompt are interleaved, rep by
   // rep, so slow drift in the machine's speed affects all methods alike; each
-  // keeps its fastest run (the one least disturbed by other work).
-  Session plain(*model, pool, n_ctx, "mega", kDefaultUbatch);
-  for (auto& r : runs) r.plain_ms = 1e300;
+  // keeps its fastest run (the one least disturbed by other work). Greedy,
+  // to o.n_predict tokens or an end-of-generation token.
+  go.drafter.clear();
+  Generator plain(*model, pool, go);
+  GenerationParams gp;
+  gp.max_tokens = o.n_predict;
   for (int rep = 0; rep < o.reps; ++rep)
     for (size_t k = 0; k < runs.size(); ++k) {
       PromptRun& r = runs[k];
-      Sampler s({});
-      double prefill = 0;
-      const auto t0 = Clock::now();
-      r.plain = generate_plain(plain, s, r.prompt, o.n_predict, stop, &prefill);
-      r.plain_ms = std::min(r.plain_ms, ms_since(t0) - prefill);
+      plain.reset();
+      GenResult res = plain.generate(r.prompt, gp);
+      r.plain = std::move(res.tokens);
+      r.plain_ms = std::min(r.plain_ms, res.decode_ms);
       for (auto& sr : specs) {
-        sr.gen->reset_stats();
-        const auto t1 = Clock::now();
-        std::vector<int32_t> out = sr.gen->generate(r.prompt, o.n_predict, stop);
-        const double ms = ms_since(t1) - sr.gen->stats().prefill_ms;
-        if (ms < sr.ms[k]) {
-          sr.ms[k] = ms;
-          sr.stats[k] = sr.gen->stats();
+        sr.gen->reset_spec_stats();
+        res = sr.gen->generate(r.prompt, gp);
+        if (res.decode_ms < sr.ms[k]) {
+          sr.ms[k] = res.decode_ms;
+          sr.stats[k] = *sr.gen->spec_stats();
         }
-        sr.out[k] = std::move(out);
+        sr.out[k] = std::move(res.tokens);
       }
     }
   int64_t plain_tokens = 0;
@@ -330,19 +257,19 @@ void spec_bench_cmd(const SpecBenchOptions& o) {
                                 st.mean_accept(), out == r.plain ? "" : "  OUTPUT DIFFERS");
     }
     const double tps = ms > 0 ? tokens * 1000.0 / ms : 0;
-    fmt::print("{:<28} {:>11.2f} {:>10.2f} {:>7.2f}x {:>11.2f} {:>9.0f}% {:>10}\n", sr.drafter->name(), plain_tps, tps,
+    fmt::print("{:<28} {:>11.2f} {:>10.2f} {:>7.2f}x {:>11.2f} {:>9.0f}% {:>10}\n", sr.gen->drafter()->name(), plain_tps, tps,
                plain_tps > 0 ? tps / plain_tps : 0.0, total.mean_accept(), 100.0 * total.acceptance_rate(),
                identical ? "yes" : "NO");
     fmt::print("{}", per_prompt);
     nlohmann::json d;
-    d["drafter"] = sr.drafter->name();
+    d["drafter"] = sr.gen->drafter()->name();
     d["tokens_per_s"] = tps;
     d["speedup"] = plain_tps > 0 ? tps / plain_tps : 0.0;
     d["acceptance_length"] = total.mean_accept();
     d["acceptance_rate"] = total.acceptance_rate();
     d["identical"] = identical;
     j["drafters"].push_back(d);
-    if (!identical) fail("drafter {}: speculative output differs from plain decoding", sr.drafter->name());
+    if (!identical) fail("drafter {}: speculative output differs from plain decoding", sr.gen->drafter()->name());
   }
   if (!o.json.empty()) {
     std::ofstream f(o.json);

@@ -1,36 +1,14 @@
-// Speculative decoding on the command line: `megakern run --spec DRAFTER`
-// and `megakern bench-spec` (also `megakern bench --spec DRAFTER`).
+// `megakern bench-spec` (also `megakern bench --spec DRAFTER`): speculative
+// against plain decoding.
 #pragma once
 
-#include <cstdint>
 #include <string>
-#include <vector>
-
-#include "runtime/sampler.h"
-#include "runtime/session.h"
 
 namespace CLI {
 class App;
 }
 
-namespace megakern {
-class Model;
-class ThreadPool;
-}  // namespace megakern
-
 namespace megakern::cli {
-
-struct SpecCliOptions {
-  std::string drafter;  // "ngram", "ngram:N", "self", "self:N", "model:PATH", "dspark[:PATH]", "dflash[:PATH]"
-  int draft = 6;        // most tokens proposed per verify step
-  bool fixed = false;   // no adaptive draft length
-};
-
-// Generates like `megakern run` but with speculative decoding: text on
-// stdout, statistics (acceptance length, tokens/s) on stderr unless quiet.
-void run_speculative(const Model& model, ThreadPool& pool, const std::vector<int32_t>& prompt, int n_ctx,
-                     int n_predict, const SamplingParams& sampling, const std::string& executor,
-                     const SpecCliOptions& spec, bool quiet, double load_ms, int ubatch = kDefaultUbatch);
 
 struct SpecBenchOptions {
   std::string model = "smollm2-135m";

@@ -7,11 +7,9 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "runtime/generator.h"
 #include "runtime/model.h"
-#include "runtime/sampler.h"
 #include "runtime/session.h"
-#include "server/stop_matcher.h"
-#include "tokenizer/tokenizer.h"
 
 namespace megakern::server {
 
@@ -20,21 +18,19 @@ namespace megakern::server {
 Job::Update Job::take(std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait_for(lock, timeout, [&] { return finished_ || !pending_.empty(); });
-  Update u;
-  u.text.swap(pending_);
-  u.finished = finished_;
-  u.finish = finish_;
-  u.usage = {static_cast<int>(request.prompt.size()), completion_tokens_};
-  u.error = error_;
-  return u;
+  return take_locked();
 }
 
 Job::Update Job::wait_all() {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return finished_; });
+  return take_locked();
+}
+
+Job::Update Job::take_locked() {
   Update u;
   u.text.swap(pending_);
-  u.finished = true;
+  u.finished = finished_;
   u.finish = finish_;
   u.usage = {static_cast<int>(request.prompt.size()), completion_tokens_};
   u.error = error_;
@@ -69,16 +65,13 @@ void Job::finish(FinishReason reason, int completion_tokens, const std::string& 
 // ---- Scheduler -----------------------------------------------------------------
 
 // One row of the batch: a sequence state and, while in use, the request it
-// serves with that request's sampler, detokenizer and stop matcher.
+// serves with that request's sampler and Generation (detokenizer, stop
+// strings, limits).
 struct Scheduler::Slot {
   SequenceState seq;
   std::shared_ptr<Job> job;  // null while free
   std::unique_ptr<Sampler> sampler;
-  std::unique_ptr<StreamDecoder> decoder;
-  std::unique_ptr<StopMatcher> stops;
-  int32_t pos = 0;    // tokens in the cache
-  int32_t next = -1;  // sampled token the next step feeds at `pos`
-  int generated = 0;  // tokens sampled, end-of-generation token excluded
+  std::unique_ptr<Generation> gen;
 };
 
 Scheduler::Scheduler(const Model& model, ThreadPool& pool, const SchedulerOptions& opts)
@@ -210,13 +203,17 @@ void Scheduler::admit() {
     }
     Slot& s = *slot;
     s.job = job;
-    s.generated = 0;
-    s.sampler = std::make_unique<Sampler>(job->request.sampling);
-    s.decoder = std::make_unique<StreamDecoder>(model_.tokenizer());
-    s.stops = std::make_unique<StopMatcher>(job->request.stop);
-    const auto& prompt = job->request.prompt;
+    const GenRequest& req = job->request;
+    const auto& prompt = req.prompt;
+    s.sampler = std::make_unique<Sampler>(req.sampling);
+    GenerationParams gp;
+    gp.max_tokens = req.max_tokens;
+    gp.stop = req.stop;
+    gp.ignore_eos = req.ignore_eos;
     const auto t0 = Clock::now();
     try {
+      s.gen = std::make_unique<Generation>(model_.tokenizer(), gp, static_cast<int>(prompt.size()), s.seq.n_ctx(),
+                                           s.sampler.get());
       s.seq.clear();
       // The logits of the last prompt token land in row 0 of logits_; no
       // other row is live between steps.
@@ -231,8 +228,7 @@ void Scheduler::admit() {
       ++stats_.prefills;
       stats_.prompt_tokens += prompt.size();
     }
-    s.pos = static_cast<int32_t>(prompt.size());
-    accept_token(s, s.sampler->sample(logits_.data(), static_cast<int64_t>(V)));
+    accept_token(s, s.gen->sample(logits_.data(), static_cast<int64_t>(V)));
   }
 }
 
@@ -242,7 +238,7 @@ void Scheduler::decode_step() {
   std::vector<Slot*> order;
   for (auto& s : slots_) {
     if (!s->job) continue;
-    rows.push_back(s->seq.row(s->next, s->pos));
+    rows.push_back(s->seq.row(s->gen->last_token(), s->gen->position()));
     order.push_back(s.get());
   }
   const auto t0 = Clock::now();
@@ -261,51 +257,29 @@ void Scheduler::decode_step() {
   }
   for (size_t i = 0; i < order.size(); ++i) {
     Slot& s = *order[i];
-    ++s.pos;
-    accept_token(s, s.sampler->sample(logits_.data() + i * V, static_cast<int64_t>(V)));
+    accept_token(s, s.gen->sample(logits_.data() + i * V, static_cast<int64_t>(V)));
   }
 }
 
 bool Scheduler::accept_token(Slot& s, int32_t token) {
-  const GenRequest& req = s.job->request;
-  const Tokenizer& tok = model_.tokenizer();
-  // The text still held back (an incomplete UTF-8 sequence, a partial stop
-  // string) is released when generation ends for any reason but a stop string.
-  // `released` has already passed the stop matcher.
-  auto finish_with = [&](const std::string& released, FinishReason reason) {
-    std::string tail = s.stops->push(s.decoder->flush());
-    if (s.stops->stopped())
-      reason = FinishReason::Stop;
-    else
-      tail += s.stops->flush();
-    s.job->append(released + tail, s.generated);
-    release(s, reason);
-    return false;
-  };
-  if (!req.ignore_eos && tok.is_end_of_generation(token)) return finish_with({}, FinishReason::Stop);
-  ++s.generated;
-  {
+  const int before = s.gen->generated();
+  const Delta& d = s.gen->push(token);
+  if (d.generated > before) {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.generated_tokens;
   }
-  const std::string text = s.stops->push(s.decoder->push(token));
-  if (s.stops->stopped()) {
-    s.job->append(text, s.generated);
-    release(s, FinishReason::Stop);
-    return false;
-  }
-  // Out of budget, or no position left to feed the token at.
-  if (s.generated >= req.max_tokens || s.pos >= s.seq.n_ctx()) return finish_with(text, FinishReason::Length);
-  s.job->append(text, s.generated);
-  s.next = token;
-  return true;
+  s.job->append(d.text, d.generated);
+  if (!d.done()) return true;
+  const bool length = d.stop == StopReason::MaxTokens || d.stop == StopReason::ContextFull;
+  release(s, length ? FinishReason::Length : FinishReason::Stop);
+  return false;
 }
 
 void Scheduler::release(Slot& s, FinishReason reason, const std::string& error) {
   std::shared_ptr<Job> job = std::move(s.job);
+  const int generated = s.gen ? s.gen->generated() : 0;
+  s.gen.reset();
   s.sampler.reset();
-  s.decoder.reset();
-  s.stops.reset();
   // The counters move before the job is marked finished, so that a client
   // who has its answer sees them include it.
   {
@@ -318,7 +292,7 @@ void Scheduler::release(Slot& s, FinishReason reason, const std::string& error) 
       case FinishReason::Error: ++stats_.finished_error; break;
     }
   }
-  job->finish(reason, s.generated, error);
+  job->finish(reason, generated, error);
 }
 
 }  // namespace megakern::server

@@ -67,6 +67,7 @@ class Job {
   void finish(FinishReason reason, int completion_tokens, const std::string& error = {});
 
  private:
+  Update take_locked();  // with mu_ held
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::string pending_;

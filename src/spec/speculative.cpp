@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "core/error.h"
+#include "runtime/generator.h"
 
 namespace megakern {
 
@@ -284,44 +285,33 @@ int SpeculativeGenerator::choose_draft_length() const {
   return best_k;
 }
 
+namespace {
+
+// The comparison helpers' rules: the end tokens are stop()'s (none without
+// it), no stop strings.
+GenerationParams token_params(int n_predict, const std::function<bool(int32_t)>& stop) {
+  GenerationParams p;
+  p.max_tokens = n_predict;
+  p.is_end = stop;
+  p.ignore_eos = !stop;
+  return p;
+}
+
+}  // namespace
+
 std::vector<int32_t> SpeculativeGenerator::generate(const std::vector<int32_t>& prompt, int n_predict,
                                                     const std::function<bool(int32_t)>& stop) {
-  std::vector<int32_t> out, pending;
-  if (n_predict <= 0) return out;
-  pending.push_back(start(prompt));
-  const size_t n_prompt = prompt.size();
-  for (;;) {
-    for (size_t i = 0; i < pending.size(); ++i) {
-      const int32_t t = pending[i];
-      if (stop && stop(t)) return out;
-      out.push_back(t);
-      // The token's position is n_prompt + out.size() - 1; plain decoding
-      // stops once the cache (every earlier position) is full.
-      if (static_cast<int>(out.size()) == n_predict) return out;
-      if (static_cast<int64_t>(n_prompt + out.size() - 1) >= seq_.n_ctx()) return out;
-    }
-    pending.clear();
-    if (round(n_predict - static_cast<int>(out.size()), pending) == 0) return out;
-  }
+  if (n_predict <= 0) return {};
+  return Generator(*this).generate(prompt, token_params(n_predict, stop)).tokens;
 }
 
 std::vector<int32_t> generate_plain(Session& session, Sampler& sampler, const std::vector<int32_t>& prompt,
                                     int n_predict, const std::function<bool(int32_t)>& stop, double* prefill_ms) {
-  std::vector<int32_t> out;
-  const auto t0 = Clock::now();
   session.reset();
-  session.set_tokens(prompt);
-  if (prefill_ms) *prefill_ms = ms_since(t0);
-  for (int i = 0; i < n_predict; ++i) {
-    const auto& logits = session.logits();
-    const int32_t tok = sampler.sample(logits.data(), static_cast<int64_t>(logits.size()));
-    if (stop && stop(tok)) break;
-    out.push_back(tok);
-    if (i + 1 == n_predict) break;
-    if (static_cast<int>(session.tokens().size()) >= session.n_ctx()) break;
-    session.append(tok);
-  }
-  return out;
+  if (n_predict <= 0) return {};
+  GenResult r = Generator(session, sampler).generate(prompt, token_params(n_predict, stop));
+  if (prefill_ms) *prefill_ms = r.prefill_ms;
+  return r.tokens;
 }
 
 }  // namespace megakern

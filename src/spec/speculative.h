@@ -104,15 +104,19 @@ class SpeculativeGenerator {
   // One round; appends 1..k+1 tokens to `out` (at most max_new >= 1) and
   // returns how many. Returns 0 when the anchor's position is past the context.
   int round(int max_new, std::vector<int32_t>& out);
-  // start() then rounds: the tokens plain decoding would emit after prompt,
-  // at most n_predict, stopping before the first token for which stop() is
-  // true and after a token at position n_ctx (the cache is full).
+  // start() then rounds through a Generator (runtime/generator.h): the
+  // tokens plain decoding would emit after prompt, at most n_predict,
+  // stopping before the first token for which stop() is true and after a
+  // token at position n_ctx (the cache is full).
   std::vector<int32_t> generate(const std::vector<int32_t>& prompt, int n_predict,
                                 const std::function<bool(int32_t)>& stop = {});
 
   // Prompt, then every emitted token (the last is the anchor).
   const std::vector<int32_t>& tokens() const { return tokens_; }
   const SpecStats& stats() const { return stats_; }
+  const Model& model() const { return engine_.model(); }
+  int n_ctx() const { return seq_.n_ctx(); }
+  Drafter& drafter() const { return drafter_; }
   void reset_stats() { stats_ = {}; }
   // Replaces the sampling acceptance rule (accept_exact by default).
   void set_accept_rule(AcceptRule rule) { accept_ = std::move(rule); }
@@ -143,9 +147,10 @@ class SpeculativeGenerator {
   SpecStats stats_;
 };
 
-// Plain decoding as `megakern run` does it, for comparison: the prompt is
-// set in `session`, then tokens are drawn with `sampler` and appended one
-// step at a time; same stopping rules as SpeculativeGenerator::generate.
+// Plain decoding as `megakern run` does it (a Generator over session and
+// sampler), for comparison: the prompt is computed afresh in `session`, then
+// tokens are drawn with `sampler` and appended one step at a time; same
+// stopping rules as SpeculativeGenerator::generate.
 // prefill_ms, when given, receives the time spent on the prompt.
 std::vector<int32_t> generate_plain(Session& session, Sampler& sampler, const std::vector<int32_t>& prompt,
                                     int n_predict, const std::function<bool(int32_t)>& stop = {},

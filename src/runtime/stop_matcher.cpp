@@ -1,8 +1,8 @@
-#include "server/stop_matcher.h"
+#include "runtime/stop_matcher.h"
 
 #include <algorithm>
 
-namespace megakern::server {
+namespace megakern {
 
 StopMatcher::StopMatcher(std::vector<std::string> stops) {
   for (auto& s : stops)
@@ -45,4 +45,4 @@ std::string StopMatcher::flush() {
   return out;
 }
 
-}  // namespace megakern::server
+}  // namespace megakern

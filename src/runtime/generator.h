@@ -1,0 +1,164 @@
+// What happens to each token a model produces, in one place.
+//  - Generation: one sequence's state machine. It takes tokens (sampled with
+//    its Sampler, or decided elsewhere, e.g. by a speculative round) and
+//    applies the rules every front end shares: end-of-text tokens, incremental
+//    UTF-8-safe detokenisation (StreamDecoder), stop strings (StopMatcher),
+//    max_tokens and a full context. It computes nothing: the owner of the
+//    engine feeds the token at position(). The server's scheduler keeps one
+//    per batch row and advances them all inside its batched step.
+//  - Generator: one sequence end to end: the prompt pass (ubatch-row blocks,
+//    reusing a cached prefix), then decode steps or speculative rounds (greedy
+//    lossless, sampling exact), each token through a Generation, each Delta to
+//    a callback. `megakern run`/`chat` and bench-spec use it.
+// Where what comes next slots in:
+//  - Speculation in the server: a SpeculativeGenerator per slot, its verify
+//    rows in the batched step, each round's tokens pushed through the slot's
+//    Generation as Generator::generate does.
+//  - Logprobs: Generation::sample has the logits; it would put the chosen
+//    token's log-probability (and the top n) in the Delta. Speculative rounds
+//    would return their verify rows' distributions with the tokens.
+//  - Chunked prefill: the scheduler would compute a long prompt in slices
+//    (Engine::prefill with pos0 advancing) between decode steps; the
+//    Generation begins at the first sample, unchanged.
+//  - Prefix cache: at admission, pick the slot (or a copied cache) sharing the
+//    longest prefix with the prompt (Session::reusable_prefix does this for one
+//    sequence) and prefill only the rest; Generation needs only the prompt
+//    length.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/sampler.h"
+#include "runtime/session.h"
+#include "runtime/stop_matcher.h"
+#include "tokenizer/tokenizer.h"
+
+namespace megakern {
+
+class Model;
+class ThreadPool;
+class Drafter;
+class SpeculativeGenerator;
+struct SpecStats;
+
+// Why a generation ended (None while it goes on). EndOfText: an
+// end-of-generation token (not output); StopString: neither it nor anything
+// after it is output; ContextFull: the last token has no position left.
+enum class StopReason { None, EndOfText, StopString, MaxTokens, ContextFull };
+
+struct GenerationParams {
+  int max_tokens = 256;            // >= 1
+  std::vector<std::string> stop;   // stop strings (empty ones are ignored)
+  bool ignore_eos = false;         // end-of-generation tokens are ordinary tokens
+  std::function<bool(int32_t)> is_end;  // the end tokens (null: the tokenizer's)
+};
+
+// What one token changed.
+struct Delta {
+  int32_t token = -1;
+  std::string text;  // text released by it (and, on the last delta, all text held back)
+  int generated = 0;  // tokens generated so far (an end-of-text token is not counted)
+  StopReason stop = StopReason::None;
+  bool done() const { return stop != StopReason::None; }
+};
+
+class Generation {
+ public:
+  // n_prompt: tokens in the cache before the first generated one; n_ctx: the
+  // cache's positions. sampler (kept by the caller, may be null when tokens
+  // come from elsewhere) is what sample() draws with.
+  Generation(const Tokenizer& tokenizer, const GenerationParams& params, int n_prompt, int n_ctx,
+             Sampler* sampler = nullptr);
+
+  // Draws the next token from the logits [n] of the last position.
+  int32_t sample(const float* logits, int64_t n);
+  // Takes the next token. While !done(), the token must then be fed at
+  // position() to get the logits of the one after it.
+  const Delta& push(int32_t token);
+  // Ends the generation from outside (the engine cannot go on), releasing
+  // the text held back.
+  const Delta& end(StopReason reason);
+
+  bool done() const { return delta_.done(); }
+  StopReason stop_reason() const { return delta_.stop; }
+  int generated() const { return delta_.generated; }
+  // Tokens the generation may still emit.
+  int remaining() const { return params_.max_tokens - delta_.generated; }
+  // The position the last pushed token is fed at.
+  int32_t position() const { return n_prompt_ + delta_.generated - 1; }
+  int32_t last_token() const { return delta_.token; }
+
+ private:
+  const Tokenizer& tokenizer_;
+  GenerationParams params_;
+  int n_prompt_, n_ctx_;
+  Sampler* sampler_;
+  StreamDecoder decoder_;
+  StopMatcher stops_;
+  Delta delta_;
+};
+
+// Counts and times of one Generator::generate.
+struct GenResult {
+  std::vector<int32_t> tokens;  // generated tokens (an ending end-of-text token excluded)
+  std::string text;             // all text released
+  StopReason stop = StopReason::None;
+  int prompt_tokens = 0;
+  int prompt_computed = 0;  // prompt tokens computed (the rest came from the cache)
+  double prefill_ms = 0;    // prompt pass (speculative: and the drafter taking in the prompt)
+  double decode_ms = 0;     // everything after it
+};
+
+struct GeneratorOptions {
+  int n_ctx = 4096;
+  std::string executor = "mega";
+  int ubatch = kDefaultUbatch;  // rows per prompt step (and at least draft + 1 rows per verify step)
+  SamplingParams sampling;      // one random stream over every generate() call
+  std::string drafter;          // speculative decoding with it (make_drafter in spec/drafter.h); empty: plain
+  int draft = 6;                // most draft tokens per verify step
+  bool fixed_draft = false;     // always propose `draft` tokens (else adapt the length each round)
+};
+
+class Generator {
+ public:
+  // Called with each token's Delta, the last one done().
+  using OnDelta = std::function<void(const Delta&)>;
+
+  // Builds the engine, sequence state and (speculative) drafter.
+  Generator(const Model& model, ThreadPool& pool, const GeneratorOptions& opts);
+  // Plain decoding over a session and sampler the caller keeps.
+  Generator(Session& session, Sampler& sampler);
+  // Speculative decoding over a speculative generator the caller keeps.
+  explicit Generator(SpeculativeGenerator& spec);
+  ~Generator();
+
+  // Generates after `prompt`. Plain decoding keeps the longest cached
+  // prefix of the previous prompt and output (a conversation's earlier
+  // turns); speculative decoding computes the whole prompt. Throws
+  // megakern::Error on an empty prompt or one longer than the context.
+  GenResult generate(const std::vector<int32_t>& prompt, const GenerationParams& params, const OnDelta& on_delta = {});
+  // Forgets the cached sequence: the next prompt is computed in full.
+  void reset();
+
+  int n_ctx() const;
+  bool speculative() const { return spec_ != nullptr; }
+  // Speculative decoding only (null otherwise).
+  const Drafter* drafter() const;
+  const SpecStats* spec_stats() const;
+  void reset_spec_stats();
+
+ private:
+  const Tokenizer& tokenizer() const;
+  struct Owned;  // what the first constructor builds
+  std::unique_ptr<Owned> owned_;
+  // What generate() drives: a session and sampler, or a speculative generator.
+  Session* session_ = nullptr;
+  Sampler* sampler_ = nullptr;
+  SpeculativeGenerator* spec_ = nullptr;
+};
+
+}  // namespace megakern
