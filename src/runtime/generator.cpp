@@ -38,36 +38,29 @@ const Delta& Generation::push(int32_t token) {
   if (done()) fail("a token pushed after the generation ended");
   delta_.token = token;
   delta_.text.clear();
-  if (!params_.ignore_eos && (params_.is_end ? params_.is_end(token) : tokenizer_.is_end_of_generation(token))) {
-    delta_.stop = StopReason::EndOfText;
-  } else {
-    ++delta_.generated;
-    delta_.text = stops_.push(decoder_.push(token));
-    if (stops_.stopped()) {
-      delta_.stop = StopReason::StopString;  // the text after the match is never released
-      return delta_;
-    }
-    // Out of budget, or no position left to feed the token at.
-    if (delta_.generated >= params_.max_tokens)
-      delta_.stop = StopReason::MaxTokens;
-    else if (position() >= n_ctx_)
-      delta_.stop = StopReason::ContextFull;
-    else
-      return delta_;
-  }
-  // The end: what the decoder holds back (an incomplete UTF-8 sequence) may
-  // still complete a stop string; otherwise everything held is released.
-  delta_.text += stops_.push(decoder_.flush());
+  if (!params_.ignore_eos && (params_.is_end ? params_.is_end(token) : tokenizer_.is_end_of_generation(token)))
+    return finish(StopReason::EndOfText);
+  ++delta_.generated;
+  delta_.text = stops_.push(decoder_.push(token));
   if (stops_.stopped())
-    delta_.stop = StopReason::StopString;
-  else
-    delta_.text += stops_.flush();
+    delta_.stop = StopReason::StopString;  // the text after the match is never released
+  else if (delta_.generated >= params_.max_tokens)
+    finish(StopReason::MaxTokens);
+  else if (position() >= n_ctx_)
+    finish(StopReason::ContextFull);  // no position left to feed the token at
   return delta_;
 }
 
 const Delta& Generation::end(StopReason reason) {
   if (done()) return delta_;
-  delta_.text = stops_.push(decoder_.flush());
+  delta_.text.clear();
+  return finish(reason);
+}
+
+const Delta& Generation::finish(StopReason reason) {
+  // What the decoder holds back (an incomplete UTF-8 sequence) may still
+  // complete a stop string; otherwise everything held back is released.
+  delta_.text += stops_.push(decoder_.flush());
   delta_.stop = stops_.stopped() ? StopReason::StopString : reason;
   if (!stops_.stopped()) delta_.text += stops_.flush();
   return delta_;
@@ -152,16 +145,12 @@ GenResult Generator::generate(const std::vector<int32_t>& prompt, const Generati
     std::vector<int32_t> out{spec_->start(prompt)};
     r.prompt_computed = r.prompt_tokens;
     r.prefill_ms = spec_->stats().prefill_ms - prefill_before;
+    // The Generation ends at a full context before a round could be refused.
     for (bool more = true; more;) {
       for (int32_t t : out)
         if (!(more = take(t))) break;
       out.clear();
-      if (more && spec_->round(g.remaining(), out) == 0) {
-        const Delta& d = g.end(StopReason::ContextFull);
-        r.text += d.text;
-        if (on_delta) on_delta(d);
-        more = false;
-      }
+      if (more && spec_->round(g.remaining(), out) == 0) fail("a speculative round past the context");
     }
     r.decode_ms = ms_since(t0) - r.prefill_ms;
   } else {

@@ -11,9 +11,10 @@
 //    lossless, sampling exact), each token through a Generation, each Delta to
 //    a callback. `megakern run`/`chat` and bench-spec use it.
 // Where what comes next slots in:
-//  - Speculation in the server: a SpeculativeGenerator per slot, its verify
-//    rows in the batched step, each round's tokens pushed through the slot's
-//    Generation as Generator::generate does.
+//  - Speculation in the server: a SpeculativeGenerator per slot, its round
+//    split at the verify step (propose; verify rows placed in the batched
+//    step; accept), each round's tokens pushed through the slot's Generation
+//    as Generator::generate does.
 //  - Logprobs: Generation::sample has the logits; it would put the chosen
 //    token's log-probability (and the top n) in the Delta. Speculative rounds
 //    would return their verify rows' distributions with the tokens.
@@ -93,6 +94,7 @@ class Generation {
   int32_t last_token() const { return delta_.token; }
 
  private:
+  const Delta& finish(StopReason reason);
   const Tokenizer& tokenizer_;
   GenerationParams params_;
   int n_prompt_, n_ctx_;
@@ -145,7 +147,6 @@ class Generator {
   void reset();
 
   int n_ctx() const;
-  bool speculative() const { return spec_ != nullptr; }
   // Speculative decoding only (null otherwise).
   const Drafter* drafter() const;
   const SpecStats* spec_stats() const;
