@@ -190,7 +190,6 @@ void Scheduler::loop() {
 }
 
 void Scheduler::admit() {
-  const size_t V = static_cast<size_t>(engine_->n_vocab());
   for (auto& slot : slots_) {
     if (slot->job) continue;
     std::shared_ptr<Job> job;
@@ -228,7 +227,7 @@ void Scheduler::admit() {
       ++stats_.prefills;
       stats_.prompt_tokens += prompt.size();
     }
-    accept_token(s, s.gen->sample(logits_.data(), static_cast<int64_t>(V)));
+    take_token(s, logits_.data());
   }
 }
 
@@ -255,24 +254,20 @@ void Scheduler::decode_step() {
     stats_.step_rows += rows.size();
     stats_.step_seconds += dt;
   }
-  for (size_t i = 0; i < order.size(); ++i) {
-    Slot& s = *order[i];
-    accept_token(s, s.gen->sample(logits_.data() + i * V, static_cast<int64_t>(V)));
-  }
+  for (size_t i = 0; i < order.size(); ++i) take_token(*order[i], logits_.data() + i * V);
 }
 
-bool Scheduler::accept_token(Slot& s, int32_t token) {
-  const int before = s.gen->generated();
-  const Delta& d = s.gen->push(token);
+void Scheduler::take_token(Slot& s, const float* logits) {
+  Generation& g = *s.gen;
+  const int before = g.generated();
+  const Delta& d = g.push(g.sample(logits, engine_->n_vocab()));
   if (d.generated > before) {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.generated_tokens;
   }
   s.job->append(d.text, d.generated);
-  if (!d.done()) return true;
   const bool length = d.stop == StopReason::MaxTokens || d.stop == StopReason::ContextFull;
-  release(s, length ? FinishReason::Length : FinishReason::Stop);
-  return false;
+  if (d.done()) release(s, length ? FinishReason::Length : FinishReason::Stop);
 }
 
 void Scheduler::release(Slot& s, FinishReason reason, const std::string& error) {

@@ -132,9 +132,9 @@ class Scheduler {
   void loop();
   void admit();
   void decode_step();
-  // Feeds one sampled token to a slot's request; returns false when the
-  // request is over (and finishes it).
-  bool accept_token(Slot& s, int32_t token);
+  // Samples a slot's next token from its logits and hands the text to its
+  // request, releasing the slot when the generation is over.
+  void take_token(Slot& s, const float* logits);
   void release(Slot& s, FinishReason reason, const std::string& error = {});
 
   const Model& model_;
