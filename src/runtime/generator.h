@@ -52,16 +52,16 @@ struct SpecStats;
 enum class StopReason { None, EndOfText, StopString, MaxTokens, ContextFull };
 
 struct GenerationParams {
-  int max_tokens = 256;            // >= 1
-  std::vector<std::string> stop;   // stop strings (empty ones are ignored)
-  bool ignore_eos = false;         // end-of-generation tokens are ordinary tokens
+  int max_tokens = 256;                  // >= 1
+  std::vector<std::string> stop;         // stop strings (empty ones are ignored)
+  bool ignore_eos = false;               // end-of-generation tokens are ordinary tokens
   std::function<bool(int32_t)> is_end;  // the end tokens (null: the tokenizer's)
 };
 
 // What one token changed.
 struct Delta {
   int32_t token = -1;
-  std::string text;  // text released by it (and, on the last delta, all text held back)
+  std::string text;   // text released by it (the last one: also what was held back, unless a stop string matched)
   int generated = 0;  // tokens generated so far (an end-of-text token is not counted)
   StopReason stop = StopReason::None;
   bool done() const { return stop != StopReason::None; }
