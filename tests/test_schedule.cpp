@@ -153,7 +153,7 @@ TEST(Schedule, StopAfterOpLeavesLaterOpsUnrun) {
   const int w = p.slots[static_cast<size_t>(p.ops[0].out)].width;
   std::vector<float> e(static_cast<size_t>(w));
   dtype_traits(p.ops[0].mat.type).dequantize(p.ops[0].mat.row(9), e.data(), w);
-  for (int i = 0; i < w; ++i) ASSERT_EQ(e[static_cast<size_t>(i)] * p.ops[0].scale, ex.slot_row(p.ops[0].out, 1)[i]) << i;
+  for (int i = 0; i < w; ++i) ASSERT_EQ(e[static_cast<size_t>(i)] * p.ops[0].as<ops::Embed>().scale, ex.slot_row(p.ops[0].out, 1)[i]) << i;
   for (float x : part) ASSERT_TRUE(std::isnan(x));
   // Stopped after the last op: the whole step.
   ex.set_stop_after_op(static_cast<int>(p.ops.size()) - 1);

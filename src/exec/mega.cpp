@@ -38,10 +38,11 @@
 #include "core/thread_pool.h"
 #include "exec/exec_common.h"
 #include "exec/executor.h"
-#include "exec/moe_kernels.h"
 #include "exec/op_kernels.h"
 #include "exec/recurrent_kernels.h"
 #include "exec/schedule.h"
+#include "ops/moe.h"
+#include "ops/registry.h"
 
 namespace megakern {
 namespace {
@@ -105,7 +106,8 @@ struct PrefetchCursor {
       if (t.routed) {
         if (n_ranges < 0) {
           if (!routing_done(t)) return;
-          n_ranges = moe_tile_weights(program->ops[static_cast<size_t>(t.op)], *ctx, t.tile, t.n_tiles, ranges);
+          const Op& op = program->ops[static_cast<size_t>(t.op)];
+          n_ranges = op_info(op).routed_weights(op, *ctx, t.tile, t.n_tiles, ranges);
         }
         size_t off = offset;
         int k = 0;

@@ -8,29 +8,28 @@
 
 #include "core/error.h"
 #include "exec/exec_common.h"
-#include "exec/moe_kernels.h"
 #include "exec/recurrent_kernels.h"
+#include "ops/registry.h"
 
 namespace megakern {
 namespace {
 
 void weight_region(const Op& op, int tile, int n_tiles, Task& task) {
-  if (op.kind == OpKind::MatMul) {
-    int64_t b, e;
-    matmul_tile_range(op, tile, n_tiles, b, e);
-    task.weights = op.mat.data + static_cast<size_t>(b) * op.mat.row_bytes;
-    task.weight_bytes = static_cast<size_t>(e - b) * op.mat.row_bytes;
-  } else if (op.norm && tile == 0) {
-    task.weights = reinterpret_cast<const uint8_t*>(op.norm);
-    task.weight_bytes = sizeof(float) * static_cast<size_t>(op.n_norm);
+  const OpInfo& i = op_info(op);
+  if (i.tile_weights) {
+    i.tile_weights(op, tile, n_tiles, task.weights, task.weight_bytes);
+  } else if (i.small_weights && tile == 0) {
+    const std::span<const float> w = i.small_weights(op);
+    task.weights = w.empty() ? nullptr : reinterpret_cast<const uint8_t*>(w.data());
+    task.weight_bytes = sizeof(float) * w.size();
   }
 }
 
 // The row a tile touches when it touches only one (-1: several or all).
 int tile_row(const Op& op, int t, int n_tiles, int n_rows) {
-  if (op_is_row_tiled(op)) return t;
-  if (op.kind == OpKind::Attention) return t / (n_tiles / n_rows);
-  return -1;
+  const OpInfo& i = op_info(op);
+  if (i.tile_row) return i.tile_row(op, t, n_tiles, n_rows);
+  return i.row_tiled ? t : -1;
 }
 
 }  // namespace
@@ -83,8 +82,7 @@ Schedule compile(const DecodeProgram& p, int n_rows, int W, const CompileOptions
       task.n_tiles = n_tiles[i];
       task.flag = flag_base[i] + t;
       weight_region(op, t, n_tiles[i], task);
-      if (opts.prefetch_experts && (op.kind == OpKind::MoeGlu || op.kind == OpKind::MoeDown) &&
-          last_writer[static_cast<size_t>(op.in2)] >= 0) {
+      if (opts.prefetch_experts && op_info(op).routed_weights && last_writer[static_cast<size_t>(op.in2)] >= 0) {
         const size_t route_op = static_cast<size_t>(last_writer[static_cast<size_t>(op.in2)]);
         task.routed = true;
         task.route_begin = flag_base[route_op];
@@ -95,18 +93,13 @@ Schedule compile(const DecodeProgram& p, int n_rows, int W, const CompileOptions
       for (int pr : producers) {
         const Op& pop = p.ops[static_cast<size_t>(pr)];
         // A row-wise producer feeds a single-row consumer through that row
-        // only. StoreKV is the exception: rows of one sequence read each
-        // other's keys, so attention waits for every row's store.
-        if (my_row >= 0 && op_is_row_tiled(pop) && pop.kind != OpKind::StoreKV) {
-          s.deps.push_back(flag_base[static_cast<size_t>(pr)] + my_row);
-        } else if (my_row >= 0 && pop.kind == OpKind::Attention) {
-          // Attention tiles are (row, KV head, part of the group): a
-          // single-row consumer needs only its row's tiles.
-          const int per_row = n_tiles[static_cast<size_t>(pr)] / n_rows;
-          for (int h = 0; h < per_row; ++h) s.deps.push_back(flag_base[static_cast<size_t>(pr)] + my_row * per_row + h);
-        } else {
-          for (int pt = 0; pt < n_tiles[static_cast<size_t>(pr)]; ++pt)
-            s.deps.push_back(flag_base[static_cast<size_t>(pr)] + pt);
+        // only (attention: its row's (KV head, part) tiles). StoreKV is the
+        // exception: rows of one sequence read each other's keys, so
+        // attention waits for every row's store.
+        const bool narrow = my_row >= 0 && !op_info(pop).feeds_all_rows;
+        for (int pt = 0; pt < n_tiles[static_cast<size_t>(pr)]; ++pt) {
+          const int prow = narrow ? tile_row(pop, pt, n_tiles[static_cast<size_t>(pr)], n_rows) : -1;
+          if (prow < 0 || prow == my_row) s.deps.push_back(flag_base[static_cast<size_t>(pr)] + pt);
         }
       }
       if (opts.chained && op_is_recurrent(op)) {
@@ -129,9 +122,8 @@ Schedule compile(const DecodeProgram& p, int n_rows, int W, const CompileOptions
     std::vector<size_t> prefix(tasks.size() + 1, 0);
     for (size_t k = 0; k < tasks.size(); ++k) {
       const Task& t = tasks[k];
-      prefix[k + 1] = prefix[k] + (t.routed ? moe_tile_weight_bytes(p.ops[static_cast<size_t>(t.op)], n_rows, t.tile,
-                                                                     t.n_tiles)
-                                            : t.weight_bytes);
+      const Op& op = p.ops[static_cast<size_t>(t.op)];
+      prefix[k + 1] = prefix[k] + (t.routed ? op_info(op).routed_weight_bytes(op, n_rows, t.tile, t.n_tiles) : t.weight_bytes);
     }
     s.weight_prefix.push_back(std::move(prefix));
   }
@@ -188,7 +180,7 @@ void check_schedule(const DecodeProgram& p, const Schedule& s) {
   auto touches = [&](int f, int row) {
     const Op& op = p.ops[static_cast<size_t>(flag_op[static_cast<size_t>(f)])];
     const int t = flag_tile[static_cast<size_t>(f)], n = s.op_tiles[static_cast<size_t>(flag_op[static_cast<size_t>(f)])];
-    if (op.kind == OpKind::StoreKV || row < 0) return true;
+    if (op_info(op).feeds_all_rows || row < 0) return true;
     const int r = tile_row(op, t, n, s.n_rows);
     return r < 0 || r == row;
   };
@@ -359,10 +351,12 @@ DecodeProgram truncate_layers(const DecodeProgram& p, int n_layers) {
   int top_block = -1;  // the highest attention-residual block the kept layers write
   for (const Op& op : p.ops) {
     if (op.layer >= n_layers) continue;
-    if (op.kind == OpKind::AttnResAdd) top_block = std::max(top_block, op.block);
+    if (op.kind == OpKind::AttnResAdd) top_block = std::max(top_block, op.as<ops::AttnResAdd>().block);
     t.ops.push_back(op);
-    if (op.layer < 0 && op.kind == OpKind::AttnResMix && top_block >= 0)
-      t.ops.back().block = std::min(op.block, top_block + 1);
+    if (op.layer < 0 && op.kind == OpKind::AttnResMix && top_block >= 0) {
+      int& n = t.ops.back().as<ops::AttnResMix>().n_blocks;
+      n = std::min(n, top_block + 1);
+    }
   }
   t.n_layer = n_layers;
   t.verify();
