@@ -6,8 +6,9 @@
 // reference tile (the reference executor): the serial interpreter with the
 // reference tiles gives its bits; op-by-op, megakernel and the serial
 // interpreter with the fast tiles give identical bits to each other and
-// agree with it within the mode's tolerance. A kind without a harness entry
-// fails RegistryIsCovered.
+// agree with it within the mode's tolerance; the schedules compiled for each
+// program pass check_schedule. A kind without a harness entry fails
+// RegistryIsCovered.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -391,6 +392,10 @@ TEST(Ops, EveryOpEveryShapeEveryExecutorEveryMode) {
           if (one_sequence && n_rows == 1) continue;
           SCOPED_TRACE(fmt::format("{} shape {} rows {}{}", info.name, shape, n_rows, one_sequence ? " (one sequence)" : ""));
           DecodeProgram p = rig.p;
+          CompileOptions chained;
+          chained.chained = true;
+          ASSERT_NO_THROW(check_schedule(p, compile(p, n_rows, 3)));
+          if (p.recurrent) ASSERT_NO_THROW(check_schedule(p, compile(p, n_rows, 2, chained)));
           auto ref_ex = make_reference_executor(p);
           const auto ref = run(rig, p, *ref_ex, n_rows, one_sequence);
           SerialExecutor ref_serial(p, 1, true);

@@ -13,6 +13,7 @@
 #include "exec/exec_common.h"
 #include "exec/schedule.h"
 #include "runtime/model.h"
+#include "test_util.h"
 
 namespace megakern {
 namespace {
@@ -195,6 +196,28 @@ TEST(Schedule, TruncatedProgramsRun) {
     const int w = one.slots[static_cast<size_t>(slot)].width;
     EXPECT_EQ(0, std::memcmp(s1.slot_row(slot, 0), sf.slot_row(slot, 0), sizeof(float) * static_cast<size_t>(w)));
   }
+}
+
+// `megakern step`: stop after an op, cut layers, compare with the reference.
+TEST(Schedule, StepCommand) {
+  CliResult r = run_cli("step -m dense-mini -p 'hello there' --rows 2 --stop-after-op 0 --compare");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("stopped after op 0: embed 'token_embd' layer -1"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("row 1: hash"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("max |diff| 0 "), std::string::npos) << r.out;  // the embedding is exact
+  r = run_cli("step -m qwen3.8-mini --layers 1 --rows 3 --compare");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find(", 1 layers,"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("slot 'logits'"), std::string::npos) << r.out;
+  r = run_cli("step -m dense-mini --stop-after-op 100000");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("the program has ops 0 to"), std::string::npos) << r.err;
+  r = run_cli("step -m dense-mini --stop-after-op 3 --executor mega");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("need --executor serial or reference"), std::string::npos) << r.err;
+  r = run_cli("step -m dense-mini --layers 99");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("--layers 99"), std::string::npos) << r.err;
 }
 
 }  // namespace

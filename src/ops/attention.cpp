@@ -74,14 +74,13 @@ extern const OpInfo kHeadNormRopeOp = {
     .name = "head_norm_rope",
     .reads_out = yes,
     .small_weights = [](const Op& op) { return op.as<ops::HeadNormRope>().head_norm; },
-    .verify =
-        [](const Op& op, const VerifyContext& v) {
-          const auto& a = op.as<ops::HeadNormRope>();
-          MK_CHECK(a.n_head > 0 && a.head_dim > 0 && a.n_head * a.head_dim == v.width(op.out), "{}: heads", v.where);
-          MK_CHECK(a.rope_dim >= 0 && a.rope_dim % 2 == 0 && a.rope_dim <= a.head_dim, "{}: rope_dim", v.where);
-          MK_CHECK(a.head_norm.empty() || a.head_norm.size() == static_cast<size_t>(a.head_dim), "{}: head norm length",
-                   v.where);
-        },
+    .verify = [](const Op& op, const VerifyContext& v) {
+      const auto& a = op.as<ops::HeadNormRope>();
+      MK_CHECK(a.n_head > 0 && a.head_dim > 0 && a.n_head * a.head_dim == v.width(op.out), "{}: heads", v.where);
+      MK_CHECK(a.rope_dim >= 0 && a.rope_dim % 2 == 0 && a.rope_dim <= a.head_dim, "{}: rope_dim", v.where);
+      MK_CHECK(a.head_norm.empty() || a.head_norm.size() == static_cast<size_t>(a.head_dim), "{}: head norm length",
+               v.where);
+    },
     .ref = head_norm_rope_tile,
     .fast = head_norm_rope_tile,
 };
@@ -90,12 +89,11 @@ extern const OpInfo kStoreKVOp = {
     .name = "store_kv",
     .feeds_all_rows = true,
     .state_bytes = [](const Op&, const DecodeProgram& p, int) { return 2 * sizeof(float) * static_cast<size_t>(p.kv_dim); },
-    .verify =
-        [](const Op& op, const VerifyContext& v) {
-          MK_CHECK(op.in >= 0 && op.in2 >= 0 && v.width(op.in) == v.p.kv_dim && v.width(op.in2) == v.p.v_width(),
-                   "{}: kv widths", v.where);
-          MK_CHECK(op.layer >= 0 && op.layer < v.p.n_layer, "{}: layer", v.where);
-        },
+    .verify = [](const Op& op, const VerifyContext& v) {
+      MK_CHECK(op.in >= 0 && op.in2 >= 0 && v.width(op.in) == v.p.kv_dim && v.width(op.in2) == v.p.v_width(),
+               "{}: kv widths", v.where);
+      MK_CHECK(op.layer >= 0 && op.layer < v.p.n_layer, "{}: layer", v.where);
+    },
     .ref = store_kv_tile,
     .fast = store_kv_tile,
 };
@@ -107,37 +105,34 @@ extern const OpInfo kAttentionOp = {
       return n_rows * op.as<ops::Attention>().n_head_kv * attention_group_split(op, n_rows, n_workers);
     },
     .tile_row = [](const Op&, int t, int n_tiles, int n_rows) { return t / (n_tiles / n_rows); },
-    .state_bytes =
-        [](const Op& op, const DecodeProgram&, int pos) {
-          const auto& a = op.as<ops::Attention>();
-          const int n = a.window > 0 ? std::min(pos + 1, a.window) : pos + 1;
-          return 2 * sizeof(float) * static_cast<size_t>(n) * a.n_head_kv * a.head_dim;
-        },
-    .verify =
-        [](const Op& op, const VerifyContext& v) {
-          const auto& a = op.as<ops::Attention>();
-          MK_CHECK(op.in >= 0 && op.in2 >= 0 && a.n_head_kv > 0 && a.n_head % a.n_head_kv == 0, "{}: heads", v.where);
-          MK_CHECK(v.width(op.in) == a.n_head * a.head_dim, "{}: q width", v.where);
-          MK_CHECK(v.width(op.out) == a.n_head * a.v_dim(), "{}: output width", v.where);
-          MK_CHECK(a.n_head_kv * a.head_dim == v.p.kv_dim && a.n_head_kv * a.v_dim() == v.p.v_width(), "{}: kv heads",
-                   v.where);
-          MK_CHECK(v.marker_layer[static_cast<size_t>(op.in2)] == op.cache_layer() && op.cache_layer() >= 0,
-                   "{}: in2 must be the cache marker written by the store_kv of cache layer {}", v.where,
-                   op.cache_layer());
-        },
+    .state_bytes = [](const Op& op, const DecodeProgram&, int pos) {
+      const auto& a = op.as<ops::Attention>();
+      const int n = a.window > 0 ? std::min(pos + 1, a.window) : pos + 1;
+      return 2 * sizeof(float) * static_cast<size_t>(n) * a.n_head_kv * a.head_dim;
+    },
+    .verify = [](const Op& op, const VerifyContext& v) {
+      const auto& a = op.as<ops::Attention>();
+      MK_CHECK(op.in >= 0 && op.in2 >= 0 && a.n_head_kv > 0 && a.n_head % a.n_head_kv == 0, "{}: heads", v.where);
+      MK_CHECK(v.width(op.in) == a.n_head * a.head_dim, "{}: q width", v.where);
+      MK_CHECK(v.width(op.out) == a.n_head * a.v_dim(), "{}: output width", v.where);
+      MK_CHECK(a.n_head_kv * a.head_dim == v.p.kv_dim && a.n_head_kv * a.v_dim() == v.p.v_width(), "{}: kv heads",
+               v.where);
+      MK_CHECK(v.marker_layer[static_cast<size_t>(op.in2)] == op.cache_layer() && op.cache_layer() >= 0,
+               "{}: in2 must be the cache marker written by the store_kv of cache layer {}", v.where,
+               op.cache_layer());
+    },
     .ref = attention_op_tile,
     .fast = attention_op_tile,
 };
 
 extern const OpInfo kMlaKeyOp = {
     .name = "mla_key",
-    .verify =
-        [](const Op& op, const VerifyContext& v) {
-          const auto& a = op.as<ops::MlaKey>();
-          MK_CHECK(op.in >= 0 && op.in2 >= 0 && a.n_head > 0 && v.width(op.out) == a.n_head * a.head_dim &&
-                       v.width(op.in) + a.n_head * v.width(op.in2) == v.width(op.out),
-                   "{}: widths", v.where);
-        },
+    .verify = [](const Op& op, const VerifyContext& v) {
+      const auto& a = op.as<ops::MlaKey>();
+      MK_CHECK(op.in >= 0 && op.in2 >= 0 && a.n_head > 0 && v.width(op.out) == a.n_head * a.head_dim &&
+                   v.width(op.in) + a.n_head * v.width(op.in2) == v.width(op.out),
+               "{}: widths", v.where);
+    },
     .ref = mla_key_tile,
     .fast = mla_key_tile,
 };

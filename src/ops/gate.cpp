@@ -34,12 +34,11 @@ void logit_softcap_tile(const Op& op, const StepContext& ctx, int r, int) {
 
 extern const OpInfo kGluActOp = {
     .name = "glu_act",
-    .verify =
-        [](const Op& op, const VerifyContext& v) {
-          MK_CHECK(op.in >= 0 && op.in2 >= 0 && v.width(op.in) == v.width(op.in2) && v.width(op.out) == v.width(op.in),
-                   "{}: widths", v.where);
-          MK_CHECK(op.as<ops::GluAct>().act != GluKind::Sigmoid, "{}: the activation is SiLU, GELU or SiTU", v.where);
-        },
+    .verify = [](const Op& op, const VerifyContext& v) {
+      MK_CHECK(op.in >= 0 && op.in2 >= 0 && v.width(op.in) == v.width(op.in2) && v.width(op.out) == v.width(op.in),
+               "{}: widths", v.where);
+      MK_CHECK(op.as<ops::GluAct>().act != GluKind::Sigmoid, "{}: the activation is SiLU, GELU or SiTU", v.where);
+    },
     .ref = glu_act_tile<RefKernels>,
     .fast = glu_act_tile<FastKernels>,
 };
@@ -47,10 +46,9 @@ extern const OpInfo kGluActOp = {
 extern const OpInfo kSigmoidGateOp = {
     .name = "sigmoid_gate",
     .reads_out = yes,
-    .verify =
-        [](const Op& op, const VerifyContext& v) {
-          MK_CHECK(op.in >= 0 && v.width(op.in) == v.width(op.out), "{}: widths", v.where);
-        },
+    .verify = [](const Op& op, const VerifyContext& v) {
+      MK_CHECK(op.in >= 0 && v.width(op.in) == v.width(op.out), "{}: widths", v.where);
+    },
     .ref = sigmoid_gate_tile<RefKernels>,
     .fast = sigmoid_gate_tile<FastKernels>,
 };
@@ -59,13 +57,12 @@ extern const OpInfo kLogitSoftcapOp = {
     .name = "logit_softcap",
     .reads_out = yes,
     .small_weights = [](const Op& op) { return op.as<ops::LogitSoftcap>().mask; },
-    .verify =
-        [](const Op& op, const VerifyContext& v) {
-          const auto& a = op.as<ops::LogitSoftcap>();
-          MK_CHECK(a.cap > 0 && op.in < 0, "{}: needs cap > 0 and no input", v.where);
-          MK_CHECK(a.mask.empty() || a.mask.size() == static_cast<size_t>(v.width(op.out)), "{}: mask length {} vs {}",
-                   v.where, a.mask.size(), v.width(op.out));
-        },
+    .verify = [](const Op& op, const VerifyContext& v) {
+      const auto& a = op.as<ops::LogitSoftcap>();
+      MK_CHECK(a.cap > 0 && op.in < 0, "{}: needs cap > 0 and no input", v.where);
+      MK_CHECK(a.mask.empty() || a.mask.size() == static_cast<size_t>(v.width(op.out)), "{}: mask length {} vs {}",
+               v.where, a.mask.size(), v.width(op.out));
+    },
     .ref = logit_softcap_tile<RefKernels>,
     .fast = logit_softcap_tile<FastKernels>,
 };

@@ -53,13 +53,12 @@ void matmul_tile(const Op& op, const StepContext& ctx, int t, int n_tiles) {
 extern const OpInfo kEmbedOp = {
     .name = "embed",
     .weight_bytes = [](const Op&) -> size_t { return 0; },  // one row per token, negligible
-    .verify =
-        [](const Op& op, const VerifyContext& v) {
-          MK_CHECK(op.mat.data && v.width(op.out) == op.mat.cols, "{}: table width {} vs slot {}", v.where,
-                   op.mat.cols, v.width(op.out));
-          MK_CHECK(op.mat.rows >= v.p.n_vocab, "{}: table has {} rows for a vocabulary of {}", v.where, op.mat.rows,
-                   v.p.n_vocab);
-        },
+    .verify = [](const Op& op, const VerifyContext& v) {
+      MK_CHECK(op.mat.data && v.width(op.out) == op.mat.cols, "{}: table width {} vs slot {}", v.where,
+               op.mat.cols, v.width(op.out));
+      MK_CHECK(op.mat.rows >= v.p.n_vocab, "{}: table has {} rows for a vocabulary of {}", v.where, op.mat.rows,
+               v.p.n_vocab);
+    },
     .ref = embed_tile<RefKernels>,
     .fast = embed_tile<FastKernels>,
 };
@@ -72,21 +71,19 @@ extern const OpInfo kMatMulOp = {
       return static_cast<int>(std::min<int64_t>(n_workers, std::max<int64_t>(1, op.mat.rows / 4)));
     },
     .weight_bytes = [](const Op& op) { return op.mat.row_bytes * static_cast<size_t>(op.mat.rows); },
-    .tile_weights =
-        [](const Op& op, int t, int n, const uint8_t*& begin, size_t& bytes) {
-          int64_t b, e;
-          matmul_tile_range(op, t, n, b, e);
-          begin = op.mat.data + static_cast<size_t>(b) * op.mat.row_bytes;
-          bytes = static_cast<size_t>(e - b) * op.mat.row_bytes;
-        },
-    .verify =
-        [](const Op& op, const VerifyContext& v) {
-          MK_CHECK(op.in >= 0 && op.mat.data, "{}: needs input and weights", v.where);
-          MK_CHECK(op.mat.cols == v.width(op.in) && op.mat.rows == v.width(op.out),
-                   "{}: W is [{}][{}], slots are {} -> {}", v.where, op.mat.rows, op.mat.cols, v.width(op.in),
-                   v.width(op.out));
-          MK_CHECK(op.in != op.out, "{}: a matrix product cannot write its own input", v.where);
-        },
+    .tile_weights = [](const Op& op, int t, int n, const uint8_t*& begin, size_t& bytes) {
+      int64_t b, e;
+      matmul_tile_range(op, t, n, b, e);
+      begin = op.mat.data + static_cast<size_t>(b) * op.mat.row_bytes;
+      bytes = static_cast<size_t>(e - b) * op.mat.row_bytes;
+    },
+    .verify = [](const Op& op, const VerifyContext& v) {
+      MK_CHECK(op.in >= 0 && op.mat.data, "{}: needs input and weights", v.where);
+      MK_CHECK(op.mat.cols == v.width(op.in) && op.mat.rows == v.width(op.out),
+               "{}: W is [{}][{}], slots are {} -> {}", v.where, op.mat.rows, op.mat.cols, v.width(op.in),
+               v.width(op.out));
+      MK_CHECK(op.in != op.out, "{}: a matrix product cannot write its own input", v.where);
+    },
     .ref = matmul_tile<RefKernels>,
     .fast = matmul_tile<FastKernels>,
 };

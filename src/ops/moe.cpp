@@ -297,14 +297,13 @@ double routed_bytes_for_rows(const Op& op, int n_rows) {
 extern const OpInfo kMoeRouteOp = {
     .name = "moe_route",
     .small_weights = [](const Op& op) { return op.as<ops::MoeRoute>().bias; },
-    .verify =
-        [](const Op& op, const VerifyContext& v) {
-          const auto& a = op.as<ops::MoeRoute>();
-          MK_CHECK(op.in >= 0 && a.top_k > 0 && a.top_k <= v.width(op.in), "{}: top_k {} of {}", v.where, a.top_k,
-                   op.in >= 0 ? v.width(op.in) : 0);
-          MK_CHECK(v.width(op.out) == 2 * a.top_k, "{}: route slot width {} vs 2 x top_k", v.where, v.width(op.out));
-          MK_CHECK(a.bias.empty() || a.bias.size() == static_cast<size_t>(v.width(op.in)), "{}: bias length", v.where);
-        },
+    .verify = [](const Op& op, const VerifyContext& v) {
+      const auto& a = op.as<ops::MoeRoute>();
+      MK_CHECK(op.in >= 0 && a.top_k > 0 && a.top_k <= v.width(op.in), "{}: top_k {} of {}", v.where, a.top_k,
+               op.in >= 0 ? v.width(op.in) : 0);
+      MK_CHECK(v.width(op.out) == 2 * a.top_k, "{}: route slot width {} vs 2 x top_k", v.where, v.width(op.out));
+      MK_CHECK(a.bias.empty() || a.bias.size() == static_cast<size_t>(v.width(op.in)), "{}: bias length", v.where);
+    },
     .ref = moe_route_tile,
     .fast = moe_route_tile,
 };

@@ -104,13 +104,12 @@ void head_norm_gate_tile(const Op& op, const StepContext& ctx, int r, int) {
 extern const OpInfo kRmsNormOp = {
     .name = "rmsnorm",
     .small_weights = [](const Op& op) { return op.as<ops::RmsNorm>().weight; },
-    .verify =
-        [](const Op& op, const VerifyContext& v) {
-          MK_CHECK(op.in >= 0 && !op.as<ops::RmsNorm>().weight.empty() &&
-                       op.as<ops::RmsNorm>().weight.size() == static_cast<size_t>(v.width(op.in)) &&
-                       v.width(op.out) == v.width(op.in),
-                   "{}: widths", v.where);
-        },
+    .verify = [](const Op& op, const VerifyContext& v) {
+      MK_CHECK(op.in >= 0 && !op.as<ops::RmsNorm>().weight.empty() &&
+                   op.as<ops::RmsNorm>().weight.size() == static_cast<size_t>(v.width(op.in)) &&
+                   v.width(op.out) == v.width(op.in),
+               "{}: widths", v.where);
+    },
     .ref = rmsnorm_tile,
     .fast = rmsnorm_tile,
 };
@@ -119,13 +118,12 @@ extern const OpInfo kResidualOp = {
     .name = "residual",
     .reads_out = yes,
     .small_weights = [](const Op& op) { return op.as<ops::Residual>().post_norm; },
-    .verify =
-        [](const Op& op, const VerifyContext& v) {
-          const auto& a = op.as<ops::Residual>();
-          MK_CHECK(op.in >= 0 && v.width(op.in) == v.width(op.out), "{}: widths", v.where);
-          MK_CHECK(a.post_norm.empty() || a.post_norm.size() == static_cast<size_t>(v.width(op.in)),
-                   "{}: norm length", v.where);
-        },
+    .verify = [](const Op& op, const VerifyContext& v) {
+      const auto& a = op.as<ops::Residual>();
+      MK_CHECK(op.in >= 0 && v.width(op.in) == v.width(op.out), "{}: widths", v.where);
+      MK_CHECK(a.post_norm.empty() || a.post_norm.size() == static_cast<size_t>(v.width(op.in)),
+               "{}: norm length", v.where);
+    },
     .ref = residual_tile,
     .fast = residual_tile,
 };
@@ -134,13 +132,12 @@ extern const OpInfo kGatedResidualOp = {
     .name = "gated_residual",
     .reads_out = yes,
     .small_weights = [](const Op& op) { return op.as<ops::GatedResidual>().coef; },
-    .verify =
-        [](const Op& op, const VerifyContext& v) {
-          const size_t n = op.as<ops::GatedResidual>().coef.size(), w = static_cast<size_t>(v.width(op.out));
-          MK_CHECK(op.in >= 0 && v.width(op.in) == v.width(op.out), "{}: widths", v.where);
-          MK_CHECK(n == 2 * w || n == 3 * w,
-                   "{}: needs [alpha | beta] or [alpha | beta | input scale], 2 or 3 x {} floats", v.where, w);
-        },
+    .verify = [](const Op& op, const VerifyContext& v) {
+      const size_t n = op.as<ops::GatedResidual>().coef.size(), w = static_cast<size_t>(v.width(op.out));
+      MK_CHECK(op.in >= 0 && v.width(op.in) == v.width(op.out), "{}: widths", v.where);
+      MK_CHECK(n == 2 * w || n == 3 * w,
+               "{}: needs [alpha | beta] or [alpha | beta | input scale], 2 or 3 x {} floats", v.where, w);
+    },
     .ref = gated_residual_tile,
     .fast = gated_residual_tile,
 };
@@ -149,15 +146,14 @@ extern const OpInfo kGatedRmsNormOp = {
     .name = "gated_rmsnorm",
     .reads_out = yes,
     .small_weights = [](const Op& op) { return op.as<ops::GatedRmsNorm>().weight; },
-    .verify =
-        [](const Op& op, const VerifyContext& v) {
-          const auto& a = op.as<ops::GatedRmsNorm>();
-          MK_CHECK(op.in >= 0 && v.width(op.in) == v.width(op.out) && a.n_head > 0 &&
-                       a.n_head * a.head_dim == v.width(op.out),
-                   "{}: widths", v.where);
-          MK_CHECK(a.weight.size() == static_cast<size_t>(a.head_dim) && a.head_dim > 0, "{}: norm length", v.where);
-          MK_CHECK(a.gate == GluKind::SiLU || a.gate == GluKind::Sigmoid, "{}: the gate is SiLU or sigmoid", v.where);
-        },
+    .verify = [](const Op& op, const VerifyContext& v) {
+      const auto& a = op.as<ops::GatedRmsNorm>();
+      MK_CHECK(op.in >= 0 && v.width(op.in) == v.width(op.out) && a.n_head > 0 &&
+                   a.n_head * a.head_dim == v.width(op.out),
+               "{}: widths", v.where);
+      MK_CHECK(a.weight.size() == static_cast<size_t>(a.head_dim) && a.head_dim > 0, "{}: norm length", v.where);
+      MK_CHECK(a.gate == GluKind::SiLU || a.gate == GluKind::Sigmoid, "{}: the gate is SiLU or sigmoid", v.where);
+    },
     .ref = gated_rmsnorm_tile<RefKernels>,
     .fast = gated_rmsnorm_tile<FastKernels>,
 };
@@ -166,14 +162,13 @@ extern const OpInfo kHeadNormGateOp = {
     .name = "head_norm_gate",
     .reads_out = yes,
     .small_weights = [](const Op& op) { return op.as<ops::HeadNormGate>().weight; },
-    .verify =
-        [](const Op& op, const VerifyContext& v) {
-          const auto& a = op.as<ops::HeadNormGate>();
-          MK_CHECK(op.in >= 0 && a.n_head > 0 && a.n_head * a.head_dim == v.width(op.out), "{}: heads", v.where);
-          MK_CHECK(v.width(op.in) == a.n_head || v.width(op.in) == v.width(op.out),
-                   "{}: gate width {} (want {} or {})", v.where, v.width(op.in), a.n_head, v.width(op.out));
-          MK_CHECK(a.weight.empty() || a.weight.size() == static_cast<size_t>(a.head_dim), "{}: norm length", v.where);
-        },
+    .verify = [](const Op& op, const VerifyContext& v) {
+      const auto& a = op.as<ops::HeadNormGate>();
+      MK_CHECK(op.in >= 0 && a.n_head > 0 && a.n_head * a.head_dim == v.width(op.out), "{}: heads", v.where);
+      MK_CHECK(v.width(op.in) == a.n_head || v.width(op.in) == v.width(op.out),
+               "{}: gate width {} (want {} or {})", v.where, v.width(op.in), a.n_head, v.width(op.out));
+      MK_CHECK(a.weight.empty() || a.weight.size() == static_cast<size_t>(a.head_dim), "{}: norm length", v.where);
+    },
     .ref = head_norm_gate_tile<RefKernels>,
     .fast = head_norm_gate_tile<FastKernels>,
 };

@@ -369,18 +369,16 @@ extern const OpInfo kCausalConvSiluOp = {
     .recurrent = true,
     .reads_out = yes,
     .small_weights = [](const Op& op) { return op.as<ops::CausalConvSilu>().taps; },
-    .state_bytes =
-        [](const Op& op, const DecodeProgram& p, int) {  // (K - 1) x C, read and written
+    .state_bytes = [](const Op& op, const DecodeProgram& p, int) {  // (K - 1) x C, read and written
           const size_t C = static_cast<size_t>(p.slots[static_cast<size_t>(op.out)].width);
           return 2 * sizeof(float) * (op.as<ops::CausalConvSilu>().taps.size() - C);
         },
-    .verify =
-        [](const Op& op, const VerifyContext& v) {
-          const size_t n = op.as<ops::CausalConvSilu>().taps.size();
-          MK_CHECK(v.p.recurrent && op.cache_layer() >= 0, "{}: needs a recurrent program and a state layer", v.where);
-          MK_CHECK(v.width(op.out) > 0 && n > 0 && n % static_cast<size_t>(v.width(op.out)) == 0,
-                   "{}: conv taps ({} floats) vs {} channels", v.where, n, v.width(op.out));
-        },
+    .verify = [](const Op& op, const VerifyContext& v) {
+      const size_t n = op.as<ops::CausalConvSilu>().taps.size();
+      MK_CHECK(v.p.recurrent && op.cache_layer() >= 0, "{}: needs a recurrent program and a state layer", v.where);
+      MK_CHECK(v.width(op.out) > 0 && n > 0 && n % static_cast<size_t>(v.width(op.out)) == 0,
+               "{}: conv taps ({} floats) vs {} channels", v.where, n, v.width(op.out));
+    },
     .ref = conv_op_tile<RefKernels>,
     .fast = conv_op_tile<FastKernels>,
 };
@@ -391,43 +389,40 @@ extern const OpInfo kDeltaRuleOp = {
     .recurrent = true,
     .tile_count = [](const Op& op, int n_rows, int) { return n_rows * dr(op).n_head; },
     .small_weights = [](const Op& op) { return dr(op).a_log; },
-    .weight_bytes =
-        [](const Op& op) {
-          const auto& a = dr(op);
-          // A_log [n_head] and dt_bias: [n_head], or with KDA [n_head * head_dim].
-          return sizeof(float) * (a.a_log.size() + (a.kda ? static_cast<size_t>(a.n_head * a.head_dim) : a.a_log.size()));
-        },
-    .state_bytes =
-        [](const Op& op, const DecodeProgram& p, int) {
-          const auto& a = dr(op);
-          const int dk = key_dim_of(op, p.slots[static_cast<size_t>(op.in)].width);
-          return 2 * sizeof(float) * static_cast<size_t>(a.n_head) * a.head_dim * dk;
-        },
-    .verify =
-        [](const Op& op, const VerifyContext& v) {
-          const auto& a = dr(op);
-          const std::string& where = v.where;
-          MK_CHECK(v.p.recurrent && op.cache_layer() >= 0, "{}: needs a recurrent program and a state layer", where);
-          MK_CHECK(op.in >= 0 && op.in2 >= 0 && a.n_head > 0 && a.n_head_kv > 0 && a.n_head % a.n_head_kv == 0 &&
-                       a.head_dim > 0,
-                   "{}: heads", where);
-          MK_CHECK(v.width(op.out) == a.n_head * a.head_dim, "{}: output width", where);
-          const int kq = v.width(op.in) - a.n_head * a.head_dim;
-          MK_CHECK(kq > 0 && kq % (2 * a.n_head_kv) == 0, "{}: q|k|v width {}", where, v.width(op.in));
-          const size_t nh = static_cast<size_t>(a.n_head);
-          if (a.kda) {
-            const int dk = kq / (2 * a.n_head_kv);
-            MK_CHECK(a.n_head_kv == a.n_head && v.width(op.in2) == a.n_head * dk,
-                     "{}: forget-gate input width {} vs {} heads x {}", where, v.width(op.in2), a.n_head, dk);
-            MK_CHECK(op.in3 >= 0 && v.width(op.in3) == a.n_head, "{}: beta width", where);
-            MK_CHECK(a.dt_bias.size() == nh * static_cast<size_t>(dk), "{}: dt_bias length", where);
-          } else {
-            MK_CHECK(v.width(op.in2) == 2 * a.n_head, "{}: [b | a] width {} vs {} heads", where, v.width(op.in2),
-                     a.n_head);
-            MK_CHECK(a.dt_bias.size() == nh, "{}: dt_bias length", where);
-          }
-          MK_CHECK(a.a_log.size() == nh, "{}: A_log / dt_bias", where);
-        },
+    .weight_bytes = [](const Op& op) {
+      const auto& a = dr(op);
+      // A_log [n_head] and dt_bias: [n_head], or with KDA [n_head * head_dim].
+      return sizeof(float) * (a.a_log.size() + (a.kda ? static_cast<size_t>(a.n_head * a.head_dim) : a.a_log.size()));
+    },
+    .state_bytes = [](const Op& op, const DecodeProgram& p, int) {
+      const auto& a = dr(op);
+      const int dk = key_dim_of(op, p.slots[static_cast<size_t>(op.in)].width);
+      return 2 * sizeof(float) * static_cast<size_t>(a.n_head) * a.head_dim * dk;
+    },
+    .verify = [](const Op& op, const VerifyContext& v) {
+      const auto& a = dr(op);
+      const std::string& where = v.where;
+      MK_CHECK(v.p.recurrent && op.cache_layer() >= 0, "{}: needs a recurrent program and a state layer", where);
+      MK_CHECK(op.in >= 0 && op.in2 >= 0 && a.n_head > 0 && a.n_head_kv > 0 && a.n_head % a.n_head_kv == 0 &&
+                   a.head_dim > 0,
+               "{}: heads", where);
+      MK_CHECK(v.width(op.out) == a.n_head * a.head_dim, "{}: output width", where);
+      const int kq = v.width(op.in) - a.n_head * a.head_dim;
+      MK_CHECK(kq > 0 && kq % (2 * a.n_head_kv) == 0, "{}: q|k|v width {}", where, v.width(op.in));
+      const size_t nh = static_cast<size_t>(a.n_head);
+      if (a.kda) {
+        const int dk = kq / (2 * a.n_head_kv);
+        MK_CHECK(a.n_head_kv == a.n_head && v.width(op.in2) == a.n_head * dk,
+                 "{}: forget-gate input width {} vs {} heads x {}", where, v.width(op.in2), a.n_head, dk);
+        MK_CHECK(op.in3 >= 0 && v.width(op.in3) == a.n_head, "{}: beta width", where);
+        MK_CHECK(a.dt_bias.size() == nh * static_cast<size_t>(dk), "{}: dt_bias length", where);
+      } else {
+        MK_CHECK(v.width(op.in2) == 2 * a.n_head, "{}: [b | a] width {} vs {} heads", where, v.width(op.in2),
+                 a.n_head);
+        MK_CHECK(a.dt_bias.size() == nh, "{}: dt_bias length", where);
+      }
+      MK_CHECK(a.a_log.size() == nh, "{}: A_log / dt_bias", where);
+    },
     .ref = delta_rule_op_tile<RefKernels>,
     .fast = delta_rule_op_tile<FastKernels>,
 };

@@ -59,13 +59,12 @@ void tap_tile(const Op& op, const StepContext& ctx, int t, int) {
 extern const OpInfo kAttnResMixOp = {
     .name = "attn_res_mix",
     .small_weights = [](const Op& op) { return op.as<ops::AttnResMix>().query; },
-    .verify =
-        [](const Op& op, const VerifyContext& v) {
-          const auto& a = op.as<ops::AttnResMix>();
-          MK_CHECK(op.in >= 0 && a.query.size() == static_cast<size_t>(v.width(op.out)) && a.n_blocks >= 1 &&
-                       a.n_blocks * v.width(op.out) <= v.width(op.in),
-                   "{}: {} blocks of {} from a slot of {}", v.where, a.n_blocks, v.width(op.out), v.width(op.in));
-        },
+    .verify = [](const Op& op, const VerifyContext& v) {
+      const auto& a = op.as<ops::AttnResMix>();
+      MK_CHECK(op.in >= 0 && a.query.size() == static_cast<size_t>(v.width(op.out)) && a.n_blocks >= 1 &&
+                   a.n_blocks * v.width(op.out) <= v.width(op.in),
+               "{}: {} blocks of {} from a slot of {}", v.where, a.n_blocks, v.width(op.out), v.width(op.in));
+    },
     .ref = attn_res_mix_tile<RefKernels>,
     .fast = attn_res_mix_tile<FastKernels>,
 };
@@ -73,25 +72,23 @@ extern const OpInfo kAttnResMixOp = {
 extern const OpInfo kAttnResAddOp = {
     .name = "attn_res_add",
     .reads_out = [](const Op& op) { return !op.as<ops::AttnResAdd>().overwrite; },
-    .verify =
-        [](const Op& op, const VerifyContext& v) {
-          const auto& a = op.as<ops::AttnResAdd>();
-          MK_CHECK(op.in >= 0 && a.block >= 0 && (a.block + 1) * v.width(op.in) <= v.width(op.out),
-                   "{}: block {} of {} in a slot of {}", v.where, a.block, v.width(op.in), v.width(op.out));
-        },
+    .verify = [](const Op& op, const VerifyContext& v) {
+      const auto& a = op.as<ops::AttnResAdd>();
+      MK_CHECK(op.in >= 0 && a.block >= 0 && (a.block + 1) * v.width(op.in) <= v.width(op.out),
+               "{}: block {} of {} in a slot of {}", v.where, a.block, v.width(op.in), v.width(op.out));
+    },
     .ref = attn_res_add_tile,
     .fast = attn_res_add_tile,
 };
 
 extern const OpInfo kTapOp = {
     .name = "tap",
-    .verify =
-        [](const Op& op, const VerifyContext& v) {
-          const int off = op.as<ops::Tap>().offset;
-          MK_CHECK(op.in >= 0 && op.out < 0 && off >= 0 && off + v.width(op.in) <= v.p.tap_width,
-                   "{}: tap columns [{}, {}) outside the tap row of {}", v.where, off,
-                   off + (op.in >= 0 ? v.width(op.in) : 0), v.p.tap_width);
-        },
+    .verify = [](const Op& op, const VerifyContext& v) {
+      const int off = op.as<ops::Tap>().offset;
+      MK_CHECK(op.in >= 0 && op.out < 0 && off >= 0 && off + v.width(op.in) <= v.p.tap_width,
+               "{}: tap columns [{}, {}) outside the tap row of {}", v.where, off,
+               off + (op.in >= 0 ? v.width(op.in) : 0), v.p.tap_width);
+    },
     .ref = tap_tile,
     .fast = tap_tile,
 };
