@@ -96,7 +96,12 @@ Schedule compile(const DecodeProgram& p, int n_rows, int W, const CompileOptions
         // only (attention: its row's (KV head, part) tiles). StoreKV is the
         // exception: rows of one sequence read each other's keys, so
         // attention waits for every row's store.
-        const bool narrow = my_row >= 0 && !op_info(pop).feeds_all_rows;
+        const OpInfo& pinfo = op_info(pop);
+        const bool narrow = my_row >= 0 && !pinfo.feeds_all_rows;
+        if (narrow && pinfo.row_tiled && !pinfo.tile_row) {
+          s.deps.push_back(flag_base[static_cast<size_t>(pr)] + my_row);
+          continue;
+        }
         for (int pt = 0; pt < n_tiles[static_cast<size_t>(pr)]; ++pt) {
           const int prow = narrow ? tile_row(pop, pt, n_tiles[static_cast<size_t>(pr)], n_rows) : -1;
           if (prow < 0 || prow == my_row) s.deps.push_back(flag_base[static_cast<size_t>(pr)] + pt);
