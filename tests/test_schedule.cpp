@@ -209,6 +209,14 @@ TEST(Schedule, StepCommand) {
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.out.find(", 1 layers,"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("slot 'logits'"), std::string::npos) << r.out;
+  // A scan for the first op over a tolerance: the products' int16 activations
+  // are ~1e-5 off the scalar reference, nothing is 1e-3 off.
+  r = run_cli("step -m dense-mini --rows 2 --bisect 1e-6");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("first op over 1e-06 of the reference: op 2 (matmul 'attn_q' layer 0)"), std::string::npos) << r.out;
+  r = run_cli("step -m dense-mini --rows 2 --bisect 1e-3");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("every op's output is within 0.001 of the reference"), std::string::npos) << r.out;
   r = run_cli("step -m dense-mini --stop-after-op 100000");
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.err.find("the program has ops 0 to"), std::string::npos) << r.err;

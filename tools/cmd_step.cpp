@@ -32,6 +32,7 @@ struct StepOptions {
   std::string slot;
   int values = 6;
   bool compare = false;
+  double bisect = 0;
 };
 
 uint64_t fnv1a(const float* x, int n) {
@@ -71,6 +72,36 @@ std::unique_ptr<Executor> make(const std::string& kind, const DecodeProgram& pro
   return make_executor(kind, prog, pool);
 }
 
+// The largest difference between two runs' rows, relative to the largest reference value.
+double rel_diff(const std::vector<float>& x, const std::vector<float>& ref) {
+  double d = 0, m = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (x[i] == ref[i]) continue;
+    d = std::max(d, static_cast<double>(std::fabs(x[i] - ref[i])));
+    m = std::max(m, static_cast<double>(std::fabs(ref[i])));
+  }
+  for (float v : ref) m = std::max(m, static_cast<double>(std::fabs(v)));
+  return d > 0 && !(d < INFINITY) ? INFINITY : m > 0 ? d / m : d;
+}
+
+// Runs the step to each op in turn against the reference and reports the
+// first op whose output differs from it by more than tol.
+void bisect(const Model& model, const DecodeProgram& prog, StepOptions o, const std::vector<int32_t>& tokens) {
+  SerialExecutor ex(prog, o.workers, o.executor == "reference"), ref(prog, 1, true);
+  for (size_t i = 0; i < prog.ops.size(); ++i) {
+    const Op& op = prog.ops[i];
+    if (op.out < 0 || prog.slots[static_cast<size_t>(op.out)].width == 0) continue;
+    o.stop_after_op = static_cast<int>(i);
+    const double d = rel_diff(run_once(model, prog, o, ex, tokens, op.out), run_once(model, prog, o, ref, tokens, op.out));
+    if (d > o.bisect) {
+      fmt::print("first op over {:.3g} of the reference: op {} ({} '{}' layer {}), {:.3g}\n", o.bisect, i,
+                 op_kind_name(op.kind), op.name, op.layer, d);
+      return;
+    }
+  }
+  fmt::print("every op's output is within {:.3g} of the reference\n", o.bisect);
+}
+
 void step_cmd(const StepOptions& o) {
   auto model = load_model(o.model, o.flags.options());
   DecodeProgram full = model->build_program(std::max(o.rows, 1));
@@ -93,6 +124,11 @@ void step_cmd(const StepOptions& o) {
     if (slot < 0) fail("--slot: the program has no slot '{}'", o.slot);
   }
   if (slot < 0) fail("op {} writes no slot (a tap); name one with --slot", o.stop_after_op);
+  if (o.bisect > 0) {
+    if (o.executor != "serial" && o.executor != "reference") fail("--bisect needs --executor serial or reference");
+    bisect(*model, prog, o, tokens);
+    return;
+  }
   ThreadPool pool(o.executor == "serial" || o.executor == "reference" ? 1 : o.workers);
   auto ex = make(o.executor, prog, o.workers, pool);
   const auto got = run_once(*model, prog, o, *ex, tokens, slot);
@@ -157,6 +193,10 @@ void register_step(CLI::App& app) {
   cmd->add_option("--slot", o->slot, "Print this slot instead (by name; with --stop-after-op, of that op's layer)");
   cmd->add_option("--values", o->values, "Values printed per row")->capture_default_str();
   cmd->add_flag("--compare", o->compare, "Also run the scalar reference and print the difference per row");
+  cmd->add_option("--bisect", o->bisect,
+                  "Run the step to each op in turn and report the first whose output differs from the scalar "
+                  "reference's by more than this share of its largest value (e.g. 1e-3)")
+      ->check(CLI::PositiveNumber);
   cmd->callback([o] { run_guarded([&] { step_cmd(*o); }); });
 }
 
