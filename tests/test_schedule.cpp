@@ -211,10 +211,10 @@ TEST(Schedule, StepCommand) {
   EXPECT_NE(r.out.find("slot 'logits'"), std::string::npos) << r.out;
   // A scan for the first op over a tolerance: the products' int16 activations
   // are ~1e-5 off the scalar reference, nothing is 1e-3 off.
-  r = run_cli("step -m dense-mini --rows 2 --bisect 1e-6");
+  r = run_cli("step -m dense-mini -p abcd --rows 2 --bisect 1e-6");
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.out.find("first op over 1e-06 of the reference: op 2 (matmul 'attn_q' layer 0)"), std::string::npos) << r.out;
-  r = run_cli("step -m dense-mini --rows 2 --bisect 1e-3");
+  r = run_cli("step -m dense-mini -p abcd --rows 2 --bisect 1e-3");
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.out.find("every op's output is within 0.001 of the reference"), std::string::npos) << r.out;
   r = run_cli("step -m dense-mini --stop-after-op 100000");
