@@ -214,10 +214,10 @@ void BM_Attention(benchmark::State& state) {
   op.in = q;
   op.in2 = marker;
   op.out = out;
-  op.n_head = H;
-  op.n_head_kv = Hkv;
-  op.head_dim = D;
-  op.scale = 1.f / std::sqrt((float)D);
+  op.as<ops::Attention>().n_head = H;
+  op.as<ops::Attention>().n_head_kv = Hkv;
+  op.as<ops::Attention>().head_dim = D;
+  op.as<ops::Attention>().scale = 1.f / std::sqrt((float)D);
   KVCache cache;
   cache.n_ctx = n_ctx;
   cache.n_layer = 1;
@@ -263,14 +263,13 @@ void BM_DeltaRule(benchmark::State& state) {
   op.in = in;
   op.in2 = ba;
   op.out = out;
-  op.n_head = Hv;
-  op.n_head_kv = Hk;
-  op.head_dim = Dv;
-  op.norm = a_log.data();
-  op.n_norm = Hv;
-  op.dt_bias = dt_bias.data();
-  op.scale = 1.f / std::sqrt((float)Dk);
-  op.cache_index = 0;
+  op.as<ops::DeltaRule>().n_head = Hv;
+  op.as<ops::DeltaRule>().n_head_kv = Hk;
+  op.as<ops::DeltaRule>().head_dim = Dv;
+  op.as<ops::DeltaRule>().a_log = a_log;
+  op.as<ops::DeltaRule>().dt_bias = dt_bias;
+  op.as<ops::DeltaRule>().scale = 1.f / std::sqrt((float)Dk);
+  op.as<ops::DeltaRule>().cache_index = 0;
   constexpr int kStates = 16;
   RecurrentState st(kStates, 2 * Hk * Dk + Hv * Dv, 3, Hv, Dv, Dk);
   KVCache cache;
@@ -290,7 +289,7 @@ void BM_DeltaRule(benchmark::State& state) {
   run_tiles(p, prog.ops[0], ctx, tiles);
   int layer = 0;
   for (auto _ : state) {
-    prog.ops[0].cache_index = layer;
+    prog.ops[0].as<ops::DeltaRule>().cache_index = layer;
     layer = (layer + 1) % kStates;
     run_tiles(p, prog.ops[0], ctx, tiles);
     benchmark::DoNotOptimize(xo.data());

@@ -105,8 +105,9 @@ std::vector<float> head_of(const DecodeProgram& p, const float* stream) {
     if (op.kind == OpKind::RmsNorm && op.layer < 0) norm = &op;
   }
   EXPECT_TRUE(norm && head);
-  std::vector<float> xn(static_cast<size_t>(norm->n_norm)), out(static_cast<size_t>(p.n_vocab));
-  rmsnorm(stream, norm->norm, norm->n_norm, norm->eps, xn.data());
+  const auto& nw = norm->as<ops::RmsNorm>();
+  std::vector<float> xn(nw.weight.size()), out(static_cast<size_t>(p.n_vocab));
+  rmsnorm(stream, nw.weight.data(), static_cast<int64_t>(nw.weight.size()), nw.eps, xn.data());
   matmul_rows(head->mat, xn.data(), 1, out.data(), p.n_vocab, 0, p.n_vocab);
   return out;
 }

@@ -124,10 +124,9 @@ std::vector<float> route(const std::vector<float>& logits, const std::vector<flo
   Op& op = p.add_op(OpKind::MoeRoute, 1, "moe_route");
   op.in = in;
   op.out = out;
-  op.norm = bias.data();
-  op.n_norm = static_cast<int>(bias.size());
-  op.eps = 0.f;  // as kimi.cpp builds it: no eps in the weight normalisation
-  op.top_k = k;
+  op.as<ops::MoeRoute>().bias = bias;
+  op.as<ops::MoeRoute>().eps = 0.f;  // as kimi.cpp builds it: no eps in the weight normalisation
+  op.as<ops::MoeRoute>().top_k = k;
   std::vector<float> x = logits, y(static_cast<size_t>(2 * k));
   StepContext ctx;
   ctx.program = &p;
@@ -242,9 +241,9 @@ TEST(KimiModel, ProgramReadsWhatTheConfigArithmeticSays) {
   EXPECT_NE(d.find("attn_res_restart"), std::string::npos);
   int n_delta = 0, n_attention = 0, n_restart = 0;
   for (const Op& op : p.ops) {
-    n_delta += op.kind == OpKind::DeltaRule && op.kda;
+    n_delta += op.kind == OpKind::DeltaRule && op.as<ops::DeltaRule>().kda;
     n_attention += op.kind == OpKind::Attention;
-    n_restart += op.kind == OpKind::AttnResAdd && op.overwrite && op.layer >= 0;
+    n_restart += op.kind == OpKind::AttnResAdd && op.as<ops::AttnResAdd>().overwrite && op.layer >= 0;
   }
   EXPECT_EQ(n_delta, 7);
   EXPECT_EQ(n_attention, 3);

@@ -32,8 +32,8 @@
 #include "core/half.h"
 #include "core/thread_pool.h"
 #include "exec/executor.h"
-#include "exec/gate_kernels.h"
-#include "exec/moe_kernels.h"
+#include "ops/moe.h"
+#include "ops/norm.h"
 #include "exec/op_kernels.h"
 #include "io/safetensors.h"
 #include "io/safetensors_writer.h"
@@ -296,11 +296,10 @@ TEST(MuseKernels, RouteTiesAndWeights) {
   Op& op = p.add_op(OpKind::MoeRoute, 0, "route");
   op.in = logits;
   op.out = route;
-  op.top_k = 3;
-  op.scale = 0.5f;
-  op.eps = 0.125f;  // large, so its place in the formula shows
-  op.norm = bias.data();
-  op.n_norm = 6;
+  op.as<ops::MoeRoute>().top_k = 3;
+  op.as<ops::MoeRoute>().scale = 0.5f;
+  op.as<ops::MoeRoute>().eps = 0.125f;  // large, so its place in the formula shows
+  op.as<ops::MoeRoute>().bias = bias;
   std::vector<float> in = {0.f, 1.f, 1.f, -10.f, 1.f, 2.f}, out(6);
   StepContext ctx;
   ctx.program = &p;
@@ -322,7 +321,7 @@ TEST(MuseKernels, RouteTiesAndWeights) {
   // expert 0 (logit 0) beats expert 5 (logit 2) under 0.5 * sigmoid(logit)
   // (0.45 > 0.44) but not under sigmoid(0.5 logit) (0.70 < 0.73).
   bias = {0.2f, 0, 0, 0, 0, 0};
-  op.top_k = 1;
+  op.as<ops::MoeRoute>().top_k = 1;
   run_op_tile(p.ops[0], ctx, 0, 1);
   EXPECT_EQ(out[0], 5.f);
 }
@@ -355,8 +354,10 @@ TEST(MuseKernels, RoutedTileWeightsCoverTheSelectedExpertsOnce) {
     Op op;
     op.kind = kind;
     op.in2 = route;
-    op.top_k = K;
-    op.experts = &bank;
+    if (kind == OpKind::MoeGlu)
+      op.params = ops::MoeGlu{{K, &bank}};
+    else
+      op.params = ops::MoeDown{{K, &bank}};
     for (int workers : {1, 2, 5}) {
       const int n = moe_tile_count(op, R, workers);
       // Bytes covered per matrix (gate, up, down of each expert).
@@ -424,12 +425,11 @@ TEST(MuseKernels, GatedResidualScalesItsInputBeforeTheNorm) {
   Op& op = p.add_op(OpKind::GatedResidual, 0, "ffn_residual");
   op.in = in;
   op.out = out;
-  op.norm = coef.data();
-  op.n_norm = 3 * n;
-  op.eps = 1e-8f;
+  op.as<ops::GatedResidual>().coef = coef;
+  op.as<ops::GatedResidual>().eps = 1e-8f;
   std::vector<float> x = {1.f, -2.f, 4.f, 0.5f}, s0 = {1.f, 1.f, -1.f, 2.f};
   for (int with_scale : {1, 0}) {
-    op.n_norm = with_scale ? 3 * n : 2 * n;
+    op.as<ops::GatedResidual>().coef = std::span<const float>(coef).first(static_cast<size_t>(with_scale ? 3 * n : 2 * n));
     std::vector<float> s = s0;
     StepContext ctx;
     ctx.program = &p;
@@ -474,8 +474,7 @@ TEST(MuseKernels, ExpertOutputNormIsASharedWeightBeforeTheNorm) {
   op.in = y;
   op.in2 = route;
   op.out = out;
-  op.top_k = K;
-  op.experts = &bank;
+  op.as<ops::MoeCombine>() = {{K, &bank}};
   std::vector<float> yv(static_cast<size_t>(K) * D), rv = {3.f, 1.f, 0.75f, 0.25f}, ov(static_cast<size_t>(D));
   for (int i = 0; i < K * D; ++i) yv[static_cast<size_t>(i)] = static_cast<float>((i * 7) % 11) - 5.f;
   StepContext ctx;
@@ -547,8 +546,8 @@ TEST(MuseKernels, MoeOpsWithSiTUAndNoNormUnderEveryExecutor) {
   Op& rt = p.add_op(OpKind::MoeRoute, 0, "route");
   rt.in = rl;
   rt.out = route;
-  rt.top_k = K;
-  rt.eps = 0.f;  // weights / sum, as Kimi K3 routes
+  rt.as<ops::MoeRoute>().top_k = K;
+  rt.as<ops::MoeRoute>().eps = 0.f;  // weights / sum, as Kimi K3 routes
   p.add_moe_experts(0, &bank, K, route, x, h, y, mo);
   p.add_matmul(-1, "head", f32_view(wo, V, D), mo, logits);
   p.logits_slot = logits;
@@ -635,11 +634,11 @@ TEST(MuseModel, LoadsFixtureAndVerifies) {
     EXPECT_NE(d.find(kind), std::string::npos) << kind;
   DecodeProgram broken = prog;
   for (Op& op : broken.ops)
-    if (op.kind == OpKind::MoeRoute) op.top_k = 3;  // route slot holds 2 x 2
+    if (op.kind == OpKind::MoeRoute) op.as<ops::MoeRoute>().top_k = 3;  // route slot holds 2 x 2
   EXPECT_THROW(broken.verify(), std::logic_error);
   broken = prog;
   for (Op& op : broken.ops)
-    if (op.kind == OpKind::GatedResidual) op.n_norm = 1;
+    if (op.kind == OpKind::GatedResidual) op.as<ops::GatedResidual>().coef = op.as<ops::GatedResidual>().coef.first(1);
   EXPECT_THROW(broken.verify(), std::logic_error);
 }
 
@@ -735,29 +734,29 @@ TEST(MuseModel, ProgramUsesTheReferenceConstants) {
   ASSERT_GE(prog.ops.size(), 2u);
   EXPECT_EQ(prog.ops[0].kind, OpKind::Embed);
   EXPECT_EQ(prog.ops[1].kind, OpKind::RmsNorm);
-  EXPECT_FLOAT_EQ(prog.ops[1].eps, 1e-5f);
+  EXPECT_FLOAT_EQ(prog.ops[1].as<ops::RmsNorm>().eps, 1e-5f);
   int attn = 0, heads = 0, resid = 0, route = 0, combine = 0;
   for (const Op& op : prog.ops) {
     if (op.kind == OpKind::Attention) {
-      EXPECT_FLOAT_EQ(op.scale, static_cast<float>(5.4730064863875 / std::sqrt(32.0)));
+      EXPECT_FLOAT_EQ(op.as<ops::Attention>().scale, static_cast<float>(5.4730064863875 / std::sqrt(32.0)));
       ++attn;
     } else if (op.kind == OpKind::HeadNormRope) {
-      EXPECT_FLOAT_EQ(op.eps, 1e-5f) << op.name;
+      EXPECT_FLOAT_EQ(op.as<ops::HeadNormRope>().eps, 1e-5f) << op.name;
     } else if (op.kind == OpKind::HeadNormGate) {
-      EXPECT_FLOAT_EQ(op.eps, 1e-5f);
+      EXPECT_FLOAT_EQ(op.as<ops::HeadNormGate>().eps, 1e-5f);
       EXPECT_EQ(prog.slots[static_cast<size_t>(op.in)].width, c.n_head * c.head_dim);
       ++heads;
     } else if (op.kind == OpKind::GatedResidual) {
-      EXPECT_FLOAT_EQ(op.eps, 1e-8f);
-      EXPECT_EQ(op.n_norm, (op.name == "ffn_residual" ? 3 : 2) * c.hidden) << op.name;
+      EXPECT_FLOAT_EQ(op.as<ops::GatedResidual>().eps, 1e-8f);
+      EXPECT_EQ(op.as<ops::GatedResidual>().coef.size(), static_cast<size_t>((op.name == "ffn_residual" ? 3 : 2) * c.hidden)) << op.name;
       ++resid;
     } else if (op.kind == OpKind::MoeRoute) {
-      EXPECT_FLOAT_EQ(op.eps, 1e-15f);
-      EXPECT_FLOAT_EQ(op.scale, 0.17677669529663687f);
+      EXPECT_FLOAT_EQ(op.as<ops::MoeRoute>().eps, 1e-15f);
+      EXPECT_FLOAT_EQ(op.as<ops::MoeRoute>().scale, 0.17677669529663687f);
       ++route;
     } else if (op.kind == OpKind::MoeCombine) {
-      EXPECT_FLOAT_EQ(op.experts->out_norm_eps, 1e-8f);
-      EXPECT_EQ(op.experts->out_norm.size(), static_cast<size_t>(c.expert_dim));
+      EXPECT_FLOAT_EQ(op.as<ops::MoeCombine>().bank->out_norm_eps, 1e-8f);
+      EXPECT_EQ(op.as<ops::MoeCombine>().bank->out_norm.size(), static_cast<size_t>(c.expert_dim));
       ++combine;
     }
   }

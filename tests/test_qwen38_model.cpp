@@ -130,7 +130,7 @@ TEST(Qwen38Model, LoadsMiniFixture) {
   EXPECT_THROW(broken.verify(), std::logic_error);
   broken = p;
   for (Op& op : broken.ops)
-    if (op.kind == OpKind::DeltaRule) op.n_norm = 1;  // A_log length
+    if (op.kind == OpKind::DeltaRule) op.as<ops::DeltaRule>().a_log = op.as<ops::DeltaRule>().a_log.first(1);  // A_log length
   EXPECT_THROW(broken.verify(), std::logic_error);
   RecurrentState s = m.make_state();
   EXPECT_EQ(static_cast<int64_t>(s.bytes()), recurrent_state_bytes(c).total());

@@ -25,6 +25,7 @@ void register_bench_serve(CLI::App& app);
 void register_bench_spec(CLI::App& app);
 void register_gen_drafter(CLI::App& app);
 void register_perplexity(CLI::App& app);
+void register_step(CLI::App& app);
 
 // Milliseconds since t0 on the steady clock.
 using Clock = std::chrono::steady_clock;

@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   megakern::cli::register_bench_spec(app);
   megakern::cli::register_gen_drafter(app);
   megakern::cli::register_perplexity(app);
+  megakern::cli::register_step(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

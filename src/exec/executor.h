@@ -93,7 +93,7 @@ struct MegaOptions {
 std::unique_ptr<Executor> make_mega_executor(const DecodeProgram& program, ThreadPool& pool,
                                              const MegaOptions& opts = {});
 
-// "reference", "opbyop" or "mega"; throws on anything else.
+// "reference", "opbyop", "mega" or "serial" (exec/schedule.h); throws on anything else.
 std::unique_ptr<Executor> make_executor(const std::string& kind, const DecodeProgram& program, ThreadPool& pool);
 
 }  // namespace megakern

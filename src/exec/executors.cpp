@@ -11,6 +11,7 @@
 #include "exec/executor.h"
 #include "exec/op_kernels.h"
 #include "exec/recurrent_kernels.h"
+#include "exec/schedule.h"
 
 namespace megakern {
 
@@ -152,7 +153,8 @@ std::unique_ptr<Executor> make_executor(const std::string& kind, const DecodePro
   if (kind == "reference") return make_reference_executor(program);
   if (kind == "opbyop") return make_opbyop_executor(program, pool);
   if (kind == "mega") return make_mega_executor(program, pool);
-  fail("unknown executor '{}' (expected reference, opbyop or mega)", kind);
+  if (kind == "serial") return std::make_unique<SerialExecutor>(program, pool.size(), false);
+  fail("unknown executor '{}' (expected reference, opbyop, mega or serial)", kind);
 }
 
 }  // namespace megakern

@@ -1,7 +1,7 @@
 // The megakernel executor.
 //
 // At first use for a given row count the program is compiled into a static
-// schedule: every op is cut into tiles, every tile is given to one worker, and
+// schedule (exec/schedule.h): every op is cut into tiles, every tile is given to one worker, and
 // each worker gets its tiles as one list in program order. Each tile lists the
 // producer tiles it must wait for (read-after-write, write-after-write
 // and write-after-read on its slots), so a worker only waits where data it
@@ -32,16 +32,17 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
-#include <set>
 #include <thread>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "exec/exec_common.h"
 #include "exec/executor.h"
-#include "exec/moe_kernels.h"
 #include "exec/op_kernels.h"
 #include "exec/recurrent_kernels.h"
+#include "exec/schedule.h"
+#include "ops/moe.h"
+#include "ops/registry.h"
 
 namespace megakern {
 namespace {
@@ -49,148 +50,6 @@ namespace {
 struct alignas(64) Flag {
   std::atomic<uint64_t> epoch{0};
 };
-
-struct Region {
-  const uint8_t* begin = nullptr;
-  size_t bytes = 0;
-};
-
-struct Task {
-  int op = 0;
-  int tile = 0;
-  int n_tiles = 0;
-  int flag = 0;                // this tile's global flag index
-  uint32_t dep_begin = 0, dep_end = 0;  // range in Schedule::deps
-  Region weights;              // what the tile streams (static tiles)
-  // Routed-expert tiles (MoeGlu / MoeDown): the weights depend on the step's
-  // routing, so they are looked up once the route op's tiles, flags
-  // [route_begin, route_end), are done; `weights` is then unused.
-  bool routed = false;
-  int route_begin = 0, route_end = 0;
-};
-
-struct Schedule {
-  int n_rows = 0;
-  std::vector<std::vector<Task>> worker_tasks;  // [worker] in program order
-  std::vector<std::vector<size_t>> weight_prefix;  // [worker][task + 1] bytes before each task
-  std::vector<int> deps;                          // global flag indices
-  int n_flags = 0;
-};
-
-Region weight_region(const Op& op, int tile, int n_tiles) {
-  Region r;
-  if (op.kind == OpKind::MatMul) {
-    int64_t b, e;
-    matmul_tile_range(op, tile, n_tiles, b, e);
-    r.begin = op.mat.data + static_cast<size_t>(b) * op.mat.row_bytes;
-    r.bytes = static_cast<size_t>(e - b) * op.mat.row_bytes;
-  } else if (op.norm && tile == 0) {
-    r.begin = reinterpret_cast<const uint8_t*>(op.norm);
-    r.bytes = sizeof(float) * static_cast<size_t>(op.n_norm);
-  }
-  return r;
-}
-
-// chained: rows of one sequence chain their recurrent states (RowInput::
-// state_in), so each recurrent tile of row r also waits for the same op's
-// tile of row r - 1 (same head). Those dependencies point to earlier tiles of
-// the same op, which every worker list also holds in order, so the earliest
-// unfinished tile can still always run.
-Schedule compile(const DecodeProgram& p, int n_rows, int W, bool chained, bool prefetch_experts) {
-  Schedule s;
-  s.n_rows = n_rows;
-  s.worker_tasks.resize(static_cast<size_t>(W));
-  const size_t n_ops = p.ops.size();
-  std::vector<int> n_tiles(n_ops), flag_base(n_ops);
-  for (size_t i = 0; i < n_ops; ++i) {
-    n_tiles[i] = op_tile_count(p.ops[i], n_rows, W);
-    flag_base[i] = s.n_flags;
-    s.n_flags += n_tiles[i];
-  }
-  // Producer ops of each op: last writer of each slot read or written (RAW,
-  // WAW) and every reader of a written slot since its last write (WAR).
-  std::vector<int> last_writer(p.slots.size(), -1);
-  std::vector<std::vector<int>> readers_since(p.slots.size());
-  for (size_t i = 0; i < n_ops; ++i) {
-    const Op& op = p.ops[i];
-    std::set<int> producers;
-    for (int sl : op.reads())
-      if (last_writer[static_cast<size_t>(sl)] >= 0) producers.insert(last_writer[static_cast<size_t>(sl)]);
-    if (op.out >= 0) {
-      // WAR: wait for every reader since the last write. Those readers
-      // waited for the last writer themselves, so the WAW dependency on it is
-      // only needed when there were none.
-      bool other_readers = false;
-      for (int rd : readers_since[static_cast<size_t>(op.out)])
-        if (rd != static_cast<int>(i)) {
-          producers.insert(rd);
-          other_readers = true;
-        }
-      if (!other_readers && last_writer[static_cast<size_t>(op.out)] >= 0)
-        producers.insert(last_writer[static_cast<size_t>(op.out)]);
-    }
-    for (int t = 0; t < n_tiles[i]; ++t) {
-      Task task;
-      task.op = static_cast<int>(i);
-      task.tile = t;
-      task.n_tiles = n_tiles[i];
-      task.flag = flag_base[i] + t;
-      task.weights = weight_region(op, t, n_tiles[i]);
-      if (prefetch_experts && (op.kind == OpKind::MoeGlu || op.kind == OpKind::MoeDown) &&
-          last_writer[static_cast<size_t>(op.in2)] >= 0) {
-        const size_t route_op = static_cast<size_t>(last_writer[static_cast<size_t>(op.in2)]);
-        task.routed = true;
-        task.route_begin = flag_base[route_op];
-        task.route_end = flag_base[route_op] + n_tiles[route_op];
-      }
-      task.dep_begin = static_cast<uint32_t>(s.deps.size());
-      // The row this tile touches, when it touches only one.
-      const int my_row = op_is_row_tiled(op) ? t : (op.kind == OpKind::Attention ? t / (n_tiles[i] / n_rows) : -1);
-      for (int pr : producers) {
-        const Op& pop = p.ops[static_cast<size_t>(pr)];
-        // A row-wise producer feeds a single-row consumer through that row
-        // only. StoreKV is the exception: rows of one sequence read each
-        // other's keys, so attention waits for every row's store.
-        if (my_row >= 0 && op_is_row_tiled(pop) && pop.kind != OpKind::StoreKV) {
-          s.deps.push_back(flag_base[static_cast<size_t>(pr)] + my_row);
-        } else if (my_row >= 0 && pop.kind == OpKind::Attention) {
-          // Attention tiles are (row, KV head, part of the group): a
-          // single-row consumer needs only its row's tiles.
-          const int per_row = n_tiles[static_cast<size_t>(pr)] / n_rows;
-          for (int h = 0; h < per_row; ++h) s.deps.push_back(flag_base[static_cast<size_t>(pr)] + my_row * per_row + h);
-        } else {
-          for (int pt = 0; pt < n_tiles[static_cast<size_t>(pr)]; ++pt)
-            s.deps.push_back(flag_base[static_cast<size_t>(pr)] + pt);
-        }
-      }
-      if (chained && op_is_recurrent(op)) {
-        const int per_row = n_tiles[i] / n_rows;  // 1 (conv) or n_head (delta rule)
-        if (t >= per_row) s.deps.push_back(flag_base[i] + t - per_row);
-      }
-      task.dep_end = static_cast<uint32_t>(s.deps.size());
-      // Placement: matrix tiles one per worker (contiguous weight streams);
-      // row-wise tiles by row, so a row's small ops stay on one core while
-      // the others prefetch; attention tiles round-robin.
-      s.worker_tasks[static_cast<size_t>(t % W)].push_back(task);
-    }
-    for (int sl : op.reads()) readers_since[static_cast<size_t>(sl)].push_back(static_cast<int>(i));
-    if (op.out >= 0) {
-      last_writer[static_cast<size_t>(op.out)] = static_cast<int>(i);
-      readers_since[static_cast<size_t>(op.out)].clear();
-    }
-  }
-  for (const auto& tasks : s.worker_tasks) {
-    std::vector<size_t> prefix(tasks.size() + 1, 0);
-    for (size_t k = 0; k < tasks.size(); ++k) {
-      const Task& t = tasks[k];
-      prefix[k + 1] = prefix[k] + (t.routed ? moe_tile_weight_bytes(p.ops[static_cast<size_t>(t.op)], n_rows, t.tile,
-                                                                     t.n_tiles)
-                                            : t.weights.bytes);
-    }
-    s.weight_prefix.push_back(std::move(prefix));
-  }
-  return s;
-}
 
 inline void prefetch_l2(const uint8_t* p) {
 #if defined(__x86_64__)
@@ -247,14 +106,15 @@ struct PrefetchCursor {
       if (t.routed) {
         if (n_ranges < 0) {
           if (!routing_done(t)) return;
-          n_ranges = moe_tile_weights(program->ops[static_cast<size_t>(t.op)], *ctx, t.tile, t.n_tiles, ranges);
+          const Op& op = program->ops[static_cast<size_t>(t.op)];
+          n_ranges = op_info(op).routed_weights(op, *ctx, t.tile, t.n_tiles, ranges);
         }
         size_t off = offset;
         int k = 0;
         while (k < n_ranges && off >= ranges[k].bytes) off -= ranges[k++].bytes;
         if (k < n_ranges) line = ranges[k].begin + off;
-      } else if (offset < t.weights.bytes) {
-        line = t.weights.begin + offset;
+      } else if (offset < t.weight_bytes) {
+        line = t.weights + offset;
       }
       if (!line) {
         next_task();
@@ -281,7 +141,7 @@ class MegaExecutor final : public Executor {
   void prepare(int n_rows) override {
     if (n_rows < 1 || n_rows > p_.max_rows) fail("a step needs 1 to {} rows, got {}", p_.max_rows, n_rows);
     auto& sched = schedules_[static_cast<size_t>(n_rows)];
-    if (!sched) sched = std::make_unique<Schedule>(compile(p_, n_rows, pool_.size(), false, opts_.prefetch_experts));
+    if (!sched) sched = std::make_unique<Schedule>(compile(p_, n_rows, pool_.size(), {false, opts_.prefetch_experts}));
   }
 
   void step(const std::vector<RowInput>& rows, float* logits) override {
@@ -291,7 +151,7 @@ class MegaExecutor final : public Executor {
     const bool chained = p_.recurrent && rows_chained(rows.data(), n_rows);
     if (chained && !chained_schedules_[static_cast<size_t>(n_rows)])
       chained_schedules_[static_cast<size_t>(n_rows)] =
-          std::make_unique<Schedule>(compile(p_, n_rows, pool_.size(), true, opts_.prefetch_experts));
+          std::make_unique<Schedule>(compile(p_, n_rows, pool_.size(), {true, opts_.prefetch_experts}));
     auto& sched = chained ? chained_schedules_[static_cast<size_t>(n_rows)] : schedules_[static_cast<size_t>(n_rows)];
     if (static_cast<int>(flags_.size()) < sched->n_flags) {
       // Resizing is only safe between steps; flags restart from epoch 0.

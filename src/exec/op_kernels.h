@@ -1,7 +1,8 @@
-// The per-tile work of each op, shared by all executors. A tile is the unit
-// of work an executor schedules: a contiguous range of output rows for a
-// matrix product, one row for row-wise ops, one (row, head) for attention,
-// one (selected expert, output range) for the MoE expert products.
+// The step context tiles run in, and the per-tile entry points every executor
+// uses (each op's tiles are in its family's file, ops/registry.h). A tile is
+// the unit of work an executor schedules: a contiguous range of output rows
+// for a matrix product, one row for row-wise ops, one (row, head) for
+// attention, one (selected expert, output range) for the MoE expert products.
 #pragma once
 
 #include <cmath>
@@ -18,7 +19,7 @@ struct StepContext {
   std::vector<float*> slot;  // [n_slots] base pointers; row r of slot s at slot[s] + r * width
   const RowInput* rows = nullptr;
   int n_rows = 0;
-  bool scalar = false;  // use the scalar reference kernels
+  bool scalar = false;  // run the ops' scalar reference tiles
   float* taps = nullptr;  // Tap ops' output, [n_rows][program->tap_width]; null: taps skipped
 };
 
@@ -32,16 +33,15 @@ inline float sigmoidf(float x) { return 1.f / (1.f + std::exp(-x)); }
 
 // How an op is cut into tiles for n_rows rows when the team has n_workers.
 int op_tile_count(const Op& op, int n_rows, int n_workers);
-// Attention is tiled by (row, KV head, part of its query group): the number
-// of parts each group is cut into for this step.
-int attention_group_split(const Op& op, int n_rows, int n_workers);
-// The output-row range [begin, end) of MatMul tile t of n (balanced, aligned to 4 rows).
-void matmul_tile_range(const Op& op, int t, int n, int64_t& begin, int64_t& end);
 // Whether tiles of this op correspond one-to-one to rows.
 bool op_is_row_tiled(const Op& op);
 
-// Runs tile t of n_tiles of op on the context.
+// Runs tile t of n_tiles of op on the context (its reference tile when ctx.scalar).
 void run_op_tile(const Op& op, const StepContext& ctx, int t, int n_tiles);
+
+// Attention of row r for the query heads of part `part` of n_parts of KV head
+// g's group (ops/attention.cpp tiles it; ctx.scalar picks its kernels).
+void attention_tile(const Op& op, const StepContext& ctx, int r, int g, int part, int n_parts);
 
 // Checks rows against the program (throws megakern::Error).
 void validate_rows(const DecodeProgram& p, const std::vector<RowInput>& rows);

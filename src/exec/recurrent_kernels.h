@@ -1,7 +1,6 @@
-// Per-sequence recurrent state of Gated DeltaNet layers and the per-tile
-// kernels of the recurrent / gated ops (SigmoidGate, CausalConvSilu,
-// DeltaRule, GatedRmsNorm; see ir/program.h). Used by every executor through
-// run_op_tile.
+// Per-sequence recurrent state of Gated DeltaNet and KDA layers, and the
+// checks of the rows that carry it (the recurrent ops themselves:
+// ops/recurrent.h).
 #pragma once
 
 #include <cstdint>
@@ -15,7 +14,7 @@ struct StepContext;
 struct RowInput;
 
 // The recurrent state of one sequence, for n_layer DeltaNet layers (indexed by
-// Op::cache_index, not the model's layer number). All f32, zero at the start
+// the ops' cache_index, not the model's layer number). All f32, zero at the start
 // of a sequence.
 //   conv: [n_layer][conv_hist][conv_dim], the conv_hist = kernel - 1 previous
 //         q|k|v conv inputs of each layer, oldest first (as transformers'
@@ -23,7 +22,7 @@ struct RowInput;
 //   S:    [n_layer][n_v_heads][v_dim][k_dim], row-major: S[h][i][j] couples value
 //         component i with key component j (the [v][k] orientation of the
 //         reference: o = S q, pred = S k; flash-linear-attention stores the transpose).
-//         KDA layers (Op::kda, Kimi K3) store their heads' S the other way,
+//         KDA layers (ops::DeltaRule::kda, Kimi K3) store their heads' S the other way,
 //         [k_dim][v_dim] (S[h][j][i], as flash-linear-attention), in the same
 //         space; their key and value widths are equal.
 // A row advances it by one token. A sequence's rows in one step (adjacent,
@@ -46,12 +45,6 @@ struct RecurrentState {
   size_t bytes() const { return sizeof(float) * (conv.size() + S.size()); }
 };
 
-// Tile kernels; t is the row for row-tiled ops, row * n_head + head for DeltaRule.
-void sigmoid_gate_tile(const Op& op, const StepContext& ctx, int r);
-void causal_conv_silu_tile(const Op& op, const StepContext& ctx, int r);
-void delta_rule_tile(const Op& op, const StepContext& ctx, int r, int h);
-void gated_rmsnorm_tile(const Op& op, const StepContext& ctx, int r);
-
 // Throws megakern::Error when a row's state is missing, shared with a row that
 // is not of its block, or does not fit the program's recurrent ops, or when a
 // row continuing the previous row's sequence neither shares its state nor
@@ -62,6 +55,6 @@ void validate_recurrent_rows(const DecodeProgram& p, const RowInput* rows, int n
 // (same op, same head).
 bool rows_chained(const RowInput* rows, int n_rows);
 // Whether an op keeps per-sequence recurrent state (CausalConvSilu, DeltaRule).
-inline bool op_is_recurrent(const Op& op) { return op.kind == OpKind::CausalConvSilu || op.kind == OpKind::DeltaRule; }
+bool op_is_recurrent(const Op& op);
 
 }  // namespace megakern

@@ -1,5 +1,5 @@
 // A bank of routed experts, as the MoE ops of a DecodeProgram see it
-// (OpKind::MoeGlu, MoeDown, MoeCombine; kernels in exec/moe_kernels.h).
+// (OpKind::MoeGlu, MoeDown, MoeCombine; kernels in ops/moe.h).
 //
 // Expert e maps an input z [d_in] to
 //   h_e = act(gate_scale[e] * (W_gate_e z), up_scale[e] * (W_up_e z))      [d_ff]

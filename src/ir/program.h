@@ -23,65 +23,42 @@
 
 #include <cstdint>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "kernels/cpu/matmul.h"
+#include "ops/attention.h"
+#include "ops/gate.h"
+#include "ops/matmul.h"
+#include "ops/moe.h"
+#include "ops/norm.h"
+#include "ops/recurrent.h"
+#include "ops/residual_stream.h"
 
 namespace megakern {
 
 struct ExpertBank;  // ir/expert_bank.h
 
+// The kinds of op. What each computes, its parameters (ops::<Kind>) and its
+// kernels are in its family's file under ops/ (ops/registry.h: the table of
+// per-kind entries the IR and the executors walk).
 enum class OpKind : uint8_t {
-  Embed,         // out[r] = scale * E[token[r]]                       weights: mat (the table)
-  RmsNorm,       // out[r] = rmsnorm(in[r]) * norm
-  MatMul,        // out[r] = W in[r]                                   weights: mat
-  HeadNormRope,  // in-place on `out`: per head, optional rmsnorm by norm[head_dim], then RoPE at pos[r]
-  StoreKV,       // cache(r)[layer][pos[r]] = (in[r], in2[r]) (k, v); out is the layer's
-                 // width-0 cache marker slot, so the dependency is explicit
-  Attention,     // out[r] = softmax(q.K^T * scale) V over row r's cache, causal, optional
-                 // window; in = q, in2 = the cache marker written by StoreKV
-  GluAct,        // out[r] = act(in[r]) * in2[r]                       (gate, up)
-  Residual,      // out[r] += norm ? rmsnorm(in[r]) * norm : in[r]
-  // Recurrent / gated ops (Qwen3.8, exec/recurrent_kernels.h). Ops that keep
-  // per-sequence state use RowInput::state and compute the rows of one
-  // sequence together, in order (the tile of its first row does the block).
-  SigmoidGate,     // out[r] *= sigmoid(in[r])                          (attention output gate)
-  CausalConvSilu,  // in-place on `out` (the q|k|v channels): depthwise causal conv over the
-                   // row's conv window for state layer cache_index (taps in norm, [C][K], tap
-                   // K-1 = current input), window updated, then SiLU
-  DeltaRule,       // out[r] = gated delta rule read-out per value head; in = conv'd q|k|v,
-                   // in2 = [b | a] (2 * n_head); q, k L2-normed per key head (eps), q *= scale;
-                   // norm = A_log, dt_bias = dt_bias (n_head each); updates S of state layer
-                   // cache_index; tiles (row, value head)
-  GatedRmsNorm,    // in-place on `out`, per head: rmsnorm(out) * norm * silu(in)   (in = z);
-                   // with `kda`: * sigmoid(in) instead of silu(in)
-  // Gated residual, gated head norm, logit soft-cap (exec/gate_kernels.h).
-  GatedResidual,   // out[r] = alpha * out[r] + beta * t * rsqrt(mean(t^2) + eps), t = in[r] (* w);
-                   // norm = [alpha | beta] (2 * width floats) or [alpha | beta | w] (3 * width)
-  HeadNormGate,    // in-place on `out`, per head h: rmsnorm(out_h) (* norm when given) * sigmoid(gate),
-                   // gate = in[h] when in has n_head values, else in[h * head_dim + i]
-  LogitSoftcap,    // in-place on `out`: cap * tanh(out * scale / cap) (+ norm[i], an additive
-                   // mask, when given; -inf removes a token)
-  // Mixture of experts (exec/moe_kernels.h). A route slot holds, per row,
-  // top_k expert ids (as floats) then their top_k weights.
-  MoeRoute,        // out[r] = route(in[r]): in = router logits [E]; score = sigmoid(scale * logit);
-                   // top_k of score + norm (the bias, optional), ties to the lowest index;
-                   // weights = score / (sum of the selected scores + eps)
-  MoeGlu,          // out[r][j] = act(gate_e in[r], up_e in[r]) for e = expert j of row r (in2 = route);
-                   // tiles: (distinct selected expert, d_ff range), weights read once per step
-  MoeDown,         // out[r][j] = down_e in[r][j]   (in = the MoeGlu slot, in2 = route); tiled as MoeGlu
-  MoeCombine,      // out[r] = sum_j weight_j * norm(in[r][j])   (in = the MoeDown slot, in2 = route;
-                   // norm: see ExpertBank::out_norm)
-  // Kimi K3 residual stream and MLA (exec/kimi_kernels.h).
-  AttnResMix,      // out[r] = softmax-weighted mixture of blocks 0..block-1 of `in` ([n_blocks][H] per
-                   // row): score_i = (v_i . norm) * rsqrt(mean(v_i^2) + eps)  (attention residuals)
-  AttnResAdd,      // block `block` of `out` ([n_blocks][H] per row) = in[r] (overwrite) or += in[r]
-  MlaKey,          // out[r] = per head [in[r] head h (head_dim - w2) | in2[r] (w2, shared by all heads)]
-  // Observation (exec/op_kernels.cpp).
-  Tap,             // taps[r][tap_offset .. + width(in)] = in[r]: copies a slot's rows into the buffer the
-                   // caller gave the executor (Executor::set_tap_output), [rows][DecodeProgram::tap_width];
-                   // no output slot (out = -1); a no-op when no buffer is set
+  Embed, RmsNorm, MatMul, HeadNormRope, StoreKV, Attention, GluAct, Residual,  // ops/matmul, norm, attention, gate
+  SigmoidGate, CausalConvSilu, DeltaRule, GatedRmsNorm,                        // ops/gate, recurrent, norm
+  GatedResidual, HeadNormGate, LogitSoftcap,                                   // ops/norm, gate
+  MoeRoute, MoeGlu, MoeDown, MoeCombine,                                       // ops/moe
+  AttnResMix, AttnResAdd, MlaKey,                                              // ops/residual_stream, attention
+  Tap,                                                                         // ops/residual_stream
 };
+constexpr int kOpKinds = static_cast<int>(OpKind::Tap) + 1;
+
+// Per-kind parameters, alternative i for OpKind i.
+using OpParams = std::variant<ops::Embed, ops::RmsNorm, ops::MatMul, ops::HeadNormRope, ops::StoreKV, ops::Attention,
+                              ops::GluAct, ops::Residual, ops::SigmoidGate, ops::CausalConvSilu, ops::DeltaRule,
+                              ops::GatedRmsNorm, ops::GatedResidual, ops::HeadNormGate, ops::LogitSoftcap,
+                              ops::MoeRoute, ops::MoeGlu, ops::MoeDown, ops::MoeCombine, ops::AttnResMix,
+                              ops::AttnResAdd, ops::MlaKey, ops::Tap>;
+static_assert(std::variant_size_v<OpParams> == kOpKinds);
 
 const char* op_kind_name(OpKind k);
 
@@ -95,41 +72,18 @@ struct Op {
   OpKind kind = OpKind::RmsNorm;
   int layer = -1;     // -1 for ops outside the layer stack
   std::string name;   // e.g. "attn_q"; with the layer it names the op uniquely
-  int in = -1, in2 = -1, out = -1;  // slot ids
-  MatView mat;                      // Embed, MatMul
-  const float* norm = nullptr;      // RmsNorm, Residual (post-norm), HeadNormRope (per head)
-  int n_norm = 0;                   // length of norm
-  float eps = 1e-6f;
-  float scale = 1.f;                // Embed scale, Attention q.k scale
-  // Heads: HeadNormRope / Attention.
-  int n_head = 0, n_head_kv = 0, head_dim = 0;
-  int rope_dim = 0;
-  float rope_base = 10000.f;
-  bool rope_neox = false;
-  int window = 0;                   // Attention: sliding window (0: none)
-  bool gelu = false;                // GluAct: GELU(tanh) instead of SiLU
-  // StoreKV / Attention: layer index in the KV cache; CausalConvSilu /
-  // DeltaRule: layer index in the RecurrentState. -1: use `layer`.
-  int cache_index = -1;
-  const float* dt_bias = nullptr;   // DeltaRule: [n_head] (with `kda`: [n_head * key dim])
-  float cap = 0.f;                  // LogitSoftcap
-  int top_k = 0;                    // MoeRoute, MoeGlu, MoeDown, MoeCombine
-  const ExpertBank* experts = nullptr;  // MoeGlu, MoeDown, MoeCombine
-  // Kimi K3.
-  int in3 = -1;                     // DeltaRule with `kda`: beta logits [n_head]
-  bool kda = false;                 // DeltaRule: KDA (per-channel decay, S stored [k][v], in2 = forget-gate
-                                    // input [n_head * key dim], in3 = beta); GatedRmsNorm: sigmoid gate
-  float gate_bound = -5.f;          // DeltaRule with `kda`: log decay a = gate_bound * sigmoid(exp(A_log) (g + dt_bias))
-  bool situ = false;                // GluAct: SiTU act(g, u) = 4 tanh(g/4) sigmoid(g) 25 tanh(u/25)
-  int v_head_dim = 0;               // Attention: value width per head when it differs from head_dim (0: head_dim)
-  int block = 0;                    // AttnResMix: number of blocks mixed; AttnResAdd: the block written
-  bool overwrite = false;           // AttnResAdd: set the block instead of adding to it
-  int tap_offset = 0;               // Tap: first column of this tap in a row of the tap buffer
-  int cache_layer() const { return cache_index >= 0 ? cache_index : layer; }
+  int in = -1, in2 = -1, in3 = -1, out = -1;  // slot ids
+  MatView mat;                                // Embed, MatMul: the matrix streamed
+  OpParams params = ops::RmsNorm{};           // the alternative of `kind`
 
+  template <class P> P& as() { return std::get<P>(params); }
+  template <class P> const P& as() const { return std::get<P>(params); }
+  // The op's layer in the KV cache or recurrent state (its cache_index, or
+  // its layer when that is -1 or the kind has none).
+  int cache_layer() const;
   // Bytes of weights this op streams per step (independent of the row count).
   size_t weight_bytes() const;
-  // Slots this op reads (in, in2, and out for read-modify-write ops).
+  // Slots this op reads (in, in2, in3, and out for read-modify-write ops).
   std::vector<int> reads() const;
 };
 
@@ -162,7 +116,7 @@ struct DecodeProgram {
   Op& add_matmul(int layer, const std::string& name, const MatView& w, int in, int out);
   // x += post_norm.empty() ? in : rmsnorm(in) * post_norm
   Op& add_residual(int layer, const std::string& name, int x, int in, const std::vector<float>& post_norm, float eps);
-  Op& add_glu(int layer, const std::string& name, int gate, int up, int out, bool gelu);
+  Op& add_glu(int layer, const std::string& name, int gate, int up, int out, GluKind act);
   // The routed experts of a MoE layer after its MoeRoute op wrote `route`:
   // MoeGlu (in -> hidden [k][d_ff]), MoeDown (hidden -> expert_out [k][d_in])
   // and MoeCombine (expert_out -> out), named moe_glu, moe_down, moe_combine.

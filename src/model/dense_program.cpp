@@ -29,7 +29,7 @@ DecodeProgram build_dense_program(const DenseModel& model, int max_rows) {
 
   Op& emb = p.add_op(OpKind::Embed, -1, "token_embd");
   emb.mat = model.tok_embd();
-  emb.scale = c.embd_scale;
+  emb.as<ops::Embed>().scale = c.embd_scale;
   emb.out = x;
 
   for (int l = 0; l < c.n_layer; ++l) {
@@ -62,7 +62,7 @@ DecodeProgram build_dense_program(const DenseModel& model, int max_rows) {
     p.add_rmsnorm(l, "ffn_norm", L.ffn_norm, c.eps, x, xn);
     p.add_matmul(l, "ffn_gate", L.w_gate, xn, gate);
     p.add_matmul(l, "ffn_up", L.w_up, xn, up);
-    p.add_glu(l, "ffn_act", gate, up, act, c.gelu);
+    p.add_glu(l, "ffn_act", gate, up, act, c.gelu ? GluKind::GeluTanh : GluKind::SiLU);
     p.add_matmul(l, "ffn_down", L.w_down, act, proj);
     p.add_residual(l, "ffn_residual", x, proj, L.post_ffn_norm, c.eps);
   }

@@ -890,24 +890,23 @@ DecodeProgram build_kimi_program(const KimiModel& model, int max_rows) {
   Op& e0 = p.add_op(OpKind::AttnResAdd, -1, "res_embd");
   e0.in = emb;
   e0.out = res;
-  e0.block = 0;
-  e0.overwrite = true;
+  e0.as<ops::AttnResAdd>().block = 0;
+  e0.as<ops::AttnResAdd>().overwrite = true;
 
   auto mixture = [&](int layer, const char* name, const std::vector<float>& w, int n_blocks) {
     Op& o = p.add_op(OpKind::AttnResMix, layer, name);
     o.in = res;
     o.out = mix;
-    o.norm = w.data();
-    o.n_norm = static_cast<int>(w.size());
-    o.eps = eps;
-    o.block = n_blocks;
+    o.as<ops::AttnResMix>().query = w;
+    o.as<ops::AttnResMix>().eps = eps;
+    o.as<ops::AttnResMix>().n_blocks = n_blocks;
   };
   auto add_to_prefix = [&](int layer, const char* name, int in, int block, bool restart) {
     Op& o = p.add_op(OpKind::AttnResAdd, layer, name);
     o.in = in;
     o.out = res;
-    o.block = block;
-    o.overwrite = restart;
+    o.as<ops::AttnResAdd>().block = block;
+    o.as<ops::AttnResAdd>().overwrite = restart;
   };
 
   for (int l = 0; l < c.n_layer; ++l) {
@@ -932,24 +931,24 @@ DecodeProgram build_kimi_program(const KimiModel& model, int max_rows) {
       mk.in = knope;
       mk.in2 = kext;
       mk.out = key;
-      mk.n_head = mh;
-      mk.head_dim = Dk;
+      mk.as<ops::MlaKey>().n_head = mh;
+      mk.as<ops::MlaKey>().head_dim = Dk;
       const int marker = p.add_slot("kv_cache", l, 0);
       Op& sk = p.add_op(OpKind::StoreKV, l, "store_kv");
       sk.in = key;
       sk.in2 = val;
       sk.out = marker;
-      sk.cache_index = L.cache_index;
+      sk.as<ops::StoreKV>().cache_index = L.cache_index;
       Op& at = p.add_op(OpKind::Attention, l, "attention");
       at.in = q;
       at.in2 = marker;
       at.out = att;
-      at.n_head = mh;
-      at.n_head_kv = mh;
-      at.head_dim = Dk;
-      at.v_head_dim = Dv;
-      at.scale = 1.f / std::sqrt(static_cast<float>(Dk));
-      at.cache_index = L.cache_index;
+      at.as<ops::Attention>().n_head = mh;
+      at.as<ops::Attention>().n_head_kv = mh;
+      at.as<ops::Attention>().head_dim = Dk;
+      at.as<ops::Attention>().v_head_dim = Dv;
+      at.as<ops::Attention>().scale = 1.f / std::sqrt(static_cast<float>(Dk));
+      at.as<ops::Attention>().cache_index = L.cache_index;
       Op& g = p.add_op(OpKind::SigmoidGate, l, "mla_out_gate");
       g.in = mgate;
       g.out = att;
@@ -964,34 +963,31 @@ DecodeProgram build_kimi_program(const KimiModel& model, int max_rows) {
       p.add_matmul(l, "kda_f_b", L.f_b, fa, fg);
       Op& cv = p.add_op(OpKind::CausalConvSilu, l, "kda_conv");
       cv.out = qkv;
-      cv.norm = L.conv.data();
-      cv.n_norm = static_cast<int>(L.conv.size());
-      cv.cache_index = L.cache_index;
+      cv.as<ops::CausalConvSilu>().taps = L.conv;
+      cv.as<ops::CausalConvSilu>().cache_index = L.cache_index;
       Op& dr = p.add_op(OpKind::DeltaRule, l, "kda_delta");
-      dr.kda = true;
+      dr.as<ops::DeltaRule>().kda = true;
       dr.in = qkv;
       dr.in2 = fg;
       dr.in3 = kbeta;
       dr.out = ko;
-      dr.n_head = nh;
-      dr.n_head_kv = nh;
-      dr.head_dim = c.kda_head_dim;
-      dr.scale = 1.f / std::sqrt(static_cast<float>(c.kda_head_dim));
-      dr.eps = 1e-6f;  // flash-linear-attention's l2norm eps
-      dr.gate_bound = c.kda_lower_bound;
-      dr.norm = L.a_log.data();
-      dr.n_norm = static_cast<int>(L.a_log.size());
-      dr.dt_bias = L.dt_bias.data();
-      dr.cache_index = L.cache_index;
+      dr.as<ops::DeltaRule>().n_head = nh;
+      dr.as<ops::DeltaRule>().n_head_kv = nh;
+      dr.as<ops::DeltaRule>().head_dim = c.kda_head_dim;
+      dr.as<ops::DeltaRule>().scale = 1.f / std::sqrt(static_cast<float>(c.kda_head_dim));
+      dr.as<ops::DeltaRule>().eps = 1e-6f;  // flash-linear-attention's l2norm eps
+      dr.as<ops::DeltaRule>().gate_bound = c.kda_lower_bound;
+      dr.as<ops::DeltaRule>().a_log = L.a_log;
+      dr.as<ops::DeltaRule>().dt_bias = L.dt_bias;
+      dr.as<ops::DeltaRule>().cache_index = L.cache_index;
       Op& gn = p.add_op(OpKind::GatedRmsNorm, l, "kda_out_norm");
-      gn.kda = true;
+      gn.as<ops::GatedRmsNorm>().gate = GluKind::Sigmoid;
       gn.in = kgate;
       gn.out = ko;
-      gn.n_head = nh;
-      gn.head_dim = c.kda_head_dim;
-      gn.norm = L.o_norm.data();
-      gn.n_norm = static_cast<int>(L.o_norm.size());
-      gn.eps = eps;
+      gn.as<ops::GatedRmsNorm>().n_head = nh;
+      gn.as<ops::GatedRmsNorm>().head_dim = c.kda_head_dim;
+      gn.as<ops::GatedRmsNorm>().weight = L.o_norm;
+      gn.as<ops::GatedRmsNorm>().eps = eps;
       p.add_matmul(l, "kda_o", L.o_proj, ko, proj);
     }
     add_to_prefix(l, restart ? "attn_res_restart" : "attn_res_add", proj, blk, restart);
@@ -1002,17 +998,16 @@ DecodeProgram build_kimi_program(const KimiModel& model, int max_rows) {
     if (L.dense) {
       p.add_matmul(l, "dense_gate", L.mlp_gate, xn, dgate);
       p.add_matmul(l, "dense_up", L.mlp_up, xn, dup);
-      p.add_glu(l, "dense_act", dgate, dup, dact, false).situ = true;
+      p.add_glu(l, "dense_act", dgate, dup, dact, GluKind::SiTU);
       p.add_matmul(l, "dense_down", L.mlp_down, dact, proj);
     } else {
       p.add_matmul(l, "router", L.router, xn, rlog);
       Op& rt = p.add_op(OpKind::MoeRoute, l, "moe_route");
       rt.in = rlog;
       rt.out = route;
-      rt.norm = L.router_bias.data();
-      rt.n_norm = static_cast<int>(L.router_bias.size());
-      rt.top_k = c.n_expert_used;
-      rt.eps = 0.f;  // kimi/__init__.py route: weights / sum, nothing added
+      rt.as<ops::MoeRoute>().bias = L.router_bias;
+      rt.as<ops::MoeRoute>().top_k = c.n_expert_used;
+      rt.as<ops::MoeRoute>().eps = 0.f;  // kimi/__init__.py route: weights / sum, nothing added
       p.add_matmul(l, "latent_down", L.latent_down, xn, z);
       p.add_matmul(l, "shared_gate", L.mlp_gate, xn, sgate);
       p.add_matmul(l, "shared_up", L.mlp_up, xn, sup);
@@ -1021,7 +1016,7 @@ DecodeProgram build_kimi_program(const KimiModel& model, int max_rows) {
       p.add_moe_experts(l, &L.experts, c.n_expert_used, route, z, eh, ye, rl);
       p.add_rmsnorm(l, "latent_norm", L.latent_norm, eps, rl, rln);
       p.add_matmul(l, "latent_up", L.latent_up, rln, proj);
-      p.add_glu(l, "shared_act", sgate, sup, sact, false).situ = true;
+      p.add_glu(l, "shared_act", sgate, sup, sact, GluKind::SiTU);
       p.add_matmul(l, "shared_down", L.mlp_down, sact, proj2);
       p.add_residual(l, "moe_plus_shared", proj, proj2, {}, eps);
     }

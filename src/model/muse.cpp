@@ -14,7 +14,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "core/units.h"
-#include "exec/gate_kernels.h"
+#include "ops/norm.h"
 #include "io/safetensors.h"
 
 namespace megakern {
@@ -460,27 +460,25 @@ DecodeProgram build_muse_program(const MuseModel& model, int max_rows) {
     Op& hg = p.add_op(OpKind::HeadNormGate, l, "attn_out_norm_gate");
     hg.in = g;
     hg.out = att;
-    hg.n_head = c.n_head;
-    hg.head_dim = c.head_dim;
-    hg.eps = eps;
+    hg.as<ops::HeadNormGate>().n_head = c.n_head;
+    hg.as<ops::HeadNormGate>().head_dim = c.head_dim;
+    hg.as<ops::HeadNormGate>().eps = eps;
     p.add_matmul(l, "attn_output", L.wo, att, proj);
     Op& ra = p.add_op(OpKind::GatedResidual, l, "attn_residual");
     ra.in = proj;
     ra.out = s;
-    ra.norm = L.attn_gate.data();
-    ra.n_norm = static_cast<int>(L.attn_gate.size());
-    ra.eps = post_eps;
+    ra.as<ops::GatedResidual>().coef = L.attn_gate;
+    ra.as<ops::GatedResidual>().eps = post_eps;
 
     p.add_rmsnorm(l, "ffn_norm", L.ffn_norm, eps, s, xn);
     p.add_matmul(l, "moe_router", L.router, xn, rlogit);
     Op& rt = p.add_op(OpKind::MoeRoute, l, "moe_route");
     rt.in = rlogit;
     rt.out = route;
-    rt.top_k = k;
-    rt.scale = static_cast<float>(c.router_scale);
-    rt.norm = L.router_bias.data();
-    rt.n_norm = E;
-    rt.eps = static_cast<float>(c.route_eps);
+    rt.as<ops::MoeRoute>().top_k = k;
+    rt.as<ops::MoeRoute>().scale = static_cast<float>(c.router_scale);
+    rt.as<ops::MoeRoute>().bias = L.router_bias;
+    rt.as<ops::MoeRoute>().eps = static_cast<float>(c.route_eps);
     p.add_matmul(l, "moe_pre", L.pre, xn, zp);
     p.add_rmsnorm(l, "moe_pre_norm", L.pre_norm, eps, zp, z);
     p.add_moe_experts(l, &L.experts, k, route, z, h, y, mo);
@@ -488,20 +486,18 @@ DecodeProgram build_muse_program(const MuseModel& model, int max_rows) {
     Op& rf = p.add_op(OpKind::GatedResidual, l, "ffn_residual");
     rf.in = proj;
     rf.out = s;
-    rf.norm = L.ffn_gate.data();
-    rf.n_norm = static_cast<int>(L.ffn_gate.size());
-    rf.eps = post_eps;
+    rf.as<ops::GatedResidual>().coef = L.ffn_gate;
+    rf.as<ops::GatedResidual>().eps = post_eps;
   }
   const int logits = p.add_slot("logits", -1, c.vocab);
   p.add_rmsnorm(-1, "output_norm", model.final_norm(), eps, s, xn);
   p.add_matmul(-1, "output", model.lm_head(), xn, logits);
   Op& sc = p.add_op(OpKind::LogitSoftcap, -1, "logit_softcap");
   sc.out = logits;
-  sc.scale = static_cast<float>(c.logit_scale);
-  sc.cap = static_cast<float>(c.logit_cap);
+  sc.as<ops::LogitSoftcap>().scale = static_cast<float>(c.logit_scale);
+  sc.as<ops::LogitSoftcap>().cap = static_cast<float>(c.logit_cap);
   if (c.vocab_used < c.vocab) {
-    sc.norm = model.vocab_mask().data();
-    sc.n_norm = c.vocab;
+    sc.as<ops::LogitSoftcap>().mask = model.vocab_mask();
   }
   p.logits_slot = logits;
   p.verify();

@@ -119,7 +119,7 @@ std::unique_ptr<MuseModel> MuseModel::load_reference(const std::string& dir, con
   c.qk_scale_factor = num_field(t, cpath, "qk_scale_factor");
   c.router_scale = c.logit_scale = num_field(t, cpath, "output_multiplier");
   c.logit_cap = num_field(t, cpath, "final_logit_softcapping");
-  // The residual gates divide by 0.3 (exec/gate_kernels.cpp).
+  // The residual gates divide by 0.3 (ops/norm.cpp).
   if (num_field(t, cpath, "residual_gate_temperature") != 0.3)
     fail("{}: residual_gate_temperature {} is not supported (only 0.3)", cpath,
          num_field(t, cpath, "residual_gate_temperature"));

@@ -332,37 +332,34 @@ DecodeProgram build_qwen38_program(const Qwen38Model& model, int max_rows) {
       p.add_matmul(l, "la_ba", L.w_ba, xn, ba);
       Op& cv = p.add_op(OpKind::CausalConvSilu, l, "la_conv");
       cv.out = qkv;
-      cv.norm = L.conv.data();
-      cv.n_norm = static_cast<int>(L.conv.size());
-      cv.cache_index = L.cache_index;
+      cv.as<ops::CausalConvSilu>().taps = L.conv;
+      cv.as<ops::CausalConvSilu>().cache_index = L.cache_index;
       Op& dr = p.add_op(OpKind::DeltaRule, l, "la_delta");
       dr.in = qkv;
       dr.in2 = ba;
       dr.out = o;
-      dr.n_head = c.la_n_v_heads;
-      dr.n_head_kv = c.la_n_k_heads;
-      dr.head_dim = c.la_v_head_dim;
-      dr.scale = 1.f / std::sqrt(static_cast<float>(c.la_k_head_dim));
-      dr.eps = 1e-6f;  // the L2 norm's, fixed in the reference
-      dr.norm = L.a_log.data();
-      dr.n_norm = static_cast<int>(L.a_log.size());
-      dr.dt_bias = L.dt_bias.data();
-      dr.cache_index = L.cache_index;
+      dr.as<ops::DeltaRule>().n_head = c.la_n_v_heads;
+      dr.as<ops::DeltaRule>().n_head_kv = c.la_n_k_heads;
+      dr.as<ops::DeltaRule>().head_dim = c.la_v_head_dim;
+      dr.as<ops::DeltaRule>().scale = 1.f / std::sqrt(static_cast<float>(c.la_k_head_dim));
+      dr.as<ops::DeltaRule>().eps = 1e-6f;  // the L2 norm's, fixed in the reference
+      dr.as<ops::DeltaRule>().a_log = L.a_log;
+      dr.as<ops::DeltaRule>().dt_bias = L.dt_bias;
+      dr.as<ops::DeltaRule>().cache_index = L.cache_index;
       Op& gn = p.add_op(OpKind::GatedRmsNorm, l, "la_gated_norm");
       gn.in = z;
       gn.out = o;
-      gn.n_head = c.la_n_v_heads;
-      gn.head_dim = c.la_v_head_dim;
-      gn.norm = L.gated_norm.data();
-      gn.n_norm = static_cast<int>(L.gated_norm.size());
-      gn.eps = eps;
+      gn.as<ops::GatedRmsNorm>().n_head = c.la_n_v_heads;
+      gn.as<ops::GatedRmsNorm>().head_dim = c.la_v_head_dim;
+      gn.as<ops::GatedRmsNorm>().weight = L.gated_norm;
+      gn.as<ops::GatedRmsNorm>().eps = eps;
       p.add_matmul(l, "la_output", L.w_out, o, proj);
     }
     p.add_residual(l, "attn_residual", x, proj, {}, eps);
     p.add_rmsnorm(l, "ffn_norm", L.post_norm, eps, x, xn);
     p.add_matmul(l, "ffn_gate", L.w_gate, xn, gate);
     p.add_matmul(l, "ffn_up", L.w_up, xn, up);
-    p.add_glu(l, "ffn_act", gate, up, act, /*gelu=*/false);
+    p.add_glu(l, "ffn_act", gate, up, act, GluKind::SiLU);
     p.add_matmul(l, "ffn_down", L.w_down, act, proj);
     p.add_residual(l, "ffn_residual", x, proj, {}, eps);
   }

@@ -16,7 +16,7 @@
 //    small tensors are converted to F32.
 //
 // Per-sequence state: a KVCache holding only the full-attention layers
-// (Op::cache_index numbers them 0..n_attn-1) and a RecurrentState for the
+// (the ops' cache_index numbers them 0..n_attn-1) and a RecurrentState for the
 // DeltaNet layers (numbered 0..n_deltanet-1 in layer order). Several adjacent
 // rows of one sequence in a step are computed as a block (chunked delta rule).
 #pragma once

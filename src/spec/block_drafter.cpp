@@ -310,7 +310,7 @@ BlockDrafter::BlockDrafter(const Model& target, BlockDrafterWeights weights, Thr
     for (const Op& op : p.ops) {
       if (op.kind == OpKind::Embed && !have_embed) {
         target_embed_ = op.mat;
-        target_embed_scale_ = op.scale;
+        target_embed_scale_ = op.as<ops::Embed>().scale;
         have_embed = true;
       }
       if (op.kind == OpKind::MatMul && op.out == p.logits_slot) {

@@ -1,20 +1,36 @@
-#include "exec/moe_kernels.h"
+#include "ops/moe.h"
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
+#include <variant>
 #include <vector>
 
 #include "core/error.h"
-#include "exec/op_kernels.h"
 #include "ir/expert_bank.h"
 #include "kernels/cpu/matmul.h"
-#include "kernels/cpu/ops.h"
+#include "ops/registry.h"
 
 namespace megakern {
 
 namespace {
 
-int n_slots(const Op& op, int n_rows) { return std::min(op.experts->n_expert, n_rows * op.top_k); }
+// The bank and top_k of a MoeGlu, MoeDown or MoeCombine op.
+const ops::MoeExperts& experts_of(const Op& op) {
+  return std::visit(
+      [](const auto& p) -> const ops::MoeExperts& {
+        if constexpr (std::is_base_of_v<ops::MoeExperts, std::decay_t<decltype(p)>>)
+          return p;
+        else
+          fail("op is not an expert op");
+      },
+      op.params);
+}
+
+int n_slots(const Op& op, int n_rows) {
+  const auto& x = experts_of(op);
+  return std::min(x.bank->n_expert, n_rows * x.top_k);
+}
 
 // Output rows [begin, end) of chunk c of n over `rows` (balanced, multiples of 4).
 void chunk_range(int rows, int c, int n, int& begin, int& end) {
@@ -32,7 +48,8 @@ TileCut tile_cut(const Op& op, int n_rows, int t, int n_tiles) {
   const int chunks = n_tiles / n_slots(op, n_rows);
   TileCut c;
   c.slot = t / chunks;
-  chunk_range(op.kind == OpKind::MoeGlu ? op.experts->d_ff : op.experts->d_in, t % chunks, chunks, c.begin, c.end);
+  const ExpertBank& b = *experts_of(op).bank;
+  chunk_range(op.kind == OpKind::MoeGlu ? b.d_ff : b.d_in, t % chunks, chunks, c.begin, c.end);
   return c;
 }
 
@@ -46,7 +63,7 @@ struct SlotWork {
 // The expert of a slot: the slot-th smallest distinct expert any row of the
 // step selected, or -1 when fewer were selected.
 int slot_expert(const Op& op, const StepContext& ctx, int slot) {
-  const int k = op.top_k;
+  const int k = experts_of(op).top_k;
   thread_local std::vector<int> ids;
   ids.clear();
   for (int r = 0; r < ctx.n_rows; ++r) {
@@ -57,12 +74,12 @@ int slot_expert(const Op& op, const StepContext& ctx, int slot) {
   ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
   if (slot >= static_cast<int>(ids.size())) return -1;
   const int e = ids[static_cast<size_t>(slot)];
-  MK_DCHECK(e >= 0 && e < op.experts->n_expert);
+  MK_DCHECK(e >= 0 && e < experts_of(op).bank->n_expert);
   return e;
 }
 
 bool slot_work(const Op& op, const StepContext& ctx, int slot, SlotWork& w) {
-  const int k = op.top_k;
+  const int k = experts_of(op).top_k;
   w.expert = slot_expert(op, ctx, slot);
   if (w.expert < 0) return false;
   w.row.clear();
@@ -78,18 +95,6 @@ bool slot_work(const Op& op, const StepContext& ctx, int slot, SlotWork& w) {
   return true;
 }
 
-// Y[i][o] = W[o] . X[i] for o in [b, e): X [m][W.cols], Y [m][ldy].
-void expert_matmul(const StepContext& ctx, const MatView& W, const float* X, int m, float* Y, int64_t ldy, int b,
-                   int e) {
-  if (ctx.scalar) {
-    const auto& tr = dtype_traits(W.type);
-    for (int o = b; o < e; ++o)
-      for (int i = 0; i < m; ++i) Y[i * ldy + o] = tr.dot(W.row(o), X + static_cast<int64_t>(i) * W.cols, W.cols);
-  } else {
-    matmul_rows(W, X, m, Y, ldy, b, e, ctx.program->numerics);
-  }
-}
-
 float scale_of(const std::vector<float>& s, int e) { return s.empty() ? 1.f : s[static_cast<size_t>(e)]; }
 
 }  // namespace
@@ -99,7 +104,8 @@ float situ_act(float g, float u) { return situ(g, u); }
 
 int moe_tile_count(const Op& op, int n_rows, int n_workers) {
   const int slots = n_slots(op, n_rows);
-  const int out_rows = op.kind == OpKind::MoeGlu ? op.experts->d_ff : op.experts->d_in;
+  const ExpertBank& b = *experts_of(op).bank;
+  const int out_rows = op.kind == OpKind::MoeGlu ? b.d_ff : b.d_in;
   // Enough output ranges that a single-row step still spreads over the team,
   // never ranges under 16 rows.
   const int chunks = std::clamp((n_workers + slots - 1) / slots, 1, std::max(1, out_rows / 16));
@@ -107,7 +113,7 @@ int moe_tile_count(const Op& op, int n_rows, int n_workers) {
 }
 
 int moe_tile_weights(const Op& op, const StepContext& ctx, int t, int n_tiles, ByteRange out[2]) {
-  const ExpertBank& b = *op.experts;
+  const ExpertBank& b = *experts_of(op).bank;
   const TileCut c = tile_cut(op, ctx.n_rows, t, n_tiles);
   const int e = slot_expert(op, ctx, c.slot);
   if (e < 0) return 0;
@@ -124,14 +130,17 @@ int moe_tile_weights(const Op& op, const StepContext& ctx, int t, int n_tiles, B
 }
 
 size_t moe_tile_weight_bytes(const Op& op, int n_rows, int t, int n_tiles) {
-  const ExpertBank& b = *op.experts;
+  const ExpertBank& b = *experts_of(op).bank;
   const TileCut c = tile_cut(op, n_rows, t, n_tiles);
   const size_t row_bytes = op.kind == OpKind::MoeGlu ? b.gate[0].row_bytes + b.up[0].row_bytes : b.down[0].row_bytes;
   return static_cast<size_t>(c.end - c.begin) * row_bytes;
 }
 
-void moe_route_tile(const Op& op, const StepContext& ctx, int r) {
-  const int E = width_of(ctx, op.in), k = op.top_k;
+namespace {
+
+void moe_route_tile(const Op& op, const StepContext& ctx, int r, int) {
+  const auto& a = op.as<ops::MoeRoute>();
+  const int E = width_of(ctx, op.in), k = a.top_k;
   const float* logit = row_of(ctx, op.in, r);
   float* out = row_of(ctx, op.out, r);
   thread_local std::vector<float> score, key;
@@ -142,8 +151,8 @@ void moe_route_tile(const Op& op, const StepContext& ctx, int r) {
   // route_from_logits (scale = output_multiplier, eps = route_eps) and, with
   // scale 1 and eps 0, kimi/__init__.py route.
   for (int e = 0; e < E; ++e) {
-    score[static_cast<size_t>(e)] = sigmoidf(op.scale * logit[e]);
-    key[static_cast<size_t>(e)] = score[static_cast<size_t>(e)] + (op.norm ? op.norm[e] : 0.f);
+    score[static_cast<size_t>(e)] = sigmoidf(a.scale * logit[e]);
+    key[static_cast<size_t>(e)] = score[static_cast<size_t>(e)] + (a.bias.empty() ? 0.f : a.bias[static_cast<size_t>(e)]);
   }
   // k passes of an arg-max, strictly greater wins, so ties go to the lowest
   // index; taken entries are marked -inf (a NaN key is never selected
@@ -161,12 +170,20 @@ void moe_route_tile(const Op& op, const StepContext& ctx, int r) {
     out[k + j] = score[static_cast<size_t>(best)];
     sum += score[static_cast<size_t>(best)];
   }
-  const float den = sum + op.eps;
+  const float den = sum + a.eps;
   for (int j = 0; j < k; ++j) out[k + j] = den > 0.f ? out[k + j] / den : 0.f;
 }
 
+// Y[i][o] = W[o] . X[i] for o in [b, e): X [m][W.cols], Y [m][ldy].
+template <class K>
+void expert_matmul(const StepContext& ctx, const MatView& W, const float* X, int m, float* Y, int64_t ldy, int b,
+                   int e) {
+  K::matmul(*ctx.program, W, X, m, Y, ldy, b, e);
+}
+
+template <class K>
 void moe_glu_tile(const Op& op, const StepContext& ctx, int t, int n_tiles) {
-  const ExpertBank& b = *op.experts;
+  const ExpertBank& b = *experts_of(op).bank;
   const TileCut c = tile_cut(op, ctx.n_rows, t, n_tiles);
   thread_local SlotWork w;
   if (!slot_work(op, ctx, c.slot, w)) return;
@@ -178,23 +195,21 @@ void moe_glu_tile(const Op& op, const StepContext& ctx, int t, int n_tiles) {
   U.resize(static_cast<size_t>(m) * F);
   for (int i = 0; i < m; ++i) std::copy_n(row_of(ctx, op.in, w.row[static_cast<size_t>(i)]), D, X.data() + static_cast<size_t>(i) * D);
   const int e = w.expert;
-  expert_matmul(ctx, b.gate[static_cast<size_t>(e)], X.data(), m, G.data(), F, fb, fe);
-  expert_matmul(ctx, b.up[static_cast<size_t>(e)], X.data(), m, U.data(), F, fb, fe);
+  expert_matmul<K>(ctx, b.gate[static_cast<size_t>(e)], X.data(), m, G.data(), F, fb, fe);
+  expert_matmul<K>(ctx, b.up[static_cast<size_t>(e)], X.data(), m, U.data(), F, fb, fe);
   const float gs = scale_of(b.gate_scale, e), us = scale_of(b.up_scale, e);
   const GluKind kind = b.act == ExpertAct::SiTU ? GluKind::SiTU : GluKind::SiLU;
   for (int i = 0; i < m; ++i) {
     float* h = row_of(ctx, op.out, w.row[static_cast<size_t>(i)]) + static_cast<size_t>(w.sel[static_cast<size_t>(i)]) * F;
     const float* g = G.data() + static_cast<size_t>(i) * F;
     const float* u = U.data() + static_cast<size_t>(i) * F;
-    if (ctx.scalar)
-      glu_act_scalar(kind, g + fb, u + fb, gs, us, h + fb, fe - fb);
-    else
-      glu_act(kind, g + fb, u + fb, gs, us, h + fb, fe - fb);
+    K::glu(kind, g + fb, u + fb, gs, us, h + fb, fe - fb);
   }
 }
 
+template <class K>
 void moe_down_tile(const Op& op, const StepContext& ctx, int t, int n_tiles) {
-  const ExpertBank& b = *op.experts;
+  const ExpertBank& b = *experts_of(op).bank;
   const TileCut c = tile_cut(op, ctx.n_rows, t, n_tiles);
   thread_local SlotWork w;
   if (!slot_work(op, ctx, c.slot, w)) return;
@@ -207,7 +222,7 @@ void moe_down_tile(const Op& op, const StepContext& ctx, int t, int n_tiles) {
     std::copy_n(row_of(ctx, op.in, w.row[static_cast<size_t>(i)]) + static_cast<size_t>(w.sel[static_cast<size_t>(i)]) * F,
                 F, X.data() + static_cast<size_t>(i) * F);
   const int e = w.expert;
-  expert_matmul(ctx, b.down[static_cast<size_t>(e)], X.data(), m, Y.data(), D, db, de);
+  expert_matmul<K>(ctx, b.down[static_cast<size_t>(e)], X.data(), m, Y.data(), D, db, de);
   const float ds = scale_of(b.down_scale, e);
   for (int i = 0; i < m; ++i) {
     float* y = row_of(ctx, op.out, w.row[static_cast<size_t>(i)]) + static_cast<size_t>(w.sel[static_cast<size_t>(i)]) * D;
@@ -216,9 +231,9 @@ void moe_down_tile(const Op& op, const StepContext& ctx, int t, int n_tiles) {
   }
 }
 
-void moe_combine_tile(const Op& op, const StepContext& ctx, int r) {
-  const ExpertBank& b = *op.experts;
-  const int k = op.top_k, D = b.d_in;
+void moe_combine_tile(const Op& op, const StepContext& ctx, int r, int) {
+  const ExpertBank& b = *experts_of(op).bank;
+  const int k = experts_of(op).top_k, D = b.d_in;
   const float* route = row_of(ctx, op.in2, r);
   const float* y = row_of(ctx, op.in, r);
   float* out = row_of(ctx, op.out, r);
@@ -239,5 +254,102 @@ void moe_combine_tile(const Op& op, const StepContext& ctx, int r) {
     for (int d = 0; d < D; ++d) out[d] += wj * yj[d];
   }
 }
+
+void verify_experts(const Op& op, const VerifyContext& v) {
+  const ops::MoeExperts& x = experts_of(op);
+  const ExpertBank* b = x.bank;
+  const std::string& where = v.where;
+  MK_CHECK(b && b->n_expert > 0 && x.top_k > 0 && x.top_k <= b->n_expert, "{}: expert bank", where);
+  MK_CHECK(op.in >= 0 && op.in2 >= 0 && v.width(op.in2) == 2 * x.top_k, "{}: route slot", where);
+  const size_t E = static_cast<size_t>(b->n_expert);
+  MK_CHECK(b->gate.size() == E && b->up.size() == E && b->down.size() == E, "{}: bank matrices", where);
+  for (size_t e = 0; e < E; ++e)
+    MK_CHECK(b->gate[e].data && b->up[e].data && b->down[e].data && b->gate[e].rows == b->d_ff &&
+                 b->gate[e].cols == b->d_in && b->up[e].rows == b->d_ff && b->up[e].cols == b->d_in &&
+                 b->down[e].rows == b->d_in && b->down[e].cols == b->d_ff,
+             "{}: expert {} matrices do not match [{}][{}] / [{}][{}]", where, e, b->d_ff, b->d_in, b->d_in, b->d_ff);
+  for (const auto* s : {&b->gate_scale, &b->up_scale, &b->down_scale})
+    MK_CHECK(s->empty() || s->size() == E, "{}: expert scales", where);
+  MK_CHECK(b->out_norm.empty() || b->out_norm.size() == static_cast<size_t>(b->d_in),
+           "{}: expert output norm weight ({} floats, want {})", where, b->out_norm.size(), b->d_in);
+  const int k = x.top_k, in = v.width(op.in), out = v.width(op.out);
+  if (op.kind == OpKind::MoeGlu)
+    MK_CHECK(in == b->d_in && out == k * b->d_ff, "{}: widths", where);
+  else if (op.kind == OpKind::MoeDown)
+    MK_CHECK(in == k * b->d_ff && out == k * b->d_in, "{}: widths", where);
+  else
+    MK_CHECK(in == k * b->d_in && out == b->d_in, "{}: widths", where);
+}
+
+// Routed weight bytes of n rows: the expected number of distinct experts n
+// rows select under uniform independent routing, E (1 - (1 - k/E)^n), instead of k.
+double routed_bytes_for_rows(const Op& op, int n_rows) {
+  const double w = static_cast<double>(op.weight_bytes());
+  const ops::MoeExperts& x = experts_of(op);
+  if (!x.bank || x.top_k <= 0) return w;
+  const double E = x.bank->n_expert, k = x.top_k;
+  const double distinct = E * (1.0 - std::pow(1.0 - k / E, n_rows));
+  return w / k * distinct;
+}
+
+}  // namespace
+
+extern const OpInfo kMoeRouteOp = {
+    .name = "moe_route",
+    .small_weights = [](const Op& op) { return op.as<ops::MoeRoute>().bias; },
+    .verify = [](const Op& op, const VerifyContext& v) {
+      const auto& a = op.as<ops::MoeRoute>();
+      MK_CHECK(op.in >= 0 && a.top_k > 0 && a.top_k <= v.width(op.in), "{}: top_k {} of {}", v.where, a.top_k,
+               op.in >= 0 ? v.width(op.in) : 0);
+      MK_CHECK(v.width(op.out) == 2 * a.top_k, "{}: route slot width {} vs 2 x top_k", v.where, v.width(op.out));
+      MK_CHECK(a.bias.empty() || a.bias.size() == static_cast<size_t>(v.width(op.in)), "{}: bias length", v.where);
+    },
+    .ref = moe_route_tile,
+    .fast = moe_route_tile,
+};
+
+extern const OpInfo kMoeGluOp = {
+    .name = "moe_glu",
+    .row_tiled = false,
+    .tile_count = moe_tile_count,
+    // What one row reads (top_k experts, sized as expert 0).
+    .weight_bytes = [](const Op& op) {
+      const auto& x = experts_of(op);
+      return x.bank ? static_cast<size_t>(x.top_k) * x.bank->glu_bytes(0) : 0;
+    },
+    .routed_weights = moe_tile_weights,
+    .routed_weight_bytes = moe_tile_weight_bytes,
+    .weight_bytes_for_rows = routed_bytes_for_rows,
+    .verify = verify_experts,
+    .ref = moe_glu_tile<RefKernels>,
+    .fast = moe_glu_tile<FastKernels>,
+};
+
+extern const OpInfo kMoeDownOp = {
+    .name = "moe_down",
+    .row_tiled = false,
+    .tile_count = moe_tile_count,
+    .weight_bytes = [](const Op& op) {
+      const auto& x = experts_of(op);
+      return x.bank ? static_cast<size_t>(x.top_k) * x.bank->down_bytes(0) : 0;
+    },
+    .routed_weights = moe_tile_weights,
+    .routed_weight_bytes = moe_tile_weight_bytes,
+    .weight_bytes_for_rows = routed_bytes_for_rows,
+    .verify = verify_experts,
+    .ref = moe_down_tile<RefKernels>,
+    .fast = moe_down_tile<FastKernels>,
+};
+
+extern const OpInfo kMoeCombineOp = {
+    .name = "moe_combine",
+    .weight_bytes = [](const Op& op) {  // one shared [d_in] weight
+      const auto& x = experts_of(op);
+      return x.bank ? sizeof(float) * x.bank->out_norm.size() : 0;
+    },
+    .verify = verify_experts,
+    .ref = moe_combine_tile,
+    .fast = moe_combine_tile,
+};
 
 }  // namespace megakern

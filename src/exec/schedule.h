@@ -1,0 +1,112 @@
+// The megakernel's schedule as data, and tools to run and check it.
+//
+// compile() cuts every op of a program into tiles (op_tile_count), gives each
+// tile to one worker (each worker's tiles in program order) and lists, per
+// tile, the producer tiles it must wait for: read-after-write,
+// write-after-write and write-after-read on its slots, narrowed to one row
+// where producer and consumer are both per-row. The megakernel executor runs
+// a compiled Schedule with one thread per worker; run_schedule_serial() runs
+// the same schedule on one thread, so a schedule can be stepped through,
+// stopped after any op, and diff-tested against the reference executor.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "exec/executor.h"
+#include "exec/op_kernels.h"
+#include "ir/program.h"
+
+namespace megakern {
+
+// A tile of an op, placed on one worker.
+struct Task {
+  int op = 0;
+  int tile = 0;
+  int n_tiles = 0;
+  int flag = 0;                         // this tile's global flag index
+  uint32_t dep_begin = 0, dep_end = 0;  // its producers: flags Schedule::deps[dep_begin, dep_end)
+  // What the tile streams (static tiles), for the prefetch plan.
+  const uint8_t* weights = nullptr;
+  size_t weight_bytes = 0;
+  // Routed-expert tiles (MoeGlu / MoeDown): the weights depend on the step's
+  // routing, known once the route op's tiles, flags [route_begin, route_end),
+  // are done; `weights` is then unused.
+  bool routed = false;
+  int route_begin = 0, route_end = 0;
+};
+
+struct Schedule {
+  int n_rows = 0, n_workers = 0;
+  bool chained = false;                            // compiled for chained recurrent rows
+  std::vector<int> op_flag;                        // [op] flag of the op's tile 0; its tiles are consecutive
+  std::vector<int> op_tiles;                       // [op] tile count
+  std::vector<std::vector<Task>> worker_tasks;     // [worker] in program order
+  std::vector<std::vector<size_t>> weight_prefix;  // [worker][task + 1] weight bytes before each task
+  std::vector<int> deps;                           // flag indices
+  int n_flags = 0;
+};
+
+struct CompileOptions {
+  // Rows of one sequence chain their recurrent states (RowInput::state_in):
+  // each recurrent tile of row r also waits for the same op's tile of row r - 1.
+  bool chained = false;
+  // Routed-expert tiles join the prefetch plan once routing is done.
+  bool prefetch_experts = true;
+};
+
+// Compiles the program for steps of n_rows rows on a team of n_workers.
+Schedule compile(const DecodeProgram& p, int n_rows, int n_workers, const CompileOptions& opts = {});
+
+// Checks the schedule's invariants against the program, independently of how
+// compile() derived them, and throws std::logic_error naming the first broken
+// one: every tile of every op is on exactly one worker's list, each list is in
+// program order, every dependency points to an earlier op (or, chained, an
+// earlier tile of the same recurrent op), and every tile waits (directly or
+// through other tiles) for each tile of an earlier op that touches one of its
+// rows and writes a slot it reads or writes, or reads a slot it writes.
+void check_schedule(const DecodeProgram& p, const Schedule& s);
+
+// Runs a schedule's tiles on the calling thread in an order its dependency
+// lists allow. order_seed 0: each worker's list as far as its dependencies
+// allow before the next worker's (so tiles run out of program order wherever
+// the lists permit it); otherwise a pseudo-random ready worker at a time, as
+// far as its dependencies allow.
+// Stops after the tiles of op stop_after_op (-1: the whole step). Throws
+// std::logic_error when no tile can run (a dependency on a tile that never
+// runs first).
+void run_schedule_serial(const DecodeProgram& p, const Schedule& s, const StepContext& ctx, int stop_after_op = -1,
+                         uint64_t order_seed = 0);
+
+// An executor stepping a compiled schedule on one thread (run_schedule_serial),
+// with the fast kernels (bit for bit the megakernel's results for the same
+// team size) or the scalar reference kernels (with one worker: the reference
+// executor's order and results). For bisecting a wrong result it can stop a
+// step after any op and show any slot.
+class SerialExecutor final : public Executor {
+ public:
+  SerialExecutor(const DecodeProgram& p, int n_workers, bool scalar, uint64_t order_seed = 0);
+  ~SerialExecutor() override;
+  const char* name() const override { return "serial"; }
+  void step(const std::vector<RowInput>& rows, float* logits) override;
+  void prepare(int n_rows) override;
+  // The following steps stop after op `op` (-1: run the whole step).
+  void set_stop_after_op(int op);
+  // Row r of slot s as the last step left it.
+  const float* slot_row(int s, int r) const;
+  const Schedule& schedule(int n_rows, bool chained);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// The program cut after its first n_layers layers: the ops of later layers
+// (and their taps) are dropped, the global ops kept (a final
+// attention-residual mixture mixes only the blocks the kept layers write).
+// Slot ids are unchanged. Throws megakern::Error when n_layers is out of range.
+DecodeProgram truncate_layers(const DecodeProgram& p, int n_layers);
+
+}  // namespace megakern

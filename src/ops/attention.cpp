@@ -1,0 +1,140 @@
+#include "ops/attention.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+#include "ops/registry.h"
+
+namespace megakern {
+
+int attention_group_split(const Op& op, int n_rows, int n_workers) {
+  // A tile does the query heads of one KV head (its keys and values read
+  // once), unless that leaves the team unevenly loaded: then the group is
+  // cut into the fewest equal parts that give whole rounds of tiles or at
+  // least four tiles per worker.
+  const auto& a = op.as<ops::Attention>();
+  const int group = a.n_head / a.n_head_kv;
+  for (int s = 1; s < group; ++s) {
+    if (group % s) continue;
+    const int tiles = n_rows * a.n_head_kv * s;
+    if (tiles % n_workers == 0 || tiles >= 4 * n_workers) return s;
+  }
+  return group;
+}
+
+namespace {
+
+bool yes(const Op&) { return true; }
+
+void head_norm_rope_tile(const Op& op, const StepContext& ctx, int t, int) {
+  const auto& a = op.as<ops::HeadNormRope>();
+  float* v = row_of(ctx, op.out, t);
+  thread_local RopeAngles angles;
+  angles.compute(a.rope_dim, ctx.rows[t].pos, a.rope_base);
+  for (int h = 0; h < a.n_head; ++h) {
+    float* vh = v + h * a.head_dim;
+    if (!a.head_norm.empty()) rmsnorm(vh, a.head_norm.data(), a.head_dim, a.eps, vh);
+    rope_apply(vh, a.rope_dim, angles, a.rope_neox);
+  }
+}
+
+void store_kv_tile(const Op& op, const StepContext& ctx, int t, int) {
+  const DecodeProgram& p = *ctx.program;
+  KVCache& c = *ctx.rows[t].cache;
+  const int pos = ctx.rows[t].pos;
+  std::memcpy(c.k_at(op.cache_layer(), pos), row_of(ctx, op.in, t), sizeof(float) * static_cast<size_t>(p.kv_dim));
+  std::memcpy(c.v_at(op.cache_layer(), pos), row_of(ctx, op.in2, t), sizeof(float) * static_cast<size_t>(p.v_width()));
+}
+
+// The reference and fast kernels of attention differ inside attention_tile
+// (exec/op_kernels.cpp), which reads ctx.scalar.
+void attention_op_tile(const Op& op, const StepContext& ctx, int t, int n_tiles) {
+  const int per_row = n_tiles / ctx.n_rows, n_parts = per_row / op.as<ops::Attention>().n_head_kv;
+  attention_tile(op, ctx, t / per_row, t % per_row / n_parts, t % n_parts, n_parts);
+}
+
+// NoPE MLA key: head h is [k_nope of head h | the shared extra dims].
+void mla_key_tile(const Op& op, const StepContext& ctx, int r, int) {
+  const auto& a = op.as<ops::MlaKey>();
+  const int shared = width_of(ctx, op.in2), own = a.head_dim - shared;
+  const float* kn = row_of(ctx, op.in, r);
+  const float* ke = row_of(ctx, op.in2, r);
+  float* out = row_of(ctx, op.out, r);
+  for (int h = 0; h < a.n_head; ++h) {
+    float* oh = out + static_cast<size_t>(h) * a.head_dim;
+    std::memcpy(oh, kn + static_cast<size_t>(h) * own, sizeof(float) * static_cast<size_t>(own));
+    std::memcpy(oh + own, ke, sizeof(float) * static_cast<size_t>(shared));
+  }
+}
+
+}  // namespace
+
+extern const OpInfo kHeadNormRopeOp = {
+    .name = "head_norm_rope",
+    .reads_out = yes,
+    .small_weights = [](const Op& op) { return op.as<ops::HeadNormRope>().head_norm; },
+    .verify = [](const Op& op, const VerifyContext& v) {
+      const auto& a = op.as<ops::HeadNormRope>();
+      MK_CHECK(a.n_head > 0 && a.head_dim > 0 && a.n_head * a.head_dim == v.width(op.out), "{}: heads", v.where);
+      MK_CHECK(a.rope_dim >= 0 && a.rope_dim % 2 == 0 && a.rope_dim <= a.head_dim, "{}: rope_dim", v.where);
+      MK_CHECK(a.head_norm.empty() || a.head_norm.size() == static_cast<size_t>(a.head_dim), "{}: head norm length",
+               v.where);
+    },
+    .ref = head_norm_rope_tile,
+    .fast = head_norm_rope_tile,
+};
+
+extern const OpInfo kStoreKVOp = {
+    .name = "store_kv",
+    .feeds_all_rows = true,
+    .state_bytes = [](const Op&, const DecodeProgram& p, int) { return 2 * sizeof(float) * static_cast<size_t>(p.kv_dim); },
+    .verify = [](const Op& op, const VerifyContext& v) {
+      MK_CHECK(op.in >= 0 && op.in2 >= 0 && v.width(op.in) == v.p.kv_dim && v.width(op.in2) == v.p.v_width(),
+               "{}: kv widths", v.where);
+      MK_CHECK(op.layer >= 0 && op.layer < v.p.n_layer, "{}: layer", v.where);
+    },
+    .ref = store_kv_tile,
+    .fast = store_kv_tile,
+};
+
+extern const OpInfo kAttentionOp = {
+    .name = "attention",
+    .row_tiled = false,
+    .tile_count = [](const Op& op, int n_rows, int n_workers) {
+      return n_rows * op.as<ops::Attention>().n_head_kv * attention_group_split(op, n_rows, n_workers);
+    },
+    .tile_row = [](const Op&, int t, int n_tiles, int n_rows) { return t / (n_tiles / n_rows); },
+    .state_bytes = [](const Op& op, const DecodeProgram&, int pos) {
+      const auto& a = op.as<ops::Attention>();
+      const int n = a.window > 0 ? std::min(pos + 1, a.window) : pos + 1;
+      return 2 * sizeof(float) * static_cast<size_t>(n) * a.n_head_kv * a.head_dim;
+    },
+    .verify = [](const Op& op, const VerifyContext& v) {
+      const auto& a = op.as<ops::Attention>();
+      MK_CHECK(op.in >= 0 && op.in2 >= 0 && a.n_head_kv > 0 && a.n_head % a.n_head_kv == 0, "{}: heads", v.where);
+      MK_CHECK(v.width(op.in) == a.n_head * a.head_dim, "{}: q width", v.where);
+      MK_CHECK(v.width(op.out) == a.n_head * a.v_dim(), "{}: output width", v.where);
+      MK_CHECK(a.n_head_kv * a.head_dim == v.p.kv_dim && a.n_head_kv * a.v_dim() == v.p.v_width(), "{}: kv heads",
+               v.where);
+      MK_CHECK(v.marker_layer[static_cast<size_t>(op.in2)] == op.cache_layer() && op.cache_layer() >= 0,
+               "{}: in2 must be the cache marker written by the store_kv of cache layer {}", v.where,
+               op.cache_layer());
+    },
+    .ref = attention_op_tile,
+    .fast = attention_op_tile,
+};
+
+extern const OpInfo kMlaKeyOp = {
+    .name = "mla_key",
+    .verify = [](const Op& op, const VerifyContext& v) {
+      const auto& a = op.as<ops::MlaKey>();
+      MK_CHECK(op.in >= 0 && op.in2 >= 0 && a.n_head > 0 && v.width(op.out) == a.n_head * a.head_dim &&
+                   v.width(op.in) + a.n_head * v.width(op.in2) == v.width(op.out),
+               "{}: widths", v.where);
+    },
+    .ref = mla_key_tile,
+    .fast = mla_key_tile,
+};
+
+}  // namespace megakern

@@ -1,0 +1,91 @@
+#include "ops/matmul.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "kernels/cpu/matmul.h"
+#include "ops/registry.h"
+
+namespace megakern {
+
+void RefKernels::matmul(const DecodeProgram&, const MatView& W, const float* X, int n_x, float* Y, int64_t ldy,
+                        int64_t b, int64_t e) {
+  const auto& tr = dtype_traits(W.type);
+  for (int64_t j = b; j < e; ++j)
+    for (int t = 0; t < n_x; ++t) Y[t * ldy + j] = tr.dot(W.row(j), X + static_cast<int64_t>(t) * W.cols, W.cols);
+}
+void FastKernels::matmul(const DecodeProgram& p, const MatView& W, const float* X, int n_x, float* Y, int64_t ldy,
+                         int64_t b, int64_t e) {
+  matmul_rows(W, X, n_x, Y, ldy, b, e, p.numerics);
+}
+void RefKernels::dequantize_row(const MatView& W, int64_t j, float* out) {
+  dtype_traits(W.type).dequantize(W.row(j), out, W.cols);
+}
+void FastKernels::dequantize_row(const MatView& W, int64_t j, float* out) { megakern::dequantize_row(W, j, out); }
+
+void matmul_tile_range(const Op& op, int t, int n, int64_t& begin, int64_t& end) {
+  const int64_t units = (op.mat.rows + 3) / 4;
+  begin = std::min(op.mat.rows, units * t / n * 4);
+  end = std::min(op.mat.rows, units * (t + 1) / n * 4);
+}
+
+namespace {
+
+template <class K>
+void embed_tile(const Op& op, const StepContext& ctx, int t, int) {
+  float* out = row_of(ctx, op.out, t);
+  K::dequantize_row(op.mat, ctx.rows[t].token, out);
+  const float scale = op.as<ops::Embed>().scale;
+  if (scale != 1.f)
+    for (int64_t i = 0; i < op.mat.cols; ++i) out[i] *= scale;
+}
+
+template <class K>
+void matmul_tile(const Op& op, const StepContext& ctx, int t, int n_tiles) {
+  int64_t b, e;
+  matmul_tile_range(op, t, n_tiles, b, e);
+  K::matmul(*ctx.program, op.mat, ctx.slot[static_cast<size_t>(op.in)], ctx.n_rows,
+            ctx.slot[static_cast<size_t>(op.out)], width_of(ctx, op.out), b, e);
+}
+
+}  // namespace
+
+extern const OpInfo kEmbedOp = {
+    .name = "embed",
+    .weight_bytes = [](const Op&) -> size_t { return 0; },  // one row per token, negligible
+    .verify = [](const Op& op, const VerifyContext& v) {
+      MK_CHECK(op.mat.data && v.width(op.out) == op.mat.cols, "{}: table width {} vs slot {}", v.where,
+               op.mat.cols, v.width(op.out));
+      MK_CHECK(op.mat.rows >= v.p.n_vocab, "{}: table has {} rows for a vocabulary of {}", v.where, op.mat.rows,
+               v.p.n_vocab);
+    },
+    .ref = embed_tile<RefKernels>,
+    .fast = embed_tile<FastKernels>,
+};
+
+extern const OpInfo kMatMulOp = {
+    .name = "matmul",
+    .row_tiled = false,
+    // One contiguous range per worker, but never ranges under 4 rows.
+    .tile_count = [](const Op& op, int, int n_workers) {
+      return static_cast<int>(std::min<int64_t>(n_workers, std::max<int64_t>(1, op.mat.rows / 4)));
+    },
+    .weight_bytes = [](const Op& op) { return op.mat.row_bytes * static_cast<size_t>(op.mat.rows); },
+    .tile_weights = [](const Op& op, int t, int n, const uint8_t*& begin, size_t& bytes) {
+      int64_t b, e;
+      matmul_tile_range(op, t, n, b, e);
+      begin = op.mat.data + static_cast<size_t>(b) * op.mat.row_bytes;
+      bytes = static_cast<size_t>(e - b) * op.mat.row_bytes;
+    },
+    .verify = [](const Op& op, const VerifyContext& v) {
+      MK_CHECK(op.in >= 0 && op.mat.data, "{}: needs input and weights", v.where);
+      MK_CHECK(op.mat.cols == v.width(op.in) && op.mat.rows == v.width(op.out),
+               "{}: W is [{}][{}], slots are {} -> {}", v.where, op.mat.rows, op.mat.cols, v.width(op.in),
+               v.width(op.out));
+      MK_CHECK(op.in != op.out, "{}: a matrix product cannot write its own input", v.where);
+    },
+    .ref = matmul_tile<RefKernels>,
+    .fast = matmul_tile<FastKernels>,
+};
+
+}  // namespace megakern

@@ -1,0 +1,232 @@
+// The megakernel schedule as data (exec/schedule.h): its invariants on every
+// architecture's program, the serial interpreter against the megakernel and
+// the reference executor, stopping after an op, and programs cut to N layers.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "exec/executor.h"
+#include "exec/exec_common.h"
+#include "exec/schedule.h"
+#include "runtime/model.h"
+#include "test_util.h"
+
+namespace megakern {
+namespace {
+
+const char* const kArchs[] = {"dense-mini", "qwen3.8-mini", "kimi-k3-mini", "muse-spark-mini"};
+
+// Steps of `n_seq` sequences, `block` rows each, over `steps` steps; returns
+// every step's logits.
+std::vector<float> run(const Model& m, const DecodeProgram& p, Executor& ex, int n_seq, int block, int steps) {
+  std::vector<SequenceState> seqs;
+  for (int s = 0; s < n_seq; ++s) seqs.push_back(m.new_sequence(64));
+  const size_t V = static_cast<size_t>(p.n_vocab), R = static_cast<size_t>(n_seq * block);
+  std::vector<float> out(static_cast<size_t>(steps) * R * V);
+  for (int t = 0; t < steps; ++t) {
+    std::vector<RowInput> rows;
+    for (int s = 0; s < n_seq; ++s)
+      for (int b = 0; b < block; ++b)
+        rows.push_back(seqs[static_cast<size_t>(s)].row((t * 37 + s * 11 + b * 5 + 3) % p.n_vocab, t * block + b));
+    ex.step(rows, &out[static_cast<size_t>(t) * R * V]);
+  }
+  return out;
+}
+
+TEST(Schedule, InvariantsHoldOnEveryArchitecture) {
+  for (const char* name : kArchs) {
+    SCOPED_TRACE(name);
+    auto m = load_model(name);
+    const DecodeProgram p = m->build_program(4);
+    for (int workers : {1, 2, 3})
+      for (int rows : {1, 3, 4})
+        for (bool chained : {false, true}) {
+          if (chained && !p.recurrent) continue;
+          CompileOptions o;
+          o.chained = chained;
+          const Schedule s = compile(p, rows, workers, o);
+          EXPECT_NO_THROW(check_schedule(p, s)) << workers << " workers, " << rows << " rows";
+        }
+  }
+}
+
+// check_schedule catches what a wrong compiler could produce.
+TEST(Schedule, CheckCatchesBrokenSchedules) {
+  auto m = load_model("qwen3.8-mini");
+  const DecodeProgram p = m->build_program(4);
+  const Schedule good = compile(p, 3, 2);
+  ASSERT_NO_THROW(check_schedule(p, good));
+  // The dependencies of the first matrix product dropped: nothing orders it
+  // after the norm it reads.
+  {
+    Schedule s = good;
+    bool dropped = false;
+    for (auto& list : s.worker_tasks)
+      for (auto& t : list)
+        if (!dropped && p.ops[static_cast<size_t>(t.op)].kind == OpKind::MatMul) {
+          ASSERT_GT(t.dep_end, t.dep_begin);
+          t.dep_end = t.dep_begin;
+          dropped = true;
+        }
+    ASSERT_TRUE(dropped);
+    EXPECT_THROW(check_schedule(p, s), std::logic_error);
+  }
+  // A tile on two lists, and a tile missing.
+  {
+    Schedule s = good;
+    s.worker_tasks[1].insert(s.worker_tasks[1].begin(), s.worker_tasks[0].front());
+    EXPECT_THROW(check_schedule(p, s), std::logic_error);
+    Schedule t = good;
+    t.worker_tasks[0].pop_back();
+    EXPECT_THROW(check_schedule(p, t), std::logic_error);
+  }
+  // A list out of program order.
+  {
+    Schedule s = good;
+    std::swap(s.worker_tasks[0][0], s.worker_tasks[0][1]);
+    EXPECT_THROW(check_schedule(p, s), std::logic_error);
+  }
+  // The serial interpreter refuses a schedule whose dependency never completes.
+  {
+    Schedule s = good;
+    auto& t = s.worker_tasks[0][2];
+    s.deps.push_back(s.n_flags - 1);  // waits for the last tile of the step
+    t.dep_begin = static_cast<uint32_t>(s.deps.size() - 1);
+    t.dep_end = static_cast<uint32_t>(s.deps.size());
+    auto seq = m->new_sequence(8);
+    std::vector<RowInput> rows = {seq.row(1, 0), seq.row(2, 1), seq.row(3, 2)};
+    std::vector<float> logits(static_cast<size_t>(3 * p.n_vocab));
+    StepContext ctx;
+    ctx.program = &p;
+    ctx.rows = rows.data();
+    ctx.n_rows = 3;
+    SlotArena arena(p);
+    arena.bind(ctx, p, logits.data());
+    EXPECT_THROW(run_schedule_serial(p, s, ctx), std::logic_error);
+  }
+}
+
+// The serial interpreter, in its worker-by-worker order and in random orders
+// its dependency lists allow, gives the megakernel's bits for the same team
+// size (a missing dependency would let some order read a value too early);
+// with the scalar kernels and one worker it gives the reference executor's.
+TEST(Schedule, SerialInterpreterMatchesMegakernelAndReference) {
+  ThreadPool pool(2);
+  for (const char* name : kArchs) {
+    SCOPED_TRACE(name);
+    auto m = load_model(name);
+    const DecodeProgram p = m->build_program(4);
+    auto mega = make_mega_executor(p, pool);
+    auto ref = make_reference_executor(p);
+    for (int block : {1, 2}) {
+      const int n_seq = block == 1 ? 3 : 2;
+      const auto want = run(*m, p, *mega, n_seq, block, 3);
+      for (uint64_t seed : {0, 1, 2, 3, 4, 5}) {
+        SerialExecutor serial(p, 2, false, seed);
+        const auto got = run(*m, p, serial, n_seq, block, 3);
+        ASSERT_EQ(0, std::memcmp(want.data(), got.data(), sizeof(float) * want.size())) << "block " << block << " order " << seed;
+      }
+      const auto want_ref = run(*m, p, *ref, n_seq, block, 3);
+      SerialExecutor scalar(p, 1, true);
+      const auto got_ref = run(*m, p, scalar, n_seq, block, 3);
+      ASSERT_EQ(0, std::memcmp(want_ref.data(), got_ref.data(), sizeof(float) * want_ref.size())) << "block " << block;
+    }
+  }
+}
+
+TEST(Schedule, StopAfterOpLeavesLaterOpsUnrun) {
+  auto m = load_model("dense-mini");
+  const DecodeProgram p = m->build_program(2);
+  SerialExecutor ex(p, 2, false);
+  auto seq = m->new_sequence(8);
+  const std::vector<RowInput> rows = {seq.row(5, 0), seq.row(9, 1)};
+  std::vector<float> full(static_cast<size_t>(2 * p.n_vocab)), part(full.size(), NAN);
+  ex.step(rows, full.data());
+  // Stopped after the embedding: its slot holds the tokens' rows, the logits were not written.
+  ASSERT_EQ(p.ops[0].kind, OpKind::Embed);
+  ex.set_stop_after_op(0);
+  auto seq2 = m->new_sequence(8);
+  ex.step({seq2.row(5, 0), seq2.row(9, 1)}, part.data());
+  const int w = p.slots[static_cast<size_t>(p.ops[0].out)].width;
+  std::vector<float> e(static_cast<size_t>(w));
+  dtype_traits(p.ops[0].mat.type).dequantize(p.ops[0].mat.row(9), e.data(), w);
+  for (int i = 0; i < w; ++i) ASSERT_EQ(e[static_cast<size_t>(i)] * p.ops[0].as<ops::Embed>().scale, ex.slot_row(p.ops[0].out, 1)[i]) << i;
+  for (float x : part) ASSERT_TRUE(std::isnan(x));
+  // Stopped after the last op: the whole step.
+  ex.set_stop_after_op(static_cast<int>(p.ops.size()) - 1);
+  auto seq3 = m->new_sequence(8);
+  ex.step({seq3.row(5, 0), seq3.row(9, 1)}, part.data());
+  EXPECT_EQ(0, std::memcmp(full.data(), part.data(), sizeof(float) * full.size()));
+  EXPECT_THROW(ex.set_stop_after_op(static_cast<int>(p.ops.size())), Error);
+}
+
+TEST(Schedule, TruncatedProgramsRun) {
+  ThreadPool pool(2);
+  for (const char* name : kArchs) {
+    SCOPED_TRACE(name);
+    auto m = load_model(name);
+    const DecodeProgram p = m->build_program(2);
+    EXPECT_THROW(truncate_layers(p, 0), Error);
+    EXPECT_THROW(truncate_layers(p, p.n_layer + 1), Error);
+    const DecodeProgram same = truncate_layers(p, p.n_layer);
+    EXPECT_EQ(same.ops.size(), p.ops.size());
+    const DecodeProgram one = truncate_layers(p, 1);
+    EXPECT_LT(one.ops.size(), p.ops.size());
+    for (const Op& op : one.ops) EXPECT_LT(op.layer, 1) << op.name;
+    auto mega = make_mega_executor(one, pool);
+    const auto a = run(*m, one, *mega, 2, 1, 2);
+    for (float x : a) ASSERT_FALSE(std::isnan(x));  // a mask may remove tokens (-inf)
+    // The cut program is the full one's first layer: the stream after it is
+    // what the full program computes there.
+    SerialExecutor s1(one, 1, false), sf(p, 1, false);
+    auto q1 = m->new_sequence(8), qf = m->new_sequence(8);
+    std::vector<float> l1(static_cast<size_t>(p.n_vocab)), lf(l1.size());
+    int last_l0 = -1;
+    for (size_t i = 0; i < one.ops.size(); ++i)
+      if (one.ops[i].layer == 0) last_l0 = static_cast<int>(i);
+    s1.set_stop_after_op(last_l0);
+    sf.set_stop_after_op(last_l0);
+    s1.step({q1.row(3, 0)}, l1.data());
+    sf.step({qf.row(3, 0)}, lf.data());
+    const int slot = one.ops[static_cast<size_t>(last_l0)].out;
+    const int w = one.slots[static_cast<size_t>(slot)].width;
+    EXPECT_EQ(0, std::memcmp(s1.slot_row(slot, 0), sf.slot_row(slot, 0), sizeof(float) * static_cast<size_t>(w)));
+  }
+}
+
+// `megakern step`: stop after an op, cut layers, compare with the reference.
+TEST(Schedule, StepCommand) {
+  CliResult r = run_cli("step -m dense-mini -p 'hello there' --rows 2 --stop-after-op 0 --compare");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("stopped after op 0: embed 'token_embd' layer -1"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("row 1: hash"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("max |diff| 0 "), std::string::npos) << r.out;  // the embedding is exact
+  r = run_cli("step -m qwen3.8-mini --layers 1 --rows 3 --compare");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find(", 1 layers,"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("slot 'logits'"), std::string::npos) << r.out;
+  // A scan for the first op over a tolerance: the products' int16 activations
+  // are ~1e-5 off the scalar reference, nothing is 1e-3 off.
+  r = run_cli("step -m dense-mini -p abcd --rows 2 --bisect 1e-6");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("first op over 1e-06 of the reference: op 2 (matmul 'attn_q' layer 0)"), std::string::npos) << r.out;
+  r = run_cli("step -m dense-mini -p abcd --rows 2 --bisect 1e-3");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("every op's output is within 0.001 of the reference"), std::string::npos) << r.out;
+  r = run_cli("step -m dense-mini --stop-after-op 100000");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("the program has ops 0 to"), std::string::npos) << r.err;
+  r = run_cli("step -m dense-mini --stop-after-op 3 --executor mega");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("need --executor serial or reference"), std::string::npos) << r.err;
+  r = run_cli("step -m dense-mini --layers 99");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("--layers 99"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace megakern
