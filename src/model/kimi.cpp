@@ -787,23 +787,6 @@ std::unique_ptr<KimiModel> KimiModel::load_checkpoint(const std::string& dir, co
   return m;
 }
 
-KVCache KimiModel::make_cache(int n_ctx) const {
-  if (n_ctx <= 0) fail("context size must be positive, got {}", n_ctx);
-  KVCache kv;
-  kv.n_ctx = n_ctx;
-  kv.n_layer = cfg_.n_mla_layers();
-  kv.kv_dim = static_cast<int>(cfg_.mla_n_head * cfg_.mla_k_dim());
-  kv.v_dim = cfg_.mla_n_head * cfg_.v_head_dim;
-  kv.k.assign(static_cast<size_t>(kv.n_layer) * n_ctx * kv.kv_dim, 0.f);
-  kv.v.assign(static_cast<size_t>(kv.n_layer) * n_ctx * kv.v_dim, 0.f);
-  return kv;
-}
-
-RecurrentState KimiModel::make_state() const {
-  return RecurrentState(cfg_.n_kda_layers(), static_cast<int>(cfg_.kda_conv_dim()), cfg_.conv_kernel - 1,
-                        cfg_.kda_n_head, cfg_.kda_head_dim, cfg_.kda_head_dim);
-}
-
 // ---------------------------------------------------------------------------
 // The program.
 

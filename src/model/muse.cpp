@@ -378,21 +378,6 @@ std::unique_ptr<MuseModel> MuseModel::load(const std::string& dir) {
   return m;
 }
 
-KVCache MuseModel::make_cache(int n_ctx, int max_block, bool ring) const {
-  if (n_ctx <= 0) fail("context size must be positive, got {}", n_ctx);
-  if (max_block < 1) fail("max_block must be positive, got {}", max_block);
-  KVCache c;
-  c.n_ctx = n_ctx;
-  c.n_layer = cfg_.n_layer;
-  c.kv_dim = static_cast<int>(cfg_.kv_dim());
-  std::vector<int> lens(static_cast<size_t>(cfg_.n_layer), 0);
-  if (ring)
-    for (int l = 0; l < cfg_.n_layer; ++l)
-      if (!cfg_.is_full_attention(l)) lens[static_cast<size_t>(l)] = cfg_.window + max_block - 1;
-  c.init_rings(lens);
-  return c;
-}
-
 DecodeProgram build_muse_program(const MuseModel& model, int max_rows) {
   if (max_rows < 1 || max_rows > 64) fail("max_rows must be in [1, 64], got {}", max_rows);
   const MuseConfig& c = model.config();

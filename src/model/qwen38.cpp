@@ -240,23 +240,6 @@ std::unique_ptr<Qwen38Model> Qwen38Model::load_from(std::unique_ptr<Qwen38Model>
   return m;
 }
 
-KVCache Qwen38Model::make_cache(int n_ctx) const {
-  KVCache c;
-  if (n_ctx <= 0) fail("context size must be positive, got {}", n_ctx);
-  c.n_ctx = n_ctx;
-  c.n_layer = n_attention_layers();
-  c.kv_dim = cfg_.n_head_kv * cfg_.head_dim;
-  const size_t n = static_cast<size_t>(n_attention_layers()) * static_cast<size_t>(n_ctx) * c.kv_dim;
-  c.k.assign(n, 0.f);
-  c.v.assign(n, 0.f);
-  return c;
-}
-
-RecurrentState Qwen38Model::make_state() const {
-  return RecurrentState(n_deltanet_layers(), static_cast<int>(cfg_.la_conv_dim()), cfg_.conv_kernel - 1,
-                        cfg_.la_n_v_heads, cfg_.la_v_head_dim, cfg_.la_k_head_dim);
-}
-
 DecodeProgram build_qwen38_program(const Qwen38Model& model, int max_rows) {
   if (max_rows < 1 || max_rows > 64) fail("max_rows must be in [1, 64], got {}", max_rows);
   const Qwen38Config& c = model.config();

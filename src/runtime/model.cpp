@@ -71,16 +71,12 @@ class DenseRuntimeModel final : public Model {
     if (tokenizer_->n_vocab() > n_vocab_)
       fail("{}: tensor 'token_embd.weight' has {} rows, fewer than the {} tokens of the tokenizer", file_->name(),
            n_vocab_, tokenizer_->n_vocab());
+    set_sequence_shape();
     description_ = fmt::format("{}: {} layers, hidden {}, {} heads ({} kv), vocab {}, {} ({:.1f} MB read per step)",
                                c.arch_name, c.n_layer, c.n_embd, c.n_head, c.n_head_kv, c.n_vocab,
                                dtype_traits(model_->layers()[0].w_up.type).name, model_->weight_bytes() / 1e6);
   }
   DecodeProgram build_program_for(int max_rows) const override { return build_dense_program(*model_, max_rows); }
-  SequenceState new_sequence(int n_ctx) const override {
-    SequenceState s;
-    s.cache = model_->make_cache(n_ctx);
-    return s;
-  }
   bool prompt_forward(ThreadPool& pool, SequenceState& seq, const int32_t* tokens, int n, int pos0,
                       float* logits) const override {
     model_->forward(pool, seq.cache, tokens, n, pos0, 1, logits, numerics_);
@@ -105,28 +101,17 @@ class DenseRuntimeModel final : public Model {
 template <class M, DecodeProgram (*Build)(const M&, int)>
 class ArchRuntimeModel final : public Model {
  public:
-  static constexpr bool kRecurrent = requires(const M& m) { m.make_state(); };
-
   // `summary` describes the architecture and its sizes; the weights read
   // per step are appended.
-  ArchRuntimeModel(const std::string& name, std::unique_ptr<M> m, const std::string& summary)
+  ArchRuntimeModel(const std::string& name, std::unique_ptr<M> m, const std::string& summary, int ring_block = 0)
       : model_(std::move(m)) {
     name_ = name;
     n_vocab_ = model_->config().vocab;
-    recurrent_ = kRecurrent;
+    set_sequence_shape(ring_block);
     tokenizer_ = byte_tokenizer(n_vocab_, name_);
     description_ = fmt::format("{} ({:.1f} MB read per step)", summary, build_program(1).weight_bytes() / 1e6);
   }
   DecodeProgram build_program_for(int max_rows) const override { return Build(*model_, max_rows); }
-  SequenceState new_sequence(int n_ctx) const override {
-    SequenceState s;
-    s.cache = model_->make_cache(n_ctx);
-    if constexpr (kRecurrent) {
-      s.state = model_->make_state();
-      s.recurrent = true;
-    }
-    return s;
-  }
 
  private:
   std::unique_ptr<M> model_;
@@ -147,7 +132,8 @@ std::unique_ptr<Model> muse_runtime(const std::string& name, std::unique_ptr<Mus
       "experts {}",
       c.n_layer, c.hidden, c.n_expert, c.top_k, c.vocab, dtype_traits(m->dense_format()).name,
       dtype_traits(m->expert_format()).name);
-  return std::make_unique<ArchRuntimeModel<MuseModel, build_muse_program>>(name, std::move(m), summary);
+  return std::make_unique<ArchRuntimeModel<MuseModel, build_muse_program>>(name, std::move(m), summary,
+                                                                          /*ring_block=*/64);
 }
 
 std::unique_ptr<Model> kimi_runtime(const std::string& name, std::unique_ptr<KimiModel> m) {
