@@ -25,7 +25,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cpu/matmul.h"
+#include "core/mat_view.h"
+#include "core/numerics.h"
 
 namespace megakern {
 
