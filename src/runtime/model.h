@@ -27,6 +27,7 @@
 #include "exec/executor.h"
 #include "exec/sequence_state.h"
 #include "ir/program.h"
+#include "model/architecture.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -100,18 +101,6 @@ class Model {
   Numerics numerics_ = Numerics::Exact;
   SequenceShape shape_;
   int ring_block_ = 0;
-};
-
-struct ModelOptions {
-  // Convert every weight matrix to this format at load (checkpoint
-  // directories and synthetic presets; GGUF files and dense presets keep
-  // their formats, or are dequantised to f32 when this is F32).
-  // For MoE presets: this is the dense format, and `experts` the routed
-  // experts' (defaults bf16 and int4_g128 for Muse Spark).
-  std::optional<DType> weights;
-  std::optional<DType> experts;
-  uint64_t seed = 1;  // synthetic presets
-  Numerics numerics = Numerics::Exact;  // activation quantisation (core/numerics.h)
 };
 
 // Throws megakern::Error naming what could not be found or read.
