@@ -13,6 +13,7 @@
 #include "model/dense.h"
 #include "model/presets.h"
 #include "tiny_model.h"
+#include "model_state.h"
 
 namespace megakern {
 namespace {
@@ -30,11 +31,11 @@ TEST_P(DenseArchTest, PrefillEqualsStepByStepDecodeBitForBit) {
   const std::vector<int32_t> toks = {1, 5, 9, 33, 2, 99, 0, 42, 17, 8};
   const int n = static_cast<int>(toks.size()), V = m->config().n_vocab;
 
-  KVCache c1 = m->make_cache(32);
+  KVCache c1 = make_cache(*m, 32);
   std::vector<float> all(static_cast<size_t>(n) * V);
   m->forward(pool, c1, toks.data(), n, 0, n, all.data());
 
-  KVCache c2 = m->make_cache(32);
+  KVCache c2 = make_cache(*m, 32);
   std::vector<float> step(V);
   for (int t = 0; t < n; ++t) {
     m->forward(pool, c2, &toks[t], 1, t, 1, step.data());
@@ -53,7 +54,7 @@ TEST_P(DenseArchTest, ThreadCountDoesNotChangeResults) {
   const int n = static_cast<int>(toks.size()), V = m->config().n_vocab;
   std::vector<float> a(static_cast<size_t>(n) * V), b(a.size());
   ThreadPool p1(1), p2(2);
-  KVCache c1 = m->make_cache(16), c2 = m->make_cache(16);
+  KVCache c1 = make_cache(*m, 16), c2 = make_cache(*m, 16);
   m->forward(p1, c1, toks.data(), n, 0, n, a.data());
   m->forward(p2, c2, toks.data(), n, 0, n, b.data());
   EXPECT_EQ(0, std::memcmp(a.data(), b.data(), sizeof(float) * a.size()));
@@ -81,7 +82,7 @@ TEST(Dense, GemmaWindowAndGlobalLayers) {
   std::vector<int32_t> t1 = {1, 2, 3, 4, 5, 6, 7, 8}, t2 = t1;
   t2[0] = 50;
   std::vector<float> a(c.n_vocab), b(c.n_vocab);
-  KVCache k1 = m->make_cache(16), k2 = m->make_cache(16);
+  KVCache k1 = make_cache(*m, 16), k2 = make_cache(*m, 16);
   m->forward(pool, k1, t1.data(), 8, 0, 1, a.data());
   m->forward(pool, k2, t2.data(), 8, 0, 1, b.data());
   EXPECT_NE(0, std::memcmp(a.data(), b.data(), sizeof(float) * a.size()));
@@ -105,7 +106,7 @@ TEST(Dense, GemmaSlidingWindowSeesExactlyItsPositions) {
   const std::vector<int32_t> base = {1, 2, 3, 4, 5, 6, 7, 8};
   auto last_logits = [&](const std::vector<int32_t>& t) {
     std::vector<float> out(static_cast<size_t>(m->config().n_vocab));
-    KVCache k = m->make_cache(16);
+    KVCache k = make_cache(*m, 16);
     m->forward(pool, k, t.data(), 8, 0, 1, out.data());
     return out;
   };
@@ -177,7 +178,7 @@ TEST(Dense, NewFormatsLoadAndTrackF32) {
     auto f = GGUFFile::parse(bytes.data(), bytes.size(), "mini.gguf");
     EXPECT_EQ(f->tensor("blk.0.ffn_up.weight").type, t);
     auto m = DenseModel::load(*f);
-    KVCache c = m->make_cache(16);
+    KVCache c = make_cache(*m, 16);
     std::vector<float> out(static_cast<size_t>(n) * m->config().n_vocab);
     m->forward(pool, c, toks.data(), n, 0, n, out.data());
     return out;
@@ -207,7 +208,7 @@ TEST(Dense, ContextOverflowIsAnError) {
   auto f = GGUFFile::parse(bytes.data(), bytes.size(), "tiny.gguf");
   auto m = DenseModel::load(*f);
   ThreadPool pool(1);
-  KVCache c = m->make_cache(4);
+  KVCache c = make_cache(*m, 4);
   std::vector<int32_t> toks = {1, 2, 3, 4, 5};
   std::vector<float> out(m->config().n_vocab);
   EXPECT_THROW(m->forward(pool, c, toks.data(), 5, 0, 1, out.data()), Error);

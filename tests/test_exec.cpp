@@ -17,6 +17,7 @@
 #include "model/presets.h"
 #include "test_util.h"
 #include "tiny_model.h"
+#include "model_state.h"
 
 namespace megakern {
 namespace {
@@ -34,7 +35,7 @@ struct Workload {
 // Runs the workload on one executor; returns logits of every step [steps][rows][vocab].
 std::vector<float> run_workload(const DenseModel& m, Executor& ex, const Workload& w) {
   std::vector<KVCache> caches;
-  for (int r = 0; r < w.n_rows; ++r) caches.push_back(m.make_cache(64));
+  for (int r = 0; r < w.n_rows; ++r) caches.push_back(make_cache(m, 64));
   std::vector<float> out(static_cast<size_t>(w.steps) * w.n_rows * w.n_vocab);
   for (int s = 0; s < w.steps; ++s) {
     std::vector<RowInput> rows;
@@ -48,7 +49,7 @@ std::vector<float> run_workload(const DenseModel& m, Executor& ex, const Workloa
 // that the positions in run_workload have real history behind them.
 std::vector<float> run_with_history(const DenseModel& m, Executor& ex, const Workload& w) {
   std::vector<KVCache> caches;
-  for (int r = 0; r < w.n_rows; ++r) caches.push_back(m.make_cache(64));
+  for (int r = 0; r < w.n_rows; ++r) caches.push_back(make_cache(m, 64));
   std::vector<float> scratch(static_cast<size_t>(w.n_vocab));
   for (int r = 0; r < w.n_rows; ++r)
     for (int p = 0; p < 3 * r; ++p) ex.step({{static_cast<int32_t>((p * 7 + r) % w.n_vocab), p, &caches[static_cast<size_t>(r)]}}, scratch.data());
@@ -110,7 +111,7 @@ TEST_P(ExecArchTest, RowResultDoesNotDependOnBatch) {
     const Workload w8{8, 4, V};
     const auto batched = run_workload(*m, *ex, w8);
     // Row 5 of the batch, alone: same tokens at the same positions.
-    KVCache c = m->make_cache(64);
+    KVCache c = make_cache(*m, 64);
     std::vector<float> alone(static_cast<size_t>(V));
     // Row 5's history (positions before 15) is empty in run_workload's
     // caches too, so only its own steps matter.
@@ -132,7 +133,7 @@ TEST_P(ExecArchTest, ProgramMatchesDirectForwardPass) {
   ThreadPool pool(2);
   auto mega = make_mega_executor(prog, pool);
   const int V = m->config().n_vocab;
-  KVCache c1 = m->make_cache(32), c2 = m->make_cache(32);
+  KVCache c1 = make_cache(*m, 32), c2 = make_cache(*m, 32);
   std::vector<float> a(static_cast<size_t>(V)), b(static_cast<size_t>(V));
   for (int p = 0; p < 10; ++p) {
     const int32_t tok = (p * 13 + 1) % V;
@@ -225,7 +226,7 @@ TEST(Exec, RowsOfOneSequenceAreCausal) {
   ThreadPool pool(2);
   auto mega = make_mega_executor(prog, pool);
   const int V = m->config().n_vocab;
-  KVCache c1 = m->make_cache(16), c2 = m->make_cache(16);
+  KVCache c1 = make_cache(*m, 16), c2 = make_cache(*m, 16);
   std::vector<RowInput> block;
   for (int p = 0; p < 6; ++p) block.push_back({(p * 11 + 2) % V, p, &c1});
   std::vector<float> chunk(static_cast<size_t>(6) * V), one(static_cast<size_t>(V));
@@ -244,7 +245,7 @@ TEST(Exec, BadRowsAreRejected) {
   const DecodeProgram prog = build_dense_program(*m, 2);
   ThreadPool pool(2);
   auto mega = make_mega_executor(prog, pool);
-  KVCache c = m->make_cache(4);
+  KVCache c = make_cache(*m, 4);
   std::vector<float> out(static_cast<size_t>(3) * m->config().n_vocab);
   EXPECT_THROW(mega->step({}, out.data()), Error);
   EXPECT_THROW(mega->step({{1, 0, &c}, {1, 1, &c}, {1, 2, &c}}, out.data()), Error);  // 3 > max_rows
@@ -252,7 +253,7 @@ TEST(Exec, BadRowsAreRejected) {
   EXPECT_THROW(mega->step({{1, 4, &c}}, out.data()), Error);
   EXPECT_THROW(make_executor("warp", prog, pool), Error);
   // Two rows writing the same KV entry, or a block with a gap.
-  KVCache c8 = m->make_cache(8);
+  KVCache c8 = make_cache(*m, 8);
   EXPECT_THROW(mega->step({{1, 2, &c8}, {1, 2, &c8}}, out.data()), Error);
   EXPECT_THROW(mega->step({{1, 2, &c8}, {1, 4, &c8}}, out.data()), Error);
   EXPECT_NO_THROW(mega->step({{1, 2, &c8}, {1, 3, &c8}}, out.data()));
@@ -262,7 +263,7 @@ TEST(Exec, BadRowsAreRejected) {
   const auto small_bytes = tiny_model(small);
   auto sf = GGUFFile::parse(small_bytes.data(), small_bytes.size(), "small.gguf");
   auto sm = DenseModel::load(*sf);
-  KVCache short_cache = sm->make_cache(8);
+  KVCache short_cache = make_cache(*sm, 8);
   EXPECT_THROW(mega->step({{1, 0, &short_cache}}, out.data()), Error);
   KVCache empty;
   empty.n_ctx = 8;

@@ -21,6 +21,7 @@
 #include "runtime/sampler.h"
 #include "runtime/session.h"
 #include "test_util.h"
+#include "model_state.h"
 
 namespace megakern {
 namespace {
@@ -47,7 +48,7 @@ Agreement check_model(const std::string& model_name, const std::string& fixture)
     const auto& pos = p.at("positions");
     const int n = static_cast<int>(toks.size());
     EXPECT_EQ(static_cast<int>(pos.size()), n);
-    KVCache cache = m->make_cache(n);
+    KVCache cache = make_cache(*m, n);
     std::vector<float> logits(static_cast<size_t>(n) * V);
     m->forward(pool, cache, toks.data(), n, 0, n, logits.data());
     for (int t = 0; t < n && t < static_cast<int>(pos.size()); ++t) {
@@ -165,7 +166,7 @@ void check_mini_direct(const std::string& gguf, const std::string& fixture) {
   for (const auto& p : j.at("prompts")) {
     const auto toks = p.at("tokens").get<std::vector<int32_t>>();
     const int n = static_cast<int>(toks.size());
-    KVCache cache = m->make_cache(n);
+    KVCache cache = make_cache(*m, n);
     std::vector<float> logits(static_cast<size_t>(n) * V);
     m->forward(pool, cache, toks.data(), n, 0, n, logits.data());
     for (int t = 0; t < n; ++t) compare_position(&logits[static_cast<size_t>(t) * V], V, p.at("positions")[t], a);

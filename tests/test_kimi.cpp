@@ -41,6 +41,7 @@
 #include "io/safetensors.h"
 #include "model/kimi.h"
 #include "test_util.h"
+#include "model_state.h"
 
 namespace megakern {
 namespace {
@@ -177,7 +178,7 @@ struct Seq {
 
 // Decodes `tokens` one row per step; returns all logits [T][V].
 std::vector<float> decode(const KimiModel& m, Executor& ex, const std::vector<int32_t>& tokens, Seq* keep = nullptr) {
-  Seq s{m.make_cache(32), m.make_state(), 0};
+  Seq s{make_cache(m, 32), make_state(m), 0};
   const size_t V = static_cast<size_t>(m.n_vocab());
   std::vector<float> logits(tokens.size() * V);
   for (size_t t = 0; t < tokens.size(); ++t) {
@@ -259,7 +260,7 @@ TEST(KimiModel, MegaMatchesOpByOpBitForBitAtBatch124) {
   // Four sequences, prefilled to different lengths, then stepped together.
   auto run = [&](Executor& ex, int batch) {
     std::vector<Seq> seqs;
-    for (int s = 0; s < 4; ++s) seqs.push_back({m.make_cache(32), m.make_state(), 0});
+    for (int s = 0; s < 4; ++s) seqs.push_back({make_cache(m, 32), make_state(m), 0});
     std::vector<float> out, scratch(V);
     for (int s = 0; s < 4; ++s)
       for (int t = 0; t < 1 + s; ++t) {
@@ -469,7 +470,7 @@ TEST(KimiFixture, ChunkedPrefillMatchesNumpy) {
   std::map<std::string, std::vector<float>> all;
   for (const char* kind : {"reference", "opbyop", "mega"}) {
     auto ex = make_executor(kind, p, pool());
-    Seq s{m.make_cache(32), m.make_state(), 0};
+    Seq s{make_cache(m, 32), make_state(m), 0};
     std::vector<float> logits(tokens.size() * V);
     size_t t = 0;
     for (int n : {5, 4, 3}) {
@@ -696,8 +697,8 @@ TEST(KimiModel, BadInputGivesClearErrors) {
   // A token outside the vocabulary, a row without state.
   const DecodeProgram p = build_kimi_program(m, 2);
   auto ex = make_reference_executor(p);
-  KVCache kv = m.make_cache(8);
-  RecurrentState st = m.make_state();
+  KVCache kv = make_cache(m, 8);
+  RecurrentState st = make_state(m);
   std::vector<float> logits(2 * 256);
   expect_error([&] { ex->step({{256, 0, &kv, &st}}, logits.data()); }, "outside the vocabulary");
   expect_error([&] { ex->step({{1, 0, &kv, nullptr}}, logits.data()); }, "no recurrent state");

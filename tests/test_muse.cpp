@@ -39,6 +39,7 @@
 #include "io/safetensors_writer.h"
 #include "model/muse.h"
 #include "test_util.h"
+#include "model_state.h"
 
 namespace megakern {
 namespace {
@@ -656,7 +657,7 @@ TEST(MuseModel, ExecutorsMatchNumpyReference) {
   std::map<std::string, std::vector<float>> got;
   for (const char* kind : {"reference", "opbyop", "mega"}) {
     auto ex = make_executor(kind, prog, pool);
-    KVCache cache = m.make_cache(64, 4);
+    KVCache cache = make_cache(m, 64, 4);
     const std::vector<float> logits = decode(m, *ex, tokens, cache);
     std::vector<float> head;
     for (size_t t = 0; t < tokens.size(); ++t) {
@@ -700,7 +701,7 @@ TEST(MuseModel, FixtureTellsEachReferenceFormulaApart) {
   for (const char* name : {"qk_scale", "router", "embed_norm", "post_ffn_norm", "expert_norm", "gate_per_head"})
     ASSERT_TRUE(reverted.contains(name)) << name;
   const size_t n = reverted.begin()->size();
-  KVCache cache = m.make_cache(64, 4);
+  KVCache cache = make_cache(m, 64, 4);
   const std::vector<float> logits = decode(m, *ex, std::vector<int32_t>(tokens.begin(), tokens.begin() + static_cast<long>(n)), cache);
   std::vector<float> ours, ref;
   for (size_t t = 0; t < n; ++t) {
@@ -781,7 +782,7 @@ struct Batch {
 Batch prefilled_batch(const MuseModel& m, Executor& ex) {
   Batch b;
   for (int s = 0; s < 8; ++s) {
-    b.caches.push_back(m.make_cache(64, 8));
+    b.caches.push_back(make_cache(m, 64, 8));
     const auto toks = random_tokens(b.pos(s) + 1, m.config().vocab_used, 100 + static_cast<uint32_t>(s));
     decode(m, ex, std::vector<int32_t>(toks.begin(), toks.end() - 1), b.caches.back(), 8);
     b.next.push_back(toks.back());
@@ -840,7 +841,7 @@ TEST(MuseModel, TileCutsDoNotChangeResults) {
   for (int w : {1, 2, 5}) {
     ThreadPool pool(w, /*oversubscribe=*/true);
     auto ex = make_executor("mega", prog, pool);
-    KVCache c = m.make_cache(16, 4);
+    KVCache c = make_cache(m, 16, 4);
     runs.push_back(decode(m, *ex, toks, c, 3));
   }
   for (const Op& op : prog.ops)
@@ -861,14 +862,14 @@ TEST(MuseModel, PrefillBlocksMatchSingleSteps) {
   const auto toks = random_tokens(29, m.config().vocab_used, 5);
   for (const char* kind : {"opbyop", "mega"}) {
     auto ex = make_executor(kind, prog, pool);
-    KVCache c1 = m.make_cache(64, 8), c8 = m.make_cache(64, 8), c3 = m.make_cache(64, 8);
+    KVCache c1 = make_cache(m, 64, 8), c8 = make_cache(m, 64, 8), c3 = make_cache(m, 64, 8);
     const auto one = decode(m, *ex, toks, c1, 1);
     EXPECT_TRUE(same_bits(one, decode(m, *ex, toks, c8, 8))) << kind;
     EXPECT_TRUE(same_bits(one, decode(m, *ex, toks, c3, 3))) << kind;
   }
   // The scalar reference agrees too (its own bits).
   auto ref = make_executor("reference", prog, pool);
-  KVCache r1 = m.make_cache(64, 8), r8 = m.make_cache(64, 8);
+  KVCache r1 = make_cache(m, 64, 8), r8 = make_cache(m, 64, 8);
   EXPECT_TRUE(same_bits(decode(m, *ref, toks, r1, 1), decode(m, *ref, toks, r8, 8)));
 }
 
@@ -880,7 +881,7 @@ TEST(MuseModel, RingCacheMatchesFullCache) {
   const auto toks = random_tokens(5 * window, m.config().vocab_used, 9);
   for (const char* kind : {"reference", "mega"}) {
     auto ex = make_executor(kind, prog, pool);
-    KVCache ring = m.make_cache(64, 4), full = m.make_cache(64, 4, /*ring=*/false);
+    KVCache ring = make_cache(m, 64, 4), full = make_cache(m, 64, /*ring_block=*/0);
     // Windowed layers hold window + 3 positions; the full layer all 64.
     EXPECT_EQ(ring.ring_len(0), window + 3);
     EXPECT_EQ(ring.ring_len(1), 0);
@@ -890,7 +891,7 @@ TEST(MuseModel, RingCacheMatchesFullCache) {
   }
   // A block longer than the ring allows is refused.
   auto ex = make_executor("opbyop", prog, pool);
-  KVCache small = m.make_cache(64, 2);
+  KVCache small = make_cache(m, 64, 2);
   std::vector<float> logits(4 * static_cast<size_t>(m.n_vocab()));
   std::vector<RowInput> rows;
   for (int t = 0; t < 4; ++t) rows.push_back({1, t, &small, nullptr});
@@ -916,7 +917,7 @@ TEST(MuseModel, SyntheticIsDeterministicAndFiniteOverManyLayers) {
   const auto a = MuseModel::synthetic(c, 3, DType::BF16, DType::INT4_G128);
   const DecodeProgram prog = build_muse_program(*a, 2);
   auto ex = make_reference_executor(prog);
-  KVCache cache = a->make_cache(32, 2);
+  KVCache cache = make_cache(*a, 32, 2);
   const auto logits = decode(*a, *ex, random_tokens(12, c.vocab_used, 4), cache, 2);
   for (size_t t = 0; t < 12; ++t)
     for (int i = 0; i < c.vocab_used; ++i) {
@@ -952,7 +953,7 @@ TEST(MuseModel, SaveLoadRoundTrip) {
   const DecodeProgram p1 = build_muse_program(m, 2), p2 = build_muse_program(*back, 2);
   auto e1 = make_executor("opbyop", p1, pool);
   auto e2 = make_executor("opbyop", p2, pool);
-  KVCache c1 = m.make_cache(16, 2), c2 = back->make_cache(16, 2);
+  KVCache c1 = make_cache(m, 16, 2), c2 = make_cache(*back, 16, 2);
   EXPECT_TRUE(same_bits(decode(m, *e1, toks, c1, 2), decode(*back, *e2, toks, c2, 2)));
   // Saving the loaded model gives the same file.
   TempDir dir2("rt2");
@@ -991,7 +992,7 @@ TEST(MuseModel, LoadsMisalignedTensors) {
   auto e1 = make_reference_executor(p1);
   auto e2 = make_reference_executor(p2);
   const auto toks = random_tokens(6, m.config().vocab_used, 13);
-  KVCache c1 = m.make_cache(8, 1), c2 = odd->make_cache(8, 1);
+  KVCache c1 = make_cache(m, 8, 1), c2 = make_cache(*odd, 8, 1);
   EXPECT_TRUE(same_bits(decode(m, *e1, toks, c1), decode(*odd, *e2, toks, c2)));
 }
 
@@ -1044,7 +1045,7 @@ TEST(MuseModel, BadInputGivesClearErrors) {
 
   EXPECT_FALSE(error_of([&] { MuseModel::load((dir.path / "nowhere").string()); }).empty());
   EXPECT_THROW(build_muse_program(m, 65), Error);
-  EXPECT_THROW(m.make_cache(0), Error);
+  EXPECT_THROW(make_cache(m, 0, 64), Error);
 }
 
 // ---------------------------------------------------------------------------
@@ -1073,7 +1074,7 @@ TEST(MuseReferenceLayout, LoadsTheReferenceCheckpointAndMatchesNumpy) {
   ThreadPool pool(2);
   for (const char* kind : {"reference", "mega"}) {
     auto ex = make_executor(kind, prog, pool);
-    KVCache cache = m->make_cache(32, 4);
+    KVCache cache = make_cache(*m, 32, 4);
     const std::vector<float> got = decode(*m, *ex, tokens, cache);
     const double d = rel_diff(got.data(), want.data(), want.size());
     std::printf("muse reference layout %-9s vs NumPy (max |diff| / max |ref|, %zu tokens): logits %.3e\n", kind,
@@ -1138,7 +1139,7 @@ TEST(MuseReferenceLayout, SaveReferenceRoundTrip) {
   const DecodeProgram pa = build_muse_program(*a, 2), pb = build_muse_program(*b, 2);
   auto ea = make_executor("opbyop", pa, pool);
   auto eb = make_executor("opbyop", pb, pool);
-  KVCache ka = a->make_cache(16, 2), kb = b->make_cache(16, 2);
+  KVCache ka = make_cache(*a, 16, 2), kb = make_cache(*b, 16, 2);
   EXPECT_TRUE(same_bits(decode(*a, *ea, toks, ka, 2), decode(*b, *eb, toks, kb, 2)));
 }
 

@@ -27,6 +27,7 @@
 #include "io/safetensors.h"
 #include "model/qwen38.h"
 #include "test_util.h"
+#include "model_state.h"
 
 namespace megakern {
 namespace {
@@ -50,7 +51,7 @@ struct DecodeRun {
 };
 
 DecodeRun decode(const Qwen38Model& m, Executor& ex, const std::vector<int32_t>& tokens) {
-  DecodeRun r{{}, m.make_cache(64), m.make_state()};
+  DecodeRun r{{}, make_cache(m, 64), make_state(m)};
   const int V = m.config().vocab;
   r.logits.resize(tokens.size() * static_cast<size_t>(V));
   for (size_t t = 0; t < tokens.size(); ++t) {
@@ -132,7 +133,7 @@ TEST(Qwen38Model, LoadsMiniFixture) {
   for (Op& op : broken.ops)
     if (op.kind == OpKind::DeltaRule) op.as<ops::DeltaRule>().a_log = op.as<ops::DeltaRule>().a_log.first(1);  // A_log length
   EXPECT_THROW(broken.verify(), std::logic_error);
-  RecurrentState s = m.make_state();
+  RecurrentState s = make_state(m);
   EXPECT_EQ(static_cast<int64_t>(s.bytes()), recurrent_state_bytes(c).total());
 }
 
@@ -215,10 +216,10 @@ TEST(Qwen38Model, ChunkedPrefillMatchesStepByStep) {
   std::map<std::string, std::vector<float>> other_rows;
   for (const char* kind : {"reference", "opbyop", "mega"}) {
     auto ex = make_executor(kind, prog, pool);
-    DecodeRun r{{}, m.make_cache(64), m.make_state()};
+    DecodeRun r{{}, make_cache(m, 64), make_state(m)};
     r.logits.resize(tokens.size() * static_cast<size_t>(V));
-    KVCache oc = m.make_cache(64);
-    RecurrentState os = m.make_state();
+    KVCache oc = make_cache(m, 64);
+    RecurrentState os = make_state(m);
     std::vector<float>& other = other_rows[kind];
     size_t t = 0;
     int other_pos = 0;
@@ -278,8 +279,8 @@ TEST(Qwen38Model, BatchedSequencesMatchAlone) {
     std::vector<KVCache> caches;
     std::vector<RecurrentState> states;
     for (int s = 0; s < n_seq; ++s) {
-      caches.push_back(m.make_cache(32));
-      states.push_back(m.make_state());
+      caches.push_back(make_cache(m, 32));
+      states.push_back(make_state(m));
     }
     // Sequence s starts s steps late, so rows sit at different positions.
     std::vector<std::vector<float>> batched(n_seq);
@@ -299,8 +300,8 @@ TEST(Qwen38Model, BatchedSequencesMatchAlone) {
                                                       &out[(i + 1) * V]);
     }
     for (int s = 0; s < n_seq; ++s) {
-      KVCache c = m.make_cache(32);
-      RecurrentState st = m.make_state();
+      KVCache c = make_cache(m, 32);
+      RecurrentState st = make_state(m);
       std::vector<float> alone;
       std::vector<float> one(static_cast<size_t>(V));
       for (int t = 0; t < steps; ++t) {
@@ -396,8 +397,8 @@ TEST(Qwen38Model, BadRowsAreRejected) {
   const DecodeProgram prog = build_qwen38_program(m, 4);
   ThreadPool pool(2);
   auto mega = make_mega_executor(prog, pool);
-  KVCache c = m.make_cache(8), c2 = m.make_cache(8);
-  RecurrentState s = m.make_state(), s2 = m.make_state();
+  KVCache c = make_cache(m, 8), c2 = make_cache(m, 8);
+  RecurrentState s = make_state(m), s2 = make_state(m);
   std::vector<float> out(static_cast<size_t>(4) * m.config().vocab);
   EXPECT_THROW(mega->step({{1, 0, &c}}, out.data()), Error);  // no state
   EXPECT_THROW(mega->step({{1, 0, &c, &s}, {2, 1, &c2, &s}}, out.data()), Error);  // state shared, cache not

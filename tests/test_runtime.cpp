@@ -22,6 +22,7 @@
 #include "runtime/session.h"
 #include "tokenizer/tokenizer.h"
 #include "test_util.h"
+#include "model_state.h"
 
 namespace megakern {
 namespace {
@@ -158,8 +159,8 @@ TEST(Runtime, SyntheticActivationsStayFiniteOverAllBenchLayers) {
   ThreadPool pool(2);
   const DecodeProgram p = build_qwen38_program(*m, 1);
   auto ex = make_executor("opbyop", p, pool);
-  KVCache cache = m->make_cache(32);
-  RecurrentState st = m->make_state();
+  KVCache cache = make_cache(*m, 32);
+  RecurrentState st = make_state(*m);
   std::vector<float> logits(static_cast<size_t>(c.vocab));
   float max_abs = 0;
   for (int pos = 0; pos < 24; ++pos) {

@@ -16,10 +16,8 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "exec/executor.h"
-#include "model/dense_program.h"
 #include "runtime/model.h"
 #include "runtime/session.h"
-#include "model/presets.h"
 #include "tools/commands.h"
 #include "tools/spec_cli.h"
 

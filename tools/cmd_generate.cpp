@@ -12,7 +12,6 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "io/gguf.h"
-#include "model/dense.h"
 #include "runtime/generator.h"
 #include "runtime/model.h"
 #include "spec/drafter.h"

@@ -7,15 +7,11 @@
 #include <chrono>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "core/error.h"
-#include "model/kimi.h"
-#include "model/kimi_config.h"
-#include "model/muse.h"
-#include "model/muse_config.h"
-#include "model/qwen38.h"
-#include "model/qwen38_config.h"
+#include "model/architecture.h"
 #include "tools/commands.h"
 
 namespace megakern::cli {
@@ -30,16 +26,17 @@ struct GenModelOptions {
   std::string layout = "ours";  // or "reference": the published reference's checkpoint layout
 };
 
+// The presets of the architectures that write checkpoints.
 std::string preset_list() {
-  std::string s;
-  for (const auto& c : qwen38_presets()) s += (s.empty() ? "" : ", ") + c.name;
-  for (const auto& c : kimi_presets()) s += ", " + c.name;
-  for (const auto& c : muse_presets()) s += ", " + c.name;
-  return s;
+  std::vector<std::string> v;
+  for (const Architecture* a : architectures())
+    if (!a->hf_model_types().empty())
+      for (const std::string& p : a->presets()) v.push_back(p);
+  return join_names(v);
 }
 
-DType format_flag(const std::string& flag, const std::string& v, DType dflt) {
-  if (v.empty()) return dflt;
+std::optional<DType> format_flag(const std::string& flag, const std::string& v) {
+  if (v.empty()) return std::nullopt;
   const auto t = dtype_from_name(v);
   if (!t) fail("{}: unknown weight format '{}'", flag, v);
   return *t;
@@ -53,36 +50,18 @@ void gen_model_cmd(const GenModelOptions& o) {
     fail("-o {}: already holds a model.safetensors (pass --force to overwrite)", o.out);
   if (o.layout != "ours" && o.layout != "reference")
     fail("--layout: expected 'ours' or 'reference', got '{}'", o.layout);
-  const bool reference = o.layout == "reference";
-  if (reference && !find_muse_preset(o.config))
-    fail("--layout reference: written for the Muse Spark presets only so far (got '{}')", o.config);
-  const auto t0 = std::chrono::steady_clock::now();
-  if (const Qwen38Config* c = find_qwen38_preset(o.config)) {
-    const double gb = static_cast<double>(weight_bytes_total(*c, DType::BF16)) / 1e9;
-    if (gb > 8) fail("--config {}: {:.0f} GB of bf16 weights is too large to generate; use a mini or bench preset", o.config, gb);
-    if (!o.weights.empty() || !o.experts.empty())
-      fail("--config {}: the checkpoint is written in bf16 (convert at load with --weights)", o.config);
-    write_qwen38_synthetic(*c, o.seed, o.out);
-  } else if (const KimiConfig* k = find_kimi_preset(o.config)) {
-    if (k->name == "kimi-k3") fail("--config {}: ~1.5 TB of weights is too large to generate; use a mini or bench preset", o.config);
-    KimiWeightOptions ko;
-    ko.dense = format_flag("--weights", o.weights, DType::BF16);
-    const DType ex = format_flag("--experts", o.experts, DType::MXFP4);
-    if (ex != DType::MXFP4 && ex != DType::FP8_E4M3) fail("--experts: Kimi K3 experts are mxfp4 or fp8_e4m3");
-    ko.fp8_experts = ex == DType::FP8_E4M3;
-    KimiModel::synthetic(*k, o.seed, ko)->save(o.out);
-  } else if (const MuseConfig* m = find_muse_preset(o.config)) {
-    if (m->name == "muse-spark-1.2")
-      fail("--config {}: ~454 GB of weights (bf16 dense, int4 experts) is too large to generate; use a mini or bench preset", o.config);
-    const auto model = MuseModel::synthetic(*m, o.seed, format_flag("--weights", o.weights, DType::BF16),
-                                            format_flag("--experts", o.experts, DType::INT4_G128));
-    if (reference)
-      model->save_reference(o.out);
-    else
-      model->save(o.out);
-  } else {
+  const Architecture* arch = architecture_of_preset(o.config);
+  if (!arch || arch->hf_model_types().empty())
     fail("--config: unknown preset '{}' (known: {})", o.config, preset_list());
-  }
+  if (o.layout == "reference" && !arch->writes_reference_layout())
+    fail("--layout reference: written for the Muse Spark presets only so far (got '{}')", o.config);
+  GenOptions g;
+  g.seed = o.seed;
+  g.weights = format_flag("--weights", o.weights);
+  g.experts = format_flag("--experts", o.experts);
+  g.layout = o.layout;
+  const auto t0 = std::chrono::steady_clock::now();
+  arch->generate(o.config, g, o.out);
   const double ms = ms_since(t0);
   fmt::print("wrote {} (seed {}) to {}/ in {:.0f} ms: config.json, model.safetensors\n", o.config, o.seed, o.out, ms);
 }

@@ -17,14 +17,10 @@
 #include "io/hf_config.h"
 #include "io/model_format.h"
 #include "io/safetensors.h"
-#include "model/dense_program.h"
 #include "core/thread_pool.h"
 #include "exec/executor.h"
-#include "model/kimi.h"
-#include "model/kimi_config.h"
-#include "model/muse_config.h"
+#include "model/architecture.h"
 #include "runtime/model.h"
-#include "model/qwen38_config.h"
 #include "runtime/session.h"
 #include "tools/commands.h"
 
@@ -129,35 +125,19 @@ void inspect_program(const InspectOptions& o) {
 }
 
 void inspect_config(const std::string& name) {
-  if (const Qwen38Config* c = find_qwen38_preset(name)) {
-    fmt::print("{}", describe(*c));
-    return;
-  }
-  if (const KimiConfig* c = find_kimi_preset(name)) {
-    fmt::print("{}", describe(*c));
-    return;
-  }
-  if (const MuseConfig* c = find_muse_preset(name)) {
-    fmt::print("{}", describe(*c));
-    return;
-  }
-  std::string known;
-  for (const auto& c : qwen38_presets()) known += (known.empty() ? "" : ", ") + c.name;
-  for (const auto& c : kimi_presets()) known += ", " + c.name;
-  for (const auto& c : muse_presets()) known += ", " + c.name;
-  fail("unknown config preset '{}' (known: {})", name, known);
+  const Architecture* a = architecture_of_preset(name);
+  if (!a) fail("unknown config preset '{}' (known: {})", name, join_names(all_presets(/*runnable_only=*/false)));
+  fmt::print("{}", a->describe(name));
 }
 
 // The megakernel schedules of a preset's full program, built from shapes
 // only (no weight memory), with the time each took to compile.
 void inspect_schedule(const std::string& name, int max_rows) {
-  const KimiConfig* c = find_kimi_preset(name);
-  if (!c) fail("--schedule: planning from a config without weights is available for the Kimi K3 presets (got '{}')", name);
+  const Architecture* a = architecture_of_preset(name);
   const auto t0 = Clock::now();
-  KimiWeightOptions wo;
-  wo.shapes_only = true;
-  const std::unique_ptr<KimiModel> m = KimiModel::synthetic(*c, 0, wo);
-  const DecodeProgram p = build_kimi_program(*m, max_rows);
+  const std::unique_ptr<ArchModel> m = a ? a->shapes_only(name) : nullptr;
+  if (!m) fail("--schedule: planning from a config without weights is available for the Kimi K3 presets (got '{}')", name);
+  const DecodeProgram p = m->build_program(max_rows);
   const double build_program_ms = ms_since(t0);
   ThreadPool pool(0);
   fmt::print("{}: {} layers, {} ops, {} of weights read per step (shapes only, no weight memory); program built in "

@@ -774,6 +774,45 @@ float fp8_e4m3_to_f32(uint8_t b) {
 }
 
 // f32 -> e4m3fn, round to nearest even, saturating to +-448 (NaN -> 0x7f).
+float e2m1_value(int code) {
+  const float m = static_cast<float>(kE2M1x2[code & 7]) * 0.5f;
+  return code & 8 ? -m : m;
+}
+
+int e2m1_code(float v) {
+  for (int c = 0; c < 8; ++c) {
+    if (v == e2m1_value(c) && !std::signbit(v)) return c;
+    if (v == -e2m1_value(c) && c > 0) return 8 + c;
+  }
+  if (v == 0.f) return 0;  // -0
+  return -1;
+}
+
+void mx_block_codes(DType t, const uint8_t* b, uint8_t& scale, uint8_t* codes) {
+  scale = b[0];
+  if (t == DType::MXFP4) {
+    for (int j = 0; j < 16; ++j) {
+      codes[j] = b[1 + j] & 0x0f;
+      codes[j + 16] = b[1 + j] >> 4;
+    }
+    return;
+  }
+  for (int j = 0; j < 32; ++j) {
+    const int c = e2m1_code(fp8_e4m3_to_f32(b[1 + j]));
+    if (c < 0) fail("expert weight block holds a value that is not e2m1; cannot write it as MXFP4");
+    codes[j] = static_cast<uint8_t>(c);
+  }
+}
+
+void mx_codes_block(DType t, uint8_t scale, const uint8_t* codes, uint8_t* b) {
+  b[0] = scale;
+  if (t == DType::MXFP4) {
+    for (int j = 0; j < 16; ++j) b[1 + j] = static_cast<uint8_t>(codes[j] | (codes[j + 16] << 4));
+    return;
+  }
+  for (int j = 0; j < 32; ++j) b[1 + j] = f32_to_fp8_e4m3(e2m1_value(codes[j]));
+}
+
 uint8_t f32_to_fp8_e4m3(float v) {
   if (std::isnan(v)) return 0x7f;
   const uint8_t sign = std::signbit(v) ? 0x80 : 0x00;

@@ -92,6 +92,19 @@ std::optional<DType> dtype_from_name(std::string_view name);
 float fp8_e4m3_to_f32(uint8_t b);
 uint8_t f32_to_fp8_e4m3(float v);
 
+// e2m1, the 4-bit element of MXFP4 / NVFP4: the value of a code (8..15 are
+// the negatives of 0..7, 8 being -0), and the code of an exactly
+// representable value (0, +-0.5 .. +-6; -0 gives 0), or -1.
+float e2m1_value(int code);
+int e2m1_code(float v);
+// An MXFP4 block (GGML layout: element j < 16 in the low nibble of byte 1 + j,
+// j + 16 in its high nibble), or its lossless FP8 e4m3 re-blocking (same E8M0
+// scale byte, each e2m1 value as an e4m3 byte), as its scale byte and 32 e2m1
+// codes, and back. t is MXFP4 or FP8_E4M3; an FP8 block holding a value that
+// is not e2m1 throws megakern::Error.
+void mx_block_codes(DType t, const uint8_t* block, uint8_t& scale, uint8_t* codes);
+void mx_codes_block(DType t, uint8_t scale, const uint8_t* codes, uint8_t* block);
+
 // Q4_K / Q5_K: the 6-bit scale and min of sub-block j (0..7) from the 12
 // packed scale bytes s of a super-block (GGML's layout).
 void k_scale_min(const uint8_t* s, int j, int& sc, int& m);

@@ -19,6 +19,8 @@ struct Rng {
   float uniform() { return static_cast<float>(next() >> 40) * (1.f / 16777216.f); }
   // Uniform in [-1, 1), 24 bits.
   float symmetric() { return static_cast<float>(next() >> 40) * 0x1.0p-23f - 1.f; }
+  // Uniform in [-1, 1) from 53 bits, rounded once to float.
+  float symmetric53() { return static_cast<float>(static_cast<double>(next() >> 11) * 0x1.0p-53 * 2.0 - 1.0); }
   // Uniform with mean 0 and standard deviation `std` (a box of half-width std * sqrt(3)).
   float centred(float std) { return (2.f * uniform() - 1.f) * 1.7320508f * std; }
 };

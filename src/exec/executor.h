@@ -8,7 +8,8 @@
 //               weight-prefetch plan that runs ahead across op and layer
 //               boundaries; one call runs a whole step without returning.
 // The op-by-op and megakernel executors give bit-identical logits; a row's
-// logits do not depend on the other rows of its batch.
+// logits do not depend on the other rows of its batch. Rows (RowInput) are in
+// exec/sequence_state.h.
 #pragma once
 
 #include <cstdint>
@@ -17,30 +18,11 @@
 #include <vector>
 
 #include "ir/program.h"
-#include "model/dense.h"
+#include "exec/sequence_state.h"
 
 namespace megakern {
 
 class ThreadPool;
-struct RecurrentState;  // exec/recurrent_kernels.h
-
-// One row of a step: a token of some sequence at position pos, whose keys and
-// values go to (and are read from) `cache`. Programs with recurrent layers
-// (DecodeProgram::recurrent) also need the sequence's `state`, which the step
-// advances by one token per row of the sequence. A sequence's rows in one step
-// are adjacent and either share one `state` (a block computed in order, as in
-// prefill) or chain per-row states: each row writes its own `state` (the
-// snapshot after it) and starts from `state_in`, the previous row's `state`
-// (a speculative verify block, whose snapshots allow rollback).
-struct RowInput {
-  int32_t token = 0;
-  int32_t pos = 0;
-  KVCache* cache = nullptr;
-  RecurrentState* state = nullptr;
-  // The state this row starts from when it is not `state` itself (null: it
-  // advances `state` in place).
-  const RecurrentState* state_in = nullptr;
-};
 
 // One span of a worker's time in a traced step: a tile it computed, or a wait
 // for a dependency (op = -1 marks a wait). Times in microseconds from the

@@ -8,17 +8,6 @@
 
 namespace megakern {
 
-RecurrentState::RecurrentState(int n_layer_, int conv_dim_, int conv_hist_, int n_v_heads_, int v_dim_, int k_dim_)
-    : n_layer(n_layer_), conv_dim(conv_dim_), conv_hist(conv_hist_), n_v_heads(n_v_heads_), v_dim(v_dim_), k_dim(k_dim_) {
-  conv.assign(static_cast<size_t>(n_layer) * conv_hist * conv_dim, 0.f);
-  S.assign(static_cast<size_t>(n_layer) * n_v_heads * v_dim * k_dim, 0.f);
-}
-
-void RecurrentState::reset() {
-  std::fill(conv.begin(), conv.end(), 0.f);
-  std::fill(S.begin(), S.end(), 0.f);
-}
-
 bool op_is_recurrent(const Op& op) { return op_info(op).recurrent; }
 
 bool rows_chained(const RowInput* rows, int n_rows) {

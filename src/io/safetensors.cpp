@@ -23,6 +23,13 @@
 
 namespace megakern {
 
+std::optional<DType> safetensors_float_format(const std::string& d) {
+  if (d == "F32") return DType::F32;
+  if (d == "F16") return DType::F16;
+  if (d == "BF16") return DType::BF16;
+  return std::nullopt;
+}
+
 // Tensor data is read with memcpy into host integers, which matches the file's
 // little-endian byte order only on little-endian hosts.
 static_assert(std::endian::native == std::endian::little, "safetensors reader assumes a little-endian host");

@@ -28,11 +28,17 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <optional>
 #include <vector>
+
+#include "core/dtype.h"
 
 namespace megakern {
 
 class MappedFile;
+
+// The float format of a safetensors dtype ("F32", "F16", "BF16"), or nullopt.
+std::optional<DType> safetensors_float_format(const std::string& dtype);
 
 // A view of one tensor. `data` points into the buffer the file was parsed from
 // (the mapping for SafetensorsFile::open) and is valid as long as the file

@@ -120,4 +120,20 @@ SafetensorsOut safetensors_bf16(const std::string& name, std::vector<int64_t> sh
   return t;
 }
 
+const char* safetensors_float_dtype(DType t) {
+  switch (t) {
+    case DType::F32: return "F32";
+    case DType::F16: return "F16";
+    case DType::BF16: return "BF16";
+    default: return nullptr;
+  }
+}
+
+void write_checkpoint_config(const std::string& dir, const std::string& config_json) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) fail("cannot create directory '{}': {}", dir, ec.message());
+  write_file_atomic(dir + "/config.json", config_json);
+}
+
 }  // namespace megakern

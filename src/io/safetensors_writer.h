@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
+
 namespace megakern {
 
 struct SafetensorsOut {
@@ -47,5 +49,12 @@ class SafetensorsWriter {
 
 // Writes text to path the same way (temporary file, then rename).
 void write_file_atomic(const std::string& path, const std::string& text);
+
+// The safetensors dtype a float format is stored as ("F32", "F16", "BF16"),
+// or null for any other format.
+const char* safetensors_float_dtype(DType t);
+// A checkpoint directory: creates dir (and its parents) and writes
+// dir/config.json; throws megakern::Error naming the path on failure.
+void write_checkpoint_config(const std::string& dir, const std::string& config_json);
 
 }  // namespace megakern

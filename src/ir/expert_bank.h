@@ -20,7 +20,7 @@
 #include <cstddef>
 #include <vector>
 
-#include "kernels/cpu/matmul.h"
+#include "core/mat_view.h"
 
 namespace megakern {
 

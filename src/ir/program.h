@@ -26,7 +26,8 @@
 #include <variant>
 #include <vector>
 
-#include "kernels/cpu/matmul.h"
+#include "core/mat_view.h"
+#include "core/numerics.h"
 #include "ops/attention.h"
 #include "ops/gate.h"
 #include "ops/matmul.h"

@@ -178,26 +178,6 @@ void DenseModel::dequantize_all_to_f32() {
     for (MatView* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) convert(*m);
 }
 
-KVCache DenseModel::make_cache(int n_ctx) const {
-  if (n_ctx <= 0) fail("context size must be positive, got {}", n_ctx);
-  KVCache kv;
-  kv.n_ctx = n_ctx;
-  kv.n_layer = cfg_.n_layer;
-  kv.kv_dim = cfg_.n_head_kv * cfg_.head_dim;
-  const size_t n = static_cast<size_t>(cfg_.n_layer) * n_ctx * kv.kv_dim;
-  // The cache is committed only as positions fill, but a context whose full
-  // cache could never fit would fail (or swap) far into a generation: refuse
-  // it now, naming the sizes.
-  const double bytes = 2.0 * static_cast<double>(n) * sizeof(float);
-  if (const size_t phys = physical_memory_bytes(); phys > 0 && bytes > static_cast<double>(phys))
-    fail("a context of {} positions needs a KV cache of {} ({} layers x {} positions x {} values x 2 (K and V) x "
-         "4 bytes), more than the {} of physical memory: use a smaller --context",
-         n_ctx, human_bytes(bytes), cfg_.n_layer, n_ctx, kv.kv_dim, human_bytes(static_cast<double>(phys)));
-  kv.k.assign(n, 0.f);
-  kv.v.assign(n, 0.f);
-  return kv;
-}
-
 size_t DenseModel::weight_bytes() const {
   auto b = [](const MatView& m) { return m.row_bytes * static_cast<size_t>(m.rows); };
   size_t total = b(output_);

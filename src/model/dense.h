@@ -10,8 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "core/zeroed_buffer.h"
-
+#include "exec/sequence_state.h"
 #include "kernels/cpu/matmul.h"
 
 namespace megakern {
@@ -57,58 +56,6 @@ struct DenseLayer {
   MatView w_down;        // [n_embd][n_ff]
 };
 
-// Keys and values of one sequence: [n_layer][n_ctx][n_head_kv*head_dim] each.
-// V may be narrower than K (MLA): v_dim floats per position then (0: kv_dim),
-// laid out as K with v_dim in place of kv_dim.
-//
-// Optionally some layers are ring buffers (sliding-window attention): when
-// `ring` is non-empty, layer l keeps only its last ring[l] positions
-// (0: all n_ctx), position p living in slot p % ring[l], and the layers are
-// packed back to back (`layer_offset`, in floats). init_rings() sets this up.
-struct KVCache {
-  int n_ctx = 0;
-  int n_layer = 0;
-  int kv_dim = 0;
-  int v_dim = 0;
-  // Zeroed, committed as positions are written (see ZeroedBuffer).
-  ZeroedBuffer<float> k, v;
-  int v_width() const { return v_dim > 0 ? v_dim : kv_dim; }
-  std::vector<int> ring;             // [n_layer] or empty
-  std::vector<size_t> layer_offset;  // [n_layer + 1] when ring is set
-  float* k_at(int layer, int pos) { return k.data() + offset(layer, pos); }
-  float* v_at(int layer, int pos) { return v.data() + v_offset(offset(layer, pos)); }
-  // A K offset (a multiple of kv_dim) as the matching V offset.
-  size_t v_offset(size_t k_offset) const {
-    return v_dim > 0 ? k_offset / static_cast<size_t>(kv_dim) * static_cast<size_t>(v_dim) : k_offset;
-  }
-  size_t offset(int layer, int pos) const {
-    if (ring.empty()) return (static_cast<size_t>(layer) * n_ctx + pos) * kv_dim;
-    const int len = ring[static_cast<size_t>(layer)];
-    return layer_offset[static_cast<size_t>(layer)] + static_cast<size_t>(len > 0 ? pos % len : pos) * kv_dim;
-  }
-  // Positions kept by a layer's ring (0 when the layer keeps all of them).
-  int ring_len(int layer) const { return ring.empty() ? 0 : ring[static_cast<size_t>(layer)]; }
-  // Floats of k that layers [0, n) occupy (of v: v_offset of it).
-  size_t floats_for(int n) const {
-    if (ring.empty()) return static_cast<size_t>(n) * static_cast<size_t>(n_ctx) * static_cast<size_t>(kv_dim);
-    return layer_offset[static_cast<size_t>(std::min(n, n_layer))];
-  }
-  // Makes layer l a ring of ring_lens[l] positions (0 or >= n_ctx: a plain
-  // layer of n_ctx) and allocates zeroed k and v.
-  void init_rings(const std::vector<int>& ring_lens) {
-    ring.assign(static_cast<size_t>(n_layer), 0);
-    layer_offset.assign(static_cast<size_t>(n_layer) + 1, 0);
-    for (int l = 0; l < n_layer; ++l) {
-      const int len = l < static_cast<int>(ring_lens.size()) ? ring_lens[static_cast<size_t>(l)] : 0;
-      ring[static_cast<size_t>(l)] = len > 0 && len < n_ctx ? len : 0;
-      const int kept = ring[static_cast<size_t>(l)] > 0 ? ring[static_cast<size_t>(l)] : n_ctx;
-      layer_offset[static_cast<size_t>(l) + 1] = layer_offset[static_cast<size_t>(l)] + static_cast<size_t>(kept) * kv_dim;
-    }
-    k.assign(layer_offset.back(), 0.f);
-    v.assign(v_offset(layer_offset.back()), 0.f);
-  }
-};
-
 class DenseModel {
  public:
   // Reads the config and tensor views; the GGUF file must outlive the model.
@@ -122,7 +69,6 @@ class DenseModel {
   static std::unique_ptr<DenseModel> load(const GGUFFile& file, std::optional<DType> weights = std::nullopt);
 
   const DenseConfig& config() const { return cfg_; }
-  KVCache make_cache(int n_ctx) const;
   // Bytes of weights read by one decode step.
   size_t weight_bytes() const;
 

@@ -13,6 +13,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/rng.h"
+#include "model/architecture.h"
 #include "io/safetensors.h"
 #include "io/safetensors_writer.h"
 
@@ -22,77 +24,11 @@ namespace {
 
 constexpr int kBlock = 32;  // MXFP4 / FP8 block
 
-// The e2m1 code of an exactly representable value (0, +-0.5 .. +-6), or -1.
-int e2m1_code(float v) {
-  static const float kVals[8] = {0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f};
-  for (int c = 0; c < 8; ++c) {
-    if (v == kVals[c] && !std::signbit(v)) return c;
-    if (v == -kVals[c] && c > 0) return 8 + c;
-  }
-  if (v == 0.f) return 0;  // -0
-  return -1;
-}
-
-float e2m1_value(int code) {
-  static const float kVals[8] = {0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f};
-  return code < 8 ? kVals[code] : -kVals[code - 8];
-}
-
-// One block of 32 as (E8M0 scale, 32 e2m1 codes), from an MXFP4 block
-// (GGML layout: element j < 16 in the low nibble of byte 1 + j, j + 16 in its
-// high nibble) or an FP8 block re-blocked from one.
-void block_codes(DType t, const uint8_t* b, uint8_t& scale, uint8_t* codes) {
-  scale = b[0];
-  if (t == DType::MXFP4) {
-    for (int j = 0; j < 16; ++j) {
-      codes[j] = b[1 + j] & 0x0f;
-      codes[j + 16] = b[1 + j] >> 4;
-    }
-    return;
-  }
-  for (int j = 0; j < kBlock; ++j) {
-    const int c = e2m1_code(fp8_e4m3_to_f32(b[1 + j]));
-    if (c < 0) fail("expert weight block holds a value that is not e2m1; cannot write it as MXFP4");
-    codes[j] = static_cast<uint8_t>(c);
-  }
-}
-
-// The inverse: an MXFP4 block, or its lossless FP8 e4m3 re-blocking.
-void codes_block(DType t, uint8_t scale, const uint8_t* codes, uint8_t* b) {
-  b[0] = scale;
-  if (t == DType::MXFP4) {
-    for (int j = 0; j < 16; ++j) b[1 + j] = static_cast<uint8_t>(codes[j] | (codes[j + 16] << 4));
-    return;
-  }
-  for (int j = 0; j < kBlock; ++j) b[1 + j] = f32_to_fp8_e4m3(e2m1_value(codes[j]));
-}
-
-// splitmix64: a deterministic stream per tensor.
-struct Rng {
-  uint64_t s;
-  uint64_t next() {
-    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  // Uniform in [-1, 1).
-  float uniform() { return static_cast<float>(static_cast<double>(next() >> 11) * 0x1.0p-53 * 2.0 - 1.0); }
-};
-
+// A deterministic stream per tensor: the seed hashed with its name (FNV-1a).
 uint64_t hash_name(uint64_t seed, const std::string& name) {
   uint64_t h = 1469598103934665603ull ^ seed;
   for (char c : name) h = (h ^ static_cast<uint8_t>(c)) * 1099511628211ull;
   return h;
-}
-
-const char* st_dtype(DType t) {
-  switch (t) {
-    case DType::F32: return "F32";
-    case DType::F16: return "F16";
-    case DType::BF16: return "BF16";
-    default: return nullptr;
-  }
 }
 
 }  // namespace
@@ -149,8 +85,8 @@ struct KimiBuilder {
     uint8_t scale, codes[kBlock];
     for (int64_t r = 0; r < src.rows; ++r)
       for (size_t b = 0; b < nb; ++b) {
-        block_codes(DType::MXFP4, src.row(r) + b * sb, scale, codes);
-        codes_block(DType::FP8_E4M3, scale, codes, d + static_cast<size_t>(r) * v.row_bytes + b * db);
+        mx_block_codes(DType::MXFP4, src.row(r) + b * sb, scale, codes);
+        mx_codes_block(DType::FP8_E4M3, scale, codes, d + static_cast<size_t>(r) * v.row_bytes + b * db);
       }
     v.data = d;
     return v;
@@ -194,7 +130,7 @@ struct Synth {
   std::vector<float> rand(const std::string& name, size_t n, float scale, float offset = 0.f) {
     Rng r{hash_name(seed, name)};
     std::vector<float> v(n);
-    for (auto& x : v) x = offset + scale * r.uniform();
+    for (auto& x : v) x = offset + scale * r.symmetric53();
     return v;
   }
   // Uniform with variance gain^2 / fan_in (uniform(-1,1) has variance 1/3).
@@ -412,7 +348,7 @@ struct Writer {
   };
   void mat(const std::string& name, const std::vector<Rows>& pieces, std::vector<int64_t> shape = {}) {
     const MatView& m0 = *pieces[0].m;
-    const char* dt = st_dtype(m0.type);
+    const char* dt = safetensors_float_dtype(m0.type);
     int64_t rows = 0;
     for (const auto& p : pieces) rows += p.end - p.begin;
     if (shape.empty()) shape = {rows, m0.cols};
@@ -446,7 +382,7 @@ struct Writer {
     for (int64_t r = 0; r < n; ++r)
       for (int64_t b = 0; b < nb; ++b) {
         const size_t i = static_cast<size_t>(r * nb + b);
-        block_codes(m.type, m.row(first + r) + static_cast<size_t>(b) * bb, scales[i], codes);
+        mx_block_codes(m.type, m.row(first + r) + static_cast<size_t>(b) * bb, scales[i], codes);
         for (int q = 0; q < 16; ++q) blocks[i * 16 + q] = static_cast<uint8_t>(codes[2 * q] | (codes[2 * q + 1] << 4));
       }
     w.add(name + ".weight_blocks", "U8", {n, nb, 16}, std::move(blocks));
@@ -458,15 +394,8 @@ struct Writer {
 
 void KimiModel::save(const std::string& dir) const {
   namespace fs = std::filesystem;
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) fail("cannot create directory '{}': {}", dir, ec.message());
   const KimiConfig& c = cfg_;
-  {
-    std::ofstream f(fs::path(dir) / "config.json");
-    if (!f) fail("cannot write '{}/config.json'", dir);
-    f << kimi_config_to_json(c);
-  }
+  write_checkpoint_config(dir, kimi_config_to_json(c));
   Writer W;
   const int64_t KD = c.kda_key_dim(), D = c.kda_head_dim, K = c.conv_kernel;
   W.mat("model.embed_tokens.weight", tok_embd_);
@@ -553,13 +482,6 @@ struct Loader {
     if (t->shape != shape) fail("{}: tensor '{}' has shape {}, expected {}", st.path(), name, shape_str(t->shape), shape_str(shape));
     return *t;
   }
-  static bool keep_type(const std::string& d, DType& out) {
-    if (d == "F32") out = DType::F32;
-    else if (d == "F16") out = DType::F16;
-    else if (d == "BF16") out = DType::BF16;
-    else return false;
-    return true;
-  }
   // Several 2-D tensors [rows_i][cols] stacked into one matrix; kept in their
   // float type when they share one of F32/F16/BF16, else converted to F32.
   struct Piece {
@@ -568,11 +490,11 @@ struct Loader {
   };
   MatView stack(const std::vector<Piece>& pieces) {
     const int64_t cols = pieces[0].t->shape.back();
-    DType dt = DType::F32;
-    bool keep = keep_type(pieces[0].t->dtype, dt);
+    const std::optional<DType> first = safetensors_float_format(pieces[0].t->dtype);
+    DType dt = first.value_or(DType::F32);
+    bool keep = first.has_value();
     for (const auto& p : pieces) {
-      DType d2;
-      if (!keep_type(p.t->dtype, d2) || d2 != dt) keep = false;
+      if (safetensors_float_format(p.t->dtype) != first) keep = false;
       if (p.t->dtype.rfind("F", 0) != 0 && p.t->dtype != "BF16")
         fail("{}: tensor '{}' has dtype {}; expected a float type", st.path(), p.t->name, p.t->dtype);
     }
@@ -642,7 +564,7 @@ struct Loader {
           codes[2 * q] = byte & 0x0f;
           codes[2 * q + 1] = byte >> 4;
         }
-        codes_block(DType::MXFP4, scales.data[i], codes, out + static_cast<size_t>(r) * dst.row_bytes + static_cast<size_t>(b) * bb);
+        mx_codes_block(DType::MXFP4, scales.data[i], codes, out + static_cast<size_t>(r) * dst.row_bytes + static_cast<size_t>(b) * bb);
       }
   }
 };
@@ -785,23 +707,6 @@ std::unique_ptr<KimiModel> KimiModel::load_checkpoint(const std::string& dir, co
     m->layers_.push_back(std::move(L));
   }
   return m;
-}
-
-KVCache KimiModel::make_cache(int n_ctx) const {
-  if (n_ctx <= 0) fail("context size must be positive, got {}", n_ctx);
-  KVCache kv;
-  kv.n_ctx = n_ctx;
-  kv.n_layer = cfg_.n_mla_layers();
-  kv.kv_dim = static_cast<int>(cfg_.mla_n_head * cfg_.mla_k_dim());
-  kv.v_dim = cfg_.mla_n_head * cfg_.v_head_dim;
-  kv.k.assign(static_cast<size_t>(kv.n_layer) * n_ctx * kv.kv_dim, 0.f);
-  kv.v.assign(static_cast<size_t>(kv.n_layer) * n_ctx * kv.v_dim, 0.f);
-  return kv;
-}
-
-RecurrentState KimiModel::make_state() const {
-  return RecurrentState(cfg_.n_kda_layers(), static_cast<int>(cfg_.kda_conv_dim()), cfg_.conv_kernel - 1,
-                        cfg_.kda_n_head, cfg_.kda_head_dim, cfg_.kda_head_dim);
 }
 
 // ---------------------------------------------------------------------------
@@ -1029,6 +934,84 @@ DecodeProgram build_kimi_program(const KimiModel& model, int max_rows) {
   p.logits_slot = logits;
   p.verify();
   return p;
+}
+
+// ---------------------------------------------------------------------------
+// The architecture (model/architecture.h).
+
+namespace {
+
+class KimiArchModel final : public ArchModel {
+ public:
+  explicit KimiArchModel(std::unique_ptr<KimiModel> m) : m_(std::move(m)) {}
+  DecodeProgram build_program(int max_rows) const override { return build_kimi_program(*m_, max_rows); }
+  int n_vocab() const override { return m_->config().vocab; }
+  std::string description() const override {
+    const KimiConfig& c = m_->config();
+    return fmt::format("kimi-k3 (KDA + gated MLA, latent MoE): {} layers, hidden {}, {} experts top-{}, vocab {} ({:.1f} "
+                       "MB read per step)",
+                       c.n_layer, c.hidden, c.n_expert, c.n_expert_used, c.vocab, build_program(1).weight_bytes() / 1e6);
+  }
+
+ private:
+  std::unique_ptr<KimiModel> m_;
+};
+
+// The experts' format flag: mxfp4 as stored, or fp8_e4m3 re-blocked from it.
+bool fp8_experts(const std::optional<DType>& experts) {
+  if (!experts) return false;
+  if (*experts == DType::FP8_E4M3) return true;
+  if (*experts != DType::MXFP4)
+    fail("--experts: Kimi K3 experts are mxfp4, or fp8_e4m3 re-blocked from them; got {}", dtype_traits(*experts).name);
+  return false;
+}
+
+class KimiArchitecture final : public Architecture {
+ public:
+  std::string name() const override { return "kimi-k3"; }
+  std::vector<std::string> presets() const override {
+    std::vector<std::string> v;
+    for (const auto& c : kimi_presets()) v.push_back(c.name);
+    return v;
+  }
+  bool runnable(const std::string& preset) const override { return preset != "kimi-k3"; }
+  std::vector<std::string> hf_model_types() const override { return {"kimi_k3"}; }
+  std::unique_ptr<ArchModel> synthetic(const std::string& preset, const ModelOptions& o) const override {
+    if (!runnable(preset)) fail_full_size(preset, 1560);
+    KimiWeightOptions k;
+    if (o.weights) k.dense = *o.weights;
+    k.fp8_experts = fp8_experts(o.experts);
+    return std::make_unique<KimiArchModel>(KimiModel::synthetic(*find_kimi_preset(preset), o.seed, k));
+  }
+  std::unique_ptr<ArchModel> load_dir(const std::string& dir, const ModelOptions& o) const override {
+    if (o.weights) fail("{}: a Kimi K3 checkpoint keeps the dense format it was written in (drop --weights)", dir);
+    KimiWeightOptions k;
+    k.fp8_experts = fp8_experts(o.experts);
+    return std::make_unique<KimiArchModel>(KimiModel::load(dir, k));
+  }
+  void generate(const std::string& preset, const GenOptions& o, const std::string& dir) const override {
+    if (!runnable(preset))
+      fail("--config {}: ~1.5 TB of weights is too large to generate; use a mini or bench preset", preset);
+    KimiWeightOptions k;
+    k.dense = o.weights.value_or(DType::BF16);
+    const DType ex = o.experts.value_or(DType::MXFP4);
+    if (ex != DType::MXFP4 && ex != DType::FP8_E4M3) fail("--experts: Kimi K3 experts are mxfp4 or fp8_e4m3");
+    k.fp8_experts = ex == DType::FP8_E4M3;
+    KimiModel::synthetic(*find_kimi_preset(preset), o.seed, k)->save(dir);
+  }
+  std::string describe(const std::string& preset) const override { return megakern::describe(*find_kimi_preset(preset)); }
+  std::unique_ptr<ArchModel> shapes_only(const std::string& preset) const override {
+    KimiWeightOptions k;
+    k.shapes_only = true;
+    return std::make_unique<KimiArchModel>(KimiModel::synthetic(*find_kimi_preset(preset), 0, k));
+  }
+};
+
+}  // namespace
+
+const Architecture& kimi_architecture() {
+  static const KimiArchitecture a;
+  return a;
 }
 
 }  // namespace megakern

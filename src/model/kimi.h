@@ -58,11 +58,9 @@
 #include <string>
 #include <vector>
 
-#include "exec/recurrent_kernels.h"
 #include "ir/expert_bank.h"
 #include "ir/program.h"
 #include "kernels/cpu/matmul.h"
-#include "model/dense.h"
 #include "model/kimi_config.h"
 
 namespace megakern {
@@ -140,8 +138,6 @@ class KimiModel {
 
   const KimiConfig& config() const { return cfg_; }
   int n_vocab() const { return cfg_.vocab; }
-  KVCache make_cache(int n_ctx) const;
-  RecurrentState make_state() const;
 
   const MatView& tok_embd() const { return tok_embd_; }
   const MatView& lm_head() const { return lm_head_; }

@@ -12,10 +12,12 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "model/architecture.h"
 #include "core/rng.h"
 #include "core/units.h"
 #include "ops/norm.h"
 #include "io/safetensors.h"
+#include "io/safetensors_writer.h"
 
 namespace megakern {
 
@@ -30,12 +32,8 @@ DType format_of(const MuseTensor& t, DType dense, DType experts) {
 
 // The safetensors dtype a format is stored as, "U8" for the block formats.
 std::string st_dtype(DType d) {
-  switch (d) {
-    case DType::F32: return "F32";
-    case DType::F16: return "F16";
-    case DType::BF16: return "BF16";
-    default: return "U8";
-  }
+  const char* f = safetensors_float_dtype(d);
+  return f ? f : "U8";
 }
 
 // Stored shape: the logical one, or with the last dimension in bytes.
@@ -247,8 +245,6 @@ void MuseModel::bind() {
 }
 
 void MuseModel::save(const std::string& dir) const {
-  namespace fs = std::filesystem;
-  fs::create_directories(dir);
   const MuseConfig& c = cfg_;
   nlohmann::json cj = {{"model_type", "muse_spark"},
                        {"name", c.name},
@@ -276,36 +272,17 @@ void MuseModel::save(const std::string& dir) const {
                        {"logit_cap", c.logit_cap},
                        {"dense_format", dtype_traits(dense_).name},
                        {"expert_format", dtype_traits(expert_).name}};
-  {
-    std::ofstream f(fs::path(dir) / "config.json");
-    f << cj.dump(2) << "\n";
-    if (!f) fail("{}: cannot write config.json", dir);
-  }
-  // safetensors: tensors back to back in muse_tensors order; every size is a
-  // multiple of 4 (all widths are multiples of 128), and the header is padded
-  // so the data starts 8-aligned, so every tensor is aligned for its dtype.
-  const std::vector<MuseTensor> ts = muse_tensors(c);
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  header["__metadata__"] = {{"format", "muse_spark"}};
-  size_t off = 0;
-  for (const auto& t : ts) {
+  write_checkpoint_config(dir, cj.dump(2) + "\n");
+  // Tensors back to back in muse_tensors order; every size is a multiple of 4
+  // (all widths are multiples of 128), so every tensor is aligned for its dtype.
+  SafetensorsWriter w;
+  for (const auto& t : muse_tensors(c)) {
     const DType d = format_of(t, dense_, expert_);
-    const size_t n = stored_bytes(t, d);
-    header[t.name] = {{"dtype", st_dtype(d)}, {"shape", stored_shape(t, d)}, {"data_offsets", {off, off + n}}};
-    off += n;
+    const uint8_t* data = tensor_data_.at(t.name);
+    w.add(t.name, st_dtype(d), stored_shape(t, d), std::vector<uint8_t>(data, data + stored_bytes(t, d)));
   }
-  std::string h = header.dump();
-  while ((8 + h.size()) % 8 != 0) h += ' ';
-  const fs::path path = fs::path(dir) / "model.safetensors";
-  std::ofstream out(path, std::ios::binary);
-  const uint64_t hn = h.size();
-  out.write(reinterpret_cast<const char*>(&hn), 8);
-  out.write(h.data(), static_cast<std::streamsize>(h.size()));
-  for (const auto& t : ts) {
-    const DType d = format_of(t, dense_, expert_);
-    out.write(reinterpret_cast<const char*>(tensor_data_.at(t.name)), static_cast<std::streamsize>(stored_bytes(t, d)));
-  }
-  if (!out) fail("{}: write failed", path.string());
+  w.set_metadata("format", "muse_spark");
+  w.write(dir + "/model.safetensors");
 }
 
 std::unique_ptr<MuseModel> MuseModel::load(const std::string& dir) {
@@ -376,21 +353,6 @@ std::unique_ptr<MuseModel> MuseModel::load(const std::string& dir) {
   }
   m->bind();
   return m;
-}
-
-KVCache MuseModel::make_cache(int n_ctx, int max_block, bool ring) const {
-  if (n_ctx <= 0) fail("context size must be positive, got {}", n_ctx);
-  if (max_block < 1) fail("max_block must be positive, got {}", max_block);
-  KVCache c;
-  c.n_ctx = n_ctx;
-  c.n_layer = cfg_.n_layer;
-  c.kv_dim = static_cast<int>(cfg_.kv_dim());
-  std::vector<int> lens(static_cast<size_t>(cfg_.n_layer), 0);
-  if (ring)
-    for (int l = 0; l < cfg_.n_layer; ++l)
-      if (!cfg_.is_full_attention(l)) lens[static_cast<size_t>(l)] = cfg_.window + max_block - 1;
-  c.init_rings(lens);
-  return c;
 }
 
 DecodeProgram build_muse_program(const MuseModel& model, int max_rows) {
@@ -502,6 +464,74 @@ DecodeProgram build_muse_program(const MuseModel& model, int max_rows) {
   p.logits_slot = logits;
   p.verify();
   return p;
+}
+
+// ---------------------------------------------------------------------------
+// The architecture (model/architecture.h).
+
+namespace {
+
+class MuseArchModel final : public ArchModel {
+ public:
+  explicit MuseArchModel(std::unique_ptr<MuseModel> m) : m_(std::move(m)) {}
+  DecodeProgram build_program(int max_rows) const override { return build_muse_program(*m_, max_rows); }
+  int n_vocab() const override { return m_->config().vocab; }
+  // Windowed layers keep window + 63 positions: enough for steps of up to 64
+  // rows of one sequence (build_muse_program's largest).
+  int ring_block() const override { return 64; }
+  std::string description() const override {
+    const MuseConfig& c = m_->config();
+    return fmt::format(
+        "muse-spark (MoE, sliding-window + NoPE attention): {} layers, hidden {}, {} experts top-{}, vocab {}, dense "
+        "{}, experts {} ({:.1f} MB read per step)",
+        c.n_layer, c.hidden, c.n_expert, c.top_k, c.vocab, dtype_traits(m_->dense_format()).name,
+        dtype_traits(m_->expert_format()).name, build_program(1).weight_bytes() / 1e6);
+  }
+  const MuseModel& model() const { return *m_; }
+
+ private:
+  std::unique_ptr<MuseModel> m_;
+};
+
+class MuseArchitecture final : public Architecture {
+ public:
+  std::string name() const override { return "muse-spark"; }
+  std::vector<std::string> presets() const override {
+    std::vector<std::string> v;
+    for (const auto& c : muse_presets()) v.push_back(c.name);
+    return v;
+  }
+  bool runnable(const std::string& preset) const override { return preset != "muse-spark-1.2"; }
+  std::vector<std::string> hf_model_types() const override { return {"muse_spark"}; }
+  std::unique_ptr<ArchModel> synthetic(const std::string& preset, const ModelOptions& o) const override {
+    if (!runnable(preset)) fail_full_size(preset, 446.5);
+    return std::make_unique<MuseArchModel>(MuseModel::synthetic(*find_muse_preset(preset), o.seed,
+                                                                o.weights.value_or(DType::BF16),
+                                                                o.experts.value_or(DType::INT4_G128)));
+  }
+  std::unique_ptr<ArchModel> load_dir(const std::string& dir, const ModelOptions& o) const override {
+    if (o.weights) fail("{}: a Muse Spark checkpoint keeps the formats it was written in (drop --weights)", dir);
+    return std::make_unique<MuseArchModel>(MuseModel::load(dir));
+  }
+  void generate(const std::string& preset, const GenOptions& o, const std::string& dir) const override {
+    if (!runnable(preset))
+      fail("--config {}: ~454 GB of weights (bf16 dense, int4 experts) is too large to generate; use a mini or bench preset", preset);
+    const auto model = MuseModel::synthetic(*find_muse_preset(preset), o.seed, o.weights.value_or(DType::BF16),
+                                            o.experts.value_or(DType::INT4_G128));
+    if (o.layout == "reference")
+      model->save_reference(dir);
+    else
+      model->save(dir);
+  }
+  bool writes_reference_layout() const override { return true; }
+  std::string describe(const std::string& preset) const override { return megakern::describe(*find_muse_preset(preset)); }
+};
+
+}  // namespace
+
+const Architecture& muse_architecture() {
+  static const MuseArchitecture a;
+  return a;
 }
 
 }  // namespace megakern

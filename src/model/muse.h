@@ -33,8 +33,9 @@
 // Vectors and the router are F32.
 //
 // Per-sequence state is a KVCache over all layers; the windowed layers are
-// ring buffers of window + max_block - 1 positions (make_cache), so a long
-// sequence grows only in the full-attention layers.
+// ring buffers of window + max_block - 1 positions (make_sequence_state with
+// ring_block = max_block), so a long sequence grows only in the
+// full-attention layers.
 #pragma once
 
 #include <cstdint>
@@ -47,7 +48,6 @@
 #include "ir/expert_bank.h"
 #include "ir/program.h"
 #include "kernels/cpu/matmul.h"
-#include "model/dense.h"
 #include "model/muse_config.h"
 
 namespace megakern {
@@ -121,10 +121,6 @@ class MuseModel {
   DType dense_format() const { return dense_; }
   DType expert_format() const { return expert_; }
   int n_vocab() const { return cfg_.vocab; }
-  // KV cache for n_ctx positions. With ring (the default) the windowed layers
-  // keep window + max_block - 1 positions, enough for steps whose rows of one
-  // sequence number at most max_block; ring = false keeps every position.
-  KVCache make_cache(int n_ctx, int max_block = 64, bool ring = true) const;
 
   const MatView& tok_embd() const { return embed_; }
   const MatView& lm_head() const { return lm_head_; }

@@ -239,9 +239,6 @@ std::unique_ptr<MuseModel> MuseModel::load_reference(const std::string& dir, con
 
 void MuseModel::save_reference(const std::string& dir) const {
   namespace fs = std::filesystem;
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) fail("cannot create directory '{}': {}", dir, ec.message());
   const MuseConfig& c = cfg_;
   nlohmann::json layer_types = nlohmann::json::array(), thetas = nlohmann::json::array(),
                  mlp = nlohmann::json::array();
@@ -285,11 +282,7 @@ void MuseModel::save_reference(const std::string& dir) const {
       {"bos_token_id", 200000},
       {"eos_token_id", 200001},
       {"pad_token_id", 200018}};
-  {
-    std::ofstream f(fs::path(dir) / "config.json");
-    f << nlohmann::json({{"name", c.name}, {"text_config", text}}).dump(2) << "\n";
-    if (!f) fail("{}: cannot write config.json", dir);
-  }
+  write_checkpoint_config(dir, nlohmann::json({{"name", c.name}, {"text_config", text}}).dump(2) + "\n");
   SafetensorsWriter w;
   auto vec = [&](const std::string& name, const std::vector<float>& v, bool zero_centred) {
     std::vector<float> out = v;

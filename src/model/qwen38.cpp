@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "model/architecture.h"
 #include "io/hf_config.h"
 #include "io/safetensors.h"
 #include "io/safetensors_writer.h"
@@ -19,17 +20,6 @@
 namespace megakern {
 
 Qwen38Model::~Qwen38Model() = default;
-
-namespace {
-
-bool view_dtype(const std::string& d, DType& out, size_t& elem) {
-  if (d == "F32") { out = DType::F32; elem = 4; return true; }
-  if (d == "F16") { out = DType::F16; elem = 2; return true; }
-  if (d == "BF16") { out = DType::BF16; elem = 2; return true; }
-  return false;
-}
-
-}  // namespace
 
 struct Qwen38Loader {
   Qwen38Model& m;
@@ -56,13 +46,12 @@ struct Qwen38Loader {
   };
   MatView stack(const std::vector<Piece>& pieces) {
     const int64_t cols = pieces[0].t->shape[1];
-    DType dt = DType::F32;
-    size_t elem = 4;
-    bool keep = view_dtype(pieces[0].t->dtype, dt, elem);
+    const std::optional<DType> first = safetensors_float_format(pieces[0].t->dtype);
+    DType dt = first.value_or(DType::F32);
+    size_t elem = first ? dtype_traits(dt).block_bytes : 4;
+    bool keep = first.has_value();
     for (const auto& p : pieces) {
-      DType d2;
-      size_t e2;
-      if (!view_dtype(p.t->dtype, d2, e2) || d2 != dt) keep = false;
+      if (safetensors_float_format(p.t->dtype) != first) keep = false;
       MK_CHECK(p.t->shape.size() == 2 && p.t->shape[1] == cols, "stacked pieces must share their width");
     }
     if (!keep) {
@@ -181,9 +170,7 @@ std::unique_ptr<Qwen38Model> Qwen38Model::load_from(std::unique_ptr<Qwen38Model>
     if (f->shape != t.shape)
       fail("{}: tensor '{}' has shape {}, expected {} for config {}", st.path(), t.name, shape_str(f->shape),
            shape_str(t.shape), config_name);
-    DType d;
-    size_t e;
-    if (t.matrix && !view_dtype(f->dtype, d, e) && f->dtype != "F64" && f->dtype.rfind("F8", 0) != 0)
+    if (t.matrix && !safetensors_float_format(f->dtype) && f->dtype != "F64" && f->dtype.rfind("F8", 0) != 0)
       fail("{}: tensor '{}' has dtype {}; expected a float type (F32, F16, BF16)", st.path(), t.name, f->dtype);
   }
 
@@ -238,23 +225,6 @@ std::unique_ptr<Qwen38Model> Qwen38Model::load_from(std::unique_ptr<Qwen38Model>
     m->layers_.push_back(std::move(Ly));
   }
   return m;
-}
-
-KVCache Qwen38Model::make_cache(int n_ctx) const {
-  KVCache c;
-  if (n_ctx <= 0) fail("context size must be positive, got {}", n_ctx);
-  c.n_ctx = n_ctx;
-  c.n_layer = n_attention_layers();
-  c.kv_dim = cfg_.n_head_kv * cfg_.head_dim;
-  const size_t n = static_cast<size_t>(n_attention_layers()) * static_cast<size_t>(n_ctx) * c.kv_dim;
-  c.k.assign(n, 0.f);
-  c.v.assign(n, 0.f);
-  return c;
-}
-
-RecurrentState Qwen38Model::make_state() const {
-  return RecurrentState(n_deltanet_layers(), static_cast<int>(cfg_.la_conv_dim()), cfg_.conv_kernel - 1,
-                        cfg_.la_n_v_heads, cfg_.la_v_head_dim, cfg_.la_k_head_dim);
 }
 
 DecodeProgram build_qwen38_program(const Qwen38Model& model, int max_rows) {
@@ -430,12 +400,67 @@ std::vector<SafetensorsOut> qwen38_synthetic_tensors(const Qwen38Config& c, uint
 }
 
 void write_qwen38_synthetic(const Qwen38Config& c, uint64_t seed, const std::string& dir) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) fail("cannot create directory '{}': {}", dir, ec.message());
+  write_checkpoint_config(dir, qwen38_hf_config_json(c));
   write_safetensors(dir + "/model.safetensors", qwen38_synthetic_tensors(c, seed),
                     {{"format", "pt"}, {"megakern.synthetic_seed", std::to_string(seed)}, {"megakern.preset", c.name}});
-  write_file_atomic(dir + "/config.json", qwen38_hf_config_json(c));
+}
+
+// ---------------------------------------------------------------------------
+// The architecture (model/architecture.h).
+
+namespace {
+
+class Qwen38ArchModel final : public ArchModel {
+ public:
+  explicit Qwen38ArchModel(std::unique_ptr<Qwen38Model> m) : m_(std::move(m)) {}
+  DecodeProgram build_program(int max_rows) const override { return build_qwen38_program(*m_, max_rows); }
+  int n_vocab() const override { return m_->config().vocab; }
+  std::string description() const override {
+    const Qwen38Config& c = m_->config();
+    return fmt::format("qwen3.8 (Gated DeltaNet + gated attention): {} layers, hidden {}, vocab {}, {} ({:.1f} MB "
+                       "read per step)",
+                       c.n_layer, c.hidden, c.vocab, dtype_traits(m_->layers()[0].w_up.type).name,
+                       build_program(1).weight_bytes() / 1e6);
+  }
+
+ private:
+  std::unique_ptr<Qwen38Model> m_;
+};
+
+class Qwen38Architecture final : public Architecture {
+ public:
+  std::string name() const override { return "qwen3.8"; }
+  std::vector<std::string> presets() const override {
+    std::vector<std::string> v;
+    for (const auto& c : qwen38_presets()) v.push_back(c.name);
+    return v;
+  }
+  bool runnable(const std::string& preset) const override { return preset != "qwen3.8-27b"; }
+  std::vector<std::string> hf_model_types() const override { return {"qwen3_5_text", "qwen3_5"}; }
+  std::unique_ptr<ArchModel> synthetic(const std::string& preset, const ModelOptions& o) const override {
+    const Qwen38Config& c = *find_qwen38_preset(preset);
+    if (!runnable(preset)) fail_full_size(preset, weight_bytes_total(c, DType::BF16) / 1e9);
+    return std::make_unique<Qwen38ArchModel>(Qwen38Model::synthetic(c, o.seed, o.weights));
+  }
+  std::unique_ptr<ArchModel> load_dir(const std::string& dir, const ModelOptions& o) const override {
+    return std::make_unique<Qwen38ArchModel>(Qwen38Model::load(dir, o.weights));
+  }
+  void generate(const std::string& preset, const GenOptions& o, const std::string& dir) const override {
+    const Qwen38Config& c = *find_qwen38_preset(preset);
+    const double gb = static_cast<double>(weight_bytes_total(c, DType::BF16)) / 1e9;
+    if (gb > 8) fail("--config {}: {:.0f} GB of bf16 weights is too large to generate; use a mini or bench preset", preset, gb);
+    if (o.weights || o.experts)
+      fail("--config {}: the checkpoint is written in bf16 (convert at load with --weights)", preset);
+    write_qwen38_synthetic(c, o.seed, dir);
+  }
+  std::string describe(const std::string& preset) const override { return megakern::describe(*find_qwen38_preset(preset)); }
+};
+
+}  // namespace
+
+const Architecture& qwen38_architecture() {
+  static const Qwen38Architecture a;
+  return a;
 }
 
 }  // namespace megakern

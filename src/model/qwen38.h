@@ -27,10 +27,8 @@
 #include <string>
 #include <vector>
 
-#include "exec/recurrent_kernels.h"
 #include "ir/program.h"
 #include "kernels/cpu/matmul.h"
-#include "model/dense.h"
 #include "model/qwen38_config.h"
 
 namespace megakern {
@@ -80,9 +78,6 @@ class Qwen38Model {
   const Qwen38Config& config() const { return cfg_; }
   int n_attention_layers() const { return cfg_.n_full_attention_layers(); }
   int n_deltanet_layers() const { return cfg_.n_deltanet_layers(); }
-  // K/V of the full-attention layers only.
-  KVCache make_cache(int n_ctx) const;
-  RecurrentState make_state() const;
 
   const MatView& tok_embd() const { return tok_embd_; }
   const MatView& lm_head() const { return lm_head_; }
@@ -122,7 +117,7 @@ void write_qwen38_synthetic(const Qwen38Config& c, uint64_t seed, const std::str
 // The decode step: embedding; per layer zero-centred input norm, the mixer
 // (gated attention at l % 4 == 3, else Gated DeltaNet), residual,
 // post-attention norm, SwiGLU MLP, residual; final norm; untied LM head.
-// The program is `recurrent`: rows need a RecurrentState from make_state().
+// The program is `recurrent`: rows need a RecurrentState (make_sequence_state).
 DecodeProgram build_qwen38_program(const Qwen38Model& model, int max_rows);
 
 }  // namespace megakern

@@ -25,29 +25,15 @@
 #include "core/dtype.h"
 #include "core/numerics.h"
 #include "exec/executor.h"
-#include "exec/recurrent_kernels.h"
+#include "exec/sequence_state.h"
 #include "ir/program.h"
-#include "model/dense.h"
+#include "model/architecture.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
 namespace megakern {
 
 class ThreadPool;
-
-// Everything one sequence carries between steps.
-struct SequenceState {
-  KVCache cache;
-  RecurrentState state;    // empty unless the model is recurrent
-  bool recurrent = false;
-  int n_ctx() const { return cache.n_ctx; }
-  RowInput row(int32_t token, int32_t pos) { return {token, pos, &cache, recurrent ? &state : nullptr}; }
-  // Forgets the sequence: recurrent state back to zero (KV entries are
-  // simply overwritten by later positions).
-  void clear() {
-    if (recurrent) state.reset();
-  }
-};
 
 class Model {
  public:
@@ -60,7 +46,7 @@ class Model {
   // The longest context the model was trained for (0 when unknown).
   int train_context() const { return train_ctx_; }
   // Whether rows carry recurrent state (a sequence's state cannot be rewound).
-  bool recurrent() const { return recurrent_; }
+  bool recurrent() const { return shape_.recurrent; }
 
   // The model's decode program for steps of up to max_rows rows, in the
   // model's numerics mode.
@@ -73,7 +59,9 @@ class Model {
   // program and prompt pass of this model uses it.
   Numerics numerics() const { return numerics_; }
   void set_numerics(Numerics n) { numerics_ = n; }
-  virtual SequenceState new_sequence(int n_ctx) const = 0;
+  // The zeroed state of a new sequence of up to n_ctx positions, shaped by
+  // the model's program (exec/sequence_state.h).
+  SequenceState new_sequence(int n_ctx) const { return make_sequence_state(shape_, n_ctx, ring_block_); }
   // A batched prompt pass (dense models): computes tokens[0..n) of seq at
   // positions pos0.., writing the logits of the last one. Returns false when
   // the model has none; the engine then prefills with executor steps.
@@ -97,27 +85,22 @@ class Model {
 
  protected:
   virtual DecodeProgram build_program_for(int max_rows) const = 0;
+  // Sets the shape of new sequences from the model's program; ring_block > 0
+  // makes windowed attention layers rings (make_sequence_state).
+  void set_sequence_shape(int ring_block = 0) {
+    shape_ = sequence_shape(build_program_for(1));
+    ring_block_ = ring_block;
+  }
 
   std::string name_, description_;
   int n_vocab_ = 0;
   int train_ctx_ = 0;
-  bool recurrent_ = false;
   std::unique_ptr<Tokenizer> tokenizer_;
   ChatFormat chat_;
   bool chat_declared_ = false;
   Numerics numerics_ = Numerics::Exact;
-};
-
-struct ModelOptions {
-  // Convert every weight matrix to this format at load (checkpoint
-  // directories and synthetic presets; GGUF files and dense presets keep
-  // their formats, or are dequantised to f32 when this is F32).
-  // For MoE presets: this is the dense format, and `experts` the routed
-  // experts' (defaults bf16 and int4_g128 for Muse Spark).
-  std::optional<DType> weights;
-  std::optional<DType> experts;
-  uint64_t seed = 1;  // synthetic presets
-  Numerics numerics = Numerics::Exact;  // activation quantisation (core/numerics.h)
+  SequenceShape shape_;
+  int ring_block_ = 0;
 };
 
 // Throws megakern::Error naming what could not be found or read.

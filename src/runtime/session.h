@@ -8,7 +8,6 @@
 
 #include "exec/executor.h"
 #include "ir/program.h"
-#include "model/dense.h"
 #include "runtime/model.h"
 
 namespace megakern {

@@ -5,23 +5,12 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "core/mat_view.h"
 #include "core/numerics.h"
 
 namespace megakern {
 
 class ThreadPool;
-
-// A row-major weight matrix [rows][cols]: row j holds the cols input weights of
-// output j, stored contiguously in `type` (row_bytes bytes per row). This is
-// GGUF's layout for a tensor of shape {cols, rows}.
-struct MatView {
-  DType type = DType::F32;
-  int64_t cols = 0;
-  int64_t rows = 0;
-  const uint8_t* data = nullptr;
-  size_t row_bytes = 0;
-  const uint8_t* row(int64_t j) const { return data + static_cast<size_t>(j) * row_bytes; }
-};
 
 // Y[t][j] = sum_i W[j][i] * X[t][i] for t < n_x and j in [row_begin, row_end).
 // X is [n_x][W.cols], Y is [n_x][ldy]. Each output is computed the same way

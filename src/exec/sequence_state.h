@@ -1,0 +1,150 @@
+// Per-sequence state: everything one sequence carries between decode steps,
+// whatever its architecture. The KV cache of its attention layers, the
+// recurrent state (conv windows and delta-rule S) of its recurrent layers,
+// both sized from the model's DecodeProgram (sequence_shape) and made by one
+// factory (make_sequence_state). Executors read and write it through the
+// rows of a step (RowInput); the runtime owns one per sequence.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "core/zeroed_buffer.h"
+
+namespace megakern {
+
+struct DecodeProgram;
+
+// Keys and values of one sequence: [n_layer][n_ctx][kv_dim] each (n_layer
+// counts the attention layers, Op::cache_index). V may be narrower than K
+// (MLA): v_dim floats per position then (0: kv_dim), laid out as K with v_dim
+// in place of kv_dim.
+//
+// Optionally some layers are ring buffers (sliding-window attention): when
+// `ring` is non-empty, layer l keeps only its last ring[l] positions
+// (0: all n_ctx), position p living in slot p % ring[l], and the layers are
+// packed back to back (`layer_offset`, in floats). init_rings() sets this up.
+struct KVCache {
+  int n_ctx = 0;
+  int n_layer = 0;
+  int kv_dim = 0;
+  int v_dim = 0;
+  // Zeroed, committed as positions are written (see ZeroedBuffer).
+  ZeroedBuffer<float> k, v;
+  int v_width() const { return v_dim > 0 ? v_dim : kv_dim; }
+  std::vector<int> ring;             // [n_layer] or empty
+  std::vector<size_t> layer_offset;  // [n_layer + 1] when ring is set
+  float* k_at(int layer, int pos) { return k.data() + offset(layer, pos); }
+  float* v_at(int layer, int pos) { return v.data() + v_offset(offset(layer, pos)); }
+  // A K offset (a multiple of kv_dim) as the matching V offset.
+  size_t v_offset(size_t k_offset) const {
+    return v_dim > 0 ? k_offset / static_cast<size_t>(kv_dim) * static_cast<size_t>(v_dim) : k_offset;
+  }
+  size_t offset(int layer, int pos) const {
+    if (ring.empty()) return (static_cast<size_t>(layer) * n_ctx + pos) * kv_dim;
+    const int len = ring[static_cast<size_t>(layer)];
+    return layer_offset[static_cast<size_t>(layer)] + static_cast<size_t>(len > 0 ? pos % len : pos) * kv_dim;
+  }
+  // Positions kept by a layer's ring (0 when the layer keeps all of them).
+  int ring_len(int layer) const { return ring.empty() ? 0 : ring[static_cast<size_t>(layer)]; }
+  // Floats of k that layers [0, n) occupy (of v: v_offset of it).
+  size_t floats_for(int n) const {
+    if (ring.empty()) return static_cast<size_t>(n) * static_cast<size_t>(n_ctx) * static_cast<size_t>(kv_dim);
+    return layer_offset[static_cast<size_t>(std::min(n, n_layer))];
+  }
+  // Makes layer l a ring of ring_lens[l] positions (0 or >= n_ctx: a plain
+  // layer of n_ctx) and allocates zeroed k and v.
+  void init_rings(const std::vector<int>& ring_lens);
+};
+
+// The recurrent state of one sequence, for n_layer recurrent layers (indexed
+// by Op::cache_index, not the model's layer number). All f32, zero at the
+// start of a sequence.
+//   conv: [n_layer][conv_hist][conv_dim], the conv_hist = kernel - 1 previous
+//         q|k|v conv inputs of each layer, oldest first (as transformers'
+//         conv cache without its current column, and reference.json's conv_window);
+//   S:    [n_layer][n_v_heads][v_dim][k_dim], row-major: S[h][i][j] couples value
+//         component i with key component j (the [v][k] orientation of the
+//         reference: o = S q, pred = S k; flash-linear-attention stores the transpose).
+//         KDA layers (Op::kda, Kimi K3) store their heads' S the other way,
+//         [k_dim][v_dim] (S[h][j][i], as flash-linear-attention), in the same
+//         space; their key and value widths are equal.
+// A row advances it by one token. A sequence's rows in one step (adjacent,
+// consecutive positions, one cache) either share one state, forming a block
+// that the first row's tiles compute in order (blocks of several tokens use
+// the chunked forms of the delta rule and KDA: prefill), or chain per-row
+// states through RowInput::state_in (a verify block keeping a snapshot per
+// row), whose recurrent tiles executors order along the chain (rows_chained).
+struct RecurrentState {
+  int n_layer = 0, conv_dim = 0, conv_hist = 0, n_v_heads = 0, v_dim = 0, k_dim = 0;
+  std::vector<float> conv, S;
+
+  RecurrentState() = default;
+  RecurrentState(int n_layer, int conv_dim, int conv_hist, int n_v_heads, int v_dim, int k_dim);
+  void reset();
+  float* conv_at(int layer) { return conv.data() + static_cast<size_t>(layer) * conv_hist * conv_dim; }
+  float* S_at(int layer, int head) {
+    return S.data() + (static_cast<size_t>(layer) * n_v_heads + head) * static_cast<size_t>(v_dim) * k_dim;
+  }
+  size_t bytes() const { return sizeof(float) * (conv.size() + S.size()); }
+};
+
+// What a program needs of a sequence's state, independent of its length.
+struct SequenceShape {
+  // KV cache: attention layers (StoreKV ops), their K and V widths, and the
+  // sliding window of each (0: attends to every position).
+  int kv_layers = 0, kv_dim = 0, v_dim = 0;
+  std::vector<int> window;  // [kv_layers]
+  // Recurrent state (0 layers: none).
+  int rec_layers = 0, conv_dim = 0, conv_hist = 0, n_v_heads = 0, rec_v_dim = 0, rec_k_dim = 0;
+  bool recurrent = false;
+};
+
+// The shape of the state that the program's StoreKV / Attention and
+// CausalConvSilu / DeltaRule ops read and write. Throws megakern::Error when
+// two recurrent ops disagree on the state's shape.
+SequenceShape sequence_shape(const DecodeProgram& program);
+
+// One row of a step: a token of some sequence at position pos, whose keys and
+// values go to (and are read from) `cache`. Programs with recurrent layers
+// (DecodeProgram::recurrent) also need the sequence's `state`, which the step
+// advances by one token per row of the sequence. A sequence's rows in one step
+// are adjacent and either share one `state` (a block computed in order, as in
+// prefill) or chain per-row states: each row writes its own `state` (the
+// snapshot after it) and starts from `state_in`, the previous row's `state`
+// (a speculative verify block, whose snapshots allow rollback).
+struct RowInput {
+  int32_t token = 0;
+  int32_t pos = 0;
+  KVCache* cache = nullptr;
+  RecurrentState* state = nullptr;
+  // The state this row starts from when it is not `state` itself (null: it
+  // advances `state` in place).
+  const RecurrentState* state_in = nullptr;
+};
+
+// Everything one sequence carries between steps.
+struct SequenceState {
+  KVCache cache;
+  RecurrentState state;  // empty unless the model is recurrent
+  bool recurrent = false;
+  int n_ctx() const { return cache.n_ctx; }
+  RowInput row(int32_t token, int32_t pos) { return {token, pos, &cache, recurrent ? &state : nullptr}; }
+  // Forgets the sequence: recurrent state back to zero (KV entries are
+  // simply overwritten by later positions).
+  void clear() {
+    if (recurrent) state.reset();
+  }
+};
+
+// The zeroed state of a sequence of up to n_ctx positions. With ring_block >
+// 0, every windowed attention layer is a ring of window + ring_block - 1
+// positions, enough for steps whose rows of one sequence number at most
+// ring_block; with 0 every layer keeps all n_ctx positions. Throws
+// megakern::Error for a non-positive n_ctx, or a cache that could never fit
+// in physical memory (naming the sizes).
+SequenceState make_sequence_state(const SequenceShape& shape, int n_ctx, int ring_block = 0);
+
+}  // namespace megakern

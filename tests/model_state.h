@@ -1,0 +1,31 @@
+// Per-sequence state for a model object in tests that drive executors
+// directly: the single factory (exec/sequence_state.h) applied to the shape of
+// the model's program.
+#pragma once
+
+#include "exec/sequence_state.h"
+#include "model/dense_program.h"
+#include "model/kimi.h"
+#include "model/muse.h"
+#include "model/qwen38.h"
+
+namespace megakern {
+
+inline DecodeProgram program_of(const DenseModel& m) { return build_dense_program(m, 1); }
+inline DecodeProgram program_of(const Qwen38Model& m) { return build_qwen38_program(m, 1); }
+inline DecodeProgram program_of(const KimiModel& m) { return build_kimi_program(m, 1); }
+inline DecodeProgram program_of(const MuseModel& m) { return build_muse_program(m, 1); }
+
+// The KV cache of a sequence of n_ctx positions (ring_block: see
+// make_sequence_state).
+template <class M>
+KVCache make_cache(const M& m, int n_ctx, int ring_block = 0) {
+  return make_sequence_state(sequence_shape(program_of(m)), n_ctx, ring_block).cache;
+}
+// The recurrent state of a sequence.
+template <class M>
+RecurrentState make_state(const M& m) {
+  return make_sequence_state(sequence_shape(program_of(m)), 1).state;
+}
+
+}  // namespace megakern
