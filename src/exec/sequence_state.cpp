@@ -48,19 +48,20 @@ SequenceShape sequence_shape(const DecodeProgram& p) {
       s.kv_layers = std::max(s.kv_layers, l + 1);
     } else if (op.kind == OpKind::Attention) {
       if (static_cast<int>(s.window.size()) <= l) s.window.resize(static_cast<size_t>(l) + 1, 0);
-      s.window[static_cast<size_t>(l)] = op.window;
+      s.window[static_cast<size_t>(l)] = op.as<ops::Attention>().window;
     } else if (op.kind == OpKind::CausalConvSilu) {
       s.rec_layers = std::max(s.rec_layers, l + 1);
       const int C = width(op.out);
       agree(s.conv_dim, C, op, "conv width");
-      agree(s.conv_hist, op.n_norm / C - 1, op, "conv history");
+      agree(s.conv_hist, static_cast<int>(op.as<ops::CausalConvSilu>().taps.size()) / C - 1, op, "conv history");
     } else if (op.kind == OpKind::DeltaRule) {
       s.rec_layers = std::max(s.rec_layers, l + 1);
       // The conv'd q|k|v input: n_head_kv key heads of q and of k, then the
       // n_head value heads.
-      const int Dk = (width(op.in) - op.n_head * op.head_dim) / (2 * op.n_head_kv);
-      agree(s.n_v_heads, op.n_head, op, "value head count");
-      agree(s.rec_v_dim, op.head_dim, op, "value head width");
+      const auto& d = op.as<ops::DeltaRule>();
+      const int Dk = (width(op.in) - d.n_head * d.head_dim) / (2 * d.n_head_kv);
+      agree(s.n_v_heads, d.n_head, op, "value head count");
+      agree(s.rec_v_dim, d.head_dim, op, "value head width");
       agree(s.rec_k_dim, Dk, op, "key head width");
     }
   }

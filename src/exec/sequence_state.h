@@ -18,7 +18,7 @@ namespace megakern {
 struct DecodeProgram;
 
 // Keys and values of one sequence: [n_layer][n_ctx][kv_dim] each (n_layer
-// counts the attention layers, Op::cache_index). V may be narrower than K
+// counts the attention layers, the ops' cache_index). V may be narrower than K
 // (MLA): v_dim floats per position then (0: kv_dim), laid out as K with v_dim
 // in place of kv_dim.
 //
@@ -60,7 +60,7 @@ struct KVCache {
 };
 
 // The recurrent state of one sequence, for n_layer recurrent layers (indexed
-// by Op::cache_index, not the model's layer number). All f32, zero at the
+// by the ops' cache_index, not the model's layer number). All f32, zero at the
 // start of a sequence.
 //   conv: [n_layer][conv_hist][conv_dim], the conv_hist = kernel - 1 previous
 //         q|k|v conv inputs of each layer, oldest first (as transformers'
@@ -68,7 +68,7 @@ struct KVCache {
 //   S:    [n_layer][n_v_heads][v_dim][k_dim], row-major: S[h][i][j] couples value
 //         component i with key component j (the [v][k] orientation of the
 //         reference: o = S q, pred = S k; flash-linear-attention stores the transpose).
-//         KDA layers (Op::kda, Kimi K3) store their heads' S the other way,
+//         KDA layers (ops::DeltaRule::kda, Kimi K3) store their heads' S the other way,
 //         [k_dim][v_dim] (S[h][j][i], as flash-linear-attention), in the same
 //         space; their key and value widths are equal.
 // A row advances it by one token. A sequence's rows in one step (adjacent,
