@@ -32,6 +32,12 @@ namespace {
 
 constexpr int kRows = 8;
 constexpr int kNT = 4;  // inputs per pass
+constexpr int64_t kActBytes = 128 * 1024;  // 8-bit activations per block of inputs
+
+// Pins a running sum to a register in program order: without it the
+// compiler re-balances the chains of additions into trees, which keeps every
+// product alive at once and spills them.
+#define MK_KEEP(v) __asm__("" : "+x"(v))
 
 inline __m256i ld(const void* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); }
 inline void st(void* p, __m256i v) { _mm256_store_si256(reinterpret_cast<__m256i*>(p), v); }
@@ -164,15 +170,18 @@ inline void isum32(const Tile32& T, int c, const int8_t* const q[NT], __m256i ou
       for (int i = 0; i < NT; ++i) {
         const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(bcast32(q[i] + 4 * g), w)), ones);
         acc[i] = g == 0 ? p : _mm256_add_epi32(acc[i], p);
+        MK_KEEP(acc[i]);
       }
     } else {
 #pragma GCC unroll 4
       for (int i = 0; i < NT; ++i) {
         const __m256i p = _mm256_maddubs_epi16(w, bcast32(q[i] + 4 * g));
         part[i] = g % F::kRun == 0 ? p : _mm256_add_epi16(part[i], p);
+        MK_KEEP(part[i]);
         if (g % F::kRun == F::kRun - 1) {
           const __m256i s = _mm256_madd_epi16(part[i], ones);
           acc[i] = g < F::kRun ? s : _mm256_add_epi32(acc[i], s);
+          MK_KEEP(acc[i]);
         }
       }
     }
@@ -180,22 +189,33 @@ inline void isum32(const Tile32& T, int c, const int8_t* const q[NT], __m256i ou
   for (int i = 0; i < NT; ++i) out[i] = acc[i];
 }
 
+// Inputs are addressed from the first one's row by fixed strides (qs bytes
+// of q, ds entries of the per-block arrays), so that the loop keeps its
+// pointers in registers instead of recomputing them from A.
+struct Rows8 {
+  const int8_t* q;       // first input's q at the chunk's first block
+  const float* d;        // dx of that block
+  const float* sx;       // sx (32-element blocks)
+  const int32_t* off;    // the offset term (32-element formats with unsigned codes)
+  const int16_t* s16;    // sums of 16 (K-quants)
+  const int16_t* sq;     // sums of 32 (Q4_K's mins)
+  int64_t qs, ds, s16s, sqs;
+};
+
 template <class F, int NT>
-void pass32(const Tile32& T, int kn, int64_t k0, const Q8Acts& A, const int32_t* off, int64_t t0, __m256* acc) {
-  const int8_t* q[NT];
+void pass32(const Tile32& T, int kn, const Rows8 R, __m256* acc) {
   for (int c = 0; c < kn; ++c) {
-    const int64_t k = k0 + c;
-    for (int i = 0; i < NT; ++i) q[i] = A.q_row(t0 + i) + 32 * k;
+    const int8_t* q[NT];
+    for (int i = 0; i < NT; ++i) q[i] = R.q + i * R.qs + 32 * c;
     __m256i is[NT];
     isum32<F, NT>(T, c, q, is);
     const __m256 s0 = _mm256_load_ps(T.s0[c]);
     for (int i = 0; i < NT; ++i) {
-      const int64_t t = t0 + i;
       __m256i v = is[i];
-      if constexpr (F::kOffset != 0) v = _mm256_sub_epi32(v, _mm256_set1_epi32(off[t * A.nb + k]));
-      __m256* a = acc + 2 * t + (c & 1);
-      __m256 x = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_mul_ps(s0, _mm256_set1_ps(A.d_row(t)[k])), *a);
-      if constexpr (F::kMin) x = _mm256_fmadd_ps(_mm256_load_ps(T.mn[c]), _mm256_set1_ps(A.sx_row(t)[k]), x);
+      if constexpr (F::kOffset != 0) v = _mm256_sub_epi32(v, _mm256_set1_epi32(R.off[i * R.ds + c]));
+      __m256* a = acc + 2 * i + (c & 1);
+      __m256 x = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_mul_ps(s0, _mm256_set1_ps(R.d[i * R.ds + c])), *a);
+      if constexpr (F::kMin) x = _mm256_fmadd_ps(_mm256_load_ps(T.mn[c]), _mm256_set1_ps(R.sx[i * R.ds + c]), x);
       *a = x;
     }
   }
@@ -311,17 +331,16 @@ struct R8Q6_K {
 // Per input and block: the sums of q over the eight 32-element groups as
 // int16 (Q4_K's mins).
 template <class F, int NT>
-void passK(const TileK& T, int kn, int64_t k0, const Q8Acts& A, const int16_t* sq, int64_t t0, __m256* acc) {
+void passK(const TileK& T, int kn, const Rows8 R, __m256* acc) {
   for (int c = 0; c < kn; ++c) {
-    const int64_t k = k0 + c;
     const int8_t* q[NT];
-    for (int i = 0; i < NT; ++i) q[i] = A.q_row(t0 + i) + 256 * k;
+    for (int i = 0; i < NT; ++i) q[i] = R.q + i * R.qs + 256 * c;
     __m256i is[NT];
     for (int i = 0; i < NT; ++i) {
       if constexpr (F::kMin) {
         is[i] = _mm256_setzero_si256();
       } else {  // -32 * sum_g sc_g * (sum of q over the 16 elements of g)
-        const int16_t* s16 = A.s16_row(t0 + i) + 16 * k;
+        const int16_t* s16 = R.s16 + i * R.s16s + 16 * c;
         __m256i v = _mm256_madd_epi16(ld(T.cv[c][0]), bcast32(s16));
         for (int h = 1; h < 8; ++h) v = _mm256_add_epi32(v, _mm256_madd_epi16(ld(T.cv[c][h]), bcast32(s16 + 2 * h)));
         is[i] = v;
@@ -338,9 +357,13 @@ void passK(const TileK& T, int kn, int64_t k0, const Q8Acts& A, const int16_t* s
           for (int i = 0; i < NT; ++i) {
             const __m256i p = _mm256_maddubs_epi16(w, bcast32(q[i] + 32 * j + 4 * g));
             part[i] = g == 0 ? p : _mm256_add_epi16(part[i], p);
+            MK_KEEP(part[i]);
           }
         }
-        for (int i = 0; i < NT; ++i) is[i] = _mm256_add_epi32(is[i], _mm256_madd_epi16(part[i], sc));
+        for (int i = 0; i < NT; ++i) {
+          is[i] = _mm256_add_epi32(is[i], _mm256_madd_epi16(part[i], sc));
+          MK_KEEP(is[i]);
+        }
       } else {
         const __m256i sc2 = ld(T.sc2[c][j]);
 #pragma GCC unroll 4
@@ -351,22 +374,22 @@ void passK(const TileK& T, int kn, int64_t k0, const Q8Acts& A, const int16_t* s
             const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(w0, bcast32(q[i] + 32 * j + 4 * g)),
                                                _mm256_maddubs_epi16(w1, bcast32(q[i] + 32 * j + 4 * g + 4)));
             is[i] = _mm256_add_epi32(is[i], _mm256_madd_epi16(p, g < 4 ? sc : sc2));
+            MK_KEEP(is[i]);
           }
         }
       }
     }
     const __m256 d = _mm256_load_ps(T.d[c]);
     for (int i = 0; i < NT; ++i) {
-      const int64_t t = t0 + i;
-      const __m256 dx = _mm256_set1_ps(A.d_row(t)[k]);
-      __m256 a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[i]), _mm256_mul_ps(d, dx), acc[2 * t]);
+      const __m256 dx = _mm256_set1_ps(R.d[i * R.ds + c]);
+      __m256 a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[i]), _mm256_mul_ps(d, dx), acc[2 * i]);
       if constexpr (F::kMin) {
-        const int16_t* s = sq + (t * A.nb + k) * 8;
+        const int16_t* s = R.sq + i * R.sqs + 8 * c;
         __m256i m = _mm256_madd_epi16(ld(T.mv[c][0]), bcast32(s));
         for (int h = 1; h < 4; ++h) m = _mm256_add_epi32(m, _mm256_madd_epi16(ld(T.mv[c][h]), bcast32(s + 2 * h)));
         a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m), _mm256_mul_ps(_mm256_load_ps(T.nmin[c]), dx), a);
       }
-      acc[2 * t] = a;
+      acc[2 * i] = a;
     }
   }
 }
@@ -386,39 +409,45 @@ void r8_rows(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t r
   __m256* acc = reinterpret_cast<__m256*>(store.data());
   const size_t bytes = dtype_traits(W.type).block_bytes;
   const int64_t nbw = W.cols / dtype_traits(W.type).block_size;
-  for (int64_t j0 = rb; j0 < re; j0 += kRows) {
-    const int n = (int)std::min<int64_t>(kRows, re - j0);
-    const uint8_t* rows[kRows];
-    const uint8_t* ahead[kRows];
-    for (int r = 0; r < kRows; ++r) {
-      rows[r] = W.row(r < n ? j0 + r : rb);
-      ahead[r] = W.row(std::min<int64_t>(j0 + kRows + r, re - 1));
-    }
-    for (int64_t t = 0; t < 2 * A.n_x; ++t) acc[t] = _mm256_setzero_ps();
-    for (int64_t k0 = 0; k0 < A.nb; k0 += chunk) {
-      const int kn = (int)std::min<int64_t>(chunk, A.nb - k0);
-      for (int c = 0; c < kn; ++c) decode(rows, k0 + c, T, c);
-      // The next group's rows for this chunk, while the inputs run.
-      const size_t pb = (size_t)(k0 * nbw / A.nb) * bytes, pe = (size_t)((k0 + kn) * nbw / A.nb) * bytes;
-      for (int r = 0; r < kRows; ++r)
-        for (size_t o = pb; o < pe; o += 64) _mm_prefetch(reinterpret_cast<const char*>(ahead[r] + o), _MM_HINT_T1);
-      int64_t t = 0;
-      for (; t + kNT <= A.n_x; t += kNT) pass(std::integral_constant<int, kNT>{}, kn, k0, t, acc);
-      switch (A.n_x - t) {
-        case 3: pass(std::integral_constant<int, 3>{}, kn, k0, t, acc); break;
-        case 2: pass(std::integral_constant<int, 2>{}, kn, k0, t, acc); break;
-        case 1: pass(std::integral_constant<int, 1>{}, kn, k0, t, acc); break;
-        default: break;
+  // Inputs in blocks whose 8-bit activations stay in L2 while every row
+  // group of the range meets them (the tiles are decoded once per block).
+  const int64_t tb = std::max<int64_t>(kNT, (kActBytes / std::max<int64_t>(A.cols, 1)) / kNT * kNT);
+  for (int64_t tb0 = 0; tb0 < A.n_x; tb0 += tb) {
+    const int64_t tb1 = std::min(A.n_x, tb0 + tb);
+    for (int64_t j0 = rb; j0 < re; j0 += kRows) {
+      const int n = (int)std::min<int64_t>(kRows, re - j0);
+      const uint8_t* rows[kRows];
+      const uint8_t* ahead[kRows];
+      for (int r = 0; r < kRows; ++r) {
+        rows[r] = W.row(r < n ? j0 + r : rb);
+        ahead[r] = W.row(std::min<int64_t>(j0 + kRows + r, re - 1));
       }
-    }
-    for (int64_t t = 0; t < A.n_x; ++t) {
-      const __m256 y = two_chains ? _mm256_add_ps(acc[2 * t], acc[2 * t + 1]) : acc[2 * t];
-      if (n == kRows) {
-        _mm256_storeu_ps(Y + t * ldy + j0, y);
-      } else {
-        alignas(32) float tmp[kRows];
-        _mm256_store_ps(tmp, y);
-        std::memcpy(Y + t * ldy + j0, tmp, sizeof(float) * (size_t)n);
+      for (int64_t t = 2 * tb0; t < 2 * tb1; ++t) acc[t] = _mm256_setzero_ps();
+      for (int64_t k0 = 0; k0 < A.nb; k0 += chunk) {
+        const int kn = (int)std::min<int64_t>(chunk, A.nb - k0);
+        for (int c = 0; c < kn; ++c) decode(rows, k0 + c, T, c);
+        // The next group's rows for this chunk, while the inputs run.
+        const size_t pb = (size_t)(k0 * nbw / A.nb) * bytes, pe = (size_t)((k0 + kn) * nbw / A.nb) * bytes;
+        for (int r = 0; r < kRows; ++r)
+          for (size_t o = pb; o < pe; o += 64) _mm_prefetch(reinterpret_cast<const char*>(ahead[r] + o), _MM_HINT_T1);
+        int64_t t = tb0;
+        for (; t + kNT <= tb1; t += kNT) pass(std::integral_constant<int, kNT>{}, kn, k0, t, acc);
+        switch (tb1 - t) {
+          case 3: pass(std::integral_constant<int, 3>{}, kn, k0, t, acc); break;
+          case 2: pass(std::integral_constant<int, 2>{}, kn, k0, t, acc); break;
+          case 1: pass(std::integral_constant<int, 1>{}, kn, k0, t, acc); break;
+          default: break;
+        }
+      }
+      for (int64_t t = tb0; t < tb1; ++t) {
+        const __m256 y = two_chains ? _mm256_add_ps(acc[2 * t], acc[2 * t + 1]) : acc[2 * t];
+        if (n == kRows) {
+          _mm256_storeu_ps(Y + t * ldy + j0, y);
+        } else {
+          alignas(32) float tmp[kRows];
+          _mm256_store_ps(tmp, y);
+          std::memcpy(Y + t * ldy + j0, tmp, sizeof(float) * (size_t)n);
+        }
       }
     }
   }
@@ -437,8 +466,16 @@ void r8_32(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t rb,
     }
   }
   const int32_t* o = off.data();
-  r8_rows(W, A, Y, ldy, rb, re, kChunk, true, T, F::decode,
-          [&](auto nt, int kn, int64_t k0, int64_t t0, __m256* acc) { pass32<F, decltype(nt)::value>(T, kn, k0, A, o, t0, acc); });
+  r8_rows(W, A, Y, ldy, rb, re, kChunk, true, T, F::decode, [&](auto nt, int kn, int64_t k0, int64_t t0, __m256* acc) {
+    Rows8 R{};
+    R.q = A.q_row(t0) + 32 * k0;
+    R.d = A.d_row(t0) + k0;
+    R.sx = A.sx_row(t0) + k0;
+    if (o != nullptr) R.off = o + t0 * A.nb + k0;
+    R.qs = A.cols;
+    R.ds = A.nb;
+    pass32<F, decltype(nt)::value>(T, kn, R, acc + 2 * t0);
+  });
 }
 
 template <class F>
@@ -453,8 +490,18 @@ void r8_k(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t rb, 
     }
   }
   const int16_t* s = sq.data();
-  r8_rows(W, A, Y, ldy, rb, re, kChunkK, false, T, F::decode,
-          [&](auto nt, int kn, int64_t k0, int64_t t0, __m256* acc) { passK<F, decltype(nt)::value>(T, kn, k0, A, s, t0, acc); });
+  r8_rows(W, A, Y, ldy, rb, re, kChunkK, false, T, F::decode, [&](auto nt, int kn, int64_t k0, int64_t t0, __m256* acc) {
+    Rows8 R{};
+    R.q = A.q_row(t0) + 256 * k0;
+    R.d = A.d_row(t0) + k0;
+    R.s16 = A.s16_row(t0) + 16 * k0;
+    if (s != nullptr) R.sq = s + (t0 * A.nb + k0) * 8;
+    R.qs = A.cols;
+    R.ds = A.nb;
+    R.s16s = A.cols / 16;
+    R.sqs = A.nb * 8;
+    passK<F, decltype(nt)::value>(T, kn, R, acc + 2 * t0);
+  });
 }
 
 }  // namespace
