@@ -866,11 +866,12 @@ TEST(FastKernels, RegisterBlockedKernelMatchesOracle) {
       uint8_t* base = buf.data() + 3;
       for (int64_t i = 0; i < rows * cols / tr.block_size; ++i) pin_block_scales(t, base + (size_t)i * tr.block_bytes, rng);
       const MatView Wv{t, cols, rows, base, rb};
-      for (float level : {1.0f, -1.0f, 0.0f}) {
+      // Inputs all +127 or all -127 (2: a mix of signs; 0: random).
+      for (float level : {1.0f, -1.0f, 2.0f, 0.0f}) {
         const int64_t n_x = 6;
         auto x = make_inputs(n_x, cols, 5, 0);
         if (level != 0.0f)
-          for (size_t i = 0; i < x.size(); ++i) x[i] = i % 3 == 0 ? -level : level;
+          for (size_t i = 0; i < x.size(); ++i) x[i] = level == 2.0f ? (i % 3 == 0 ? -1.0f : 1.0f) : level;
         const std::vector<float> O = fast_oracle(Wv, x.data(), n_x);
         Q8Acts A;
         quantize_q8_acts(x.data(), n_x, cols, fast_act_block(t), A);
@@ -884,7 +885,7 @@ TEST(FastKernels, RegisterBlockedKernelMatchesOracle) {
       }
     }
   }
-  EXPECT_GE(checked, 5 * (3 * 3 * 7 + 12));
+  EXPECT_GE(checked, 7 * (3 * 3 * 7 + 16));
 }
 
 TEST(FastKernels, ActivationQuantisation) {

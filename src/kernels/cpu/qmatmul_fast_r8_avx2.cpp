@@ -227,6 +227,7 @@ constexpr int kChunkK = 2;
 
 struct TileK {
   alignas(32) int8_t w[kChunkK][8][8][32];  // [block][sub-block][group of 4][row lanes]
+  alignas(32) int8_t aw[kChunkK][8][8][32];  // |w| (IQ4_XS: signed values, the sign trick)
   alignas(32) int16_t sc[kChunkK][8][16];   // sub-block scale per row, both int16 of its lane
   alignas(32) int16_t sc2[kChunkK][8][16];  // Q6_K: scale of the second 16 of the sub-block
   alignas(32) int16_t mv[kChunkK][4][16];   // Q4_K: (m_2h, m_2h+1) per row lane
@@ -244,15 +245,16 @@ inline __m256i dup_hi16(__m256i v) {
   return _mm256_shuffle_epi8(v, _mm256_broadcastsi128_si256(c));
 }
 
+// kRun: vpmaddubsw results added as int16 before vpmaddwd by the scales;
+// kNeg32: Q6_K's -32 offset; kTwoScales: a scale per 16 elements.
 struct R8Q4_K {
-  static constexpr bool kMin = true;
+  static constexpr bool kMin = true, kSigned = false, kNeg32 = false, kTwoScales = false;
   static constexpr int kRun = 8;  // codes below 16
-  static void decode(const uint8_t* const rows[8], int64_t k, TileK& T, int c) {
-    const uint8_t* p[8];
+  // The scales and mins of the eight rows (shared with Q5_K).
+  static void scales(const uint8_t* const p[8], TileK& T, int c) {
     const uint8_t* pm[8];
     __m256i s[8];
     for (int r = 0; r < 8; ++r) {
-      p[r] = rows[r] + 144 * k;
       pm[r] = p[r] + 2;
       uint32_t u[4];
       std::memcpy(u, p[r] + 4, 12);
@@ -272,6 +274,11 @@ struct R8Q4_K {
     }
     _mm256_store_ps(T.d[c], f16x8(p));
     _mm256_store_ps(T.nmin[c], _mm256_xor_ps(_mm256_set1_ps(-0.0f), f16x8(pm)));  // exact negation, -0 included
+  }
+  static void decode(const uint8_t* const rows[8], int64_t k, TileK& T, int c) {
+    const uint8_t* p[8];
+    for (int r = 0; r < 8; ++r) p[r] = rows[r] + 144 * k;
+    scales(p, T, c);
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     for (int j2 = 0; j2 < 4; ++j2) {
       __m256i v[8];
@@ -285,8 +292,78 @@ struct R8Q4_K {
   }
 };
 
+// Q5_K: Q4_K's scales and mins, codes below 32 (the fifth bit from qh, bit
+// j of byte i for element i of sub-block j).
+struct R8Q5_K {
+  static constexpr bool kMin = true, kSigned = false, kNeg32 = false, kTwoScales = false;
+  static constexpr int kRun = 4;
+  static void decode(const uint8_t* const rows[8], int64_t k, TileK& T, int c) {
+    const uint8_t* p[8];
+    for (int r = 0; r < 8; ++r) p[r] = rows[r] + 176 * k;
+    R8Q4_K::scales(p, T, c);
+    __m256i qh[8];
+    for (int r = 0; r < 8; ++r) qh[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p[r] + 16));
+    transpose8(qh);
+    const __m256i m4 = _mm256_set1_epi8(0x0f), b16 = _mm256_set1_epi8(0x10);
+    for (int j2 = 0; j2 < 4; ++j2) {
+      __m256i v[8];
+      for (int r = 0; r < 8; ++r) v[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p[r] + 48 + 32 * j2));
+      transpose8(v);
+      const __m256i bl = _mm256_set1_epi8((char)(1 << (2 * j2))), bh = _mm256_set1_epi8((char)(2 << (2 * j2)));
+      for (int g = 0; g < 8; ++g) {
+        const __m256i hl = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh[g], bl), bl), b16);
+        const __m256i hh = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh[g], bh), bh), b16);
+        st(T.w[c][2 * j2][g], _mm256_or_si256(_mm256_and_si256(v[g], m4), hl));
+        st(T.w[c][2 * j2 + 1][g], _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v[g], 4), m4), hh));
+      }
+    }
+  }
+};
+
+// IQ4_XS: IQ4_NL's table values (signed: the sign trick) under signed 6-bit
+// scales per 32 elements; no offset, no min.
+struct R8IQ4_XS {
+  static constexpr bool kMin = false, kSigned = true, kNeg32 = false, kTwoScales = false;
+  static constexpr int kRun = 1;
+  static void decode(const uint8_t* const rows[8], int64_t k, TileK& T, int c) {
+    const uint8_t* p[8];
+    __m256i s[8];
+    for (int r = 0; r < 8; ++r) {
+      p[r] = rows[r] + 136 * k;
+      uint16_t sh;
+      std::memcpy(&sh, p[r] + 2, 2);
+      alignas(16) int16_t ls[8];
+      for (int j = 0; j < 8; ++j)
+        ls[j] = (int16_t)((((p[r][4 + j / 2] >> (4 * (j % 2))) & 0x0f) | (((sh >> (2 * j)) & 3) << 4)) - 32);
+      s[r] = _mm256_zextsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(ls)));
+    }
+    transpose8(s);  // s[h] (h < 4): (ls_2h, ls_2h+1) per row
+    for (int h = 0; h < 4; ++h) {
+      st(T.sc[c][2 * h], dup_lo16(s[h]));
+      st(T.sc[c][2 * h + 1], dup_hi16(s[h]));
+    }
+    _mm256_store_ps(T.d[c], f16x8(p));
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const __m256i tab = _mm256_broadcastsi128_si256(
+        _mm_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113));
+    for (int j = 0; j < 8; ++j) {
+      __m256i v[4];
+      for (int r = 0; r < 4; ++r) v[r] = load2(p[r + 4] + 8 + 16 * j, p[r] + 8 + 16 * j);
+      transpose4x2(v);
+      for (int g = 0; g < 4; ++g) {
+        const __m256i lo = _mm256_shuffle_epi8(tab, _mm256_and_si256(v[g], m4));
+        const __m256i hi = _mm256_shuffle_epi8(tab, _mm256_and_si256(_mm256_srli_epi16(v[g], 4), m4));
+        st(T.w[c][j][g], lo);
+        st(T.w[c][j][4 + g], hi);
+        st(T.aw[c][j][g], _mm256_abs_epi8(lo));
+        st(T.aw[c][j][4 + g], _mm256_abs_epi8(hi));
+      }
+    }
+  }
+};
+
 struct R8Q6_K {
-  static constexpr bool kMin = false;
+  static constexpr bool kMin = false, kSigned = false, kNeg32 = true, kTwoScales = true;
   static constexpr int kRun = 2;  // codes below 64
   static void decode(const uint8_t* const rows[8], int64_t k, TileK& T, int c) {
     const uint8_t* p[8];
@@ -337,7 +414,7 @@ void passK(const TileK& T, int kn, const Rows8 R, __m256* acc) {
     for (int i = 0; i < NT; ++i) q[i] = R.q + i * R.qs + 256 * c;
     __m256i is[NT];
     for (int i = 0; i < NT; ++i) {
-      if constexpr (F::kMin) {
+      if constexpr (!F::kNeg32) {
         is[i] = _mm256_setzero_si256();
       } else {  // -32 * sum_g sc_g * (sum of q over the 16 elements of g)
         const int16_t* s16 = R.s16 + i * R.s16s + 16 * c;
@@ -348,32 +425,22 @@ void passK(const TileK& T, int kn, const Rows8 R, __m256* acc) {
     }
     for (int j = 0; j < 8; ++j) {
       const __m256i sc = ld(T.sc[c][j]);
-      if constexpr (F::kRun == 8) {
-        __m256i part[NT];
+      __m256i sc2 = sc;
+      if constexpr (F::kTwoScales) sc2 = ld(T.sc2[c][j]);
+      __m256i part[NT];
 #pragma GCC unroll 8
-        for (int g = 0; g < 8; ++g) {
-          const __m256i w = ld(T.w[c][j][g]);
+      for (int g = 0; g < 8; ++g) {
+        const __m256i w = ld(T.w[c][j][g]);
+        __m256i aw = w;
+        if constexpr (F::kSigned) aw = ld(T.aw[c][j][g]);
 #pragma GCC unroll 4
-          for (int i = 0; i < NT; ++i) {
-            const __m256i p = _mm256_maddubs_epi16(w, bcast32(q[i] + 32 * j + 4 * g));
-            part[i] = g == 0 ? p : _mm256_add_epi16(part[i], p);
-            MK_KEEP(part[i]);
-          }
-        }
         for (int i = 0; i < NT; ++i) {
-          is[i] = _mm256_add_epi32(is[i], _mm256_madd_epi16(part[i], sc));
-          MK_KEEP(is[i]);
-        }
-      } else {
-        const __m256i sc2 = ld(T.sc2[c][j]);
-#pragma GCC unroll 4
-        for (int g = 0; g < 8; g += 2) {
-          const __m256i w0 = ld(T.w[c][j][g]), w1 = ld(T.w[c][j][g + 1]);
-#pragma GCC unroll 4
-          for (int i = 0; i < NT; ++i) {
-            const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(w0, bcast32(q[i] + 32 * j + 4 * g)),
-                                               _mm256_maddubs_epi16(w1, bcast32(q[i] + 32 * j + 4 * g + 4)));
-            is[i] = _mm256_add_epi32(is[i], _mm256_madd_epi16(p, g < 4 ? sc : sc2));
+          const __m256i x = bcast32(q[i] + 32 * j + 4 * g);
+          const __m256i p = F::kSigned ? _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w)) : _mm256_maddubs_epi16(w, x);
+          part[i] = g % F::kRun == 0 ? p : _mm256_add_epi16(part[i], p);
+          MK_KEEP(part[i]);
+          if (g % F::kRun == F::kRun - 1) {
+            is[i] = _mm256_add_epi32(is[i], _mm256_madd_epi16(part[i], g < 4 ? sc : sc2));
             MK_KEEP(is[i]);
           }
         }
@@ -513,6 +580,8 @@ bool fast_r8_supports(DType t) {
     case DType::Q8_0:
     case DType::Q4_K:
     case DType::Q6_K:
+    case DType::Q5_K:
+    case DType::IQ4_XS:
       return true;
     default:
       return false;
@@ -526,6 +595,8 @@ void matmul_rows_fast_r8_avx2(const MatView& W, const Q8Acts& A, float* Y, int64
     case DType::Q8_0: r8_32<R8Q8_0>(W, A, Y, ldy, rb, re); break;
     case DType::Q4_K: r8_k<R8Q4_K>(W, A, Y, ldy, rb, re); break;
     case DType::Q6_K: r8_k<R8Q6_K>(W, A, Y, ldy, rb, re); break;
+    case DType::Q5_K: r8_k<R8Q5_K>(W, A, Y, ldy, rb, re); break;
+    case DType::IQ4_XS: r8_k<R8IQ4_XS>(W, A, Y, ldy, rb, re); break;
     default: fail("fast r8 kernel: {} is not supported", dtype_traits(W.type).name);
   }
 }
