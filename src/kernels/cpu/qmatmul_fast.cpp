@@ -42,7 +42,11 @@ int fast_act_block(DType t) {
 int fast_r8_min_inputs() {
   static const int v = [] {
     const char* e = std::getenv("MEGAKERN_FAST_R8_MIN");
-    return e && *e ? std::max(1, std::atoi(e)) : 4;
+    if (e == nullptr || *e == 0) return 4;
+    char* end = nullptr;
+    const long v = std::strtol(e, &end, 10);
+    MK_CHECK(*end == 0 && v >= 1 && v <= (1L << 30), "MEGAKERN_FAST_R8_MIN must be a positive integer, got '{}'", e);
+    return (int)v;
   }();
   return v;
 }

@@ -33,6 +33,7 @@ namespace {
 constexpr int kRows = 8;
 constexpr int kNT = 4;  // inputs per pass
 constexpr int64_t kActBytes = 128 * 1024;  // 8-bit activations per block of inputs
+constexpr int64_t kPanel = 64;              // weight rows per panel (a multiple of kRows)
 
 // Pins a running sum to a register in program order: without it the
 // compiler re-balances the chains of additions into trees, which keeps every
@@ -476,44 +477,49 @@ void r8_rows(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t r
   __m256* acc = reinterpret_cast<__m256*>(store.data());
   const size_t bytes = dtype_traits(W.type).block_bytes;
   const int64_t nbw = W.cols / dtype_traits(W.type).block_size;
-  // Inputs in blocks whose 8-bit activations stay in L2 while every row
-  // group of the range meets them (the tiles are decoded once per block).
+  // Rows in panels of kPanel, inputs in blocks whose 8-bit activations stay
+  // in L2: a panel's weights come from memory once and stay in L2 while
+  // every block of inputs meets them (a group's tile is decoded again for
+  // each block of inputs, from L2).
   const int64_t tb = std::max<int64_t>(kNT, (kActBytes / std::max<int64_t>(A.cols, 1)) / kNT * kNT);
-  for (int64_t tb0 = 0; tb0 < A.n_x; tb0 += tb) {
-    const int64_t tb1 = std::min(A.n_x, tb0 + tb);
-    for (int64_t j0 = rb; j0 < re; j0 += kRows) {
-      const int n = (int)std::min<int64_t>(kRows, re - j0);
-      const uint8_t* rows[kRows];
-      const uint8_t* ahead[kRows];
-      for (int r = 0; r < kRows; ++r) {
-        rows[r] = W.row(r < n ? j0 + r : rb);
-        ahead[r] = W.row(std::min<int64_t>(j0 + kRows + r, re - 1));
-      }
-      for (int64_t t = 2 * tb0; t < 2 * tb1; ++t) acc[t] = _mm256_setzero_ps();
-      for (int64_t k0 = 0; k0 < A.nb; k0 += chunk) {
-        const int kn = (int)std::min<int64_t>(chunk, A.nb - k0);
-        for (int c = 0; c < kn; ++c) decode(rows, k0 + c, T, c);
-        // The next group's rows for this chunk, while the inputs run.
-        const size_t pb = (size_t)(k0 * nbw / A.nb) * bytes, pe = (size_t)((k0 + kn) * nbw / A.nb) * bytes;
-        for (int r = 0; r < kRows; ++r)
-          for (size_t o = pb; o < pe; o += 64) _mm_prefetch(reinterpret_cast<const char*>(ahead[r] + o), _MM_HINT_T1);
-        int64_t t = tb0;
-        for (; t + kNT <= tb1; t += kNT) pass(std::integral_constant<int, kNT>{}, kn, k0, t, acc);
-        switch (tb1 - t) {
-          case 3: pass(std::integral_constant<int, 3>{}, kn, k0, t, acc); break;
-          case 2: pass(std::integral_constant<int, 2>{}, kn, k0, t, acc); break;
-          case 1: pass(std::integral_constant<int, 1>{}, kn, k0, t, acc); break;
-          default: break;
+  for (int64_t p0 = rb; p0 < re; p0 += kPanel) {
+    const int64_t p1 = std::min(re, p0 + kPanel);
+    for (int64_t tb0 = 0; tb0 < A.n_x; tb0 += tb) {
+      const int64_t tb1 = std::min(A.n_x, tb0 + tb);
+      for (int64_t j0 = p0; j0 < p1; j0 += kRows) {
+        const int n = (int)std::min<int64_t>(kRows, p1 - j0);
+        const uint8_t* rows[kRows];
+        const uint8_t* ahead[kRows];
+        for (int r = 0; r < kRows; ++r) {
+          rows[r] = W.row(r < n ? j0 + r : rb);
+          ahead[r] = W.row(std::min<int64_t>(j0 + kRows + r, re - 1));
         }
-      }
-      for (int64_t t = tb0; t < tb1; ++t) {
-        const __m256 y = two_chains ? _mm256_add_ps(acc[2 * t], acc[2 * t + 1]) : acc[2 * t];
-        if (n == kRows) {
-          _mm256_storeu_ps(Y + t * ldy + j0, y);
-        } else {
-          alignas(32) float tmp[kRows];
-          _mm256_store_ps(tmp, y);
-          std::memcpy(Y + t * ldy + j0, tmp, sizeof(float) * (size_t)n);
+        for (int64_t t = 2 * tb0; t < 2 * tb1; ++t) acc[t] = _mm256_setzero_ps();
+        for (int64_t k0 = 0; k0 < A.nb; k0 += chunk) {
+          const int kn = (int)std::min<int64_t>(chunk, A.nb - k0);
+          for (int c = 0; c < kn; ++c) decode(rows, k0 + c, T, c);
+          // The next group's rows for this chunk, while the inputs run.
+          const size_t pb = (size_t)(k0 * nbw / A.nb) * bytes, pe = (size_t)((k0 + kn) * nbw / A.nb) * bytes;
+          for (int r = 0; r < kRows; ++r)
+            for (size_t o = pb; o < pe; o += 64) _mm_prefetch(reinterpret_cast<const char*>(ahead[r] + o), _MM_HINT_T1);
+          int64_t t = tb0;
+          for (; t + kNT <= tb1; t += kNT) pass(std::integral_constant<int, kNT>{}, kn, k0, t, acc);
+          switch (tb1 - t) {
+            case 3: pass(std::integral_constant<int, 3>{}, kn, k0, t, acc); break;
+            case 2: pass(std::integral_constant<int, 2>{}, kn, k0, t, acc); break;
+            case 1: pass(std::integral_constant<int, 1>{}, kn, k0, t, acc); break;
+            default: break;
+          }
+        }
+        for (int64_t t = tb0; t < tb1; ++t) {
+          const __m256 y = two_chains ? _mm256_add_ps(acc[2 * t], acc[2 * t + 1]) : acc[2 * t];
+          if (n == kRows) {
+            _mm256_storeu_ps(Y + t * ldy + j0, y);
+          } else {
+            alignas(32) float tmp[kRows];
+            _mm256_store_ps(tmp, y);
+            std::memcpy(Y + t * ldy + j0, tmp, sizeof(float) * (size_t)n);
+          }
         }
       }
     }
