@@ -810,6 +810,97 @@ TEST(FastKernels, RandomBitPatternsMatchOracle) {
   }
 }
 
+// The register-blocked kernel for many inputs (fast_r8_supports), called
+// directly and through matmul_rows, against the oracle bit for bit: input
+// counts below, at and above its blocking of four and its switch-over,
+// row counts that are not multiples of its eight-row groups, odd block
+// counts, misaligned rows and inputs; weights random, and random bit
+// patterns including all-ones and -128 bytes with inputs at +-127 (the
+// int16 pair sums at their largest).
+TEST(FastKernels, RegisterBlockedKernelMatchesOracle) {
+  int checked = 0;
+  for (DType t : fast_types()) {
+    if (!fast_r8_supports(t)) continue;
+    const DTypeTraits& tr = dtype_traits(t);
+    SCOPED_TRACE(tr.name);
+    const int64_t unit = std::max<int64_t>(tr.block_size, fast_act_block(t));
+    for (int64_t m : {1, 3, 19}) {
+      const int64_t cols = m * unit;
+      for (int64_t rows : {3, 8, 21}) {
+        const size_t wmis = (size_t)(m + rows) % 4;
+        const Weights W = make_weights(t, rows, cols, (uint32_t)(cols * 7 + rows), wmis);
+        for (int64_t n_x : {1, 2, 4, 5, 7, 8, 12}) {
+          const size_t xoff = (size_t)n_x % 3;
+          const auto xbuf = make_inputs(n_x, cols, (uint32_t)(cols + rows + n_x), xoff);
+          const float* X = xbuf.data() + xoff;
+          const std::vector<float> O = fast_oracle(W.view, X, n_x);
+          Q8Acts A;
+          quantize_q8_acts(X, n_x, cols, fast_act_block(t), A);
+          if (use_avx2()) {
+            std::vector<float> Y((size_t)(n_x * rows), -1.0f);
+            matmul_rows_fast_r8_avx2(W.view, A, Y.data(), rows, 0, rows);
+            ASSERT_EQ(std::memcmp(Y.data(), O.data(), Y.size() * sizeof(float)), 0)
+                << "cols=" << cols << " rows=" << rows << " n_x=" << n_x;
+            // A row range starting inside a group of eight.
+            std::vector<float> Z((size_t)(n_x * rows), -1.0f);
+            matmul_rows_fast_r8_avx2(W.view, A, Z.data(), rows, 1, rows);
+            for (int64_t s = 0; s < n_x; ++s)
+              ASSERT_EQ(std::memcmp(&Z[(size_t)(s * rows + 1)], &O[(size_t)(s * rows + 1)],
+                                    (size_t)(rows - 1) * sizeof(float)),
+                        0)
+                  << "rows [1," << rows << ") n_x=" << n_x;
+          }
+          std::vector<float> Y((size_t)(n_x * rows), -1.0f);
+          matmul_rows(W.view, X, n_x, Y.data(), rows, 0, rows, Numerics::Fast);
+          ASSERT_EQ(std::memcmp(Y.data(), O.data(), Y.size() * sizeof(float)), 0) << "matmul_rows n_x=" << n_x;
+          ++checked;
+        }
+      }
+    }
+    {
+      // Several panels of rows and several blocks of inputs (the kernel
+      // blocks inputs by 128 KiB of activations: 16 inputs of 8192 columns).
+      const int64_t cols = 8192, rows = 75, n_x = 37;
+      const Weights W = make_weights(t, rows, cols, 99, 1);
+      const auto xbuf = make_inputs(n_x, cols, 98, 2);
+      const float* X = xbuf.data() + 2;
+      const std::vector<float> O = fast_oracle(W.view, X, n_x);
+      std::vector<float> Y((size_t)(n_x * rows), -1.0f);
+      matmul_rows(W.view, X, n_x, Y.data(), rows, 0, rows, Numerics::Fast);
+      ASSERT_EQ(std::memcmp(Y.data(), O.data(), Y.size() * sizeof(float)), 0) << "panels and input blocks";
+      ++checked;
+    }
+    std::mt19937 rng(7);
+    const int64_t cols = unit * 3, rows = 13;
+    const size_t rb = row_bytes(t, cols);
+    for (int fill : {-1, 0xff, 0x80, 0x77}) {
+      std::vector<uint8_t> buf(rb * rows + 3);
+      for (auto& b : buf) b = fill < 0 ? (uint8_t)rng() : (uint8_t)fill;
+      uint8_t* base = buf.data() + 3;
+      for (int64_t i = 0; i < rows * cols / tr.block_size; ++i) pin_block_scales(t, base + (size_t)i * tr.block_bytes, rng);
+      const MatView Wv{t, cols, rows, base, rb};
+      // Inputs all +127 or all -127 (2: a mix of signs; 0: random).
+      for (float level : {1.0f, -1.0f, 2.0f, 0.0f}) {
+        const int64_t n_x = 6;
+        auto x = make_inputs(n_x, cols, 5, 0);
+        if (level != 0.0f)
+          for (size_t i = 0; i < x.size(); ++i) x[i] = level == 2.0f ? (i % 3 == 0 ? -1.0f : 1.0f) : level;
+        const std::vector<float> O = fast_oracle(Wv, x.data(), n_x);
+        Q8Acts A;
+        quantize_q8_acts(x.data(), n_x, cols, fast_act_block(t), A);
+        if (use_avx2()) {
+          std::vector<float> Y((size_t)(n_x * rows), -1.0f);
+          matmul_rows_fast_r8_avx2(Wv, A, Y.data(), rows, 0, rows);
+          ASSERT_EQ(std::memcmp(Y.data(), O.data(), Y.size() * sizeof(float)), 0)
+              << "fill " << fill << " level " << level;
+        }
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GE(checked, 7 * (3 * 3 * 7 + 17));
+}
+
 TEST(FastKernels, ActivationQuantisation) {
   for (int64_t block : {32, 256}) {
     const int64_t cols = 512;

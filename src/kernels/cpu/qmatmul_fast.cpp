@@ -1,6 +1,8 @@
 #include "kernels/cpu/qmatmul_fast.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 
 #include "core/error.h"
@@ -32,6 +34,21 @@ bool uses_fast_acts(DType t) {
 
 int fast_act_block(DType t) {
   return t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K || t == DType::IQ4_XS ? 256 : 32;
+}
+
+// From this many inputs on, the AVX2 fast path takes the register-blocked
+// kernel (measured: its weight transposition pays off from a few inputs).
+// MEGAKERN_FAST_R8_MIN overrides it (tuning and tests; results are the same).
+int fast_r8_min_inputs() {
+  static const int v = [] {
+    const char* e = std::getenv("MEGAKERN_FAST_R8_MIN");
+    if (e == nullptr || *e == 0) return 4;
+    char* end = nullptr;
+    const long v = std::strtol(e, &end, 10);
+    MK_CHECK(*end == 0 && v >= 1 && v <= (1L << 30), "MEGAKERN_FAST_R8_MIN must be a positive integer, got '{}'", e);
+    return (int)v;
+  }();
+  return v;
 }
 
 void prepare_q8_acts(int64_t n_x, int64_t cols, int64_t block, Q8Acts& A) {

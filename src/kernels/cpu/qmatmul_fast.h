@@ -77,5 +77,12 @@ void matmul_rows_fast_ref(const MatView& W, const Q8Acts& A, float* Y, int64_t l
                           int64_t row_end);
 void matmul_rows_fast_avx2(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t row_begin,
                            int64_t row_end);
+// The register-blocked AVX2 kernel for many inputs (qmatmul_fast_r8_avx2.cpp),
+// for the formats fast_r8_supports names; matmul_rows_fast_avx2 takes it
+// from fast_r8_min_inputs() inputs on. Same results, bit for bit.
+bool fast_r8_supports(DType t);
+int fast_r8_min_inputs();
+void matmul_rows_fast_r8_avx2(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t row_begin,
+                              int64_t row_end);
 
 }  // namespace megakern

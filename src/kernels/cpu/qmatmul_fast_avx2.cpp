@@ -650,6 +650,10 @@ void quantize_q8_acts_avx2(const float* X, int64_t n_x, int64_t cols, int64_t bl
 }
 
 void matmul_rows_fast_avx2(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t rb, int64_t re) {
+  if (A.n_x >= fast_r8_min_inputs() && fast_r8_supports(W.type)) {
+    matmul_rows_fast_r8_avx2(W, A, Y, ldy, rb, re);
+    return;
+  }
   switch (W.type) {
     case DType::Q4_0: fast32_rows<FQ4_0>(W, A, Y, ldy, rb, re); break;
     case DType::Q4_1: fast32_rows<FQ4_1>(W, A, Y, ldy, rb, re); break;

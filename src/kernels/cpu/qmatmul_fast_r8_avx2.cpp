@@ -1,0 +1,610 @@
+// Register-blocked AVX2 kernel of the fast numerics mode for many inputs
+// (prompt chunks, batches, verification): the arithmetic of qmatmul_fast.h,
+// bit for bit, with the eight weight rows of a group in the eight 32-bit
+// lanes of a vector.
+//
+// Weight layout. A chunk of blocks of eight rows is decoded once into an L1
+// tile in which vector g of a 32-element run holds, in lane r, row r's four
+// codes of elements 4g .. 4g + 3 (an 8 x 8 transpose of 32-bit groups). One
+// vpbroadcastd of the input's four bytes 4g .. 4g + 3 and one vpmaddubsw
+// with that vector give the eight rows' partial sums in their own lanes, so
+// the rows need no horizontal reduction: int16 pair sums are added while
+// they cannot overflow, widened by vpmaddwd (by ones, or by the rows' group
+// scales for the K-quants) and added as int32. The float steps of each
+// block are then done for the eight rows of one input with vector FMAs, in
+// the order the contract states. Several inputs (kNT) are computed per pass
+// so that each weight vector loaded from the tile serves all of them.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/half.h"
+#include "kernels/cpu/avx2_common.h"
+#include "kernels/cpu/qmatmul_fast.h"
+
+namespace megakern {
+namespace {
+
+constexpr int kRows = 8;
+constexpr int kNT = 4;  // inputs per pass
+constexpr int64_t kActBytes = 128 * 1024;  // 8-bit activations per block of inputs
+constexpr int64_t kPanel = 64;              // weight rows per panel (a multiple of kRows)
+
+// Pins a running sum to a register in program order: without it the
+// compiler re-balances the chains of additions into trees, which keeps every
+// product alive at once and spills them.
+#define MK_KEEP(v) __asm__("" : "+x"(v))
+
+inline __m256i ld(const void* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); }
+inline void st(void* p, __m256i v) { _mm256_store_si256(reinterpret_cast<__m256i*>(p), v); }
+inline __m256i bcast32(const void* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+inline __m256i load2(const uint8_t* hi, const uint8_t* lo) {
+  return _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(hi), reinterpret_cast<const __m128i*>(lo));
+}
+
+// v[r] = row r's eight 32-bit groups -> v[g] = group g of rows 0..7.
+inline void transpose8(__m256i v[8]) {
+  __m256i t[8], u[8];
+  for (int p = 0; p < 2; ++p) {
+    const __m256i* a = v + 4 * p;
+    __m256i* tt = t + 4 * p;
+    tt[0] = _mm256_unpacklo_epi32(a[0], a[1]);
+    tt[1] = _mm256_unpackhi_epi32(a[0], a[1]);
+    tt[2] = _mm256_unpacklo_epi32(a[2], a[3]);
+    tt[3] = _mm256_unpackhi_epi32(a[2], a[3]);
+    __m256i* uu = u + 4 * p;
+    uu[0] = _mm256_unpacklo_epi64(tt[0], tt[2]);  // group 0 | group 4 of four rows
+    uu[1] = _mm256_unpackhi_epi64(tt[0], tt[2]);  // 1 | 5
+    uu[2] = _mm256_unpacklo_epi64(tt[1], tt[3]);  // 2 | 6
+    uu[3] = _mm256_unpackhi_epi64(tt[1], tt[3]);  // 3 | 7
+  }
+  for (int g = 0; g < 4; ++g) {
+    v[g] = _mm256_permute2x128_si256(u[g], u[4 + g], 0x20);
+    v[4 + g] = _mm256_permute2x128_si256(u[g], u[4 + g], 0x31);
+  }
+}
+
+// v[p] = [row p's four 32-bit groups | row p + 4's] (p < 4) -> v[g] = group
+// g of rows 0..7 (g < 4).
+inline void transpose4x2(__m256i v[4]) {
+  const __m256i t0 = _mm256_unpacklo_epi32(v[0], v[1]), t1 = _mm256_unpackhi_epi32(v[0], v[1]);
+  const __m256i t2 = _mm256_unpacklo_epi32(v[2], v[3]), t3 = _mm256_unpackhi_epi32(v[2], v[3]);
+  v[0] = _mm256_unpacklo_epi64(t0, t2);
+  v[1] = _mm256_unpackhi_epi64(t0, t2);
+  v[2] = _mm256_unpacklo_epi64(t1, t3);
+  v[3] = _mm256_unpackhi_epi64(t1, t3);
+}
+
+inline __m256 f16x8(const uint8_t* const p[8]) {
+  uint16_t h[8];
+  for (int r = 0; r < 8; ++r) std::memcpy(&h[r], p[r], 2);
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h)));
+}
+
+// ---------------------------------------------------------------------------
+// 32-element formats.
+constexpr int kChunk = 16;  // blocks per tile
+
+struct Tile32 {
+  alignas(32) int8_t w[kChunk][8][32];   // codes, or signed weights (kSigned)
+  alignas(32) int8_t aw[kChunk][8][32];  // |w| (kSigned)
+  alignas(32) float s0[kChunk][kRows], mn[kChunk][kRows];
+};
+
+// Nibble formats: element i < 16 in the low nibble of byte i, 16 + i in the
+// high one; kRun is the number of vpmaddubsw results whose int16 pair sums
+// can be added without overflow (codes below 16: all eight).
+struct R8Q4_0 {
+  static constexpr bool kSigned = false, kMin = false;
+  static constexpr int kOffset = 8, kRun = 8;
+  static void decode(const uint8_t* const rows[8], int64_t k, Tile32& T, int c) {
+    const uint8_t* p[8];
+    for (int r = 0; r < 8; ++r) p[r] = rows[r] + 18 * k;
+    __m256i v[4];
+    for (int r = 0; r < 4; ++r) v[r] = load2(p[r + 4] + 2, p[r] + 2);
+    transpose4x2(v);
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    for (int g = 0; g < 4; ++g) {
+      st(T.w[c][g], _mm256_and_si256(v[g], m4));
+      st(T.w[c][4 + g], _mm256_and_si256(_mm256_srli_epi16(v[g], 4), m4));
+    }
+    _mm256_store_ps(T.s0[c], f16x8(p));
+  }
+};
+struct R8Q4_1 {
+  static constexpr bool kSigned = false, kMin = true;
+  static constexpr int kOffset = 0, kRun = 8;
+  static void decode(const uint8_t* const rows[8], int64_t k, Tile32& T, int c) {
+    const uint8_t* p[8];
+    const uint8_t* pm[8];
+    for (int r = 0; r < 8; ++r) p[r] = rows[r] + 20 * k, pm[r] = p[r] + 2;
+    __m256i v[4];
+    for (int r = 0; r < 4; ++r) v[r] = load2(p[r + 4] + 4, p[r] + 4);
+    transpose4x2(v);
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    for (int g = 0; g < 4; ++g) {
+      st(T.w[c][g], _mm256_and_si256(v[g], m4));
+      st(T.w[c][4 + g], _mm256_and_si256(_mm256_srli_epi16(v[g], 4), m4));
+    }
+    _mm256_store_ps(T.s0[c], f16x8(p));
+    _mm256_store_ps(T.mn[c], f16x8(pm));
+  }
+};
+struct R8Q8_0 {
+  static constexpr bool kSigned = true, kMin = false;
+  static constexpr int kOffset = 0, kRun = 1;
+  static void decode(const uint8_t* const rows[8], int64_t k, Tile32& T, int c) {
+    const uint8_t* p[8];
+    for (int r = 0; r < 8; ++r) p[r] = rows[r] + 34 * k;
+    __m256i v[8];
+    for (int r = 0; r < 8; ++r) v[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p[r] + 2));
+    transpose8(v);
+    for (int g = 0; g < 8; ++g) {
+      st(T.w[c][g], v[g]);
+      st(T.aw[c][g], _mm256_abs_epi8(v[g]));
+    }
+    _mm256_store_ps(T.s0[c], f16x8(p));
+  }
+};
+
+// Block c of the tile against inputs t0 .. t0 + NT - 1: the exact integer
+// sums of the eight rows, one vector per input.
+template <class F, int NT>
+inline void isum32(const Tile32& T, int c, const int8_t* const q[NT], __m256i out[NT]) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i acc[NT], part[NT];
+#pragma GCC unroll 8
+  for (int g = 0; g < 8; ++g) {
+    const __m256i w = ld(T.w[c][g]);
+    if constexpr (F::kSigned) {
+      const __m256i aw = ld(T.aw[c][g]);
+#pragma GCC unroll 4
+      for (int i = 0; i < NT; ++i) {
+        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(bcast32(q[i] + 4 * g), w)), ones);
+        acc[i] = g == 0 ? p : _mm256_add_epi32(acc[i], p);
+        MK_KEEP(acc[i]);
+      }
+    } else {
+#pragma GCC unroll 4
+      for (int i = 0; i < NT; ++i) {
+        const __m256i p = _mm256_maddubs_epi16(w, bcast32(q[i] + 4 * g));
+        part[i] = g % F::kRun == 0 ? p : _mm256_add_epi16(part[i], p);
+        MK_KEEP(part[i]);
+        if (g % F::kRun == F::kRun - 1) {
+          const __m256i s = _mm256_madd_epi16(part[i], ones);
+          acc[i] = g < F::kRun ? s : _mm256_add_epi32(acc[i], s);
+          MK_KEEP(acc[i]);
+        }
+      }
+    }
+  }
+  for (int i = 0; i < NT; ++i) out[i] = acc[i];
+}
+
+// Inputs are addressed from the first one's row by fixed strides (qs bytes
+// of q, ds entries of the per-block arrays), so that the loop keeps its
+// pointers in registers instead of recomputing them from A.
+struct Rows8 {
+  const int8_t* q;       // first input's q at the chunk's first block
+  const float* d;        // dx of that block
+  const float* sx;       // sx (32-element blocks)
+  const int32_t* off;    // the offset term (32-element formats with unsigned codes)
+  const int16_t* s16;    // sums of 16 (K-quants)
+  const int16_t* sq;     // sums of 32 (Q4_K's mins)
+  int64_t qs, ds, s16s, sqs;
+};
+
+template <class F, int NT>
+void pass32(const Tile32& T, int kn, const Rows8 R, __m256* acc) {
+  for (int c = 0; c < kn; ++c) {
+    const int8_t* q[NT];
+    for (int i = 0; i < NT; ++i) q[i] = R.q + i * R.qs + 32 * c;
+    __m256i is[NT];
+    isum32<F, NT>(T, c, q, is);
+    const __m256 s0 = _mm256_load_ps(T.s0[c]);
+    for (int i = 0; i < NT; ++i) {
+      __m256i v = is[i];
+      if constexpr (F::kOffset != 0) v = _mm256_sub_epi32(v, _mm256_set1_epi32(R.off[i * R.ds + c]));
+      __m256* a = acc + 2 * i + (c & 1);
+      __m256 x = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_mul_ps(s0, _mm256_set1_ps(R.d[i * R.ds + c])), *a);
+      if constexpr (F::kMin) x = _mm256_fmadd_ps(_mm256_load_ps(T.mn[c]), _mm256_set1_ps(R.sx[i * R.ds + c]), x);
+      *a = x;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// K-quants: 256-element blocks as eight 32-element sub-blocks.
+constexpr int kChunkK = 2;
+
+struct TileK {
+  alignas(32) int8_t w[kChunkK][8][8][32];  // [block][sub-block][group of 4][row lanes]
+  alignas(32) int8_t aw[kChunkK][8][8][32];  // |w| (IQ4_XS: signed values, the sign trick)
+  alignas(32) int16_t sc[kChunkK][8][16];   // sub-block scale per row, both int16 of its lane
+  alignas(32) int16_t sc2[kChunkK][8][16];  // Q6_K: scale of the second 16 of the sub-block
+  alignas(32) int16_t mv[kChunkK][4][16];   // Q4_K: (m_2h, m_2h+1) per row lane
+  alignas(32) int16_t cv[kChunkK][8][16];   // Q6_K: -32 * (sc_2h, sc_2h+1) per row lane
+  alignas(32) float d[kChunkK][kRows], nmin[kChunkK][kRows];
+};
+
+// Duplicate the low (or high) int16 of each 32-bit lane.
+inline __m256i dup_lo16(__m256i v) {
+  const __m128i c = _mm_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13);
+  return _mm256_shuffle_epi8(v, _mm256_broadcastsi128_si256(c));
+}
+inline __m256i dup_hi16(__m256i v) {
+  const __m128i c = _mm_setr_epi8(2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15);
+  return _mm256_shuffle_epi8(v, _mm256_broadcastsi128_si256(c));
+}
+
+// kRun: vpmaddubsw results added as int16 before vpmaddwd by the scales;
+// kNeg32: Q6_K's -32 offset; kTwoScales: a scale per 16 elements.
+struct R8Q4_K {
+  static constexpr bool kMin = true, kSigned = false, kNeg32 = false, kTwoScales = false;
+  static constexpr int kRun = 8;  // codes below 16
+  // The scales and mins of the eight rows (shared with Q5_K).
+  static void scales(const uint8_t* const p[8], TileK& T, int c) {
+    const uint8_t* pm[8];
+    __m256i s[8];
+    for (int r = 0; r < 8; ++r) {
+      pm[r] = p[r] + 2;
+      uint32_t u[4];
+      std::memcpy(u, p[r] + 4, 12);
+      constexpr uint32_t kMask1 = 0x3f3f3f3f, kMask2 = 0x0f0f0f0f, kMask3 = 0x03030303;
+      u[3] = ((u[2] >> 4) & kMask2) | (((u[1] >> 6) & kMask3) << 4);  // m[4..7]
+      const uint32_t m03 = u[1] & kMask1;                              // m[0..3]
+      u[1] = (u[2] & kMask2) | (((u[0] >> 6) & kMask3) << 4);          // sc[4..7]
+      u[2] = m03;
+      u[0] &= kMask1;  // sc[0..3]
+      s[r] = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(u)));
+    }
+    transpose8(s);  // s[h] (h < 4): (sc_2h, sc_2h+1); s[4 + h]: (m_2h, m_2h+1)
+    for (int h = 0; h < 4; ++h) {
+      st(T.sc[c][2 * h], dup_lo16(s[h]));
+      st(T.sc[c][2 * h + 1], dup_hi16(s[h]));
+      st(T.mv[c][h], s[4 + h]);
+    }
+    _mm256_store_ps(T.d[c], f16x8(p));
+    _mm256_store_ps(T.nmin[c], _mm256_xor_ps(_mm256_set1_ps(-0.0f), f16x8(pm)));  // exact negation, -0 included
+  }
+  static void decode(const uint8_t* const rows[8], int64_t k, TileK& T, int c) {
+    const uint8_t* p[8];
+    for (int r = 0; r < 8; ++r) p[r] = rows[r] + 144 * k;
+    scales(p, T, c);
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    for (int j2 = 0; j2 < 4; ++j2) {
+      __m256i v[8];
+      for (int r = 0; r < 8; ++r) v[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p[r] + 16 + 32 * j2));
+      transpose8(v);
+      for (int g = 0; g < 8; ++g) {
+        st(T.w[c][2 * j2][g], _mm256_and_si256(v[g], m4));
+        st(T.w[c][2 * j2 + 1][g], _mm256_and_si256(_mm256_srli_epi16(v[g], 4), m4));
+      }
+    }
+  }
+};
+
+// Q5_K: Q4_K's scales and mins, codes below 32 (the fifth bit from qh, bit
+// j of byte i for element i of sub-block j).
+struct R8Q5_K {
+  static constexpr bool kMin = true, kSigned = false, kNeg32 = false, kTwoScales = false;
+  static constexpr int kRun = 4;
+  static void decode(const uint8_t* const rows[8], int64_t k, TileK& T, int c) {
+    const uint8_t* p[8];
+    for (int r = 0; r < 8; ++r) p[r] = rows[r] + 176 * k;
+    R8Q4_K::scales(p, T, c);
+    __m256i qh[8];
+    for (int r = 0; r < 8; ++r) qh[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p[r] + 16));
+    transpose8(qh);
+    const __m256i m4 = _mm256_set1_epi8(0x0f), b16 = _mm256_set1_epi8(0x10);
+    for (int j2 = 0; j2 < 4; ++j2) {
+      __m256i v[8];
+      for (int r = 0; r < 8; ++r) v[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p[r] + 48 + 32 * j2));
+      transpose8(v);
+      const __m256i bl = _mm256_set1_epi8((char)(1 << (2 * j2))), bh = _mm256_set1_epi8((char)(2 << (2 * j2)));
+      for (int g = 0; g < 8; ++g) {
+        const __m256i hl = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh[g], bl), bl), b16);
+        const __m256i hh = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh[g], bh), bh), b16);
+        st(T.w[c][2 * j2][g], _mm256_or_si256(_mm256_and_si256(v[g], m4), hl));
+        st(T.w[c][2 * j2 + 1][g], _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v[g], 4), m4), hh));
+      }
+    }
+  }
+};
+
+// IQ4_XS: IQ4_NL's table values (signed: the sign trick) under signed 6-bit
+// scales per 32 elements; no offset, no min.
+struct R8IQ4_XS {
+  static constexpr bool kMin = false, kSigned = true, kNeg32 = false, kTwoScales = false;
+  static constexpr int kRun = 1;
+  static void decode(const uint8_t* const rows[8], int64_t k, TileK& T, int c) {
+    const uint8_t* p[8];
+    __m256i s[8];
+    for (int r = 0; r < 8; ++r) {
+      p[r] = rows[r] + 136 * k;
+      uint16_t sh;
+      std::memcpy(&sh, p[r] + 2, 2);
+      alignas(16) int16_t ls[8];
+      for (int j = 0; j < 8; ++j)
+        ls[j] = (int16_t)((((p[r][4 + j / 2] >> (4 * (j % 2))) & 0x0f) | (((sh >> (2 * j)) & 3) << 4)) - 32);
+      s[r] = _mm256_zextsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(ls)));
+    }
+    transpose8(s);  // s[h] (h < 4): (ls_2h, ls_2h+1) per row
+    for (int h = 0; h < 4; ++h) {
+      st(T.sc[c][2 * h], dup_lo16(s[h]));
+      st(T.sc[c][2 * h + 1], dup_hi16(s[h]));
+    }
+    _mm256_store_ps(T.d[c], f16x8(p));
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const __m256i tab = _mm256_broadcastsi128_si256(
+        _mm_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113));
+    for (int j = 0; j < 8; ++j) {
+      __m256i v[4];
+      for (int r = 0; r < 4; ++r) v[r] = load2(p[r + 4] + 8 + 16 * j, p[r] + 8 + 16 * j);
+      transpose4x2(v);
+      for (int g = 0; g < 4; ++g) {
+        const __m256i lo = _mm256_shuffle_epi8(tab, _mm256_and_si256(v[g], m4));
+        const __m256i hi = _mm256_shuffle_epi8(tab, _mm256_and_si256(_mm256_srli_epi16(v[g], 4), m4));
+        st(T.w[c][j][g], lo);
+        st(T.w[c][j][4 + g], hi);
+        st(T.aw[c][j][g], _mm256_abs_epi8(lo));
+        st(T.aw[c][j][4 + g], _mm256_abs_epi8(hi));
+      }
+    }
+  }
+};
+
+struct R8Q6_K {
+  static constexpr bool kMin = false, kSigned = false, kNeg32 = true, kTwoScales = true;
+  static constexpr int kRun = 2;  // codes below 64
+  static void decode(const uint8_t* const rows[8], int64_t k, TileK& T, int c) {
+    const uint8_t* p[8];
+    const uint8_t* pd[8];
+    __m256i s[8];
+    for (int r = 0; r < 8; ++r) {
+      p[r] = rows[r] + 210 * k;
+      pd[r] = p[r] + 208;
+      s[r] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p[r] + 192)));
+    }
+    transpose8(s);  // s[h]: (sc_2h, sc_2h+1) per row
+    for (int h = 0; h < 8; ++h) {
+      // Sub-block h (elements 32h ..): groups 2h and 2h + 1.
+      st(T.sc[c][h], dup_lo16(s[h]));
+      st(T.sc2[c][h], dup_hi16(s[h]));
+      st(T.cv[c][h], _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(s[h], 5)));
+    }
+    _mm256_store_ps(T.d[c], f16x8(pd));
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x30);
+    for (int h = 0; h < 2; ++h) {
+      __m256i l0[8], l1[8], qh[8];
+      for (int r = 0; r < 8; ++r) {
+        l0[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p[r] + 64 * h));
+        l1[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p[r] + 64 * h + 32));
+        qh[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p[r] + 128 + 32 * h));
+      }
+      transpose8(l0);
+      transpose8(l1);
+      transpose8(qh);
+      for (int g = 0; g < 8; ++g) {
+        st(T.w[c][4 * h + 0][g], _mm256_or_si256(_mm256_and_si256(l0[g], m4), _mm256_and_si256(_mm256_slli_epi16(qh[g], 4), m2)));
+        st(T.w[c][4 * h + 1][g], _mm256_or_si256(_mm256_and_si256(l1[g], m4), _mm256_and_si256(_mm256_slli_epi16(qh[g], 2), m2)));
+        st(T.w[c][4 * h + 2][g],
+           _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0[g], 4), m4), _mm256_and_si256(qh[g], m2)));
+        st(T.w[c][4 * h + 3][g], _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1[g], 4), m4),
+                                                 _mm256_and_si256(_mm256_srli_epi16(qh[g], 2), m2)));
+      }
+    }
+  }
+};
+
+// Per input and block: the sums of q over the eight 32-element groups as
+// int16 (Q4_K's mins).
+template <class F, int NT>
+void passK(const TileK& T, int kn, const Rows8 R, __m256* acc) {
+  for (int c = 0; c < kn; ++c) {
+    const int8_t* q[NT];
+    for (int i = 0; i < NT; ++i) q[i] = R.q + i * R.qs + 256 * c;
+    __m256i is[NT];
+    for (int i = 0; i < NT; ++i) {
+      if constexpr (!F::kNeg32) {
+        is[i] = _mm256_setzero_si256();
+      } else {  // -32 * sum_g sc_g * (sum of q over the 16 elements of g)
+        const int16_t* s16 = R.s16 + i * R.s16s + 16 * c;
+        __m256i v = _mm256_madd_epi16(ld(T.cv[c][0]), bcast32(s16));
+        for (int h = 1; h < 8; ++h) v = _mm256_add_epi32(v, _mm256_madd_epi16(ld(T.cv[c][h]), bcast32(s16 + 2 * h)));
+        is[i] = v;
+      }
+    }
+    for (int j = 0; j < 8; ++j) {
+      const __m256i sc = ld(T.sc[c][j]);
+      __m256i sc2 = sc;
+      if constexpr (F::kTwoScales) sc2 = ld(T.sc2[c][j]);
+      __m256i part[NT];
+#pragma GCC unroll 8
+      for (int g = 0; g < 8; ++g) {
+        const __m256i w = ld(T.w[c][j][g]);
+        __m256i aw = w;
+        if constexpr (F::kSigned) aw = ld(T.aw[c][j][g]);
+#pragma GCC unroll 4
+        for (int i = 0; i < NT; ++i) {
+          const __m256i x = bcast32(q[i] + 32 * j + 4 * g);
+          const __m256i p = F::kSigned ? _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w)) : _mm256_maddubs_epi16(w, x);
+          part[i] = g % F::kRun == 0 ? p : _mm256_add_epi16(part[i], p);
+          MK_KEEP(part[i]);
+          if (g % F::kRun == F::kRun - 1) {
+            is[i] = _mm256_add_epi32(is[i], _mm256_madd_epi16(part[i], g < 4 ? sc : sc2));
+            MK_KEEP(is[i]);
+          }
+        }
+      }
+    }
+    const __m256 d = _mm256_load_ps(T.d[c]);
+    for (int i = 0; i < NT; ++i) {
+      const __m256 dx = _mm256_set1_ps(R.d[i * R.ds + c]);
+      __m256 a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[i]), _mm256_mul_ps(d, dx), acc[2 * i]);
+      if constexpr (F::kMin) {
+        const int16_t* s = R.sq + i * R.sqs + 8 * c;
+        __m256i m = _mm256_madd_epi16(ld(T.mv[c][0]), bcast32(s));
+        for (int h = 1; h < 4; ++h) m = _mm256_add_epi32(m, _mm256_madd_epi16(ld(T.mv[c][h]), bcast32(s + 2 * h)));
+        a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m), _mm256_mul_ps(_mm256_load_ps(T.nmin[c]), dx), a);
+      }
+      acc[2 * i] = a;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Rows [rb, re) in groups of eight (a last partial group repeats row rb and
+// stores only its valid outputs). Per input two accumulators of the eight
+// outputs (even and odd blocks; the K-quants use the first).
+template <class Tile, class Decode, class Pass>
+void r8_rows(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t rb, int64_t re, int chunk,
+             bool two_chains, Tile& T, Decode&& decode, Pass&& pass) {
+  struct alignas(32) Acc {
+    float v[kRows];
+  };
+  thread_local std::vector<Acc> store;
+  if (store.size() < (size_t)(2 * A.n_x)) store.resize((size_t)(2 * A.n_x));
+  __m256* acc = reinterpret_cast<__m256*>(store.data());
+  const size_t bytes = dtype_traits(W.type).block_bytes;
+  const int64_t nbw = W.cols / dtype_traits(W.type).block_size;
+  // Rows in panels of kPanel, inputs in blocks whose 8-bit activations stay
+  // in L2: a panel's weights come from memory once and stay in L2 while
+  // every block of inputs meets them (a group's tile is decoded again for
+  // each block of inputs, from L2).
+  const int64_t tb = std::max<int64_t>(kNT, (kActBytes / std::max<int64_t>(A.cols, 1)) / kNT * kNT);
+  for (int64_t p0 = rb; p0 < re; p0 += kPanel) {
+    const int64_t p1 = std::min(re, p0 + kPanel);
+    for (int64_t tb0 = 0; tb0 < A.n_x; tb0 += tb) {
+      const int64_t tb1 = std::min(A.n_x, tb0 + tb);
+      for (int64_t j0 = p0; j0 < p1; j0 += kRows) {
+        const int n = (int)std::min<int64_t>(kRows, p1 - j0);
+        const uint8_t* rows[kRows];
+        const uint8_t* ahead[kRows];
+        for (int r = 0; r < kRows; ++r) {
+          rows[r] = W.row(r < n ? j0 + r : rb);
+          ahead[r] = W.row(std::min<int64_t>(j0 + kRows + r, re - 1));
+        }
+        for (int64_t t = 2 * tb0; t < 2 * tb1; ++t) acc[t] = _mm256_setzero_ps();
+        for (int64_t k0 = 0; k0 < A.nb; k0 += chunk) {
+          const int kn = (int)std::min<int64_t>(chunk, A.nb - k0);
+          for (int c = 0; c < kn; ++c) decode(rows, k0 + c, T, c);
+          // The next group's rows for this chunk, while the inputs run.
+          const size_t pb = (size_t)(k0 * nbw / A.nb) * bytes, pe = (size_t)((k0 + kn) * nbw / A.nb) * bytes;
+          for (int r = 0; r < kRows; ++r)
+            for (size_t o = pb; o < pe; o += 64) _mm_prefetch(reinterpret_cast<const char*>(ahead[r] + o), _MM_HINT_T1);
+          int64_t t = tb0;
+          for (; t + kNT <= tb1; t += kNT) pass(std::integral_constant<int, kNT>{}, kn, k0, t, acc);
+          switch (tb1 - t) {
+            case 3: pass(std::integral_constant<int, 3>{}, kn, k0, t, acc); break;
+            case 2: pass(std::integral_constant<int, 2>{}, kn, k0, t, acc); break;
+            case 1: pass(std::integral_constant<int, 1>{}, kn, k0, t, acc); break;
+            default: break;
+          }
+        }
+        for (int64_t t = tb0; t < tb1; ++t) {
+          const __m256 y = two_chains ? _mm256_add_ps(acc[2 * t], acc[2 * t + 1]) : acc[2 * t];
+          if (n == kRows) {
+            _mm256_storeu_ps(Y + t * ldy + j0, y);
+          } else {
+            alignas(32) float tmp[kRows];
+            _mm256_store_ps(tmp, y);
+            std::memcpy(Y + t * ldy + j0, tmp, sizeof(float) * (size_t)n);
+          }
+        }
+      }
+    }
+  }
+}
+
+template <class F>
+void r8_32(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t rb, int64_t re) {
+  thread_local Tile32 T;
+  thread_local std::vector<int32_t> off;
+  if constexpr (F::kOffset != 0) {
+    // kOffset * (sum of q over each block): the unsigned codes' offset.
+    if (off.size() < (size_t)(A.n_x * A.nb)) off.resize((size_t)(A.n_x * A.nb));
+    for (int64_t t = 0; t < A.n_x; ++t) {
+      const int16_t* s = A.s16_row(t);
+      for (int64_t k = 0; k < A.nb; ++k) off[(size_t)(t * A.nb + k)] = F::kOffset * (s[2 * k] + s[2 * k + 1]);
+    }
+  }
+  const int32_t* o = off.data();
+  r8_rows(W, A, Y, ldy, rb, re, kChunk, true, T, F::decode, [&](auto nt, int kn, int64_t k0, int64_t t0, __m256* acc) {
+    Rows8 R{};
+    R.q = A.q_row(t0) + 32 * k0;
+    R.d = A.d_row(t0) + k0;
+    R.sx = A.sx_row(t0) + k0;
+    if (o != nullptr) R.off = o + t0 * A.nb + k0;
+    R.qs = A.cols;
+    R.ds = A.nb;
+    pass32<F, decltype(nt)::value>(T, kn, R, acc + 2 * t0);
+  });
+}
+
+template <class F>
+void r8_k(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t rb, int64_t re) {
+  thread_local TileK T;
+  thread_local std::vector<int16_t> sq;
+  if constexpr (F::kMin) {
+    if (sq.size() < (size_t)(A.n_x * A.nb * 8)) sq.resize((size_t)(A.n_x * A.nb * 8));
+    for (int64_t t = 0; t < A.n_x; ++t) {
+      const int16_t* s = A.s16_row(t);
+      for (int64_t g = 0; g < A.nb * 8; ++g) sq[(size_t)(t * A.nb * 8 + g)] = (int16_t)(s[2 * g] + s[2 * g + 1]);
+    }
+  }
+  const int16_t* s = sq.data();
+  r8_rows(W, A, Y, ldy, rb, re, kChunkK, false, T, F::decode, [&](auto nt, int kn, int64_t k0, int64_t t0, __m256* acc) {
+    Rows8 R{};
+    R.q = A.q_row(t0) + 256 * k0;
+    R.d = A.d_row(t0) + k0;
+    R.s16 = A.s16_row(t0) + 16 * k0;
+    if (s != nullptr) R.sq = s + (t0 * A.nb + k0) * 8;
+    R.qs = A.cols;
+    R.ds = A.nb;
+    R.s16s = A.cols / 16;
+    R.sqs = A.nb * 8;
+    passK<F, decltype(nt)::value>(T, kn, R, acc + 2 * t0);
+  });
+}
+
+}  // namespace
+
+bool fast_r8_supports(DType t) {
+  switch (t) {
+    case DType::Q4_0:
+    case DType::Q4_1:
+    case DType::Q8_0:
+    case DType::Q4_K:
+    case DType::Q6_K:
+    case DType::Q5_K:
+    case DType::IQ4_XS:
+      return true;
+    default:
+      return false;
+  }
+}
+
+void matmul_rows_fast_r8_avx2(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t rb, int64_t re) {
+  switch (W.type) {
+    case DType::Q4_0: r8_32<R8Q4_0>(W, A, Y, ldy, rb, re); break;
+    case DType::Q4_1: r8_32<R8Q4_1>(W, A, Y, ldy, rb, re); break;
+    case DType::Q8_0: r8_32<R8Q8_0>(W, A, Y, ldy, rb, re); break;
+    case DType::Q4_K: r8_k<R8Q4_K>(W, A, Y, ldy, rb, re); break;
+    case DType::Q6_K: r8_k<R8Q6_K>(W, A, Y, ldy, rb, re); break;
+    case DType::Q5_K: r8_k<R8Q5_K>(W, A, Y, ldy, rb, re); break;
+    case DType::IQ4_XS: r8_k<R8IQ4_XS>(W, A, Y, ldy, rb, re); break;
+    default: fail("fast r8 kernel: {} is not supported", dtype_traits(W.type).name);
+  }
+}
+
+}  // namespace megakern
