@@ -144,20 +144,22 @@ Schedule compile(const DecodeProgram& p, int n_rows, int W, bool chained, bool p
         task.route_end = flag_base[route_op] + n_tiles[route_op];
       }
       task.dep_begin = static_cast<uint32_t>(s.deps.size());
-      // The row this tile touches, when it touches only one.
-      const int my_row = op_is_row_tiled(op) ? t : (op.kind == OpKind::Attention ? t / (n_tiles[i] / n_rows) : -1);
+      // The rows [r0, r1) this tile touches, when it touches only some.
+      int r0 = 0, r1 = 0;
+      const bool some_rows = op_tile_rows(op, t, n_tiles[i], n_rows, r0, r1);
       for (int pr : producers) {
         const Op& pop = p.ops[static_cast<size_t>(pr)];
-        // A row-wise producer feeds a single-row consumer through that row
-        // only. StoreKV is the exception: rows of one sequence read each
-        // other's keys, so attention waits for every row's store.
-        if (my_row >= 0 && op_is_row_tiled(pop) && pop.kind != OpKind::StoreKV) {
-          s.deps.push_back(flag_base[static_cast<size_t>(pr)] + my_row);
-        } else if (my_row >= 0 && pop.kind == OpKind::Attention) {
-          // Attention tiles are (row, KV head, part of the group): a
-          // single-row consumer needs only its row's tiles.
-          const int per_row = n_tiles[static_cast<size_t>(pr)] / n_rows;
-          for (int h = 0; h < per_row; ++h) s.deps.push_back(flag_base[static_cast<size_t>(pr)] + my_row * per_row + h);
+        // A row-wise producer feeds a consumer of some rows through those
+        // rows only. StoreKV is the exception: rows of one sequence read
+        // each other's keys, so attention waits for every row's store.
+        if (some_rows && op_is_row_tiled(pop) && pop.kind != OpKind::StoreKV) {
+          for (int r = r0; r < r1; ++r) s.deps.push_back(flag_base[static_cast<size_t>(pr)] + r);
+        } else if (some_rows && pop.kind == OpKind::Attention) {
+          // Attention tiles are (row block, KV head, part of the group): a
+          // consumer of some rows needs only the tiles of their blocks.
+          int t0 = 0, t1 = 0;
+          attention_tiles_of_rows(pop, r0, r1, n_tiles[static_cast<size_t>(pr)], n_rows, t0, t1);
+          for (int pt = t0; pt < t1; ++pt) s.deps.push_back(flag_base[static_cast<size_t>(pr)] + pt);
         } else {
           for (int pt = 0; pt < n_tiles[static_cast<size_t>(pr)]; ++pt)
             s.deps.push_back(flag_base[static_cast<size_t>(pr)] + pt);

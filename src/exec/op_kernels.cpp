@@ -9,6 +9,7 @@
 #include "exec/kimi_kernels.h"
 #include "exec/moe_kernels.h"
 #include "exec/recurrent_kernels.h"
+#include "kernels/cpu/attention.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/quant_rows.h"
@@ -24,7 +25,45 @@ bool op_is_row_tiled(const Op& op) {
          op.kind != OpKind::CausalConvSilu && op.kind != OpKind::MoeGlu && op.kind != OpKind::MoeDown;
 }
 
-int attention_group_split(const Op& op, int n_rows, int n_workers) {
+int attention_row_block(int n_rows) {
+  // Up to 8 rows (decode batches of different sequences, short verify
+  // blocks) a tile is one row, as many tiles as possible for the team. A
+  // longer step is a prompt chunk: blocks of kRows rows share each tile of
+  // keys and values, and still give several tiles per worker.
+  constexpr int kRows = 16;
+  return n_rows <= 8 ? 1 : kRows;
+}
+
+AttentionTiling attention_tiling(const Op& op, int n_rows, int n_tiles) {
+  (void)op;
+  AttentionTiling at;
+  at.rows_per_block = attention_row_block(n_rows);
+  at.n_blocks = (n_rows + at.rows_per_block - 1) / at.rows_per_block;
+  at.per_block = n_tiles / at.n_blocks;
+  return at;
+}
+
+bool op_tile_rows(const Op& op, int t, int n_tiles, int n_rows, int& r0, int& r1) {
+  if (op_is_row_tiled(op)) {
+    r0 = t;
+    r1 = t + 1;
+    return true;
+  }
+  if (op.kind != OpKind::Attention) return false;
+  const AttentionTiling at = attention_tiling(op, n_rows, n_tiles);
+  const int b = t / at.per_block;
+  r0 = b * at.rows_per_block;
+  r1 = std::min(n_rows, r0 + at.rows_per_block);
+  return true;
+}
+
+void attention_tiles_of_rows(const Op& op, int r0, int r1, int n_tiles, int n_rows, int& t0, int& t1) {
+  const AttentionTiling at = attention_tiling(op, n_rows, n_tiles);
+  t0 = r0 / at.rows_per_block * at.per_block;
+  t1 = ((r1 - 1) / at.rows_per_block + 1) * at.per_block;
+}
+
+int attention_group_split(const Op& op, int n_blocks, int n_workers) {
   // A tile does the query heads of one KV head (its keys and values read
   // once), unless that leaves the team unevenly loaded: then the group is
   // cut into the fewest equal parts that give whole rounds of tiles or at
@@ -32,7 +71,7 @@ int attention_group_split(const Op& op, int n_rows, int n_workers) {
   const int group = op.n_head / op.n_head_kv;
   for (int s = 1; s < group; ++s) {
     if (group % s) continue;
-    const int tiles = n_rows * op.n_head_kv * s;
+    const int tiles = n_blocks * op.n_head_kv * s;
     if (tiles % n_workers == 0 || tiles >= 4 * n_workers) return s;
   }
   return group;
@@ -45,7 +84,10 @@ int op_tile_count(const Op& op, int n_rows, int n_workers) {
       const int64_t max_tiles = std::max<int64_t>(1, op.mat.rows / 4);
       return static_cast<int>(std::min<int64_t>(n_workers, max_tiles));
     }
-    case OpKind::Attention: return n_rows * op.n_head_kv * attention_group_split(op, n_rows, n_workers);
+    case OpKind::Attention: {
+      const int n_blocks = (n_rows + attention_row_block(n_rows) - 1) / attention_row_block(n_rows);
+      return n_blocks * op.n_head_kv * attention_group_split(op, n_blocks, n_workers);
+    }
     case OpKind::DeltaRule: return n_rows * op.n_head;
     case OpKind::MoeGlu:
     case OpKind::MoeDown: return moe_tile_count(op, n_rows, n_workers);
@@ -117,86 +159,41 @@ void matmul_scalar(const MatView& W, const float* X, int n_x, float* Y, int64_t 
     for (int t = 0; t < n_x; ++t) Y[t * ldy + j] = tr.dot(W.row(j), X + static_cast<int64_t>(t) * W.cols, W.cols);
 }
 
-// Attention of row r for the query heads of KV head g (GQA: n_head /
-// n_head_kv query heads share it). The positions are visited in chunks small
-// enough to stay in L1, and every query head of the group uses a chunk's keys
-// (then values) before the next is loaded, so a KV head is read from memory
-// once per row rather than once per query head. Each head's scores and output
-// are computed exactly as one head at a time would (same kernels over the same
-// positions in the same order), so the grouping does not change any bit.
-void attention_tile(const Op& op, const StepContext& ctx, int r, int g, int part, int n_parts) {
-  const RowInput& row = ctx.rows[r];
-  KVCache& cache = *row.cache;
+// Attention of step rows [r0, r1) for the query heads of part `part` of KV
+// head g's group (GQA: n_head / n_head_kv query heads share it). Rows of one
+// sequence (adjacent in the step, consecutive positions) go through the
+// tiled kernel together, so each tile of the KV head's keys and values is
+// read once for all of them and all their heads; every output has the bits
+// of that row and head computed alone (kernels/cpu/attention.h).
+void attention_tile(const Op& op, const StepContext& ctx, int r0, int r1, int g, int part, int n_parts) {
   const int hd = op.head_dim, group = op.n_head / op.n_head_kv / n_parts;
   const int vd = op.v_head_dim > 0 ? op.v_head_dim : hd;
-  const int pos = row.pos;
-  const int start = op.window > 0 ? std::max(0, pos - op.window + 1) : 0;
-  const int n = pos - start + 1;
   const int h0 = g * group * n_parts + part * group;  // first query head of this tile
-  const float* q = row_of(ctx, op.in, r) + static_cast<size_t>(h0) * hd;
-  thread_local std::vector<float> scores;  // [group][n]
-  scores.resize(static_cast<size_t>(group) * n);
   const int layer = op.cache_layer();
-  // Positions in runs stored back to back (a ring layer wraps at most once),
-  // cut into chunks of at most kChunk positions.
-  constexpr int kChunk = 16, kPrefetchFrom = 1024;
-  const int ring = cache.ring_len(layer);
-  auto chunk_end = [&](int p) {
-    const int run = ring > 0 ? std::min(pos + 1, p + ring - p % ring) : pos + 1;
-    return std::min(run, p + kChunk);
-  };
-  // A head's keys or values of one position are a short run (hd floats)
-  // every kv_dim floats: consecutive positions fall in different pages, where
-  // the hardware prefetchers stop, so the next chunk's lines are prefetched
-  // in software while this one is used. Short histories are left to the
-  // caches (they are mostly still there from the previous step's layer).
-  const bool prefetch = n >= kPrefetchFrom;
-  auto prefetch_chunk = [&](bool values, int p) {
-    if (!prefetch || p > pos) return;
-    const int e = chunk_end(p);
-    const int w = values ? vd : hd;
-    const size_t stride = static_cast<size_t>(values ? cache.v_width() : cache.kv_dim);
-    const float* base = values ? cache.v_at(layer, p) + g * vd : cache.k_at(layer, p) + g * hd;
-    for (int i = 0; i < e - p; ++i)
-      for (int c = 0; c < w; c += 16) __builtin_prefetch(base + i * stride + c, 0, 3);
-  };
-  for (int p = start; p <= pos;) {
-    const int e = chunk_end(p);
-    const float* k = cache.k_at(layer, p) + g * hd;
-    prefetch_chunk(false, e);
-    for (int j = 0; j < group; ++j) {
-      const float* qh = q + static_cast<size_t>(j) * hd;
-      float* s = scores.data() + static_cast<size_t>(j) * n + (p - start);
-      if (ctx.scalar)
-        for (int i = 0; i < e - p; ++i) s[i] = dot_f32_scalar(qh, k + static_cast<size_t>(i) * cache.kv_dim, hd);
-      else
-        dot_f32_rows(qh, k, cache.kv_dim, e - p, hd, s);
-      for (int i = 0; i < e - p; ++i) s[i] *= op.scale;
-    }
-    p = e;
-  }
-  float* out = row_of(ctx, op.out, r) + static_cast<size_t>(h0) * vd;
-  for (int j = 0; j < group; ++j) {
-    float* s = scores.data() + static_cast<size_t>(j) * n;
-    if (ctx.scalar)
-      softmax_inplace_scalar(s, n);
-    else
-      softmax_inplace(s, n);
-  }
-  std::fill(out, out + static_cast<size_t>(group) * vd, 0.f);
-  for (int p = start; p <= pos;) {
-    const int e = chunk_end(p);
-    const float* v = cache.v_at(layer, p) + g * vd;
-    prefetch_chunk(true, e);
-    for (int j = 0; j < group; ++j) {
-      const float* w = scores.data() + static_cast<size_t>(j) * n + (p - start);
-      float* oh = out + static_cast<size_t>(j) * vd;
-      if (ctx.scalar)
-        for (int i = 0; i < e - p; ++i) axpy_f32_scalar(w[i], v + static_cast<size_t>(i) * cache.v_width(), oh, vd);
-      else
-        axpy_f32_rows(w, v, cache.v_width(), e - p, oh, vd);
-    }
-    p = e;
+  for (int r = r0; r < r1;) {
+    KVCache& cache = *ctx.rows[r].cache;
+    int e = r + 1;
+    while (e < r1 && ctx.rows[e].cache == &cache) ++e;
+    AttentionBlock a;
+    a.q = row_of(ctx, op.in, r) + static_cast<size_t>(h0) * hd;
+    a.q_stride = width_of(ctx, op.in);
+    a.out = row_of(ctx, op.out, r) + static_cast<size_t>(h0) * vd;
+    a.out_stride = width_of(ctx, op.out);
+    a.n_rows = e - r;
+    a.pos0 = ctx.rows[r].pos;
+    a.n_heads = group;
+    a.head_dim = hd;
+    a.v_dim = vd;
+    a.window = op.window;
+    a.scale = op.scale;
+    KvHeadView kv;
+    kv.k = cache.k_at(layer, 0) + static_cast<size_t>(g) * hd;
+    kv.v = cache.v_at(layer, 0) + static_cast<size_t>(g) * vd;
+    kv.k_stride = cache.kv_dim;
+    kv.v_stride = cache.v_width();
+    kv.ring = cache.ring_len(layer);
+    attention_block(a, kv, ctx.scalar);
+    r = e;
   }
 }
 
@@ -248,12 +245,13 @@ void run_op_tile(const Op& op, const StepContext& ctx, int t, int n_tiles) {
       std::memcpy(c.v_at(op.cache_layer(), pos), row_of(ctx, op.in2, t), sizeof(float) * static_cast<size_t>(p.v_width()));
       break;
     }
-    case OpKind::Attention:
-    {
-      const int per_row = n_tiles / ctx.n_rows, n_parts = per_row / op.n_head_kv;
-      attention_tile(op, ctx, t / per_row, t % per_row / n_parts, t % n_parts, n_parts);
-    }
+    case OpKind::Attention: {
+      const AttentionTiling at = attention_tiling(op, ctx.n_rows, n_tiles);
+      const int b = t / at.per_block, n_parts = at.per_block / op.n_head_kv;
+      attention_tile(op, ctx, b * at.rows_per_block, std::min(ctx.n_rows, (b + 1) * at.rows_per_block),
+                     t % at.per_block / n_parts, t % n_parts, n_parts);
       break;
+    }
     case OpKind::GluAct: {
       const float* g = row_of(ctx, op.in, t);
       const float* u = row_of(ctx, op.in2, t);

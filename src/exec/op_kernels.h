@@ -32,9 +32,27 @@ inline float sigmoidf(float x) { return 1.f / (1.f + std::exp(-x)); }
 
 // How an op is cut into tiles for n_rows rows when the team has n_workers.
 int op_tile_count(const Op& op, int n_rows, int n_workers);
-// Attention is tiled by (row, KV head, part of its query group): the number
-// of parts each group is cut into for this step.
-int attention_group_split(const Op& op, int n_rows, int n_workers);
+// Attention is tiled by (block of rows, KV head, part of its query group).
+// Rows per block for a step of n_rows rows (rows of one sequence in a block
+// are computed together, reading the keys and values once).
+int attention_row_block(int n_rows);
+// The number of parts each group is cut into for a step of n_blocks row
+// blocks.
+int attention_group_split(const Op& op, int n_blocks, int n_workers);
+struct AttentionTiling {
+  int rows_per_block = 1;
+  int n_blocks = 0;
+  int per_block = 0;  // tiles per row block: n_head_kv x parts
+};
+// The tiling of an Attention op's n_tiles tiles over n_rows rows.
+AttentionTiling attention_tiling(const Op& op, int n_rows, int n_tiles);
+// The rows [r0, r1) whose activations tile t of op reads and writes, when its
+// work is confined to some rows (row-wise ops: one row; attention: its row
+// block). False for ops whose tiles span every row (matrix and expert
+// products, recurrent ops).
+bool op_tile_rows(const Op& op, int t, int n_tiles, int n_rows, int& r0, int& r1);
+// The tiles [t0, t1) of an Attention op that compute any of rows [r0, r1).
+void attention_tiles_of_rows(const Op& op, int r0, int r1, int n_tiles, int n_rows, int& t0, int& t1);
 // The output-row range [begin, end) of MatMul tile t of n (balanced, aligned to 4 rows).
 void matmul_tile_range(const Op& op, int t, int n, int64_t& begin, int64_t& end);
 // Whether tiles of this op correspond one-to-one to rows.
