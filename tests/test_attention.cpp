@@ -4,7 +4,7 @@
 // starting mid-cache, values narrower or wider than keys (MLA), and
 // ring-buffer layers whose slots wrap inside the block's history. Then
 // through the executors: a row of a sequence gives the same logits whether
-// it is computed alone, in a step of 8 rows or in a chunk of 40.
+// it is computed alone, in a step of 8 rows or in a chunk of 64.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -113,7 +113,7 @@ TEST(Kernels, AttentionBlockMatchesRowByRowBitForBit) {
 }
 
 // Through the executors, on a tiny gemma3 (sliding-window and global layers,
-// GQA): 40 positions of one sequence prefilled as one step, as steps of 8 and
+// GQA): 64 positions of one sequence prefilled as one step, as steps of 8 and
 // one row per step give the same logits for every position, bit for bit.
 TEST(Exec, RowGivesSameBitsAloneInEightAndInLongChunk) {
   for (const char* arch : {"gemma3", "llama"}) {
@@ -122,10 +122,11 @@ TEST(Exec, RowGivesSameBitsAloneInEightAndInLongChunk) {
     spec.n_layer = 6;
     spec.n_head = 6;
     spec.n_head_kv = 2;
+    spec.head_dim = 128;  // tiles of 32 positions: the chunk's history spans several
     const auto bytes = tiny_model(spec, 11);
     auto f = GGUFFile::parse(bytes.data(), bytes.size(), "tiny.gguf");
     auto m = DenseModel::load(*f);
-    const int N = 40, V = m->config().n_vocab;
+    const int N = 64, V = m->config().n_vocab;
     const DecodeProgram prog = build_dense_program(*m, N);
     ThreadPool pool(2);
     for (const char* kind : {"opbyop", "mega"}) {
@@ -134,7 +135,7 @@ TEST(Exec, RowGivesSameBitsAloneInEightAndInLongChunk) {
       std::vector<int32_t> toks(N);
       for (int p = 0; p < N; ++p) toks[static_cast<size_t>(p)] = (p * 29 + 3) % V;
       auto run = [&](int block) {
-        KVCache c = m->make_cache(64);
+        KVCache c = m->make_cache(128);
         std::vector<float> out(static_cast<size_t>(N) * V);
         for (int p0 = 0; p0 < N; p0 += block) {
           std::vector<RowInput> rows;
