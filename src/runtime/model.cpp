@@ -81,11 +81,6 @@ class DenseRuntimeModel final : public Model {
     s.cache = model_->make_cache(n_ctx);
     return s;
   }
-  bool prompt_forward(ThreadPool& pool, SequenceState& seq, const int32_t* tokens, int n, int pos0,
-                      float* logits) const override {
-    model_->forward(pool, seq.cache, tokens, n, pos0, 1, logits, numerics_);
-    return true;
-  }
   bool prompt_forward_logits(ThreadPool& pool, SequenceState& seq, const int32_t* tokens, int n, int pos0, int n_out,
                              float* logits) const override {
     model_->forward(pool, seq.cache, tokens, n, pos0, n_out, logits, numerics_);
