@@ -17,6 +17,8 @@
 #include "kernels/cpu/attention.h"
 #include "model/dense.h"
 #include "model/dense_program.h"
+#include "runtime/model.h"
+#include "runtime/session.h"
 #include "tiny_model.h"
 
 namespace megakern {
@@ -153,6 +155,29 @@ TEST(Exec, RowGivesSameBitsAloneInEightAndInLongChunk) {
       }
     }
   }
+}
+
+// Engine::prefill runs a dense prompt in blocks through the program without
+// its output head, and the last position alone through the full program:
+// the logits are those of one row per step, bit for bit, for any block.
+TEST(Exec, PrefillInHeadlessBlocksEqualsOneRowPerStep) {
+  auto m = load_model("dense-mini");
+  ThreadPool pool(2);
+  const int n = 70, V = m->n_vocab();
+  std::vector<int32_t> toks(n);
+  for (int p = 0; p < n; ++p) toks[static_cast<size_t>(p)] = (p * 37 + 11) % V;
+  Engine ref(*m, pool, 1, "opbyop");
+  SequenceState s0 = m->new_sequence(n);
+  std::vector<float> want(static_cast<size_t>(V)), got(static_cast<size_t>(V));
+  for (int p = 0; p < n; ++p) ref.step({s0.row(toks[static_cast<size_t>(p)], p)}, want.data());
+  for (const char* kind : {"mega", "opbyop"})
+    for (int block : {1, 8, 32, 64}) {
+      Engine e(*m, pool, 8, kind);
+      e.set_prefill_rows(block);
+      SequenceState s = m->new_sequence(n);
+      e.prefill(s, toks.data(), n, 0, got.data());
+      ASSERT_EQ(0, std::memcmp(want.data(), got.data(), sizeof(float) * V)) << kind << ", blocks of " << block;
+    }
 }
 
 }  // namespace

@@ -15,8 +15,9 @@ namespace megakern {
 
 class ThreadPool;
 
-// Prompt positions per executor step that the commands use for models
-// without a batched prompt pass (Qwen3.8, Kimi K3, Muse Spark), measured:
+// Prompt positions per executor step that the commands use (for dense
+// models also the least block an Engine prefills with), measured for the
+// recurrent models:
 // on qwen3.8-bench (q4_0, fast, 256-token prompt, 2 cores) 8 rows gave
 // 13 tok/s, 32 rows 19 and 64 rows 25 (op-by-op 34) with the megakernel.
 // Plain and speculative generation must prefill with the same block size:
