@@ -150,14 +150,14 @@ void write_svg(const std::string& path, const std::string& model, const std::vec
 }
 
 // --prompt N: prompt processing. Every (mode, executor) computes the same
-// N-token prompt from position 0 as the engine does it (the model's batched
-// prompt pass where it has one, else executor steps of --ubatch rows), the
-// rounds alternating the order; the best time of each is kept.
+// N-token prompt from position 0 as the engine does it (executor steps of
+// --ubatch rows), the rounds alternating the order; the best time of each is
+// kept.
 void bench_prompt(const BenchOptions& o, Model& M, ThreadPool& pool, const std::vector<Numerics>& modes,
                   double load_ms) {
   const auto execs = split_list(o.executors);
   const int n = o.prompt;
-  const int ub = o.ubatch > 0 ? o.ubatch : 8;
+  const int ub = o.ubatch > 0 ? o.ubatch : kDefaultUbatch;
   std::vector<int32_t> tokens(static_cast<size_t>(n));
   for (int i = 0; i < n; ++i) tokens[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919 + 17) % M.n_vocab());
   struct Case {
@@ -172,12 +172,12 @@ void bench_prompt(const BenchOptions& o, Model& M, ThreadPool& pool, const std::
       if (e != "opbyop" && e != "mega" && e != "reference")
         fail("--prompt: executor '{}' is not one of opbyop, mega, reference", e);
       cases.push_back({e + "/" + numerics_name(m), m, std::make_unique<Engine>(M, pool, ub, e)});
+      cases.back().engine->set_prefill_rows(ub);
     }
   }
   fmt::print("model {}, load {:.0f} ms; prompt of {} tokens, {} threads, best of {} rounds; {}\n", M.name(), load_ms, n,
              pool.size(), o.rounds,
-             M.prompt_forward_available() ? "dense batched prompt pass (executor-independent)"
-                                          : fmt::format("executor steps of {} rows", ub));
+             fmt::format("executor steps of {} rows", ub));
   std::vector<float> logits(static_cast<size_t>(M.n_vocab()));
   std::vector<double> best(cases.size(), 1e300);
   for (int round = 0; round < o.rounds; ++round) {
@@ -397,8 +397,8 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--prompt", o->prompt,
                   "Prompt processing instead of decode: tokens/s of an N-token prompt per executor and mode")
       ->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--ubatch", o->ubatch, "With --prompt: rows per executor step when the model has no batched prompt pass")
-      ->check(CLI::Range(1, 64));
+  cmd->add_option("--ubatch", o->ubatch, "With --prompt: rows per executor step (default: the prompt block of megakern run)")
+      ->check(CLI::Range(1, 512));
   cmd->add_option("--json", o->json, "Also write the results to this JSON file");
   cmd->add_option("--trace", o->trace, "Write a Chrome/Perfetto trace of one step per executor (largest batch)");
   cmd->add_option("--svg", o->svg, "Write a bar chart of tokens/s per batch size");

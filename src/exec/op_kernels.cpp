@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "exec/recurrent_kernels.h"
+#include "kernels/cpu/attention.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/vec.h"
 #include "ops/registry.h"
@@ -74,87 +75,42 @@ void validate_rows(const DecodeProgram& p, const std::vector<RowInput>& rows) {
   if (p.recurrent) validate_recurrent_rows(p, rows.data(), static_cast<int>(rows.size()));
 }
 
-// Attention of row r for the query heads of KV head g (GQA: n_head /
-// n_head_kv query heads share it). The positions are visited in chunks small
-// enough to stay in L1, and every query head of the group uses a chunk's keys
-// (then values) before the next is loaded, so a KV head is read from memory
-// once per row rather than once per query head. Each head's scores and output
-// are computed exactly as one head at a time would (same kernels over the same
-// positions in the same order), so the grouping does not change any bit.
-void attention_tile(const Op& op_, const StepContext& ctx, int r, int g, int part, int n_parts) {
+// Attention of step rows [r0, r1) for the query heads of part `part` of KV
+// head g's group (GQA: n_head / n_head_kv query heads share it). Rows of one
+// sequence (adjacent in the step, consecutive positions) go through the
+// tiled kernel together, so each tile of the KV head's keys and values is
+// read once for all of them and all their heads; every output has the bits
+// of that row and head computed alone (kernels/cpu/attention.h).
+void attention_tile(const Op& op_, const StepContext& ctx, int r0, int r1, int g, int part, int n_parts) {
   const ops::Attention& op = op_.as<ops::Attention>();
-  const RowInput& row = ctx.rows[r];
-  KVCache& cache = *row.cache;
   const int hd = op.head_dim, group = op.n_head / op.n_head_kv / n_parts;
   const int vd = op.v_dim();
-  const int pos = row.pos;
-  const int start = op.window > 0 ? std::max(0, pos - op.window + 1) : 0;
-  const int n = pos - start + 1;
   const int h0 = g * group * n_parts + part * group;  // first query head of this tile
-  const float* q = row_of(ctx, op_.in, r) + static_cast<size_t>(h0) * hd;
-  thread_local std::vector<float> scores;  // [group][n]
-  scores.resize(static_cast<size_t>(group) * n);
   const int layer = op_.cache_layer();
-  // Positions in runs stored back to back (a ring layer wraps at most once),
-  // cut into chunks of at most kChunk positions.
-  constexpr int kChunk = 16, kPrefetchFrom = 1024;
-  const int ring = cache.ring_len(layer);
-  auto chunk_end = [&](int p) {
-    const int run = ring > 0 ? std::min(pos + 1, p + ring - p % ring) : pos + 1;
-    return std::min(run, p + kChunk);
-  };
-  // A head's keys or values of one position are a short run (hd floats)
-  // every kv_dim floats: consecutive positions fall in different pages, where
-  // the hardware prefetchers stop, so the next chunk's lines are prefetched
-  // in software while this one is used. Short histories are left to the
-  // caches (they are mostly still there from the previous step's layer).
-  const bool prefetch = n >= kPrefetchFrom;
-  auto prefetch_chunk = [&](bool values, int p) {
-    if (!prefetch || p > pos) return;
-    const int e = chunk_end(p);
-    const int w = values ? vd : hd;
-    const size_t stride = static_cast<size_t>(values ? cache.v_width() : cache.kv_dim);
-    const float* base = values ? cache.v_at(layer, p) + g * vd : cache.k_at(layer, p) + g * hd;
-    for (int i = 0; i < e - p; ++i)
-      for (int c = 0; c < w; c += 16) __builtin_prefetch(base + i * stride + c, 0, 3);
-  };
-  for (int p = start; p <= pos;) {
-    const int e = chunk_end(p);
-    const float* k = cache.k_at(layer, p) + g * hd;
-    prefetch_chunk(false, e);
-    for (int j = 0; j < group; ++j) {
-      const float* qh = q + static_cast<size_t>(j) * hd;
-      float* s = scores.data() + static_cast<size_t>(j) * n + (p - start);
-      if (ctx.scalar)
-        for (int i = 0; i < e - p; ++i) s[i] = dot_f32_scalar(qh, k + static_cast<size_t>(i) * cache.kv_dim, hd);
-      else
-        dot_f32_rows(qh, k, cache.kv_dim, e - p, hd, s);
-      for (int i = 0; i < e - p; ++i) s[i] *= op.scale;
-    }
-    p = e;
-  }
-  float* out = row_of(ctx, op_.out, r) + static_cast<size_t>(h0) * vd;
-  for (int j = 0; j < group; ++j) {
-    float* s = scores.data() + static_cast<size_t>(j) * n;
-    if (ctx.scalar)
-      softmax_inplace_scalar(s, n);
-    else
-      softmax_inplace(s, n);
-  }
-  std::fill(out, out + static_cast<size_t>(group) * vd, 0.f);
-  for (int p = start; p <= pos;) {
-    const int e = chunk_end(p);
-    const float* v = cache.v_at(layer, p) + g * vd;
-    prefetch_chunk(true, e);
-    for (int j = 0; j < group; ++j) {
-      const float* w = scores.data() + static_cast<size_t>(j) * n + (p - start);
-      float* oh = out + static_cast<size_t>(j) * vd;
-      if (ctx.scalar)
-        for (int i = 0; i < e - p; ++i) axpy_f32_scalar(w[i], v + static_cast<size_t>(i) * cache.v_width(), oh, vd);
-      else
-        axpy_f32_rows(w, v, cache.v_width(), e - p, oh, vd);
-    }
-    p = e;
+  for (int r = r0; r < r1;) {
+    KVCache& cache = *ctx.rows[r].cache;
+    int e = r + 1;
+    while (e < r1 && ctx.rows[e].cache == &cache) ++e;
+    AttentionBlock a;
+    a.q = row_of(ctx, op_.in, r) + static_cast<size_t>(h0) * hd;
+    a.q_stride = width_of(ctx, op_.in);
+    a.out = row_of(ctx, op_.out, r) + static_cast<size_t>(h0) * vd;
+    a.out_stride = width_of(ctx, op_.out);
+    a.n_rows = e - r;
+    a.pos0 = ctx.rows[r].pos;
+    a.n_heads = group;
+    a.head_dim = hd;
+    a.v_dim = vd;
+    a.window = op.window;
+    a.scale = op.scale;
+    KvHeadView kv;
+    kv.k = cache.k_at(layer, 0) + static_cast<size_t>(g) * hd;
+    kv.v = cache.v_at(layer, 0) + static_cast<size_t>(g) * vd;
+    kv.k_stride = cache.kv_dim;
+    kv.v_stride = cache.v_width();
+    kv.ring = cache.ring_len(layer);
+    attention_block(a, kv, ctx.scalar);
+    r = e;
   }
 }
 

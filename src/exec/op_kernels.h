@@ -39,9 +39,9 @@ bool op_is_row_tiled(const Op& op);
 // Runs tile t of n_tiles of op on the context (its reference tile when ctx.scalar).
 void run_op_tile(const Op& op, const StepContext& ctx, int t, int n_tiles);
 
-// Attention of row r for the query heads of part `part` of n_parts of KV head
+// Attention of step rows [r0, r1) for the query heads of part `part` of n_parts of KV head
 // g's group (ops/attention.cpp tiles it; ctx.scalar picks its kernels).
-void attention_tile(const Op& op, const StepContext& ctx, int r, int g, int part, int n_parts);
+void attention_tile(const Op& op, const StepContext& ctx, int r0, int r1, int g, int part, int n_parts);
 
 // Checks rows against the program (throws megakern::Error).
 void validate_rows(const DecodeProgram& p, const std::vector<RowInput>& rows);

@@ -25,11 +25,16 @@ void weight_region(const Op& op, int tile, int n_tiles, Task& task) {
   }
 }
 
-// The row a tile touches when it touches only one (-1: several or all).
-int tile_row(const Op& op, int t, int n_tiles, int n_rows) {
+// The rows [r0, r1) a tile touches; false when it touches every row.
+bool tile_rows(const Op& op, int t, int n_tiles, int n_rows, int& r0, int& r1) {
   const OpInfo& i = op_info(op);
-  if (i.tile_row) return i.tile_row(op, t, n_tiles, n_rows);
-  return i.row_tiled ? t : -1;
+  if (i.tile_rows) {
+    i.tile_rows(op, t, n_tiles, n_rows, r0, r1);
+    return true;
+  }
+  r0 = t;
+  r1 = t + 1;
+  return i.row_tiled;
 }
 
 }  // namespace
@@ -89,22 +94,24 @@ Schedule compile(const DecodeProgram& p, int n_rows, int W, const CompileOptions
         task.route_end = flag_base[route_op] + n_tiles[route_op];
       }
       task.dep_begin = static_cast<uint32_t>(s.deps.size());
-      const int my_row = tile_row(op, t, n_tiles[i], n_rows);
+      int r0 = 0, r1 = 0;
+      const bool some_rows = tile_rows(op, t, n_tiles[i], n_rows, r0, r1);
       for (int pr : producers) {
         const Op& pop = p.ops[static_cast<size_t>(pr)];
-        // A row-wise producer feeds a single-row consumer through that row
-        // only (attention: its row's (KV head, part) tiles). StoreKV is the
-        // exception: rows of one sequence read each other's keys, so
-        // attention waits for every row's store.
+        // A row-wise producer feeds a consumer of some rows through those rows
+        // only (attention: the (row block, KV head, part) tiles of their
+        // blocks). StoreKV is the exception: rows of one sequence read each
+        // other's keys, so attention waits for every row's store.
         const OpInfo& pinfo = op_info(pop);
-        const bool narrow = my_row >= 0 && !pinfo.feeds_all_rows;
-        if (narrow && pinfo.row_tiled && !pinfo.tile_row) {
-          s.deps.push_back(flag_base[static_cast<size_t>(pr)] + my_row);
+        const bool narrow = some_rows && !pinfo.feeds_all_rows;
+        if (narrow && pinfo.row_tiled && !pinfo.tile_rows) {
+          for (int r = r0; r < r1; ++r) s.deps.push_back(flag_base[static_cast<size_t>(pr)] + r);
           continue;
         }
         for (int pt = 0; pt < n_tiles[static_cast<size_t>(pr)]; ++pt) {
-          const int prow = narrow ? tile_row(pop, pt, n_tiles[static_cast<size_t>(pr)], n_rows) : -1;
-          if (prow < 0 || prow == my_row) s.deps.push_back(flag_base[static_cast<size_t>(pr)] + pt);
+          int p0 = 0, p1 = 0;
+          if (!narrow || !tile_rows(pop, pt, n_tiles[static_cast<size_t>(pr)], n_rows, p0, p1) || (p0 < r1 && r0 < p1))
+            s.deps.push_back(flag_base[static_cast<size_t>(pr)] + pt);
         }
       }
       if (opts.chained && op_is_recurrent(op)) {
@@ -180,14 +187,15 @@ void check_schedule(const DecodeProgram& p, const Schedule& s) {
       bad(fmt::format("op {} tile {} is on {} worker lists", flag_op[static_cast<size_t>(f)],
                       flag_tile[static_cast<size_t>(f)], seen[static_cast<size_t>(f)]));
   // Rows a tile touches, from what each kind of op does: one row for per-row
-  // tiles and attention (row, head group); every row otherwise. A KV store
+  // tiles, a block of rows for attention; every row otherwise. A KV store
   // feeds the attention of every row of its sequence.
-  auto touches = [&](int f, int row) {
+  // [r0, r1): the consumer's rows; all = true when it touches every row.
+  auto touches = [&](int f, bool all, int r0, int r1) {
     const Op& op = p.ops[static_cast<size_t>(flag_op[static_cast<size_t>(f)])];
     const int t = flag_tile[static_cast<size_t>(f)], n = s.op_tiles[static_cast<size_t>(flag_op[static_cast<size_t>(f)])];
-    if (op_info(op).feeds_all_rows || row < 0) return true;
-    const int r = tile_row(op, t, n, s.n_rows);
-    return r < 0 || r == row;
+    if (op_info(op).feeds_all_rows || all) return true;
+    int p0 = 0, p1 = 0;
+    return !tile_rows(op, t, n, s.n_rows, p0, p1) || (p0 < r1 && r0 < p1);
   };
   // Ancestors of each tile (every tile it waits for, transitively), in flag order.
   std::vector<std::vector<bool>> anc(static_cast<size_t>(s.n_flags));
@@ -216,10 +224,11 @@ void check_schedule(const DecodeProgram& p, const Schedule& s) {
       if (!hazard) continue;
       for (int tc = 0; tc < s.op_tiles[j]; ++tc) {
         const int fc = s.op_flag[j] + tc;
-        const int row = tile_row(c, tc, s.op_tiles[j], s.n_rows);
+        int r0 = 0, r1 = 0;
+        const bool all = !tile_rows(c, tc, s.op_tiles[j], s.n_rows, r0, r1);
         for (int tp = 0; tp < s.op_tiles[i]; ++tp) {
           const int fp = s.op_flag[i] + tp;
-          if (touches(fp, row) && !anc[static_cast<size_t>(fc)][static_cast<size_t>(fp)])
+          if (touches(fp, all, r0, r1) && !anc[static_cast<size_t>(fc)][static_cast<size_t>(fp)])
             bad(fmt::format("op {} ('{}' layer {}) tile {} does not wait for op {} ('{}') tile {}", j, c.name, c.layer,
                             tc, i, pr.name, tp));
         }

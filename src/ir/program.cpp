@@ -263,4 +263,11 @@ int add_taps(DecodeProgram& p, const std::vector<int>& layers) {
   return width;
 }
 
+DecodeProgram without_head(DecodeProgram p) {
+  size_t keep = p.ops.size();
+  while (keep > 0 && p.ops[keep - 1].layer < 0 && p.ops[keep - 1].kind != OpKind::Tap) --keep;
+  p.ops.resize(keep);
+  return p;
+}
+
 }  // namespace megakern

@@ -177,4 +177,10 @@ struct DecodeProgram {
 // already has taps. Programs without taps are untouched by this.
 int add_taps(DecodeProgram& program, const std::vector<int>& layers);
 
+// The program without the ops that only produce logits: the trailing ops
+// after the last layer's (final norm, output product, softcap). Steps of it
+// leave the KV caches and recurrent states exactly as the full program's do
+// (prompt positions whose logits are not needed).
+DecodeProgram without_head(DecodeProgram program);
+
 }  // namespace megakern

@@ -9,8 +9,8 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "io/gguf.h"
-#include "kernels/cpu/ops.h"
-#include "kernels/cpu/vec.h"
+#include "exec/executor.h"
+#include "model/dense_program.h"
 
 namespace megakern {
 namespace {
@@ -195,118 +195,36 @@ void DenseModel::forward(ThreadPool& pool, KVCache& cache, const int32_t* tokens
       cache.k.size() < static_cast<size_t>(c.n_layer) * cache.n_ctx * cache.kv_dim ||
       cache.v.size() != cache.k.size())
     fail("forward: the KV cache was not made for this model");
-  // Long prompts run in chunks: per-position results do not depend on the
-  // chunking (each position's products and attention are computed alone),
-  // and scratch memory stays bounded.
-  if (n > kMaxChunk) {
-    const int first_out = n - n_out;
-    for (int c0 = 0; c0 < n; c0 += kMaxChunk) {
-      const int cn = std::min(kMaxChunk, n - c0);
-      const int out_begin = std::max(c0, first_out);
-      const int cn_out = std::max(0, c0 + cn - out_begin);
-      forward(pool, cache, tokens + c0, cn, pos0 + c0, cn_out,
-              logits + static_cast<size_t>(out_begin - first_out) * static_cast<size_t>(c.n_vocab), numerics);
-    }
-    return;
-  }
-  if (pos0 < 0 || pos0 + n > cache.n_ctx)
-    fail("context full: positions {}..{} do not fit in a context of {} tokens", pos0, pos0 + n - 1, cache.n_ctx);
+  if (pos0 < 0 || static_cast<int64_t>(pos0) + n > cache.n_ctx)
+    fail("context full: positions {}..{} do not fit in a context of {} tokens", pos0, static_cast<int64_t>(pos0) + n - 1,
+         cache.n_ctx);
   for (int t = 0; t < n; ++t)
     if (tokens[t] < 0 || tokens[t] >= c.n_vocab)
       fail("token id {} is outside the vocabulary of {} tokens", tokens[t], c.n_vocab);
-
-  const int D = c.n_embd, hd = c.head_dim, H = c.n_head, Hkv = c.n_head_kv;
-  const int qdim = H * hd, kvdim = Hkv * hd;
-  const size_t N = static_cast<size_t>(n);
-  std::vector<float> x(N * D);            // [n][D] residual stream
-  std::vector<float> xn(N * D);           // [n][D] normed input of a sublayer
-  std::vector<float> q(N * qdim);         // [n][H*hd]
-  std::vector<float> k(N * kvdim);        // [n][Hkv*hd]
-  std::vector<float> v(N * kvdim);        // [n][Hkv*hd]
-  std::vector<float> att(N * qdim);       // [n][H*hd] attention output
-  std::vector<float> proj(N * D);         // [n][D] sublayer output
-  std::vector<float> gate(N * c.n_ff);    // [n][n_ff]
-  std::vector<float> up(N * c.n_ff);      // [n][n_ff]
-
-  for (int t = 0; t < n; ++t) {
-    dequantize_row(tok_embd_, tokens[t], &x[t * D]);
-    if (c.embd_scale != 1.f)
-      for (int i = 0; i < D; ++i) x[t * D + i] *= c.embd_scale;
+  // The model's decode program on the megakernel executor, in steps of up to
+  // kMaxChunk positions of this sequence. Positions whose logits are not
+  // wanted go through the program without its output head. Every position's
+  // result has the bits of that position computed alone (rows do not depend
+  // on the step they are in).
+  const int rows = std::min(n, kMaxChunk), first_out = n - n_out;
+  DecodeProgram full = build_dense_program(*this, rows);
+  full.numerics = numerics;
+  DecodeProgram headless = without_head(full);
+  std::unique_ptr<Executor> ex_full, ex_headless;
+  std::vector<RowInput> in;
+  auto run = [&](int b, int e, bool head) {
+    if (b >= e) return;
+    in.clear();
+    for (int t = b; t < e; ++t) in.push_back({tokens[t], pos0 + t, &cache});
+    std::unique_ptr<Executor>& ex = head ? ex_full : ex_headless;
+    if (!ex) ex = make_executor("mega", head ? full : headless, pool);
+    ex->step(in, head ? logits + static_cast<size_t>(b - first_out) * static_cast<size_t>(c.n_vocab) : nullptr);
+  };
+  for (int c0 = 0; c0 < n; c0 += rows) {
+    const int c1 = std::min(n, c0 + rows), split = std::clamp(first_out, c0, c1);
+    run(c0, split, false);
+    run(split, c1, true);
   }
-
-  const int group = H / Hkv;
-  for (int l = 0; l < c.n_layer; ++l) {
-    const DenseLayer& L = layers_[static_cast<size_t>(l)];
-    const bool swa = c.layer_swa[static_cast<size_t>(l)];
-    const float base = swa ? c.rope_base_local : c.rope_base;
-
-    for (int t = 0; t < n; ++t) rmsnorm(&x[t * D], L.attn_norm.data(), D, c.eps, &xn[t * D]);
-    matmul(pool, L.wq, xn.data(), n, q.data(), numerics);
-    matmul(pool, L.wk, xn.data(), n, k.data(), numerics);
-    matmul(pool, L.wv, xn.data(), n, v.data(), numerics);
-    for (int t = 0; t < n; ++t) {
-      const int pos = pos0 + t;
-      thread_local RopeAngles angles;
-      angles.compute(c.rope_dim, pos, base);
-      for (int h = 0; h < H; ++h) {
-        float* qh = &q[t * qdim + h * hd];
-        if (c.qk_norm) rmsnorm(qh, L.q_norm.data(), hd, c.eps, qh);
-        rope_apply(qh, c.rope_dim, angles, c.rope_neox);
-      }
-      for (int h = 0; h < Hkv; ++h) {
-        float* kh = &k[t * kvdim + h * hd];
-        if (c.qk_norm) rmsnorm(kh, L.k_norm.data(), hd, c.eps, kh);
-        rope_apply(kh, c.rope_dim, angles, c.rope_neox);
-      }
-      std::memcpy(cache.k_at(l, pos), &k[t * kvdim], sizeof(float) * kvdim);
-      std::memcpy(cache.v_at(l, pos), &v[t * kvdim], sizeof(float) * kvdim);
-    }
-
-    // Causal attention: row t sees positions [start, pos0 + t]; a windowed
-    // layer only the last sliding_window of them.
-    pool.parallel_for(static_cast<int64_t>(n) * H, 1, [&](int64_t b, int64_t e) {
-      std::vector<float> scores;
-      for (int64_t idx = b; idx < e; ++idx) {
-        const int t = static_cast<int>(idx / H), h = static_cast<int>(idx % H);
-        const int pos = pos0 + t;
-        const int start = (swa && c.sliding_window > 0) ? std::max(0, pos - c.sliding_window + 1) : 0;
-        const int kvh = h / group;
-        const float* qh = &q[t * qdim + h * hd];
-        scores.resize(static_cast<size_t>(pos - start + 1));
-        // Positions are stored back to back (kv_dim apart): the many-row
-        // kernels, with the bits of one dot / axpy per position.
-        const int np = pos - start + 1;
-        dot_f32_rows(qh, cache.k_at(l, start) + kvh * hd, cache.kv_dim, np, hd, scores.data());
-        for (int p = 0; p < np; ++p) scores[static_cast<size_t>(p)] *= c.attn_scale;
-        softmax_inplace(scores.data(), static_cast<int64_t>(scores.size()));
-        float* out = &att[t * qdim + h * hd];
-        std::fill(out, out + hd, 0.f);
-        axpy_f32_rows(scores.data(), cache.v_at(l, start) + kvh * hd, cache.kv_dim, np, out, hd);
-      }
-    });
-
-    matmul(pool, L.wo, att.data(), n, proj.data(), numerics);
-    for (int t = 0; t < n; ++t) {
-      if (c.sandwich_norm) rmsnorm(&proj[t * D], L.post_attn_norm.data(), D, c.eps, &proj[t * D]);
-      for (int i = 0; i < D; ++i) x[t * D + i] += proj[t * D + i];
-      rmsnorm(&x[t * D], L.ffn_norm.data(), D, c.eps, &xn[t * D]);
-    }
-
-    matmul(pool, L.w_gate, xn.data(), n, gate.data(), numerics);
-    matmul(pool, L.w_up, xn.data(), n, up.data(), numerics);
-    glu_act(c.gelu ? GluKind::GeluTanh : GluKind::SiLU, gate.data(), up.data(), 1.f, 1.f, gate.data(),
-            static_cast<int64_t>(gate.size()));
-    matmul(pool, L.w_down, gate.data(), n, proj.data(), numerics);
-    for (int t = 0; t < n; ++t) {
-      if (c.sandwich_norm) rmsnorm(&proj[t * D], L.post_ffn_norm.data(), D, c.eps, &proj[t * D]);
-      for (int i = 0; i < D; ++i) x[t * D + i] += proj[t * D + i];
-    }
-  }
-
-  if (n_out == 0) return;
-  const int first = n - n_out;
-  for (int t = first; t < n; ++t) rmsnorm(&x[t * D], output_norm_.data(), D, c.eps, &xn[t * D]);
-  matmul(pool, output_, &xn[static_cast<size_t>(first) * D], n_out, logits, numerics);
 }
 
 }  // namespace megakern

@@ -1,6 +1,7 @@
 // Dense decoder-only transformers read from GGUF: llama (SmolLM2), qwen3 (per
 // head q/k norms) and gemma3 (sliding-window and global layers, sandwich norms,
-// GELU, scaled embeddings). Written for clarity; every buffer's shape is noted.
+// GELU, scaled embeddings). Weights, KV cache and a prompt pass that runs the
+// model's decode program; every buffer's shape is noted.
 #pragma once
 
 #include <algorithm>
@@ -77,13 +78,16 @@ class DenseModel {
   const std::vector<float>& output_norm() const { return output_norm_; }
   const std::vector<DenseLayer>& layers() const { return layers_; }
 
-  // Positions computed per pass inside forward(); longer inputs are chunked.
-  static constexpr int kMaxChunk = 256;
+  // Positions computed per step inside forward(); longer inputs are chunked.
+  static constexpr int kMaxChunk = 128;
 
   // Runs tokens[0..n) at positions pos0..pos0+n-1, appending their keys and
   // values to `cache`. Writes logits [n_out][n_vocab] for the last n_out
   // positions (n_out = n for teacher forcing, 1 for generation). Matrix
-  // products use `numerics`, as the program's MatMul ops do.
+  // products use `numerics`. This is the model's decode program (see
+  // model/dense_program.h) on the megakernel executor, in steps of up to
+  // kMaxChunk positions: each position's logits are the bits an executor
+  // step computing that position alone gives.
   void forward(ThreadPool& pool, KVCache& cache, const int32_t* tokens, int n, int pos0, int n_out,
                float* logits, Numerics numerics = Numerics::Exact) const;
 

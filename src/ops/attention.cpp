@@ -8,7 +8,12 @@
 
 namespace megakern {
 
-int attention_group_split(const Op& op, int n_rows, int n_workers) {
+int attention_row_block(int n_rows) {
+  constexpr int kRows = 16;
+  return n_rows <= 8 ? 1 : kRows;
+}
+
+int attention_group_split(const Op& op, int n_blocks, int n_workers) {
   // A tile does the query heads of one KV head (its keys and values read
   // once), unless that leaves the team unevenly loaded: then the group is
   // cut into the fewest equal parts that give whole rounds of tiles or at
@@ -17,7 +22,7 @@ int attention_group_split(const Op& op, int n_rows, int n_workers) {
   const int group = a.n_head / a.n_head_kv;
   for (int s = 1; s < group; ++s) {
     if (group % s) continue;
-    const int tiles = n_rows * a.n_head_kv * s;
+    const int tiles = n_blocks * a.n_head_kv * s;
     if (tiles % n_workers == 0 || tiles >= 4 * n_workers) return s;
   }
   return group;
@@ -49,9 +54,14 @@ void store_kv_tile(const Op& op, const StepContext& ctx, int t, int) {
 
 // The reference and fast kernels of attention differ inside attention_tile
 // (exec/op_kernels.cpp), which reads ctx.scalar.
+int n_row_blocks(int n_rows) { return (n_rows + attention_row_block(n_rows) - 1) / attention_row_block(n_rows); }
+
 void attention_op_tile(const Op& op, const StepContext& ctx, int t, int n_tiles) {
-  const int per_row = n_tiles / ctx.n_rows, n_parts = per_row / op.as<ops::Attention>().n_head_kv;
-  attention_tile(op, ctx, t / per_row, t % per_row / n_parts, t % n_parts, n_parts);
+  const int rows_per_block = attention_row_block(ctx.n_rows);
+  const int per_block = n_tiles / n_row_blocks(ctx.n_rows), n_parts = per_block / op.as<ops::Attention>().n_head_kv;
+  const int b = t / per_block;
+  attention_tile(op, ctx, b * rows_per_block, std::min(ctx.n_rows, (b + 1) * rows_per_block), t % per_block / n_parts,
+                 t % n_parts, n_parts);
 }
 
 // NoPE MLA key: head h is [k_nope of head h | the shared extra dims].
@@ -102,9 +112,14 @@ extern const OpInfo kAttentionOp = {
     .name = "attention",
     .row_tiled = false,
     .tile_count = [](const Op& op, int n_rows, int n_workers) {
-      return n_rows * op.as<ops::Attention>().n_head_kv * attention_group_split(op, n_rows, n_workers);
+      const int n_blocks = n_row_blocks(n_rows);
+      return n_blocks * op.as<ops::Attention>().n_head_kv * attention_group_split(op, n_blocks, n_workers);
     },
-    .tile_row = [](const Op&, int t, int n_tiles, int n_rows) { return t / (n_tiles / n_rows); },
+    .tile_rows = [](const Op&, int t, int n_tiles, int n_rows, int& r0, int& r1) {
+      const int rows_per_block = attention_row_block(n_rows);
+      r0 = t / (n_tiles / n_row_blocks(n_rows)) * rows_per_block;
+      r1 = std::min(n_rows, r0 + rows_per_block);
+    },
     .state_bytes = [](const Op& op, const DecodeProgram&, int pos) {
       const auto& a = op.as<ops::Attention>();
       const int n = a.window > 0 ? std::min(pos + 1, a.window) : pos + 1;

@@ -48,8 +48,9 @@ struct OpInfo {
   bool (*reads_out)(const Op& op) = nullptr;
   // Tiles for n_rows rows on n_workers workers (null: n_rows).
   int (*tile_count)(const Op& op, int n_rows, int n_workers) = nullptr;
-  // The one row tile t of n touches (null: t when row_tiled, else every row, -1).
-  int (*tile_row)(const Op& op, int t, int n_tiles, int n_rows) = nullptr;
+  // The rows [r0, r1) tile t of n touches, for a kind whose tiles each touch
+  // some rows only (null: row t when row_tiled, else every row).
+  void (*tile_rows)(const Op& op, int t, int n_tiles, int n_rows, int& r0, int& r1) = nullptr;
   // The small f32 tensors it reads whole (norm weights, taps, masks): its
   // weight bytes and, on its first tile, its prefetch range by default.
   std::span<const float> (*small_weights)(const Op& op) = nullptr;

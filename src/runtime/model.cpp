@@ -51,10 +51,6 @@ class RuntimeModel final : public Model {
     description_ = m_->description();
   }
   DecodeProgram build_program_for(int max_rows) const override { return m_->build_program(max_rows); }
-  bool prompt_forward(ThreadPool& pool, SequenceState& seq, const int32_t* tokens, int n, int pos0,
-                      float* logits) const override {
-    return m_->prompt_forward(pool, seq.cache, tokens, n, pos0, 1, logits, numerics_);
-  }
   bool prompt_forward_logits(ThreadPool& pool, SequenceState& seq, const int32_t* tokens, int n, int pos0, int n_out,
                              float* logits) const override {
     return m_->prompt_forward(pool, seq.cache, tokens, n, pos0, n_out, logits, numerics_);

@@ -62,19 +62,20 @@ class Model {
   // The zeroed state of a new sequence of up to n_ctx positions, shaped by
   // the model's program (exec/sequence_state.h).
   SequenceState new_sequence(int n_ctx) const { return make_sequence_state(shape_, n_ctx, ring_block_); }
-  // A batched prompt pass (dense models): computes tokens[0..n) of seq at
-  // positions pos0.., writing the logits of the last one. Returns false when
-  // the model has none; the engine then prefills with executor steps.
+  // A model's own prompt pass: computes tokens[0..n) of seq at positions
+  // pos0.., writing the logits of the last one. Returns false when the model
+  // has none (every model here: prompts go through the decode program, see
+  // Engine::prefill); the engine then prefills with executor steps.
   virtual bool prompt_forward(ThreadPool& pool, SequenceState& seq, const int32_t* tokens, int n, int pos0,
                               float* logits) const;
   // Teacher forcing (dense models): computes tokens[0..n) of seq at
   // positions pos0.., writing the logits of the last n_out positions,
-  // [n_out][n_vocab], each the same bits as prompt_forward would give for
-  // that position. Returns false when the model has no batched pass; callers
+  // [n_out][n_vocab], each the same bits as an executor step computing that
+  // position gives. Returns false when the model has no batched pass; callers
   // then run executor steps (Engine::step over the positions as rows).
   virtual bool prompt_forward_logits(ThreadPool& pool, SequenceState& seq, const int32_t* tokens, int n, int pos0,
                                      int n_out, float* logits) const;
-  // Whether prompt_forward computes (dense models) rather than declining.
+  // Whether prompt_forward_logits computes (dense models) rather than declining.
   virtual bool prompt_forward_available() const { return false; }
 
   const Tokenizer& tokenizer() const { return *tokenizer_; }

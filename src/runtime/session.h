@@ -14,8 +14,9 @@ namespace megakern {
 
 class ThreadPool;
 
-// Prompt positions per executor step that the commands use for models
-// without a batched prompt pass (Qwen3.8, Kimi K3, Muse Spark), measured:
+// Prompt positions per executor step that the commands use (for dense
+// models also the least block an Engine prefills with), measured for the
+// recurrent models:
 // on qwen3.8-bench (q4_0, fast, 256-token prompt, 2 cores) 8 rows gave
 // 13 tok/s, 32 rows 19 and 64 rows 25 (op-by-op 34) with the megakernel.
 // Plain and speculative generation must prefill with the same block size:
@@ -48,10 +49,19 @@ class Engine {
   void step(const std::vector<RowInput>& rows, float* logits, float* taps = nullptr);
   // Computes tokens[0..n) of seq at positions pos0.., writing the logits of
   // the last one: the model's batched prompt pass when it has one, else
-  // executor steps over blocks of up to max_rows positions. With `taps`, the
-  // taps of every position, [n][tap_width()] (always by executor steps: the
-  // batched prompt pass has no taps).
+  // executor steps over blocks of prefill_rows() positions. Blocks whose
+  // logits are not needed run the program without its output head (the
+  // trailing ops after the last layer), which updates caches and states
+  // exactly as the full program does. With `taps`, the taps of every
+  // position, [n][tap_width()] (always by steps of the full program in blocks
+  // of max_rows: the batched prompt pass has no taps).
   void prefill(SequenceState& seq, const int32_t* tokens, int n, int pos0, float* logits, float* taps = nullptr);
+  // Positions per prefill step. By default max_rows for models with
+  // recurrent state (their chunked prompt pass depends on the block size
+  // within a tolerance, so every engine of a model must agree), and at least
+  // kDefaultUbatch for the others (whose rows do not depend on the block).
+  int prefill_rows() const { return prefill_rows_; }
+  void set_prefill_rows(int rows);
 
   // Rebuilds the program with residual-stream taps after `layers` (see
   // add_taps in ir/program.h) and a new executor of the same kind. Calling it
@@ -69,6 +79,11 @@ class Engine {
   std::string exec_kind_;
   std::vector<int> tap_layers_;
   std::vector<float> block_logits_;
+  int prefill_rows_ = 0;
+  // The program without its output head, for prefill_rows_ rows, and its
+  // executor (built on first use).
+  DecodeProgram headless_;
+  std::unique_ptr<Executor> headless_exec_;
 };
 
 // One sequence being generated: its state, the tokens already in it, and the

@@ -1,0 +1,157 @@
+#include "kernels/cpu/attention.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/vec.h"
+
+namespace megakern {
+namespace {
+
+int row_start(const AttentionBlock& a, int i) {
+  const int pos = a.pos0 + i;
+  return a.window > 0 ? std::max(0, pos - a.window + 1) : 0;
+}
+
+}  // namespace
+
+int attention_tile_positions(const AttentionBlock& a) {
+  // One row: short tiles, the next one prefetched while this one is used
+  // (the single-row kernel's shape). Several rows: as many positions as fit
+  // 16 KiB of keys, so a tile of keys or values stays in L1 while every row
+  // and head of the block uses it.
+  if (a.n_rows <= 1) return 16;
+  const int w = std::max(a.head_dim, a.v_dim);
+  return std::clamp(4096 / std::max(w, 1), 8, 128);
+}
+
+void attention_block(const AttentionBlock& a, const KvHeadView& kv, bool scalar) {
+  if (a.n_rows <= 0 || a.n_heads <= 0) return;
+  const int hd = a.head_dim, vd = a.v_dim, G = a.n_heads, R = a.n_rows;
+  const int last = a.pos0 + R - 1;
+  const int first = row_start(a, 0);  // starts grow with the row
+  // Scores: row i, head j at scores + off[i] + j * len(i), len(i) =
+  // positions row i sees, indexed by position - start_i.
+  thread_local std::vector<float> scores;
+  thread_local std::vector<int64_t> off;
+  off.resize(static_cast<size_t>(R) + 1);
+  off[0] = 0;
+  for (int i = 0; i < R; ++i)
+    off[static_cast<size_t>(i) + 1] =
+        off[static_cast<size_t>(i)] + static_cast<int64_t>(G) * (a.pos0 + i - row_start(a, i) + 1);
+  scores.resize(static_cast<size_t>(off[static_cast<size_t>(R)]));
+  auto score_row = [&](int i, int j) {
+    const int len = a.pos0 + i - row_start(a, i) + 1;
+    return scores.data() + off[static_cast<size_t>(i)] + static_cast<int64_t>(j) * len;
+  };
+
+  // Tiles never cross a ring layer's wrap (positions of a tile are stored
+  // back to back).
+  const int T = attention_tile_positions(a);
+  auto tile_end = [&](int p) {
+    const int run = kv.ring > 0 ? std::min(last + 1, p + kv.ring - p % kv.ring) : last + 1;
+    return std::min(run, p + T);
+  };
+  // A head's key or value of one position is a short run every stride
+  // floats: consecutive positions fall in different pages, where hardware
+  // prefetchers stop, so over long histories the next tile's lines are
+  // prefetched in software while this one is used. Short histories are left
+  // to the caches (mostly still there from the previous step's layer).
+  constexpr int kPrefetchFrom = 1024;
+  const bool prefetch = last - first + 1 >= kPrefetchFrom;
+  auto prefetch_tile = [&](bool values, int p) {
+    if (!prefetch || p > last) return;
+    const int e = tile_end(p);
+    const int w = values ? vd : hd;
+    for (int q = p; q < e; ++q) {
+      const float* line = values ? kv.v_at(q) : kv.k_at(q);
+      for (int c = 0; c < w; c += 16) __builtin_prefetch(line + c, 0, 3);
+    }
+  };
+
+  // Pass 1: scaled scores, tile by tile.
+  for (int p = first; p <= last;) {
+    const int e = tile_end(p);
+    prefetch_tile(false, e);
+    const float* k = kv.k_at(p);
+    for (int i = std::max(0, p - a.pos0); i < R; ++i) {
+      // Row i sees [start_i, pos0 + i]; rows before p - pos0 see none of the tile.
+      const int lo = std::max(p, row_start(a, i)), hi = std::min(e, a.pos0 + i + 1);
+      if (lo >= hi) continue;
+      const float* kt = k + static_cast<int64_t>(lo - p) * kv.k_stride;
+      for (int j = 0; j < G; ++j) {
+        const float* qh = a.q + static_cast<int64_t>(i) * a.q_stride + static_cast<int64_t>(j) * hd;
+        float* s = score_row(i, j) + (lo - row_start(a, i));
+        if (scalar)
+          for (int t = 0; t < hi - lo; ++t) s[t] = dot_f32_scalar(qh, kt + static_cast<int64_t>(t) * kv.k_stride, hd);
+        else
+          dot_f32_rows(qh, kt, kv.k_stride, hi - lo, hd, s);
+        for (int t = 0; t < hi - lo; ++t) s[t] *= a.scale;
+      }
+    }
+    p = e;
+  }
+  // Softmax over each row's whole score vector, and zeroed outputs.
+  for (int i = 0; i < R; ++i) {
+    const int len = a.pos0 + i - row_start(a, i) + 1;
+    for (int j = 0; j < G; ++j) {
+      if (scalar)
+        softmax_inplace_scalar(score_row(i, j), len);
+      else
+        softmax_inplace(score_row(i, j), len);
+      float* o = a.out + static_cast<int64_t>(i) * a.out_stride + static_cast<int64_t>(j) * vd;
+      std::fill(o, o + vd, 0.f);
+    }
+  }
+  // Pass 2: values, tile by tile in increasing position order, so each
+  // output element accumulates its positions in order.
+  for (int p = first; p <= last;) {
+    const int e = tile_end(p);
+    prefetch_tile(true, e);
+    const float* v = kv.v_at(p);
+    for (int i = std::max(0, p - a.pos0); i < R; ++i) {
+      const int lo = std::max(p, row_start(a, i)), hi = std::min(e, a.pos0 + i + 1);
+      if (lo >= hi) continue;
+      const float* vt = v + static_cast<int64_t>(lo - p) * kv.v_stride;
+      for (int j = 0; j < G; ++j) {
+        const float* w = score_row(i, j) + (lo - row_start(a, i));
+        float* o = a.out + static_cast<int64_t>(i) * a.out_stride + static_cast<int64_t>(j) * vd;
+        if (scalar)
+          for (int t = 0; t < hi - lo; ++t) axpy_f32_scalar(w[t], vt + static_cast<int64_t>(t) * kv.v_stride, o, vd);
+        else
+          axpy_f32_rows(w, vt, kv.v_stride, hi - lo, o, vd);
+      }
+    }
+    p = e;
+  }
+}
+
+void attention_rows_reference(const AttentionBlock& a, const KvHeadView& kv, bool scalar) {
+  std::vector<float> s;
+  for (int i = 0; i < a.n_rows; ++i) {
+    const int pos = a.pos0 + i, start = row_start(a, i), n = pos - start + 1;
+    for (int j = 0; j < a.n_heads; ++j) {
+      const float* qh = a.q + static_cast<int64_t>(i) * a.q_stride + static_cast<int64_t>(j) * a.head_dim;
+      s.assign(static_cast<size_t>(n), 0.f);
+      for (int p = start; p <= pos; ++p) {
+        const float d = scalar ? dot_f32_scalar(qh, kv.k_at(p), a.head_dim) : dot_f32(qh, kv.k_at(p), a.head_dim);
+        s[static_cast<size_t>(p - start)] = d * a.scale;
+      }
+      if (scalar)
+        softmax_inplace_scalar(s.data(), n);
+      else
+        softmax_inplace(s.data(), n);
+      float* o = a.out + static_cast<int64_t>(i) * a.out_stride + static_cast<int64_t>(j) * a.v_dim;
+      std::fill(o, o + a.v_dim, 0.f);
+      for (int p = start; p <= pos; ++p) {
+        if (scalar)
+          axpy_f32_scalar(s[static_cast<size_t>(p - start)], kv.v_at(p), o, a.v_dim);
+        else
+          axpy_f32(s[static_cast<size_t>(p - start)], kv.v_at(p), o, a.v_dim);
+      }
+    }
+  }
+}
+
+}  // namespace megakern
