@@ -43,4 +43,15 @@ inline __m256i nibbles(const uint8_t* qs) {
   return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
 }
 
+// Stores the first n (1..8) floats of y at dst: one vector store when n is 8.
+inline void store_f32_first(float* dst, __m256 y, int64_t n) {
+  if (n == 8) {
+    _mm256_storeu_ps(dst, y);
+    return;
+  }
+  alignas(32) float tmp[8];
+  _mm256_store_ps(tmp, y);
+  std::memcpy(dst, tmp, sizeof(float) * static_cast<size_t>(n));
+}
+
 }  // namespace megakern::avx2

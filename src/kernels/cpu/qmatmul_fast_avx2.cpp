@@ -560,13 +560,7 @@ void run_groups(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_
     group(rows, ahead, acc);
     for (int64_t t = 0; t < A.n_x; ++t) {
       const __m256 y = two_chains ? _mm256_add_ps(acc[2 * t], acc[2 * t + 1]) : acc[2 * t];
-      if (n == kRows) {
-        _mm256_storeu_ps(Y + t * ldy + j0, y);
-      } else {
-        alignas(32) float tmp[kRows];
-        _mm256_store_ps(tmp, y);
-        std::memcpy(Y + t * ldy + j0, tmp, sizeof(float) * (size_t)n);
-      }
+      avx2::store_f32_first(Y + t * ldy + j0, y, n);
     }
   }
 }

@@ -100,6 +100,17 @@ struct Tile32 {
   alignas(32) float s0[kChunk][kRows], mn[kChunk][kRows];
 };
 
+// The transposed packed bytes of block c of eight 4-bit rows (v[g]: each row's
+// bytes 4g..4g+3 in its lane) as codes: low nibbles (elements 4g..4g+3) in
+// groups 0..3, high nibbles (16 + 4g..) in groups 4..7.
+inline void store_nibbles(const __m256i v[4], Tile32& T, int c) {
+  const __m256i m4 = _mm256_set1_epi8(0x0f);
+  for (int g = 0; g < 4; ++g) {
+    st(T.w[c][g], _mm256_and_si256(v[g], m4));
+    st(T.w[c][4 + g], _mm256_and_si256(_mm256_srli_epi16(v[g], 4), m4));
+  }
+}
+
 // Nibble formats: element i < 16 in the low nibble of byte i, 16 + i in the
 // high one; kRun is the number of vpmaddubsw results whose int16 pair sums
 // can be added without overflow (codes below 16: all eight).
@@ -112,11 +123,7 @@ struct R8Q4_0 {
     __m256i v[4];
     for (int r = 0; r < 4; ++r) v[r] = load2(p[r + 4] + 2, p[r] + 2);
     transpose4x2(v);
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
-    for (int g = 0; g < 4; ++g) {
-      st(T.w[c][g], _mm256_and_si256(v[g], m4));
-      st(T.w[c][4 + g], _mm256_and_si256(_mm256_srli_epi16(v[g], 4), m4));
-    }
+    store_nibbles(v, T, c);
     _mm256_store_ps(T.s0[c], f16x8(p));
   }
 };
@@ -130,11 +137,7 @@ struct R8Q4_1 {
     __m256i v[4];
     for (int r = 0; r < 4; ++r) v[r] = load2(p[r + 4] + 4, p[r] + 4);
     transpose4x2(v);
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
-    for (int g = 0; g < 4; ++g) {
-      st(T.w[c][g], _mm256_and_si256(v[g], m4));
-      st(T.w[c][4 + g], _mm256_and_si256(_mm256_srli_epi16(v[g], 4), m4));
-    }
+    store_nibbles(v, T, c);
     _mm256_store_ps(T.s0[c], f16x8(p));
     _mm256_store_ps(T.mn[c], f16x8(pm));
   }
@@ -513,13 +516,7 @@ void r8_rows(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t r
         }
         for (int64_t t = tb0; t < tb1; ++t) {
           const __m256 y = two_chains ? _mm256_add_ps(acc[2 * t], acc[2 * t + 1]) : acc[2 * t];
-          if (n == kRows) {
-            _mm256_storeu_ps(Y + t * ldy + j0, y);
-          } else {
-            alignas(32) float tmp[kRows];
-            _mm256_store_ps(tmp, y);
-            std::memcpy(Y + t * ldy + j0, tmp, sizeof(float) * (size_t)n);
-          }
+          avx2::store_f32_first(Y + t * ldy + j0, y, n);
         }
       }
     }
