@@ -311,6 +311,41 @@ TEST(Kernels, RandomBitPatternsMatchOracle) {
 // FP8 blocks from raw bytes: every non-NaN code, scale bytes across the
 // whole range (including the e > 246 path of the AVX2 decoder), subnormal
 // codes; the f32 path must equal dot_f32 over the reference dequantisation.
+// Many inputs take the decoded-panel path (a panel of rows decoded once, then
+// every group of four inputs): the oracle's bits at input counts on both
+// sides of each format's switch, odd sub-block counts, several panels (long
+// rows make panels of few rows), row ranges starting inside a panel, and
+// misaligned weights and inputs.
+TEST(Kernels, DecodedPanelPathMatchesOracle) {
+  for (DType t : all_types()) {
+    if (!uses_i16_acts(t)) continue;
+    const DTypeTraits& tr = dtype_traits(t);
+    SCOPED_TRACE(tr.name);
+    const int64_t bs = std::max<int64_t>(tr.block_size, 32);
+    for (const int64_t cols : {bs * 3, bs * ((4128 + bs - 1) / bs)}) {
+      const int64_t rows = 29;
+      const Weights W = make_weights(t, rows, cols, (uint32_t)(cols + 5), 3);
+      for (const int64_t n_x : {5, 9, 16, 17, 33}) {
+        const auto xbuf = make_inputs(n_x, cols, (uint32_t)(n_x * 7 + cols), 1);
+        const float* X = xbuf.data() + 1;
+        QuantizedActs A;
+        quantize_acts(X, n_x, cols, A);
+        std::vector<float> O((size_t)(n_x * rows));
+        matmul_rows_i16_ref(W.view, A, O.data(), rows, 0, rows);
+        for (const auto& [rb, re] : {std::pair<int64_t, int64_t>{0, rows}, {7, 26}, {13, 14}}) {
+          std::vector<float> Y((size_t)(n_x * rows), NAN);
+          matmul_rows(W.view, X, n_x, Y.data(), rows, rb, re);
+          for (int64_t s = 0; s < n_x; ++s)
+            ASSERT_EQ(std::memcmp(&Y[(size_t)(s * rows + rb)], &O[(size_t)(s * rows + rb)],
+                                  (size_t)(re - rb) * sizeof(float)),
+                      0)
+                << "cols=" << cols << " n_x=" << n_x << " rows [" << rb << "," << re << ") input " << s;
+        }
+      }
+    }
+  }
+}
+
 TEST(Kernels, Fp8RawBlocksMatchReference) {
   std::mt19937 rng(99);
   const int64_t cols = 32 * 6, rows = 40;

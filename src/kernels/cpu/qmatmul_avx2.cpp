@@ -7,7 +7,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <type_traits>
+#include <vector>
 
 #include "core/dtype.h"
 #include "core/half.h"
@@ -535,8 +538,171 @@ inline void i16_row(const uint8_t* row, const QuantizedActs& A, int64_t t0, floa
 // are produced, never how any one output is computed.
 inline int64_t tile_rows(size_t row_bytes) { return std::max<int64_t>(1, (int64_t)((96u << 10) / row_bytes)); }
 
+// Many inputs: a panel of weight rows is decoded once into int16 codes and
+// scales (decode can cost more than the products it feeds: a Q4_K sub-block
+// unpacks scales, mins and nibbles), then every group of four inputs runs
+// over the decoded panel from L2 with its activations in L1. Each output is
+// computed with exactly i16_row's operations in i16_row's order.
+struct Codes {
+  __m256i lo, hi;
+};
+struct Panel {
+  std::vector<Codes> codes;    // [row][sub-block]
+  std::vector<float> scales;   // [row][sub-block][sc, sc1, mn, -]
+};
+
+template <class F>
+void decode_panel(const MatView& W, int64_t nb, int64_t jb, int64_t je, Panel& p) {
+  const size_t n = (size_t)((je - jb) * nb);
+  if (p.codes.size() < n) p.codes.resize(n);
+  if (p.scales.size() < 4 * n) p.scales.resize(4 * n);
+  for (int64_t j = jb; j < je; ++j) {
+    const uint8_t* row = W.row(j);
+    int64_t cur = -1;
+    typename StateOf<F>::type st;
+    const size_t base = (size_t)((j - jb) * nb);
+    for (int64_t k = 0; k < nb; ++k) {
+      Sub s;
+      s.sc1 = s.mn = 0.0f;
+      decode_sub<F>(row, k, cur, st, s);
+      p.codes[base + k] = Codes{s.lo, s.hi};
+      float* sc = &p.scales[4 * (base + k)];
+      sc[0] = s.sc;
+      sc[1] = s.sc1;
+      sc[2] = s.mn;
+    }
+  }
+}
+
+template <class F>
+inline Sub panel_sub(const Codes* codes, const float* scales, int64_t k) {
+  Sub s;
+  s.lo = codes[k].lo;
+  s.hi = codes[k].hi;
+  s.sc = scales[4 * k];
+  s.sc1 = scales[4 * k + 1];
+  s.mn = scales[4 * k + 2];
+  return s;
+}
+
+// contrib with the scale products given: f0 = sc * dx (f1 = sc1 * dx), the
+// same products contrib forms, computed for four inputs at once.
+template <class F>
+inline __m256 contrib_f(const Sub& s, const int16_t* xq, const float* xs, int64_t k, __m256 f0, __m256 f1,
+                        __m256 acc) {
+  const __m256i xlo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32 * k));
+  const __m256i xhi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32 * k + 16));
+  const __m256i plo = _mm256_madd_epi16(s.lo, xlo), phi = _mm256_madd_epi16(s.hi, xhi);
+  if constexpr (F::kTwoScales) {
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(plo), f0, acc);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(phi), f1, acc);
+  } else {
+    (void)f1;
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(plo, phi)), f0, acc);
+  }
+  if constexpr (F::kMin) acc = _mm256_fmadd_ps(_mm256_set1_ps(s.mn), _mm256_loadu_ps(xs + 8 * k), acc);
+  return acc;
+}
+
+// Scale products of one decoded row for inputs t0 .. t0+3: fac[k][u] =
+// sc_k * dx[t0+u][k] (and fac[k][4+u] with sc1), from dxT = dx transposed
+// ([k][t], padded so four lanes can always be read).
+template <class F>
+inline void row_factors(const float* scales, const float* dxT, int64_t ldt, int64_t t0, int64_t nb, float* fac) {
+  for (int64_t k = 0; k < nb; ++k) {
+    const __m128 dx = _mm_loadu_ps(dxT + k * ldt + t0);
+    _mm_storeu_ps(fac + 8 * k, _mm_mul_ps(_mm_set1_ps(scales[4 * k]), dx));
+    if constexpr (F::kTwoScales) _mm_storeu_ps(fac + 8 * k + 4, _mm_mul_ps(_mm_set1_ps(scales[4 * k + 1]), dx));
+  }
+}
+
+// i16_row's NT > 1 loop over a decoded row, scale products from fac.
+template <class F, int NT>
+inline void panel_row(const Codes* codes, const float* scales, const float* fac, const QuantizedActs& A, int64_t t0,
+                      float* Y, int64_t ldy, int64_t j) {
+  __m256 acc[NT];
+  const int16_t* xq[NT];
+  const float* xs[NT];
+  for (int t = 0; t < NT; ++t) {
+    acc[t] = _mm256_setzero_ps();
+    xq[t] = A.q_row(t0 + t);
+    xs[t] = A.s_row(t0 + t);
+  }
+  const int64_t nsub = A.nb;
+  int64_t k = 0;
+  for (; k + 2 <= nsub; k += 2) {
+    const Sub s0 = panel_sub<F>(codes, scales, k), s1 = panel_sub<F>(codes, scales, k + 1);
+    const float* f0 = fac + 8 * k;
+    const float* f1 = f0 + 8;
+    for (int t = 0; t < NT; ++t) {
+      __m256 tmp = contrib_f<F>(s0, xq[t], xs[t], k, _mm256_broadcast_ss(f0 + t), _mm256_broadcast_ss(f0 + 4 + t),
+                                _mm256_setzero_ps());
+      tmp = contrib_f<F>(s1, xq[t], xs[t], k + 1, _mm256_broadcast_ss(f1 + t), _mm256_broadcast_ss(f1 + 4 + t), tmp);
+      acc[t] = _mm256_add_ps(acc[t], tmp);
+    }
+  }
+  if (k < nsub) {
+    const Sub s = panel_sub<F>(codes, scales, k);
+    const float* f = fac + 8 * k;
+    for (int t = 0; t < NT; ++t)
+      acc[t] = contrib_f<F>(s, xq[t], xs[t], k, _mm256_broadcast_ss(f + t), _mm256_broadcast_ss(f + 4 + t), acc[t]);
+  }
+  for (int t = 0; t < NT; ++t) Y[(t0 + t) * ldy + j] = hsum(acc[t]);
+}
+
+// Inputs from which the decoded-panel path is taken: decoding once pays
+// sooner where it is dear (K-quants, IQ4_XS and Q3_K unpack scales and bits;
+// measured: from 5 inputs), and from 16 for the formats whose sub-blocks
+// decode in a few instructions (at 8 inputs the panel's extra stores and
+// loads cost more than a second decode). MEGAKERN_I16_PANEL_MIN overrides
+// both, for A/B runs; results are the same bits either way.
+template <class F>
+int64_t panel_min_inputs() {
+  static const long env = [] {
+    const char* e = std::getenv("MEGAKERN_I16_PANEL_MIN");
+    return e ? std::strtol(e, nullptr, 10) : 0L;
+  }();
+  if (env > 0) return env;
+  constexpr bool dear = std::is_same_v<F, Q4_K> || std::is_same_v<F, Q5_K> || std::is_same_v<F, Q6_K> ||
+                        std::is_same_v<F, Q3_K> || std::is_same_v<F, IQ4_XS>;
+  return dear ? 5 : 16;
+}
+
+template <class F>
+void i16_rows_panel(const MatView& W, const QuantizedActs& A, float* Y, int64_t ldy, int64_t rb, int64_t re) {
+  thread_local Panel panel;
+  thread_local std::vector<float> dxT, fac;
+  const int64_t nb = A.nb, ldt = A.n_x + 4;
+  dxT.assign((size_t)(nb * ldt), 0.0f);
+  for (int64_t t = 0; t < A.n_x; ++t)
+    for (int64_t k = 0; k < nb; ++k) dxT[(size_t)(k * ldt + t)] = A.d_row(t)[k];
+  fac.resize((size_t)(8 * nb));
+  const int64_t rows = std::max<int64_t>(1, (int64_t)((128u << 10) / (size_t)(nb * 80)));
+  for (int64_t jb = rb; jb < re; jb += rows) {
+    const int64_t je = std::min(re, jb + rows);
+    decode_panel<F>(W, nb, jb, je, panel);
+    int64_t t0 = 0;
+    auto run = [&]<int NT>() {
+      for (int64_t j = jb; j < je; ++j) {
+        const size_t base = (size_t)((j - jb) * nb);
+        const float* sc = panel.scales.data() + 4 * base;
+        row_factors<F>(sc, dxT.data(), ldt, t0, nb, fac.data());
+        panel_row<F, NT>(panel.codes.data() + base, sc, fac.data(), A, t0, Y, ldy, j);
+      }
+    };
+    for (; t0 + 4 <= A.n_x; t0 += 4) run.template operator()<4>();
+    switch (A.n_x - t0) {
+      case 3: run.template operator()<3>(); break;
+      case 2: run.template operator()<2>(); break;
+      case 1: run.template operator()<1>(); break;
+      default: break;
+    }
+  }
+}
+
 template <class F>
 void i16_rows(const MatView& W, const QuantizedActs& A, float* Y, int64_t ldy, int64_t rb, int64_t re) {
+  if (A.n_x >= panel_min_inputs<F>()) return i16_rows_panel<F>(W, A, Y, ldy, rb, re);
   const int64_t tile = A.n_x <= 4 ? re - rb : tile_rows(W.row_bytes);
   for (int64_t jb = rb; jb < re; jb += tile) {
     const int64_t je = std::min(re, jb + tile);
