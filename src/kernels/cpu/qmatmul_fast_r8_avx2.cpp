@@ -234,6 +234,44 @@ struct R8Gen {
   }
 };
 
+// NVFP4: a 64-element block (36 bytes: four e4m3 scales of 16 elements, then
+// 32 bytes of e2m1 nibbles) read as two 32-element blocks; in each
+// 16-element sub-block of 8 bytes, low nibbles are elements 0..7 and high
+// ones 8..15. Codes are the doubled values + 12 (fast32::FNVFP4); the scales
+// (halved, e4m3 with its sign dropped, 0x7f read as 0) are converted for the
+// eight rows at once: the 7 bits moved to an f32's exponent and mantissa
+// fields and scaled by 2^119 (2^(127 - 7) for the exponent bias, times 1/2),
+// exact for the subnormal codes too.
+struct R8NVFP4 {
+  static constexpr bool kTwo = true, kSigned = false, kMin = false;
+  static constexpr int kOffset = fast32::FNVFP4::kOffset, kRun = run_for(fast32::FNVFP4::kMaxCode, 4);
+  static __m256 scales(__m256i e) {
+    const __m256i m7 = _mm256_set1_epi32(0x7f);
+    e = _mm256_and_si256(e, m7);
+    const __m256 v = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(e, 20)), _mm256_set1_ps(0x1p119f));
+    return _mm256_andnot_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(e, m7)), v);
+  }
+  static void decode(const uint8_t* const rows[8], int64_t k, Tile32& T, int c) {
+    const int64_t at = (k / 2) * 36;
+    const int h = (int)(k % 2);
+    __m256i v[4];
+    for (int r = 0; r < 4; ++r) v[r] = load2(rows[r + 4] + at + 4 + 16 * h, rows[r] + at + 4 + 16 * h);
+    transpose4x2(v);
+    // Bytes 4g .. 4g + 3: low nibbles to group kLo[g], high ones to kHi[g].
+    static constexpr int kLo[4] = {0, 1, 4, 5}, kHi[4] = {2, 3, 6, 7};
+    const __m256i m4 = _mm256_set1_epi8(0x0f), tab = fast32::e2m1_plus12_table();
+    for (int g = 0; g < 4; ++g) {
+      st(T.w[c][kLo[g]], _mm256_shuffle_epi8(tab, _mm256_and_si256(v[g], m4)));
+      st(T.w[c][kHi[g]], _mm256_shuffle_epi8(tab, _mm256_and_si256(_mm256_srli_epi16(v[g], 4), m4)));
+    }
+    uint16_t sc[8];
+    for (int r = 0; r < 8; ++r) std::memcpy(&sc[r], rows[r] + at + 2 * h, 2);
+    const __m256i e = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc)));
+    _mm256_store_ps(T.s0[c], scales(e));
+    _mm256_store_ps(T.s1[c], scales(_mm256_srli_epi32(e, 8)));
+  }
+};
+
 // Block c of the tile (unsigned codes) against inputs t0 .. t0 + NT - 1:
 // the exact integer sums of the eight rows, one vector per input (kTwo: lo
 // for elements 0..15, hi for 16..31).
@@ -733,7 +771,7 @@ void matmul_rows_fast_r8_avx2(const MatView& W, const Q8Acts& A, float* Y, int64
     case DType::IQ4_NL: r8_32<R8Gen<fast32::FIQ4_NL>>(W, A, Y, ldy, rb, re); break;
     case DType::Q3_K: r8_32<R8Gen<fast32::FQ3_K>>(W, A, Y, ldy, rb, re); break;
     case DType::MXFP4: r8_32<R8Gen<fast32::FMXFP4>>(W, A, Y, ldy, rb, re); break;
-    case DType::NVFP4: r8_32<R8Gen<fast32::FNVFP4>>(W, A, Y, ldy, rb, re); break;
+    case DType::NVFP4: r8_32<R8NVFP4>(W, A, Y, ldy, rb, re); break;
     case DType::INT4_G128: r8_32<R8Gen<fast32::FINT4_G128>>(W, A, Y, ldy, rb, re); break;
     case DType::INT8_COL: r8_32<R8Gen<fast32::FINT8_COL>>(W, A, Y, ldy, rb, re); break;
     default: fail("fast r8 kernel: {} is not supported", dtype_traits(W.type).name);
