@@ -14,6 +14,20 @@
 // block are then done for the eight rows of one input with vector FMAs, in
 // the order the contract states. Several inputs (kNT) are computed per pass
 // so that each weight vector loaded from the tile serves all of them.
+//
+// Every fast-mode format is here. Signed 8-bit weights (Q8_0, INT8_COL,
+// IQ4_NL) go as int16 through vpmaddwd instead (store_signed); NVFP4 and
+// Q3_K (two scales per 32-element block) keep the sums of elements 0..15 and
+// 16..31 apart.
+//
+// Cost per 32-element block of the eight rows and one input, in vector
+// operations other than loads (the inner loop is bound by them: about three
+// per cycle): unsigned 4-bit codes 8 vpmaddubsw + 7 vpaddw + 1 vpmaddwd,
+// plus the float steps (vcvtdq2ps, vmulps, vfmadd) and the offset (vpsubd):
+// 20. Signed 8-bit weights: 16 vpmaddwd + 15 vpaddd + 3 float = 34 (the
+// sign trick costs the same count with 27 of them on the two multiply
+// ports, against 19). Without a dot-product instruction these are near
+// the floor: a vpmaddubsw's int16 result needs one addition to be kept.
 #include <immintrin.h>
 
 #include <algorithm>
