@@ -5,6 +5,14 @@
 //   BM_Matmul/<format>/rows:R/threads:T
 //                                matmul(pool, W, X, R, Y) with W a >= 64 MiB
 //                                matrix of 4096 columns in <format>.
+//   BM_MatmulFast/<format>/rows:R/threads:T
+//                                the same in the fast numerics mode (8-bit
+//                                activations, core/numerics.h), for the formats
+//                                that have it; the activation quantisation is
+//                                part of each call. GMAC/s = R x rows x 4096
+//                                multiply-adds per call / time (also on
+//                                BM_Matmul): the figure for the compute-bound
+//                                many-row cases.
 //   BM_Attention/ctx:N/threads:T one decode row attending over N cached
 //                                positions, 32 query / 8 KV heads of 128 (f32 K
 //                                and V read once: bytes = 2 N 8 128 4); tiles
@@ -47,6 +55,7 @@
 #include "exec/recurrent_kernels.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/qmatmul_fast.h"
 
 namespace {
 
@@ -158,7 +167,7 @@ const Matrix& matrix(DType t) {
   return *m;
 }
 
-void BM_Matmul(benchmark::State& state, DType t) {
+void BM_Matmul(benchmark::State& state, DType t, Numerics numerics) {
   const int64_t n_x = state.range(0);
   const int threads = (int)state.range(1);
   const double probe = probe_gbps(threads);
@@ -168,9 +177,9 @@ void BM_Matmul(benchmark::State& state, DType t) {
   std::mt19937 rng(7);
   std::normal_distribution<float> g(0.0f, 1.0f);
   for (float& v : X) v = g(rng);
-  matmul(p, m.view, X.data(), n_x, Y.data());  // warm-up
+  matmul(p, m.view, X.data(), n_x, Y.data(), numerics);  // warm-up
   for (auto _ : state) {
-    matmul(p, m.view, X.data(), n_x, Y.data());
+    matmul(p, m.view, X.data(), n_x, Y.data(), numerics);
     benchmark::DoNotOptimize(Y.data());
     benchmark::ClobberMemory();
   }
@@ -181,6 +190,8 @@ void BM_Matmul(benchmark::State& state, DType t) {
   state.counters["pct_probe"] =
       benchmark::Counter(bytes / 1e9 * 100.0 / probe, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["probe_GB/s"] = probe;
+  const double macs = (double)n_x * (double)m.view.rows * (double)m.view.cols;
+  state.counters["GMAC/s"] = benchmark::Counter(macs / 1e9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 // --- attention and the delta rule through the executors' tile kernels -------
@@ -331,9 +342,18 @@ void register_all() {
   for (size_t i = 0; i < n; ++i) {
     const DType t = all[i];
     const std::string name = std::string("BM_Matmul/") + dtype_traits(t).name;
-    auto* b = benchmark::RegisterBenchmark(name.c_str(), [t](benchmark::State& s) { BM_Matmul(s, t); });
+    auto* b = benchmark::RegisterBenchmark(name.c_str(), [t](benchmark::State& s) { BM_Matmul(s, t, Numerics::Exact); });
     b->ArgNames({"rows", "threads"})->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(0.3);
     for (int64_t rows : {1, 2, 4, 8, 16, 64})
+      for (int threads : {1, 2}) b->Args({rows, threads});
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const DType t = all[i];
+    if (!uses_fast_acts(t)) continue;
+    const std::string name = std::string("BM_MatmulFast/") + dtype_traits(t).name;
+    auto* b = benchmark::RegisterBenchmark(name.c_str(), [t](benchmark::State& s) { BM_Matmul(s, t, Numerics::Fast); });
+    b->ArgNames({"rows", "threads"})->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(0.3);
+    for (int64_t rows : {1, 4, 16, 64})
       for (int threads : {1, 2}) b->Args({rows, threads});
   }
   for (int threads : {1, 2}) {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds and runs the kernel micro-benchmarks (bench/bench_kernels.cpp) and
 # prints a table: format x rows, GB/s with 1 and 2 threads, next to the
-# read-bandwidth probe measured in the same run.
+# read-bandwidth probe measured in the same run; then the fast mode's GMAC/s.
 #   scripts/bench_kernels.sh [BUILD_DIR] [-- extra Google Benchmark flags]
 # e.g. scripts/bench_kernels.sh build -- --benchmark_filter='q4_0|ReadBandwidth'
 #      scripts/bench_kernels.sh build -- --benchmark_repetitions=3   (medians)
@@ -24,6 +24,7 @@ python3 - "$json" <<'PY'
 import json, re, sys
 doc = json.load(open(sys.argv[1]))
 probe, table, fmts = {}, {}, []
+fast, ffmts = {}, []
 bench = doc["benchmarks"]
 # With --benchmark_repetitions, use the medians only.
 if any(b.get("run_type") == "aggregate" for b in bench):
@@ -33,6 +34,12 @@ for b in bench:
     m = re.match(r"BM_ReadBandwidth(_end)?/threads:(\d+)", name)
     if m:
         probe.setdefault(int(m.group(2)), []).append(b["GB/s"])
+        continue
+    m = re.match(r"BM_MatmulFast/([^/]+)/rows:(\d+)/threads:(\d+)", name)
+    if m:
+        f = m.group(1)
+        if f not in ffmts: ffmts.append(f)
+        fast[(f, int(m.group(2)), int(m.group(3)))] = b["GMAC/s"]
         continue
     m = re.match(r"BM_Matmul/([^/]+)/rows:(\d+)/threads:(\d+)", name)
     if m:
@@ -55,4 +62,9 @@ for f in fmts:
     if one1 and one2: extra += f"   {one1[2]:.0f}%/{one2[2]:.0f}%"
     if one1 and one2 and e1 and e2: extra += f"   {e1[1] / one1[1]:.2f}x/{e2[1] / one2[1]:.2f}x"
     print(f"{f:<10} " + " ".join(cells) + extra)
+if fast:
+    frows = sorted({r for (_, r, _) in fast})
+    print(f"fast mode {'':<0}" + " ".join(f"{'r=' + str(r) + ' 1t/2t':>15}" for r in frows) + "   (GMAC/s)")
+    for f in ffmts:
+        print(f"{f:<10}" + " ".join(f"{fast.get((f, r, 1), 0):6.1f}/{fast.get((f, r, 2), 0):<6.1f}".rjust(15) for r in frows))
 PY

@@ -14,6 +14,20 @@
 // block are then done for the eight rows of one input with vector FMAs, in
 // the order the contract states. Several inputs (kNT) are computed per pass
 // so that each weight vector loaded from the tile serves all of them.
+//
+// Every fast-mode format is here. Signed 8-bit weights (Q8_0, INT8_COL,
+// IQ4_NL) go as int16 through vpmaddwd instead (store_signed); NVFP4 and
+// Q3_K (two scales per 32-element block) keep the sums of elements 0..15 and
+// 16..31 apart.
+//
+// Cost per 32-element block of the eight rows and one input, in vector
+// operations other than loads (the inner loop is bound by them: about three
+// per cycle): unsigned 4-bit codes 8 vpmaddubsw + 7 vpaddw + 1 vpmaddwd,
+// plus the float steps (vcvtdq2ps, vmulps, vfmadd) and the offset (vpsubd):
+// 20. Signed 8-bit weights: 16 vpmaddwd + 15 vpaddd + 3 float = 34 (the
+// sign trick costs the same count with 27 of them on the two multiply
+// ports, against 19). Without a dot-product instruction these are near
+// the floor: a vpmaddubsw's int16 result needs one addition to be kept.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -26,6 +40,7 @@
 #include "core/half.h"
 #include "kernels/cpu/avx2_common.h"
 #include "kernels/cpu/qmatmul_fast.h"
+#include "kernels/cpu/qmatmul_fast_formats_avx2.h"
 
 namespace megakern {
 namespace {
@@ -95,10 +110,32 @@ inline __m256 f16x8(const uint8_t* const p[8]) {
 constexpr int kChunk = 16;  // blocks per tile
 
 struct Tile32 {
-  alignas(32) int8_t w[kChunk][8][32];   // codes, or signed weights (kSigned)
-  alignas(32) int8_t aw[kChunk][8][32];  // |w| (kSigned)
-  alignas(32) float s0[kChunk][kRows], mn[kChunk][kRows];
+  alignas(32) int8_t w[kChunk][8][32];     // unsigned codes
+  alignas(32) int16_t w16[kChunk][16][16];  // signed weights (kSigned), see store_signed
+  alignas(32) float s0[kChunk][kRows], s1[kChunk][kRows], mn[kChunk][kRows];
 };
+
+// Signed 8-bit weights (Q8_0, INT8_COL, IQ4_NL) are dotted as int16 with
+// vpmaddwd: one vpmaddubsw needs an unsigned operand, and the sign trick
+// around it costs a vpsignb and a widening vpmaddwd per vpmaddubsw (their
+// pair sums cannot be added in int16), three multiply-port operations per 32
+// products against two here. v[g] (lane r: row r's elements 4g .. 4g + 3)
+// becomes w16[2g] = (e0, e2) and w16[2g + 1] = (e1, e3) per lane, as int16;
+// the inputs are laid out to match (to_q16).
+inline void store_signed(Tile32& T, int c, int g, __m256i v) {
+  st(T.w16[c][2 * g], _mm256_srai_epi16(_mm256_slli_epi16(v, 8), 8));
+  st(T.w16[c][2 * g + 1], _mm256_srai_epi16(v, 8));
+}
+
+// 32 activations (element order) -> 32 int16 in the order of store_signed:
+// per group g of four, (q4g, q4g+2) then (q4g+1, q4g+3).
+inline void to_q16(const int8_t* q, int16_t* o) {
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+  const __m256i e = _mm256_srai_epi16(_mm256_slli_epi16(v, 8), 8), d = _mm256_srai_epi16(v, 8);
+  const __m256i lo = _mm256_unpacklo_epi32(e, d), hi = _mm256_unpackhi_epi32(e, d);  // groups 0,1 | 4,5 ; 2,3 | 6,7
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(o), _mm256_permute2x128_si256(lo, hi, 0x20));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 16), _mm256_permute2x128_si256(lo, hi, 0x31));
+}
 
 // The transposed packed bytes of block c of eight 4-bit rows (v[g]: each row's
 // bytes 4g..4g+3 in its lane) as codes: low nibbles (elements 4g..4g+3) in
@@ -115,7 +152,7 @@ inline void store_nibbles(const __m256i v[4], Tile32& T, int c) {
 // high one; kRun is the number of vpmaddubsw results whose int16 pair sums
 // can be added without overflow (codes below 16: all eight).
 struct R8Q4_0 {
-  static constexpr bool kSigned = false, kMin = false;
+  static constexpr bool kTwo = false, kSigned = false, kMin = false;
   static constexpr int kOffset = 8, kRun = 8;
   static void decode(const uint8_t* const rows[8], int64_t k, Tile32& T, int c) {
     const uint8_t* p[8];
@@ -128,7 +165,7 @@ struct R8Q4_0 {
   }
 };
 struct R8Q4_1 {
-  static constexpr bool kSigned = false, kMin = true;
+  static constexpr bool kTwo = false, kSigned = false, kMin = true;
   static constexpr int kOffset = 0, kRun = 8;
   static void decode(const uint8_t* const rows[8], int64_t k, Tile32& T, int c) {
     const uint8_t* p[8];
@@ -143,7 +180,7 @@ struct R8Q4_1 {
   }
 };
 struct R8Q8_0 {
-  static constexpr bool kSigned = true, kMin = false;
+  static constexpr bool kTwo = false, kSigned = true, kMin = false;
   static constexpr int kOffset = 0, kRun = 1;
   static void decode(const uint8_t* const rows[8], int64_t k, Tile32& T, int c) {
     const uint8_t* p[8];
@@ -151,43 +188,148 @@ struct R8Q8_0 {
     __m256i v[8];
     for (int r = 0; r < 8; ++r) v[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p[r] + 2));
     transpose8(v);
-    for (int g = 0; g < 8; ++g) {
-      st(T.w[c][g], v[g]);
-      st(T.aw[c][g], _mm256_abs_epi8(v[g]));
-    }
+    for (int g = 0; g < 8; ++g) store_signed(T, c, g, v[g]);
     _mm256_store_ps(T.s0[c], f16x8(p));
   }
 };
 
-// Block c of the tile against inputs t0 .. t0 + NT - 1: the exact integer
-// sums of the eight rows, one vector per input.
+// int16 pair sums of codes below max_code + 1 against |q| <= 127 that can be
+// added without overflow, as a divisor of `groups` (runs end at a half).
+constexpr int run_for(int max_code, int groups) {
+  int run = groups;
+  while (run > 1 && run * 2 * max_code * 127 > 32767) run /= 2;
+  return run;
+}
+
+// The other 32-element formats, from the block decoders of
+// qmatmul_fast_formats_avx2.h: nibble formats transposed packed (as Q4_0,
+// then mapped), the others block by block as 32 codes in element order and
+// then transposed. kTwo: two scales per block (elements 0..15 are groups
+// 0..3, 16..31 groups 4..7).
+template <class F>
+struct R8Gen {
+  static constexpr bool kSigned = F::kSigned, kMin = F::kMin, kTwo = F::kTwo;
+  static constexpr int kOffset = F::kOffset;
+  static constexpr int kRun = kSigned ? 1 : run_for(F::kMaxCode, kTwo ? 4 : 8);
+  static_assert(!(kSigned && kTwo), "signed weights with two scales per block");
+  static void store(Tile32& T, int c, int g, __m256i w) {
+    if constexpr (kSigned)
+      store_signed(T, c, g, w);
+    else
+      st(T.w[c][g], w);
+  }
+  static void decode(const uint8_t* const rows[8], int64_t k, Tile32& T, int c) {
+    fast32::Dec d[8];
+    if constexpr (requires { F::kNibbleAt; }) {
+      const int64_t at = (k / F::kSubs) * F::kBytes + F::kNibbleAt + 16 * (k % F::kSubs);
+      __m256i v[4];
+      for (int r = 0; r < 4; ++r) v[r] = load2(rows[r + 4] + at, rows[r] + at);
+      transpose4x2(v);
+      const __m256i m4 = _mm256_set1_epi8(0x0f);
+      for (int g = 0; g < 4; ++g) {
+        store(T, c, g, F::map(_mm256_and_si256(v[g], m4)));
+        store(T, c, 4 + g, F::map(_mm256_and_si256(_mm256_srli_epi16(v[g], 4), m4)));
+      }
+      for (int r = 0; r < 8; ++r) F::scales(rows[r], k, d[r]);
+    } else {
+      __m256i v[8];
+      for (int r = 0; r < 8; ++r) {
+        F::decode(rows[r], k, d[r]);
+        v[r] = d[r].w;
+      }
+      transpose8(v);
+      for (int g = 0; g < 8; ++g) store(T, c, g, v[g]);
+    }
+    for (int r = 0; r < 8; ++r) {
+      T.s0[c][r] = d[r].s0;
+      if constexpr (kTwo) T.s1[c][r] = d[r].s1;
+      if constexpr (kMin) T.mn[c][r] = d[r].mn;
+    }
+  }
+};
+
+// NVFP4: a 64-element block (36 bytes: four e4m3 scales of 16 elements, then
+// 32 bytes of e2m1 nibbles) read as two 32-element blocks; in each
+// 16-element sub-block of 8 bytes, low nibbles are elements 0..7 and high
+// ones 8..15. Codes are the doubled values + 12 (fast32::FNVFP4); the scales
+// (halved, e4m3 with its sign dropped, 0x7f read as 0) are converted for the
+// eight rows at once: the 7 bits moved to an f32's exponent and mantissa
+// fields and scaled by 2^119 (2^(127 - 7) for the exponent bias, times 1/2),
+// exact for the subnormal codes too.
+struct R8NVFP4 {
+  static constexpr bool kTwo = true, kSigned = false, kMin = false;
+  static constexpr int kOffset = fast32::FNVFP4::kOffset, kRun = run_for(fast32::FNVFP4::kMaxCode, 4);
+  static __m256 scales(__m256i e) {
+    const __m256i m7 = _mm256_set1_epi32(0x7f);
+    e = _mm256_and_si256(e, m7);
+    const __m256 v = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(e, 20)), _mm256_set1_ps(0x1p119f));
+    return _mm256_andnot_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(e, m7)), v);
+  }
+  static void decode(const uint8_t* const rows[8], int64_t k, Tile32& T, int c) {
+    const int64_t at = (k / 2) * 36;
+    const int h = (int)(k % 2);
+    __m256i v[4];
+    for (int r = 0; r < 4; ++r) v[r] = load2(rows[r + 4] + at + 4 + 16 * h, rows[r] + at + 4 + 16 * h);
+    transpose4x2(v);
+    // Bytes 4g .. 4g + 3: low nibbles to group kLo[g], high ones to kHi[g].
+    static constexpr int kLo[4] = {0, 1, 4, 5}, kHi[4] = {2, 3, 6, 7};
+    const __m256i m4 = _mm256_set1_epi8(0x0f), tab = fast32::e2m1_plus12_table();
+    for (int g = 0; g < 4; ++g) {
+      st(T.w[c][kLo[g]], _mm256_shuffle_epi8(tab, _mm256_and_si256(v[g], m4)));
+      st(T.w[c][kHi[g]], _mm256_shuffle_epi8(tab, _mm256_and_si256(_mm256_srli_epi16(v[g], 4), m4)));
+    }
+    uint16_t sc[8];
+    for (int r = 0; r < 8; ++r) std::memcpy(&sc[r], rows[r] + at + 2 * h, 2);
+    const __m256i e = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc)));
+    _mm256_store_ps(T.s0[c], scales(e));
+    _mm256_store_ps(T.s1[c], scales(_mm256_srli_epi32(e, 8)));
+  }
+};
+
+// Block c of the tile (unsigned codes) against inputs t0 .. t0 + NT - 1:
+// the exact integer sums of the eight rows, one vector per input (kTwo: lo
+// for elements 0..15, hi for 16..31).
 template <class F, int NT>
-inline void isum32(const Tile32& T, int c, const int8_t* const q[NT], __m256i out[NT]) {
+inline void isum32(const Tile32& T, int c, const int8_t* const q[NT], __m256i lo[NT], __m256i hi[NT]) {
   const __m256i ones = _mm256_set1_epi16(1);
   __m256i acc[NT], part[NT];
 #pragma GCC unroll 8
   for (int g = 0; g < 8; ++g) {
     const __m256i w = ld(T.w[c][g]);
-    if constexpr (F::kSigned) {
-      const __m256i aw = ld(T.aw[c][g]);
+    // A new int32 sum starts at group 0 (and at 4 for the second half).
+    const bool first_run = F::kTwo ? g % 4 < F::kRun : g < F::kRun;
+    if constexpr (F::kTwo) {
+      if (g == 4)
+        for (int i = 0; i < NT; ++i) lo[i] = acc[i];
+    }
 #pragma GCC unroll 4
-      for (int i = 0; i < NT; ++i) {
-        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(bcast32(q[i] + 4 * g), w)), ones);
-        acc[i] = g == 0 ? p : _mm256_add_epi32(acc[i], p);
+    for (int i = 0; i < NT; ++i) {
+      const __m256i p = _mm256_maddubs_epi16(w, bcast32(q[i] + 4 * g));
+      part[i] = g % F::kRun == 0 ? p : _mm256_add_epi16(part[i], p);
+      MK_KEEP(part[i]);
+      if (g % F::kRun == F::kRun - 1) {
+        const __m256i s = _mm256_madd_epi16(part[i], ones);
+        acc[i] = first_run ? s : _mm256_add_epi32(acc[i], s);
         MK_KEEP(acc[i]);
       }
-    } else {
+    }
+  }
+  for (int i = 0; i < NT; ++i) (F::kTwo ? hi : lo)[i] = acc[i];
+}
+
+// The same for signed weights (store_signed): q[i] points at input i's
+// block in the to_q16 order.
+template <int NT>
+inline void isum16(const Tile32& T, int c, const int16_t* const q[NT], __m256i out[NT]) {
+  __m256i acc[NT];
+#pragma GCC unroll 16
+  for (int j = 0; j < 16; ++j) {
+    const __m256i w = ld(T.w16[c][j]);
 #pragma GCC unroll 4
-      for (int i = 0; i < NT; ++i) {
-        const __m256i p = _mm256_maddubs_epi16(w, bcast32(q[i] + 4 * g));
-        part[i] = g % F::kRun == 0 ? p : _mm256_add_epi16(part[i], p);
-        MK_KEEP(part[i]);
-        if (g % F::kRun == F::kRun - 1) {
-          const __m256i s = _mm256_madd_epi16(part[i], ones);
-          acc[i] = g < F::kRun ? s : _mm256_add_epi32(acc[i], s);
-          MK_KEEP(acc[i]);
-        }
-      }
+    for (int i = 0; i < NT; ++i) {
+      const __m256i p = _mm256_madd_epi16(w, bcast32(q[i] + 2 * j));
+      acc[i] = j == 0 ? p : _mm256_add_epi32(acc[i], p);
+      MK_KEEP(acc[i]);
     }
   }
   for (int i = 0; i < NT; ++i) out[i] = acc[i];
@@ -198,6 +340,7 @@ inline void isum32(const Tile32& T, int c, const int8_t* const q[NT], __m256i ou
 // pointers in registers instead of recomputing them from A.
 struct Rows8 {
   const int8_t* q;       // first input's q at the chunk's first block
+  const int16_t* q16;    // the same as int16 in the to_q16 order (signed weights)
   const float* d;        // dx of that block
   const float* sx;       // sx (32-element blocks)
   const int32_t* off;    // the offset term (32-element formats with unsigned codes)
@@ -208,17 +351,31 @@ struct Rows8 {
 
 template <class F, int NT>
 void pass32(const Tile32& T, int kn, const Rows8 R, __m256* acc) {
+  constexpr int kOffs = F::kTwo ? 2 : 1;  // offset terms per block
   for (int c = 0; c < kn; ++c) {
-    const int8_t* q[NT];
-    for (int i = 0; i < NT; ++i) q[i] = R.q + i * R.qs + 32 * c;
-    __m256i is[NT];
-    isum32<F, NT>(T, c, q, is);
+    __m256i lo[NT], hi[NT];
+    if constexpr (F::kSigned) {
+      const int16_t* q[NT];
+      for (int i = 0; i < NT; ++i) q[i] = R.q16 + i * R.qs + 32 * c;
+      isum16<NT>(T, c, q, lo);
+    } else {
+      const int8_t* q[NT];
+      for (int i = 0; i < NT; ++i) q[i] = R.q + i * R.qs + 32 * c;
+      isum32<F, NT>(T, c, q, lo, hi);
+    }
     const __m256 s0 = _mm256_load_ps(T.s0[c]);
     for (int i = 0; i < NT; ++i) {
-      __m256i v = is[i];
-      if constexpr (F::kOffset != 0) v = _mm256_sub_epi32(v, _mm256_set1_epi32(R.off[i * R.ds + c]));
+      __m256i v = lo[i];
+      const int32_t* off = F::kOffset != 0 ? R.off + (i * R.ds + c) * kOffs : nullptr;
+      if constexpr (F::kOffset != 0) v = _mm256_sub_epi32(v, _mm256_set1_epi32(off[0]));
       __m256* a = acc + 2 * i + (c & 1);
-      __m256 x = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_mul_ps(s0, _mm256_set1_ps(R.d[i * R.ds + c])), *a);
+      const __m256 dx = _mm256_set1_ps(R.d[i * R.ds + c]);
+      __m256 x = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_mul_ps(s0, dx), *a);
+      if constexpr (F::kTwo) {
+        __m256i u = hi[i];
+        if constexpr (F::kOffset != 0) u = _mm256_sub_epi32(u, _mm256_set1_epi32(off[1]));
+        x = _mm256_fmadd_ps(_mm256_cvtepi32_ps(u), _mm256_mul_ps(_mm256_load_ps(T.s1[c]), dx), x);
+      }
       if constexpr (F::kMin) x = _mm256_fmadd_ps(_mm256_load_ps(T.mn[c]), _mm256_set1_ps(R.sx[i * R.ds + c]), x);
       *a = x;
     }
@@ -527,21 +684,38 @@ template <class F>
 void r8_32(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t rb, int64_t re) {
   thread_local Tile32 T;
   thread_local std::vector<int32_t> off;
+  constexpr int kOffs = F::kTwo ? 2 : 1;
   if constexpr (F::kOffset != 0) {
-    // kOffset * (sum of q over each block): the unsigned codes' offset.
-    if (off.size() < (size_t)(A.n_x * A.nb)) off.resize((size_t)(A.n_x * A.nb));
+    // kOffset * (sum of q over each block, or over each half with kTwo): the
+    // unsigned codes' offset.
+    if (off.size() < (size_t)(A.n_x * A.nb * kOffs)) off.resize((size_t)(A.n_x * A.nb * kOffs));
     for (int64_t t = 0; t < A.n_x; ++t) {
       const int16_t* s = A.s16_row(t);
-      for (int64_t k = 0; k < A.nb; ++k) off[(size_t)(t * A.nb + k)] = F::kOffset * (s[2 * k] + s[2 * k + 1]);
+      int32_t* o = off.data() + t * A.nb * kOffs;
+      for (int64_t k = 0; k < A.nb; ++k) {
+        if constexpr (F::kTwo) {
+          o[2 * k] = F::kOffset * s[2 * k];
+          o[2 * k + 1] = F::kOffset * s[2 * k + 1];
+        } else {
+          o[k] = F::kOffset * (s[2 * k] + s[2 * k + 1]);
+        }
+      }
     }
+  }
+  thread_local std::vector<int16_t> q16;
+  if constexpr (F::kSigned) {
+    if (q16.size() < (size_t)(A.n_x * A.cols)) q16.resize((size_t)(A.n_x * A.cols));
+    for (int64_t t = 0; t < A.n_x; ++t)
+      for (int64_t k = 0; k < A.nb; ++k) to_q16(A.q_row(t) + 32 * k, q16.data() + t * A.cols + 32 * k);
   }
   const int32_t* o = off.data();
   r8_rows(W, A, Y, ldy, rb, re, kChunk, true, T, F::decode, [&](auto nt, int kn, int64_t k0, int64_t t0, __m256* acc) {
     Rows8 R{};
     R.q = A.q_row(t0) + 32 * k0;
+    if constexpr (F::kSigned) R.q16 = q16.data() + t0 * A.cols + 32 * k0;
     R.d = A.d_row(t0) + k0;
     R.sx = A.sx_row(t0) + k0;
-    if (o != nullptr) R.off = o + t0 * A.nb + k0;
+    if (o != nullptr) R.off = o + (t0 * A.nb + k0) * kOffs;
     R.qs = A.cols;
     R.ds = A.nb;
     pass32<F, decltype(nt)::value>(T, kn, R, acc + 2 * t0);
@@ -585,6 +759,13 @@ bool fast_r8_supports(DType t) {
     case DType::Q6_K:
     case DType::Q5_K:
     case DType::IQ4_XS:
+    case DType::Q5_0:
+    case DType::IQ4_NL:
+    case DType::Q3_K:
+    case DType::MXFP4:
+    case DType::NVFP4:
+    case DType::INT4_G128:
+    case DType::INT8_COL:
       return true;
     default:
       return false;
@@ -600,6 +781,13 @@ void matmul_rows_fast_r8_avx2(const MatView& W, const Q8Acts& A, float* Y, int64
     case DType::Q6_K: r8_k<R8Q6_K>(W, A, Y, ldy, rb, re); break;
     case DType::Q5_K: r8_k<R8Q5_K>(W, A, Y, ldy, rb, re); break;
     case DType::IQ4_XS: r8_k<R8IQ4_XS>(W, A, Y, ldy, rb, re); break;
+    case DType::Q5_0: r8_32<R8Gen<fast32::FQ5_0>>(W, A, Y, ldy, rb, re); break;
+    case DType::IQ4_NL: r8_32<R8Gen<fast32::FIQ4_NL>>(W, A, Y, ldy, rb, re); break;
+    case DType::Q3_K: r8_32<R8Gen<fast32::FQ3_K>>(W, A, Y, ldy, rb, re); break;
+    case DType::MXFP4: r8_32<R8Gen<fast32::FMXFP4>>(W, A, Y, ldy, rb, re); break;
+    case DType::NVFP4: r8_32<R8NVFP4>(W, A, Y, ldy, rb, re); break;
+    case DType::INT4_G128: r8_32<R8Gen<fast32::FINT4_G128>>(W, A, Y, ldy, rb, re); break;
+    case DType::INT8_COL: r8_32<R8Gen<fast32::FINT8_COL>>(W, A, Y, ldy, rb, re); break;
     default: fail("fast r8 kernel: {} is not supported", dtype_traits(W.type).name);
   }
 }
