@@ -1,0 +1,255 @@
+// Register-blocked f32 path for many inputs (see matmul_f32_tiled.h for the
+// arithmetic it keeps). Compiled with -mavx2 -mfma -mf16c; reached only
+// through use_avx2(). Every multiply-add is an explicit FMA intrinsic or
+// std::fma, so the bits do not depend on the compiler's contraction choices.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/half.h"
+#include "kernels/cpu/avx2_common.h"
+#include "kernels/cpu/matmul_f32_tiled.h"
+
+namespace megakern {
+namespace {
+
+constexpr int kRows = 3;    // weight rows per register block
+constexpr int kInputs = 4;  // inputs per register block
+constexpr int kStep = kRows * 8;  // floats per packed step of a row group
+constexpr size_t kPanelBytes = size_t{384} << 10;
+
+// Row decoders: the reference dequantiser's floats, 32 or 8 at a time, and
+// one element for the scalar tail. kAny: rows of any length (else whole
+// 32-element blocks only).
+struct F32D {
+  static constexpr bool kAny = true;
+  static __m256 load8(const uint8_t* r, int64_t i) { return _mm256_loadu_ps(reinterpret_cast<const float*>(r) + i); }
+  static void load32(const uint8_t* r, int64_t i, __m256 v[4]) {
+    for (int k = 0; k < 4; ++k) v[k] = load8(r, i + 8 * k);
+  }
+  static float one(const uint8_t* r, int64_t i) {
+    float v;  // rows may be misaligned
+    std::memcpy(&v, r + 4 * i, 4);
+    return v;
+  }
+};
+struct F16D {
+  static constexpr bool kAny = true;
+  static __m256 load8(const uint8_t* r, int64_t i) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r + 2 * i)));
+  }
+  static void load32(const uint8_t* r, int64_t i, __m256 v[4]) {
+    for (int k = 0; k < 4; ++k) v[k] = load8(r, i + 8 * k);
+  }
+  static float one(const uint8_t* r, int64_t i) {
+    uint16_t h;
+    std::memcpy(&h, r + 2 * i, 2);
+    return f16_to_f32(h);
+  }
+};
+struct BF16D {
+  static constexpr bool kAny = true;
+  static __m256 load8(const uint8_t* r, int64_t i) {
+    const __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r + 2 * i)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
+  }
+  static void load32(const uint8_t* r, int64_t i, __m256 v[4]) {
+    for (int k = 0; k < 4; ++k) v[k] = load8(r, i + 8 * k);
+  }
+  static float one(const uint8_t* r, int64_t i) {
+    uint16_t h;
+    std::memcpy(&h, r + 2 * i, 2);
+    return bf16_to_f32(h);
+  }
+};
+// FP8 e4m3fn blocks of 32 (one exponent byte e, then 32 codes). A code b
+// becomes the f16 ((b & 0x7f) << 7) with b's sign at bit 15, which is the
+// e4m3 value times 2^-8 exactly (NaN codes get exponent 31); times
+// 256 * 2^(e-127) (exact for e <= 246) that is the reference's fp8 * scale
+// rounded once. Larger e multiplies by 256 and by the scale separately.
+struct FP8D {
+  static constexpr bool kAny = false;
+  static __m256i to_f16(__m128i bytes16) {
+    const __m256i w = _mm256_cvtepu8_epi16(bytes16);
+    const __m256i mag = _mm256_and_si256(_mm256_slli_epi16(w, 7), _mm256_set1_epi16(0x3f80));
+    const __m256i sign = _mm256_and_si256(_mm256_slli_epi16(w, 8), _mm256_set1_epi16((short)0x8000));
+    const __m256i nan = _mm256_and_si256(_mm256_cmpeq_epi16(mag, _mm256_set1_epi16(0x3f80)), _mm256_set1_epi16(0x4000));
+    return _mm256_or_si256(_mm256_or_si256(mag, sign), nan);
+  }
+  static void load32(const uint8_t* r, int64_t i, __m256 v[4]) {
+    const uint8_t* b = r + (i / 32) * 33;
+    const uint32_t e = b[0];
+    const float d = e == 0 ? bits_to_f32(0x00400000u) : bits_to_f32(e << 23);
+    const __m256i h0 = to_f16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 1)));
+    const __m256i h1 = to_f16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 17)));
+    const __m256 f[4] = {_mm256_cvtph_ps(_mm256_castsi256_si128(h0)), _mm256_cvtph_ps(_mm256_extracti128_si256(h0, 1)),
+                         _mm256_cvtph_ps(_mm256_castsi256_si128(h1)), _mm256_cvtph_ps(_mm256_extracti128_si256(h1, 1))};
+    if (e <= 246) {
+      const __m256 dv = _mm256_set1_ps(d * 256.0f);
+      for (int k = 0; k < 4; ++k) v[k] = _mm256_mul_ps(f[k], dv);
+    } else {
+      const __m256 dv = _mm256_set1_ps(d), k256 = _mm256_set1_ps(256.0f);
+      for (int k = 0; k < 4; ++k) v[k] = _mm256_mul_ps(_mm256_mul_ps(f[k], k256), dv);
+    }
+  }
+  static __m256 load8(const uint8_t*, int64_t) { return _mm256_setzero_ps(); }  // not reached (kAny false)
+  static float one(const uint8_t*, int64_t) { return 0.0f; }                    // not reached
+};
+
+// The shape of one row length n: m32 32-element steps, g8 further 8-element
+// steps (chain 0 only), then n - n8 scalar elements.
+struct Shape {
+  int64_t n, m32, g8, n8;
+  int64_t chain_off[4];  // start of chain k inside a row group, in floats
+  int64_t group_floats;  // one row group: kRows rows, all four chains
+  explicit Shape(int64_t cols, bool any) : n(cols) {
+    m32 = n / 32;
+    g8 = any ? (n % 32) / 8 : 0;
+    n8 = 32 * m32 + 8 * g8;
+    chain_off[0] = 0;
+    chain_off[1] = (m32 + g8) * kStep;
+    chain_off[2] = chain_off[1] + m32 * kStep;
+    chain_off[3] = chain_off[2] + m32 * kStep;
+    group_floats = chain_off[3] + m32 * kStep;
+  }
+};
+
+// Packed panel: row group g (rows kRows g .. kRows g + kRows - 1 of the
+// panel), chain k, step s, row q of the group -> 8 floats at
+//   g * group_floats + chain_off[k] + s * kStep + 8 q.
+// Chain k's step s < m32 holds elements 32 s + 8 k ..; chain 0's steps m32 +
+// u (u < g8) hold elements 32 m32 + 8 u ...
+template <class F>
+void pack_row(const uint8_t* row, const Shape& sh, float* dst) {
+  __m256 v[4];
+  for (int64_t m = 0; m < sh.m32; ++m) {
+    F::load32(row, 32 * m, v);
+    for (int k = 0; k < 4; ++k) _mm256_storeu_ps(dst + sh.chain_off[k] + m * kStep, v[k]);
+  }
+  if constexpr (F::kAny)
+    for (int64_t u = 0; u < sh.g8; ++u) _mm256_storeu_ps(dst + (sh.m32 + u) * kStep, F::load8(row, 32 * sh.m32 + 8 * u));
+}
+
+// One chain for R rows x T inputs: `steps` packed steps from pw, input
+// elements from x[t] + i, i starting at i0 and advancing by 32; then `tail`
+// steps advancing by 8 (chain 0's 8-element steps; i0 is 0 there, so they
+// start at 32 * steps). Each accumulator is its own chain, in step order, as
+// dot_f32_avx2 runs it. Results go to out[r * kInputs + t].
+template <int R, int T>
+void chain_block(const float* pw, const float* const* x, int64_t i0, int64_t steps, int64_t tail, __m256* out) {
+  __m256 acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+  const float* xt[T];
+  for (int t = 0; t < T; ++t) xt[t] = x[t] + i0;
+  auto step = [&](const float* w, int64_t i) {
+    __m256 wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = _mm256_loadu_ps(w + 8 * r);
+    for (int t = 0; t < T; ++t) {
+      const __m256 xv = _mm256_loadu_ps(xt[t] + i);
+      for (int r = 0; r < R; ++r) acc[r][t] = _mm256_fmadd_ps(wv[r], xv, acc[r][t]);
+    }
+  };
+  int64_t i = 0;
+  for (int64_t s = 0; s < steps; ++s, i += 32, pw += kStep) step(pw, i);
+  for (int64_t u = 0; u < tail; ++u, i += 8, pw += kStep) step(pw, i);
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) out[r * kInputs + t] = acc[r][t];
+}
+
+using ChainFn = void (*)(const float*, const float* const*, int64_t, int64_t, int64_t, __m256*);
+template <int T>
+constexpr ChainFn chain_fn(int r) {
+  return r == 1 ? chain_block<1, T> : r == 2 ? chain_block<2, T> : chain_block<3, T>;
+}
+ChainFn pick_chain(int rows, int inputs) {
+  switch (inputs) {
+    case 1: return chain_fn<1>(rows);
+    case 2: return chain_fn<2>(rows);
+    case 3: return chain_fn<3>(rows);
+    default: return chain_fn<4>(rows);
+  }
+}
+
+// 32-byte aligned thread-local float storage.
+struct Scratch {
+  std::vector<float> buf;
+  float* get(size_t n) {
+    if (buf.size() < n + 8) buf.resize(n + 8);
+    auto p = reinterpret_cast<uintptr_t>(buf.data());
+    return reinterpret_cast<float*>((p + 31) & ~uintptr_t{31});
+  }
+};
+
+template <class F>
+void tiled_rows(const MatView& W, const float* X, int64_t n_x, float* Y, int64_t ldy, int64_t rb, int64_t re) {
+  const Shape sh(W.cols, F::kAny);
+  const int64_t n = W.cols;
+  // Rows per panel: a multiple of kRows whose packed floats fit kPanelBytes.
+  const int64_t row_floats = std::max<int64_t>(sh.group_floats / kRows, 8);
+  int64_t panel = std::max<int64_t>(kRows, (int64_t)(kPanelBytes / 4 / (size_t)row_floats) / kRows * kRows);
+  panel = std::min(panel, (re - rb + kRows - 1) / kRows * kRows);
+  const int64_t max_groups = panel / kRows;
+
+  thread_local Scratch panel_buf, part_buf;
+  float* pk = panel_buf.get((size_t)(max_groups * sh.group_floats));
+  // Partial chains: [group][chain][row q][input t], one vector each.
+  auto* part = reinterpret_cast<__m256*>(part_buf.get((size_t)(max_groups * 4 * kRows * kInputs * 8)));
+
+  for (int64_t j0 = rb; j0 < re; j0 += panel) {
+    const int64_t np = std::min(panel, re - j0);
+    const int64_t ng = (np + kRows - 1) / kRows;
+    for (int64_t p = 0; p < np; ++p)
+      pack_row<F>(W.row(j0 + p), sh, pk + (p / kRows) * sh.group_floats + (p % kRows) * 8);
+
+    for (int64_t t0 = 0; t0 < n_x; t0 += kInputs) {
+      const int nt = (int)std::min<int64_t>(kInputs, n_x - t0);
+      const float* x[kInputs];
+      for (int t = 0; t < kInputs; ++t) x[t] = X + (t0 + std::min(t, nt - 1)) * n;
+      // Chain by chain, so that the inputs' slice of the chain stays in L1
+      // while the panel's row groups go by.
+      for (int k = 0; k < 4; ++k) {
+        const int64_t tail = k == 0 ? sh.g8 : 0;
+        for (int64_t g = 0; g < ng; ++g) {
+          const int rows = (int)std::min<int64_t>(kRows, np - g * kRows);
+          pick_chain(rows, nt)(pk + g * sh.group_floats + sh.chain_off[k], x, 8 * k, sh.m32, tail,
+                               part + (g * 4 + k) * (kRows * kInputs));
+        }
+      }
+      // Reduction and scalar tail exactly as dot_f32_avx2.
+      for (int64_t p = 0; p < np; ++p) {
+        const __m256* pp = part + (p / kRows) * 4 * (kRows * kInputs) + (p % kRows) * kInputs;
+        const uint8_t* row = W.row(j0 + p);
+        for (int t = 0; t < nt; ++t) {
+          const __m256 s0 = pp[t], s1 = pp[kRows * kInputs + t], s2 = pp[2 * kRows * kInputs + t],
+                       s3 = pp[3 * kRows * kInputs + t];
+          float r = avx2::hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+          if constexpr (F::kAny)
+            for (int64_t ii = sh.n8; ii < n; ++ii) r = std::fma(F::one(row, ii), x[t][ii], r);
+          Y[(t0 + t) * ldy + j0 + p] = r;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void matmul_rows_f32_tiled_avx2(const MatView& W, const float* X, int64_t n_x, float* Y, int64_t ldy, int64_t rb,
+                                int64_t re) {
+  if (n_x <= 0 || rb >= re) return;
+  switch (W.type) {
+    case DType::F32: tiled_rows<F32D>(W, X, n_x, Y, ldy, rb, re); break;
+    case DType::F16: tiled_rows<F16D>(W, X, n_x, Y, ldy, rb, re); break;
+    case DType::BF16: tiled_rows<BF16D>(W, X, n_x, Y, ldy, rb, re); break;
+    case DType::FP8_E4M3: tiled_rows<FP8D>(W, X, n_x, Y, ldy, rb, re); break;
+    default: MK_CHECK(false, "the tiled f32 kernel does not take {} weights", dtype_traits(W.type).name);
+  }
+}
+
+}  // namespace megakern
