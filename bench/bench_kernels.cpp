@@ -26,7 +26,8 @@
 // Counters: bytes (weight bytes read per call; inputs and outputs are
 // negligible and not counted), GB/s (bytes / wall time, 1e9), pct_probe (GB/s
 // as a percentage of the probe for the same thread count, probed once at
-// start-up).
+// start-up); BM_Matmul also GMAC/s (rows x cols x inputs multiply-adds per
+// second, 1e9), the measure once many inputs make it compute-bound.
 // Run through scripts/bench_kernels.sh, which prints a table.
 #include <benchmark/benchmark.h>
 
@@ -181,6 +182,9 @@ void BM_Matmul(benchmark::State& state, DType t) {
   state.counters["pct_probe"] =
       benchmark::Counter(bytes / 1e9 * 100.0 / probe, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["probe_GB/s"] = probe;
+  // Multiply-adds per second (1e9): the figure for compute-bound batches.
+  state.counters["GMAC/s"] = benchmark::Counter((double)n_x * (double)m.view.rows * (double)m.view.cols / 1e9,
+                                                benchmark::Counter::kIsIterationInvariantRate);
 }
 
 // --- attention and the delta rule through the executors' tile kernels -------
