@@ -103,66 +103,72 @@ struct FP8D {
 
 // The shape of one row length n: m32 32-element steps, g8 further 8-element
 // steps (chain 0 only), then n - n8 scalar elements.
+//
+// Packed rows (weights, kRows per group) and packed inputs (kInputs per
+// block) share one layout: a group holds chain 0, then chains 1, 2, 3; chain
+// k's step s < m32 holds elements 32 s + 8 k .. 32 s + 8 k + 7 of each of the
+// group's rows, 8 floats apiece, one row after the other; chain 0's steps
+// m32 + u (u < g8) hold elements 32 m32 + 8 u ... So a chain is one
+// contiguous stream for the weights and one for the inputs.
 struct Shape {
-  int64_t n, m32, g8, n8;
-  int64_t chain_off[4];  // start of chain k inside a row group, in floats
-  int64_t group_floats;  // one row group: kRows rows, all four chains
+  int64_t n, m32, g8, n8, steps;  // steps: 8-element steps per row (n8 / 8)
   explicit Shape(int64_t cols, bool any) : n(cols) {
     m32 = n / 32;
     g8 = any ? (n % 32) / 8 : 0;
     n8 = 32 * m32 + 8 * g8;
-    chain_off[0] = 0;
-    chain_off[1] = (m32 + g8) * kStep;
-    chain_off[2] = chain_off[1] + m32 * kStep;
-    chain_off[3] = chain_off[2] + m32 * kStep;
-    group_floats = chain_off[3] + m32 * kStep;
+    steps = n8 / 8;
   }
+  int64_t chain_steps(int k) const { return k == 0 ? m32 + g8 : m32; }
+  // Offset of chain k inside a group of `slots` rows, in floats.
+  int64_t chain_off(int k, int slots) const { return (k == 0 ? 0 : m32 + g8 + (k - 1) * m32) * slots * 8; }
 };
 
-// Packed panel: row group g (rows kRows g .. kRows g + kRows - 1 of the
-// panel), chain k, step s, row q of the group -> 8 floats at
-//   g * group_floats + chain_off[k] + s * kStep + 8 q.
-// Chain k's step s < m32 holds elements 32 s + 8 k ..; chain 0's steps m32 +
-// u (u < g8) hold elements 32 m32 + 8 u ...
+// Row `row` of W into slot q of a packed group at dst.
 template <class F>
 void pack_row(const uint8_t* row, const Shape& sh, float* dst) {
   __m256 v[4];
+  int64_t off[4];
+  for (int k = 0; k < 4; ++k) off[k] = sh.chain_off(k, kRows);
   for (int64_t m = 0; m < sh.m32; ++m) {
     F::load32(row, 32 * m, v);
-    for (int k = 0; k < 4; ++k) _mm256_storeu_ps(dst + sh.chain_off[k] + m * kStep, v[k]);
+    for (int k = 0; k < 4; ++k) _mm256_storeu_ps(dst + off[k] + m * kStep, v[k]);
   }
   if constexpr (F::kAny)
     for (int64_t u = 0; u < sh.g8; ++u) _mm256_storeu_ps(dst + (sh.m32 + u) * kStep, F::load8(row, 32 * sh.m32 + 8 * u));
 }
 
-// One chain for R rows x T inputs: `steps` packed steps from pw, input
-// elements from x[t] + i, i starting at i0 and advancing by 32; then `tail`
-// steps advancing by 8 (chain 0's 8-element steps; i0 is 0 there, so they
-// start at 32 * steps). Each accumulator is its own chain, in step order, as
-// dot_f32_avx2 runs it. Results go to out[r * kInputs + t].
+// Input x into slot q of a packed input block at dst.
+void pack_input(const float* x, const Shape& sh, float* dst) {
+  constexpr int64_t kXStep = kInputs * 8;
+  int64_t off[4];
+  for (int k = 0; k < 4; ++k) off[k] = sh.chain_off(k, kInputs);
+  for (int64_t m = 0; m < sh.m32; ++m)
+    for (int k = 0; k < 4; ++k) _mm256_store_ps(dst + off[k] + m * kXStep, _mm256_loadu_ps(x + 32 * m + 8 * k));
+  for (int64_t u = 0; u < sh.g8; ++u) _mm256_store_ps(dst + (sh.m32 + u) * kXStep, _mm256_loadu_ps(x + 32 * sh.m32 + 8 * u));
+}
+
+// One chain for R rows x T inputs over `steps` packed steps: weights from pw
+// (kRows slots a step), inputs from px (kInputs slots a step). Each
+// accumulator is its own chain, in step order, as dot_f32_avx2 runs it.
+// Results go to out[r * kInputs + t].
 template <int R, int T>
-void chain_block(const float* pw, const float* const* x, int64_t i0, int64_t steps, int64_t tail, __m256* out) {
+void chain_block(const float* pw, const float* px, int64_t steps, __m256* out) {
   __m256 acc[R][T];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
-  const float* xt[T];
-  for (int t = 0; t < T; ++t) xt[t] = x[t] + i0;
-  auto step = [&](const float* w, int64_t i) {
+  for (int64_t s = 0; s < steps; ++s, pw += kStep, px += kInputs * 8) {
     __m256 wv[R];
-    for (int r = 0; r < R; ++r) wv[r] = _mm256_loadu_ps(w + 8 * r);
+    for (int r = 0; r < R; ++r) wv[r] = _mm256_load_ps(pw + 8 * r);
     for (int t = 0; t < T; ++t) {
-      const __m256 xv = _mm256_loadu_ps(xt[t] + i);
+      const __m256 xv = _mm256_load_ps(px + 8 * t);
       for (int r = 0; r < R; ++r) acc[r][t] = _mm256_fmadd_ps(wv[r], xv, acc[r][t]);
     }
-  };
-  int64_t i = 0;
-  for (int64_t s = 0; s < steps; ++s, i += 32, pw += kStep) step(pw, i);
-  for (int64_t u = 0; u < tail; ++u, i += 8, pw += kStep) step(pw, i);
+  }
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) out[r * kInputs + t] = acc[r][t];
 }
 
-using ChainFn = void (*)(const float*, const float* const*, int64_t, int64_t, int64_t, __m256*);
+using ChainFn = void (*)(const float*, const float*, int64_t, __m256*);
 template <int T>
 constexpr ChainFn chain_fn(int r) {
   return r == 1 ? chain_block<1, T> : r == 2 ? chain_block<2, T> : chain_block<3, T>;
@@ -186,52 +192,73 @@ struct Scratch {
   }
 };
 
+constexpr int64_t kSubGroups = 8;  // row groups sharing one pass over an input block's chain
+
 template <class F>
 void tiled_rows(const MatView& W, const float* X, int64_t n_x, float* Y, int64_t ldy, int64_t rb, int64_t re) {
   const Shape sh(W.cols, F::kAny);
   const int64_t n = W.cols;
+  const int64_t group_floats = sh.n8 * kRows, block_floats = sh.n8 * kInputs;
   // Rows per panel: a multiple of kRows whose packed floats fit kPanelBytes.
-  const int64_t row_floats = std::max<int64_t>(sh.group_floats / kRows, 8);
-  int64_t panel = std::max<int64_t>(kRows, (int64_t)(kPanelBytes / 4 / (size_t)row_floats) / kRows * kRows);
+  int64_t panel = std::max<int64_t>(kRows, (int64_t)(kPanelBytes / 4 / (size_t)std::max<int64_t>(sh.n8, 8)) / kRows * kRows);
   panel = std::min(panel, (re - rb + kRows - 1) / kRows * kRows);
-  const int64_t max_groups = panel / kRows;
+  const int64_t n_blocks = (n_x + kInputs - 1) / kInputs;
 
-  thread_local Scratch panel_buf, part_buf;
-  float* pk = panel_buf.get((size_t)(max_groups * sh.group_floats));
-  // Partial chains: [group][chain][row q][input t], one vector each.
-  auto* part = reinterpret_cast<__m256*>(part_buf.get((size_t)(max_groups * 4 * kRows * kInputs * 8)));
+  thread_local Scratch panel_buf, x_buf;
+  float* pk = panel_buf.get((size_t)(panel / kRows * group_floats));
+  float* xp = x_buf.get((size_t)(n_blocks * block_floats));
+  // Partial chains of a sub-panel: [group][chain][row q][input t], one vector each.
+  alignas(32) __m256 part[kSubGroups * 4 * kRows * kInputs];
 
+  if (sh.n8 > 0)
+    for (int64_t t = 0; t < n_x; ++t) pack_input(X + t * n, sh, xp + (t / kInputs) * block_floats + (t % kInputs) * 8);
+
+  const int64_t n_sub = (panel + kSubGroups * kRows - 1) / (kSubGroups * kRows);
   for (int64_t j0 = rb; j0 < re; j0 += panel) {
     const int64_t np = std::min(panel, re - j0);
-    const int64_t ng = (np + kRows - 1) / kRows;
     for (int64_t p = 0; p < np; ++p)
-      pack_row<F>(W.row(j0 + p), sh, pk + (p / kRows) * sh.group_floats + (p % kRows) * 8);
+      pack_row<F>(W.row(j0 + p), sh, pk + (p / kRows) * group_floats + (p % kRows) * 8);
+    // The next panel's weights are fetched into L2 while this one is used, a
+    // few lines per register block (not in bursts, which stall on the fill
+    // buffers), so that packing it does not wait on memory.
+    const uint8_t* pf = W.row(j0 + np);
+    const size_t pf_bytes = (size_t)std::min(panel, re - j0 - np) * W.row_bytes;
+    const size_t pf_step = (pf_bytes / (size_t)(n_blocks * n_sub * 4 * kSubGroups) + 64) & ~size_t{63};
+    size_t pf_done = 0;
 
-    for (int64_t t0 = 0; t0 < n_x; t0 += kInputs) {
+    for (int64_t b = 0; b < n_blocks; ++b) {
+      const int64_t t0 = b * kInputs;
       const int nt = (int)std::min<int64_t>(kInputs, n_x - t0);
-      const float* x[kInputs];
-      for (int t = 0; t < kInputs; ++t) x[t] = X + (t0 + std::min(t, nt - 1)) * n;
-      // Chain by chain, so that the inputs' slice of the chain stays in L1
-      // while the panel's row groups go by.
-      for (int k = 0; k < 4; ++k) {
-        const int64_t tail = k == 0 ? sh.g8 : 0;
-        for (int64_t g = 0; g < ng; ++g) {
-          const int rows = (int)std::min<int64_t>(kRows, np - g * kRows);
-          pick_chain(rows, nt)(pk + g * sh.group_floats + sh.chain_off[k], x, 8 * k, sh.m32, tail,
-                               part + (g * 4 + k) * (kRows * kInputs));
+      const float* xb = xp + b * block_floats;
+      for (int64_t p0 = 0; p0 < np; p0 += kSubGroups * kRows) {
+        const int64_t sp = std::min(kSubGroups * kRows, np - p0);  // rows in this sub-panel
+        const int64_t ng = (sp + kRows - 1) / kRows;
+        // Chain by chain, so that the input block's chain stays in L1 while
+        // the sub-panel's row groups go by.
+        for (int k = 0; k < 4; ++k) {
+          const float* xk = xb + sh.chain_off(k, kInputs);
+          for (int64_t g = 0; g < ng; ++g) {
+            for (const size_t end = std::min(pf_bytes, pf_done + pf_step); pf_done < end; pf_done += 64)
+              _mm_prefetch(reinterpret_cast<const char*>(pf + pf_done), _MM_HINT_T1);
+            const int rows = (int)std::min<int64_t>(kRows, sp - g * kRows);
+            pick_chain(rows, nt)(pk + (p0 / kRows + g) * group_floats + sh.chain_off(k, kRows), xk, sh.chain_steps(k),
+                                 part + (g * 4 + k) * (kRows * kInputs));
+          }
         }
-      }
-      // Reduction and scalar tail exactly as dot_f32_avx2.
-      for (int64_t p = 0; p < np; ++p) {
-        const __m256* pp = part + (p / kRows) * 4 * (kRows * kInputs) + (p % kRows) * kInputs;
-        const uint8_t* row = W.row(j0 + p);
-        for (int t = 0; t < nt; ++t) {
-          const __m256 s0 = pp[t], s1 = pp[kRows * kInputs + t], s2 = pp[2 * kRows * kInputs + t],
-                       s3 = pp[3 * kRows * kInputs + t];
-          float r = avx2::hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
-          if constexpr (F::kAny)
-            for (int64_t ii = sh.n8; ii < n; ++ii) r = std::fma(F::one(row, ii), x[t][ii], r);
-          Y[(t0 + t) * ldy + j0 + p] = r;
+        // Reduction and scalar tail exactly as dot_f32_avx2.
+        for (int64_t p = 0; p < sp; ++p) {
+          const __m256* pp = part + (p / kRows) * 4 * (kRows * kInputs) + (p % kRows) * kInputs;
+          const uint8_t* row = W.row(j0 + p0 + p);
+          for (int t = 0; t < nt; ++t) {
+            __m256 s0 = pp[t], s1 = pp[kRows * kInputs + t], s2 = pp[2 * kRows * kInputs + t],
+                   s3 = pp[3 * kRows * kInputs + t];
+            float r = avx2::hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+            if constexpr (F::kAny) {
+              const float* x = X + (t0 + t) * n;
+              for (int64_t ii = sh.n8; ii < n; ++ii) r = std::fma(F::one(row, ii), x[ii], r);
+            }
+            Y[(t0 + t) * ldy + j0 + p0 + p] = r;
+          }
         }
       }
     }
