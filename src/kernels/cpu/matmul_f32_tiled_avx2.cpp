@@ -123,18 +123,19 @@ struct Shape {
   int64_t chain_off(int k, int slots) const { return (k == 0 ? 0 : m32 + g8 + (k - 1) * m32) * slots * 8; }
 };
 
-// Row `row` of W into slot q of a packed group at dst.
+// Rows rows[0..R) of W into the R slots of a packed group at dst: the
+// stores run through the group in address order.
 template <class F>
-void pack_row(const uint8_t* row, const Shape& sh, float* dst) {
-  __m256 v[4];
-  int64_t off[4];
-  for (int k = 0; k < 4; ++k) off[k] = sh.chain_off(k, kRows);
+void pack_group(const uint8_t* const* rows, int R, const Shape& sh, float* dst) {
+  __m256 v[kRows][4];
   for (int64_t m = 0; m < sh.m32; ++m) {
-    F::load32(row, 32 * m, v);
-    for (int k = 0; k < 4; ++k) _mm256_storeu_ps(dst + off[k] + m * kStep, v[k]);
+    for (int q = 0; q < R; ++q) F::load32(rows[q], 32 * m, v[q]);
+    for (int k = 0; k < 4; ++k)
+      for (int q = 0; q < R; ++q) _mm256_store_ps(dst + sh.chain_off(k, kRows) + m * kStep + 8 * q, v[q][k]);
   }
   if constexpr (F::kAny)
-    for (int64_t u = 0; u < sh.g8; ++u) _mm256_storeu_ps(dst + (sh.m32 + u) * kStep, F::load8(row, 32 * sh.m32 + 8 * u));
+    for (int64_t u = 0; u < sh.g8; ++u)
+      for (int q = 0; q < R; ++q) _mm256_store_ps(dst + (sh.m32 + u) * kStep + 8 * q, F::load8(rows[q], 32 * sh.m32 + 8 * u));
 }
 
 // Input x into slot q of a packed input block at dst.
@@ -216,8 +217,12 @@ void tiled_rows(const MatView& W, const float* X, int64_t n_x, float* Y, int64_t
   const int64_t n_sub = (panel + kSubGroups * kRows - 1) / (kSubGroups * kRows);
   for (int64_t j0 = rb; j0 < re; j0 += panel) {
     const int64_t np = std::min(panel, re - j0);
-    for (int64_t p = 0; p < np; ++p)
-      pack_row<F>(W.row(j0 + p), sh, pk + (p / kRows) * group_floats + (p % kRows) * 8);
+    for (int64_t p = 0; p < np; p += kRows) {
+      const int R = (int)std::min<int64_t>(kRows, np - p);
+      const uint8_t* rows[kRows];
+      for (int q = 0; q < kRows; ++q) rows[q] = W.row(j0 + p + std::min(q, R - 1));
+      pack_group<F>(rows, R, sh, pk + (p / kRows) * group_floats);
+    }
     // The next panel's weights are fetched into L2 while this one is used, a
     // few lines per register block (not in bursts, which stall on the fill
     // buffers), so that packing it does not wait on memory.
