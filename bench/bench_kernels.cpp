@@ -34,7 +34,8 @@
 // Counters: bytes (weight bytes read per call; inputs and outputs are
 // negligible and not counted), GB/s (bytes / wall time, 1e9), pct_probe (GB/s
 // as a percentage of the probe for the same thread count, probed once at
-// start-up).
+// start-up); BM_Matmul also GMAC/s (rows x cols x inputs multiply-adds per
+// second, 1e9), the measure once many inputs make it compute-bound.
 // Run through scripts/bench_kernels.sh, which prints a table.
 #include <benchmark/benchmark.h>
 

@@ -15,6 +15,7 @@
 #include "core/dtype.h"
 #include "core/half.h"
 #include "kernels/cpu/avx2_common.h"
+#include "kernels/cpu/matmul_f32_tiled.h"
 #include "kernels/cpu/qmatmul.h"
 
 namespace megakern {
@@ -920,6 +921,14 @@ bool f32_path_avx2_supports(DType t) {
 
 void matmul_rows_f32_avx2(const MatView& W, const float* X, int64_t n_x, float* Y, int64_t ldy, int64_t rb,
                           int64_t re) {
+  if (n_x >= kF32TiledMinInputs)  // same bits, register-blocked (matmul_f32_tiled.h)
+    matmul_rows_f32_tiled_avx2(W, X, n_x, Y, ldy, rb, re);
+  else
+    matmul_rows_f32_rowwise_avx2(W, X, n_x, Y, ldy, rb, re);
+}
+
+void matmul_rows_f32_rowwise_avx2(const MatView& W, const float* X, int64_t n_x, float* Y, int64_t ldy, int64_t rb,
+                                  int64_t re) {
   switch (W.type) {
     case DType::F32: f32_rows<F32W>(W, X, n_x, Y, ldy, rb, re); break;
     case DType::F16: f32_rows<F16W>(W, X, n_x, Y, ldy, rb, re); break;

@@ -1,0 +1,40 @@
+// The f32 path of the multi-input kernels (qmatmul.h) for many inputs:
+// F32, F16, BF16 and FP8_E4M3 weights, register-blocked over rows and inputs.
+//
+// Every output equals the row-by-row kernel's bit for bit, that is
+// dot_f32_avx2(dequantized row j, input t): 32-element steps into four
+// 8-lane accumulators (chain k takes elements 32m+8k..32m+8k+7 for m = 0, 1,
+// ...), then 8-element steps into chain 0, then hsum((s0+s1)+(s2+s3)) and a
+// scalar fused multiply-add per remaining element. The four chains do not
+// depend on each other, so they are computed one after another (each in its
+// own order over m) and combined at the end in that order.
+//
+// Layout of the work: a panel of weight rows is decoded to f32 once into a
+// thread-local buffer of about 384 KiB, packed chain by chain with kRows rows
+// interleaved per 8-element step, and reused for every input. For one chain
+// and kInputs inputs the inputs' slice stays in L1 while the panel's rows go
+// by, kRows x kInputs accumulators in registers (3 x 4: 12 accumulators, 3
+// weight vectors and one input vector, the 16 ymm registers; 12 FMAs per 7
+// loads).
+#pragma once
+
+#include <cstdint>
+
+#include "core/mat_view.h"
+
+namespace megakern {
+
+// Rows [rb, re) of W (F32, F16, BF16 or FP8_E4M3) times the n_x inputs X
+// ([n_x][W.cols]) into Y ([n_x][ldy]). AVX2/FMA/F16C only (use_avx2()).
+void matmul_rows_f32_tiled_avx2(const MatView& W, const float* X, int64_t n_x, float* Y, int64_t ldy, int64_t rb,
+                                int64_t re);
+
+// The row-by-row kernel (one weight row, one or two inputs at a time), the
+// reference the tiled one must match (qmatmul_avx2.cpp).
+void matmul_rows_f32_rowwise_avx2(const MatView& W, const float* X, int64_t n_x, float* Y, int64_t ldy, int64_t rb,
+                                  int64_t re);
+
+// matmul_rows_f32_avx2 uses the tiled kernel from this many inputs on.
+constexpr int64_t kF32TiledMinInputs = 4;
+
+}  // namespace megakern
