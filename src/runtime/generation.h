@@ -9,18 +9,18 @@
 //  - Generator (spec/generator.h): one sequence end to end, each token
 //    through a Generation.
 // Where what comes next slots in:
-//  - Speculation in the server: a SpeculativeGenerator per slot, its round
-//    split at the verify step (propose; verify rows placed in the batched
-//    step; accept), each round's tokens pushed through the slot's Generation
-//    as Generator::generate does.
+//  - Speculation in the server: a SpeculativeGenerator per batch row, its
+//    round split at the verify step (propose; verify rows placed in the
+//    batched step; accept), each round's tokens pushed through the row's
+//    Generation as Generator::generate does.
 //  - Logprobs: Generation::sample has the logits; it would put the chosen
 //    token's log-probability (and the top n) in the Delta. Speculative rounds
 //    would return their verify rows' distributions with the tokens.
 //  - Chunked prefill: the scheduler would compute a long prompt in slices
 //    (Engine::prefill with pos0 advancing) between decode steps; the
 //    Generation begins at the first sample, unchanged.
-//  - Prefix cache: at admission, pick the slot (or a copied cache) sharing the
-//    longest prefix with the prompt (Session::reusable_prefix does this for one
+//  - Prefix cache: at admission, pick the batch row (or a copied cache) sharing
+//    the longest prefix with the prompt (Session::reusable_prefix does this for one
 //    sequence) and prefill only the rest; Generation needs only the prompt
 //    length.
 #pragma once
