@@ -1,9 +1,9 @@
 // Per-sequence state for a model object in tests that drive executors
-// directly: the single factory (exec/sequence_state.h) applied to the shape of
+// directly: the single factory (ir/sequence_state.h) applied to the shape of
 // the model's program.
 #pragma once
 
-#include "exec/sequence_state.h"
+#include "ir/sequence_state.h"
 #include "model/dense_program.h"
 #include "model/kimi.h"
 #include "model/muse.h"

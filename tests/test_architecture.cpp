@@ -1,11 +1,11 @@
 // The architecture registry (model/architecture.h) and the per-sequence state
-// sized from a model's program (exec/sequence_state.h).
+// sized from a model's program (ir/sequence_state.h).
 #include <gtest/gtest.h>
 
 #include <set>
 
 #include "core/error.h"
-#include "exec/sequence_state.h"
+#include "ir/sequence_state.h"
 #include "model/architecture.h"
 #include "model/kimi_config.h"
 #include "model/muse_config.h"

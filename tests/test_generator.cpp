@@ -9,9 +9,9 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
-#include "runtime/generator.h"
 #include "runtime/model.h"
 #include "server/scheduler.h"
+#include "spec/generator.h"
 #include "spec/speculative.h"
 #include "test_util.h"
 

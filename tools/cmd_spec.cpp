@@ -15,11 +15,11 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
-#include "runtime/generator.h"
 #include "runtime/model.h"
 #include "runtime/session.h"
 #include "spec/block_drafter.h"
 #include "spec/drafter.h"
+#include "spec/generator.h"
 #include "spec/speculative.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"

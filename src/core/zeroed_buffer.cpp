@@ -6,7 +6,6 @@
 #include <cstdlib>
 
 #include "core/error.h"
-#include "core/units.h"
 
 namespace megakern {
 

@@ -9,7 +9,7 @@
 //               boundaries; one call runs a whole step without returning.
 // The op-by-op and megakernel executors give bit-identical logits; a row's
 // logits do not depend on the other rows of its batch. Rows (RowInput) are in
-// exec/sequence_state.h.
+// ir/sequence_state.h.
 #pragma once
 
 #include <cstdint>
@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "ir/program.h"
-#include "exec/sequence_state.h"
+#include "ir/sequence_state.h"
 
 namespace megakern {
 

@@ -1,14 +1,9 @@
 #include "exec/op_kernels.h"
 
 #include <algorithm>
-#include <cmath>
-#include <cstring>
 
 #include "core/error.h"
 #include "exec/recurrent_kernels.h"
-#include "kernels/cpu/attention.h"
-#include "kernels/cpu/ops.h"
-#include "kernels/cpu/vec.h"
 #include "ops/registry.h"
 
 namespace megakern {
@@ -73,45 +68,6 @@ void validate_rows(const DecodeProgram& p, const std::vector<RowInput>& rows) {
     }
   }
   if (p.recurrent) validate_recurrent_rows(p, rows.data(), static_cast<int>(rows.size()));
-}
-
-// Attention of step rows [r0, r1) for the query heads of part `part` of KV
-// head g's group (GQA: n_head / n_head_kv query heads share it). Rows of one
-// sequence (adjacent in the step, consecutive positions) go through the
-// tiled kernel together, so each tile of the KV head's keys and values is
-// read once for all of them and all their heads; every output has the bits
-// of that row and head computed alone (kernels/cpu/attention.h).
-void attention_tile(const Op& op_, const StepContext& ctx, int r0, int r1, int g, int part, int n_parts) {
-  const ops::Attention& op = op_.as<ops::Attention>();
-  const int hd = op.head_dim, group = op.n_head / op.n_head_kv / n_parts;
-  const int vd = op.v_dim();
-  const int h0 = g * group * n_parts + part * group;  // first query head of this tile
-  const int layer = op_.cache_layer();
-  for (int r = r0; r < r1;) {
-    KVCache& cache = *ctx.rows[r].cache;
-    int e = r + 1;
-    while (e < r1 && ctx.rows[e].cache == &cache) ++e;
-    AttentionBlock a;
-    a.q = row_of(ctx, op_.in, r) + static_cast<size_t>(h0) * hd;
-    a.q_stride = width_of(ctx, op_.in);
-    a.out = row_of(ctx, op_.out, r) + static_cast<size_t>(h0) * vd;
-    a.out_stride = width_of(ctx, op_.out);
-    a.n_rows = e - r;
-    a.pos0 = ctx.rows[r].pos;
-    a.n_heads = group;
-    a.head_dim = hd;
-    a.v_dim = vd;
-    a.window = op.window;
-    a.scale = op.scale;
-    KvHeadView kv;
-    kv.k = cache.k_at(layer, 0) + static_cast<size_t>(g) * hd;
-    kv.v = cache.v_at(layer, 0) + static_cast<size_t>(g) * vd;
-    kv.k_stride = cache.kv_dim;
-    kv.v_stride = cache.v_width();
-    kv.ring = cache.ring_len(layer);
-    attention_block(a, kv, ctx.scalar);
-    r = e;
-  }
 }
 
 }  // namespace megakern

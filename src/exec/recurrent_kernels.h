@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "exec/sequence_state.h"
+#include "ir/sequence_state.h"
 #include "ir/program.h"
 
 namespace megakern {

@@ -9,9 +9,40 @@
 
 #include "core/error.h"
 #include "ir/expert_bank.h"
-#include "ops/registry.h"
+#include "ir/op_info.h"
 
 namespace megakern {
+
+const char* op_kind_name(OpKind k) {
+  return static_cast<int>(k) < kOpKinds ? op_info(k).name : "?";
+}
+
+int Op::cache_layer() const {
+  const int c = std::visit(
+      [](const auto& p) {
+        if constexpr (requires { p.cache_index; })
+          return p.cache_index;
+        else
+          return -1;
+      },
+      params);
+  return c >= 0 ? c : layer;
+}
+
+size_t Op::weight_bytes() const {
+  const OpInfo& i = op_info(kind);
+  if (i.weight_bytes) return i.weight_bytes(*this);
+  return i.small_weights ? sizeof(float) * i.small_weights(*this).size() : 0;
+}
+
+std::vector<int> Op::reads() const {
+  std::vector<int> r;
+  for (int s : {in, in2, in3})
+    if (s >= 0) r.push_back(s);
+  const OpInfo& i = op_info(kind);
+  if (out >= 0 && i.reads_out && i.reads_out(*this)) r.push_back(out);
+  return r;
+}
 
 size_t DecodeProgram::state_bytes_per_row(int pos) const {
   size_t b = 0;

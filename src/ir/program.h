@@ -28,21 +28,15 @@
 
 #include "core/mat_view.h"
 #include "core/numerics.h"
-#include "ops/attention.h"
-#include "ops/gate.h"
-#include "ops/matmul.h"
-#include "ops/moe.h"
-#include "ops/norm.h"
-#include "ops/recurrent.h"
-#include "ops/residual_stream.h"
+#include "ir/op_params.h"
 
 namespace megakern {
 
 struct ExpertBank;  // ir/expert_bank.h
 
-// The kinds of op. What each computes, its parameters (ops::<Kind>) and its
-// kernels are in its family's file under ops/ (ops/registry.h: the table of
-// per-kind entries the IR and the executors walk).
+// The kinds of op. What each computes and its parameters (ops::<Kind>):
+// ir/op_params.h; its registry entry (ir/op_info.h) and kernels: its
+// family's file under ops/.
 enum class OpKind : uint8_t {
   Embed, RmsNorm, MatMul, HeadNormRope, StoreKV, Attention, GluAct, Residual,  // ops/matmul, norm, attention, gate
   SigmoidGate, CausalConvSilu, DeltaRule, GatedRmsNorm,                        // ops/gate, recurrent, norm

@@ -18,7 +18,7 @@
 
 #include "core/dtype.h"
 #include "core/numerics.h"
-#include "exec/sequence_state.h"
+#include "ir/sequence_state.h"
 #include "ir/program.h"
 
 namespace megakern {

@@ -1,7 +1,5 @@
 #include "model/dense.h"
 
-#include "core/units.h"
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>

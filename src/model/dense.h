@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "exec/sequence_state.h"
+#include "ir/sequence_state.h"
 #include "kernels/cpu/matmul.h"
 
 namespace megakern {

@@ -39,24 +39,11 @@ DecodeProgram build_dense_program(const DenseModel& model, int max_rows) {
     p.add_matmul(l, "attn_q", L.wq, xn, q);
     p.add_matmul(l, "attn_k", L.wk, xn, k);
     p.add_matmul(l, "attn_v", L.wv, xn, v);
-    DecodeProgram::AttentionSpec a;
-    a.layer = l;
-    a.q = q;
-    a.k = k;
-    a.v = v;
-    a.att = att;
-    a.n_head = c.n_head;
-    a.n_head_kv = c.n_head_kv;
-    a.head_dim = c.head_dim;
-    a.rope_dim = c.rope_dim;
-    a.rope_base = swa ? c.rope_base_local : c.rope_base;
-    a.rope_neox = c.rope_neox;
-    a.eps = c.eps;
-    a.q_norm = &L.q_norm;
-    a.k_norm = &L.k_norm;
-    a.scale = c.attn_scale;
-    a.window = swa ? c.sliding_window : 0;
-    p.add_attention_core(a);
+    p.add_attention_core({.layer = l, .q = q, .k = k, .v = v, .att = att, .n_head = c.n_head,
+                          .n_head_kv = c.n_head_kv, .head_dim = c.head_dim, .rope_dim = c.rope_dim,
+                          .rope_base = swa ? c.rope_base_local : c.rope_base, .rope_neox = c.rope_neox, .eps = c.eps,
+                          .q_norm = &L.q_norm, .k_norm = &L.k_norm, .scale = c.attn_scale,
+                          .window = swa ? c.sliding_window : 0});
     p.add_matmul(l, "attn_output", L.wo, att, proj);
     p.add_residual(l, "attn_residual", x, proj, L.post_attn_norm, c.eps);
     p.add_rmsnorm(l, "ffn_norm", L.ffn_norm, c.eps, x, xn);

@@ -56,17 +56,21 @@ struct KimiBuilder {
   uint8_t* own(size_t bytes) { return m.own(bytes); }
   bool shapes_only() const { return m.reserved_ != nullptr; }
 
-  // A matrix of type t from f32 rows [rows][cols].
-  MatView from_f32(DType t, int64_t rows, int64_t cols, const float* src) {
+  // An uninitialised matrix of type t, [rows][cols].
+  MatView alloc(DType t, int64_t rows, int64_t cols) {
     MatView v;
     v.type = t;
     v.rows = rows;
     v.cols = cols;
     v.row_bytes = row_bytes(t, cols);
-    uint8_t* d = m.own(v.row_bytes * static_cast<size_t>(rows));
+    v.data = m.own(v.row_bytes * static_cast<size_t>(rows));
+    return v;
+  }
+  // A matrix of type t from f32 rows [rows][cols].
+  MatView from_f32(DType t, int64_t rows, int64_t cols, const float* src) {
+    MatView v = alloc(t, rows, cols);
     const auto& tr = dtype_traits(t);
-    for (int64_t r = 0; r < rows; ++r) tr.quantize(src + r * cols, d + static_cast<size_t>(r) * v.row_bytes, cols);
-    v.data = d;
+    for (int64_t r = 0; r < rows; ++r) tr.quantize(src + r * cols, const_cast<uint8_t*>(v.row(r)), cols);
     return v;
   }
 
@@ -136,15 +140,7 @@ struct Synth {
   // Uniform with variance gain^2 / fan_in (uniform(-1,1) has variance 1/3).
   MatView mat(const std::string& name, int64_t rows, int64_t cols, float gain = 1.f, DType t = DType::F32) {
     const DType type = t == DType::F32 ? dense : t;
-    if (B.shapes_only()) {
-      MatView v;
-      v.type = type;
-      v.rows = rows;
-      v.cols = cols;
-      v.row_bytes = row_bytes(type, cols);
-      v.data = B.own(v.row_bytes * static_cast<size_t>(rows));
-      return v;
-    }
+    if (B.shapes_only()) return B.alloc(type, rows, cols);
     const float a = gain * std::sqrt(3.f / static_cast<float>(cols));
     const auto v = rand(name, static_cast<size_t>(rows * cols), a);
     return B.from_f32(type, rows, cols, v.data());
@@ -569,16 +565,6 @@ struct Loader {
   }
 };
 
-MatView alloc_mxfp4(KimiBuilder& B, int64_t rows, int64_t cols) {
-  MatView v;
-  v.type = DType::MXFP4;
-  v.rows = rows;
-  v.cols = cols;
-  v.row_bytes = row_bytes(DType::MXFP4, cols);
-  v.data = B.own(v.row_bytes * static_cast<size_t>(rows));
-  return v;
-}
-
 std::string read_text(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   if (!f) fail("cannot open '{}'", path);
@@ -687,8 +673,8 @@ std::unique_ptr<KimiModel> KimiModel::load_checkpoint(const std::string& dir, co
       L.latent_down = R.mat(mp + "latent_down_proj.weight", Lt, H);
       L.latent_norm = R.vec(mp + "latent_norm.weight", {Lt});
       L.latent_up = R.mat(mp + "latent_up_proj.weight", H, Lt);
-      L.experts_gu = alloc_mxfp4(B, E * 2 * F, Lt);
-      L.experts_down = alloc_mxfp4(B, E * Lt, F);
+      L.experts_gu = B.alloc(DType::MXFP4, E * 2 * F, Lt);
+      L.experts_down = B.alloc(DType::MXFP4, E * Lt, F);
       for (int64_t e = 0; e < E; ++e) {
         const std::string ep = fmt::format("{}experts.{}.", mp, e);
         R.expert(ep + "gate_proj", F, Lt, L.experts_gu, e * 2 * F);

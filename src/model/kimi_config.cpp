@@ -13,88 +13,28 @@ namespace {
 
 std::vector<KimiConfig> make_presets() {
   std::vector<KimiConfig> v;
-  {
-    KimiConfig c;
-    c.name = "kimi-k3";
-    c.n_layer = 93;
-    c.hidden = 7168;
-    c.vocab = 163840;
-    c.rms_eps = 1e-5;
-    c.mla_interval = 4;
-    c.attn_res_block = 12;
-    c.kda_n_head = 96;
-    c.kda_head_dim = 128;
-    c.kda_gate_rank = 128;
-    c.conv_kernel = 4;
-    c.mla_n_head = 96;  // kimi/__init__.py Config.heads (32 ranks x 3 heads in kimi/load.py)
-    c.q_lora_rank = 1536;
-    c.kv_lora_rank = 512;
-    c.qk_nope_dim = 128;
-    c.qk_extra_dim = 64;
-    c.v_head_dim = 128;
-    c.dense_ff = 33792;
-    c.n_expert = 896;
-    c.n_expert_used = 16;
-    c.expert_ff = 3072;
-    c.moe_latent = 3584;
-    c.shared_ff = 6144;
-    v.push_back(c);
-  }
-  {
-    // Tiny, for tests: 10 layers (MLA at 3, 7 and the last, 9; KDA elsewhere),
-    // a residual block every 4 layers so blocks are pushed twice (at 4 and 8),
-    // every width a multiple of 32 so MXFP4 applies; byte vocabulary.
-    // Must match tests/fixtures/kimi_mini/config.json.
-    KimiConfig c;
-    c.name = "kimi-k3-mini";
-    c.n_layer = 10;
-    c.hidden = 64;
-    c.vocab = 256;
-    c.attn_res_block = 4;
-    c.kda_n_head = 2;
-    c.kda_head_dim = 32;
-    c.kda_gate_rank = 16;
-    c.mla_n_head = 2;
-    c.q_lora_rank = 32;
-    c.kv_lora_rank = 32;
-    c.qk_nope_dim = 16;
-    c.qk_extra_dim = 8;
-    c.v_head_dim = 16;
-    c.dense_ff = 128;
-    c.n_expert = 8;
-    c.n_expert_used = 3;
-    c.expert_ff = 32;
-    c.moe_latent = 32;
-    c.shared_ff = 64;
-    v.push_back(c);
-  }
-  {
-    // All 93 layers with the full model's layer pattern, block rule and head
-    // width (128x128 KDA states), at a width where the weights read per step
-    // (about 0.8 GB with bf16 dense / MXFP4 experts) are far beyond any L3
-    // (>= 10 x 32 MiB) and all weights (about 1.0 GB) fit in RAM.
-    KimiConfig c;
-    c.name = "kimi-k3-bench";
-    c.n_layer = 93;
-    c.hidden = 768;
-    c.vocab = 32768;
-    c.kda_n_head = 4;
-    c.kda_head_dim = 128;
-    c.kda_gate_rank = 64;
-    c.mla_n_head = 6;
-    c.q_lora_rank = 256;
-    c.kv_lora_rank = 256;
-    c.qk_nope_dim = 64;
-    c.qk_extra_dim = 32;
-    c.v_head_dim = 64;
-    c.dense_ff = 3072;
-    c.n_expert = 16;
-    c.n_expert_used = 4;
-    c.expert_ff = 256;
-    c.moe_latent = 384;
-    c.shared_ff = 512;
-    v.push_back(c);
-  }
+  // mla_n_head: kimi/__init__.py Config.heads (32 ranks x 3 heads in kimi/load.py)
+  v.push_back({.name = "kimi-k3", .n_layer = 93, .hidden = 7168, .vocab = 163840, .rms_eps = 1e-5, .mla_interval = 4,
+               .attn_res_block = 12, .kda_n_head = 96, .kda_head_dim = 128, .kda_gate_rank = 128, .conv_kernel = 4,
+               .mla_n_head = 96, .q_lora_rank = 1536, .kv_lora_rank = 512, .qk_nope_dim = 128, .qk_extra_dim = 64,
+               .v_head_dim = 128, .dense_ff = 33792, .n_expert = 896, .n_expert_used = 16, .expert_ff = 3072,
+               .moe_latent = 3584, .shared_ff = 6144});
+  // Tiny, for tests: 10 layers (MLA at 3, 7 and the last, 9; KDA elsewhere),
+  // a residual block every 4 layers so blocks are pushed twice (at 4 and 8),
+  // every width a multiple of 32 so MXFP4 applies; byte vocabulary.
+  // Must match tests/fixtures/kimi_mini/config.json.
+  v.push_back({.name = "kimi-k3-mini", .n_layer = 10, .hidden = 64, .vocab = 256, .attn_res_block = 4,
+               .kda_n_head = 2, .kda_head_dim = 32, .kda_gate_rank = 16, .mla_n_head = 2, .q_lora_rank = 32,
+               .kv_lora_rank = 32, .qk_nope_dim = 16, .qk_extra_dim = 8, .v_head_dim = 16, .dense_ff = 128,
+               .n_expert = 8, .n_expert_used = 3, .expert_ff = 32, .moe_latent = 32, .shared_ff = 64});
+  // All 93 layers with the full model's layer pattern, block rule and head
+  // width (128x128 KDA states), at a width where the weights read per step
+  // (about 0.8 GB with bf16 dense / MXFP4 experts) are far beyond any L3
+  // (>= 10 x 32 MiB) and all weights (about 1.0 GB) fit in RAM.
+  v.push_back({.name = "kimi-k3-bench", .n_layer = 93, .hidden = 768, .vocab = 32768, .kda_n_head = 4,
+               .kda_head_dim = 128, .kda_gate_rank = 64, .mla_n_head = 6, .q_lora_rank = 256, .kv_lora_rank = 256,
+               .qk_nope_dim = 64, .qk_extra_dim = 32, .v_head_dim = 64, .dense_ff = 3072, .n_expert = 16,
+               .n_expert_used = 4, .expert_ff = 256, .moe_latent = 384, .shared_ff = 512});
   for (const auto& c : v) c.validate();
   return v;
 }

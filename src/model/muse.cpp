@@ -400,25 +400,13 @@ DecodeProgram build_muse_program(const MuseModel& model, int max_rows) {
     p.add_matmul(l, "attn_k", L.wk, xn, kk);
     p.add_matmul(l, "attn_v", L.wv, xn, v);
     p.add_matmul(l, "attn_gate", L.wgate, xn, g);
-    DecodeProgram::AttentionSpec a;
-    a.layer = l;
-    a.q = q;
-    a.k = kk;
-    a.v = v;
-    a.att = att;
-    a.n_head = c.n_head;
-    a.n_head_kv = c.n_head_kv;
-    a.head_dim = c.head_dim;
-    a.rope_dim = L.full ? 0 : c.head_dim;
-    a.rope_base = static_cast<float>(c.rope_theta);
-    a.rope_neox = true;  // rotate-half
-    a.eps = eps;
-    a.q_norm = &model.unit_norm();
-    a.k_norm = &model.unit_norm();
-    a.scale = static_cast<float>(c.softmax_scale());  // musespark/config.py softmax_scale
-    a.window = L.full ? 0 : c.window;
-    a.cache_index = l;
-    p.add_attention_core(a);
+    // rope_neox: rotate-half; scale: musespark/config.py softmax_scale
+    p.add_attention_core({.layer = l, .q = q, .k = kk, .v = v, .att = att, .n_head = c.n_head,
+                          .n_head_kv = c.n_head_kv, .head_dim = c.head_dim, .rope_dim = L.full ? 0 : c.head_dim,
+                          .rope_base = static_cast<float>(c.rope_theta), .rope_neox = true, .eps = eps,
+                          .q_norm = &model.unit_norm(), .k_norm = &model.unit_norm(),
+                          .scale = static_cast<float>(c.softmax_scale()), .window = L.full ? 0 : c.window,
+                          .cache_index = l});
     Op& hg = p.add_op(OpKind::HeadNormGate, l, "attn_out_norm_gate");
     hg.in = g;
     hg.out = att;

@@ -33,67 +33,23 @@ namespace {
 
 std::vector<MuseConfig> make_presets() {
   std::vector<MuseConfig> v;
-  {
-    MuseConfig c;
-    c.name = "muse-spark-1.2";
-    c.n_layer = 62;
-    c.hidden = 8192;
-    c.vocab = 202048;
-    c.vocab_used = 201818;  // musespark/config.py: ids >= 201818 are untrained padding
-    c.n_head = 128;
-    c.n_head_kv = 16;
-    c.head_dim = 64;
-    c.window = 2048;
-    c.rope_theta = 5e5;
-    c.n_expert = 256;
-    c.top_k = 8;
-    c.expert_ff = 4096;
-    c.expert_dim = 4096;
-    v.push_back(c);
-  }
-  {
-    // Tiny, for tests and `run`: 4 layers (one full NoPE layer at l = 1), a
-    // window of 8 so short sequences already slide, 8 experts top-2, every
-    // matrix width a multiple of 128 so int4_g128, nvfp4 and int8_col apply.
-    // Vocabulary 512 of which 260 are used (256 bytes and 4 specials).
-    MuseConfig c;
-    c.name = "muse-spark-mini";
-    c.n_layer = 4;
-    c.hidden = 128;
-    c.vocab = 512;
-    c.vocab_used = 260;
-    c.n_head = 4;
-    c.n_head_kv = 2;
-    c.head_dim = 32;
-    c.window = 8;
-    c.rope_theta = 5e5;
-    c.n_expert = 8;
-    c.top_k = 2;
-    c.expert_ff = 128;
-    c.expert_dim = 128;
-    v.push_back(c);
-  }
-  {
-    // All 62 layers and the real head dim / top-k at an eighth of the width
-    // and 32 experts: with bf16 dense and int4_g128 experts a step reads
-    // 0.83 GB and the whole model is 1.50 GB (describe() prints the figures).
-    MuseConfig c;
-    c.name = "muse-spark-bench";
-    c.n_layer = 62;
-    c.hidden = 1024;
-    c.vocab = 32768;
-    c.vocab_used = 32000;
-    c.n_head = 16;
-    c.n_head_kv = 2;
-    c.head_dim = 64;
-    c.window = 2048;
-    c.rope_theta = 5e5;
-    c.n_expert = 32;
-    c.top_k = 8;
-    c.expert_ff = 512;
-    c.expert_dim = 512;
-    v.push_back(c);
-  }
+  // vocab_used: musespark/config.py: ids >= 201818 are untrained padding
+  v.push_back({.name = "muse-spark-1.2", .n_layer = 62, .hidden = 8192, .vocab = 202048, .vocab_used = 201818,
+               .n_head = 128, .n_head_kv = 16, .head_dim = 64, .window = 2048, .rope_theta = 5e5, .n_expert = 256,
+               .top_k = 8, .expert_ff = 4096, .expert_dim = 4096});
+  // Tiny, for tests and `run`: 4 layers (one full NoPE layer at l = 1), a
+  // window of 8 so short sequences already slide, 8 experts top-2, every
+  // matrix width a multiple of 128 so int4_g128, nvfp4 and int8_col apply.
+  // Vocabulary 512 of which 260 are used (256 bytes and 4 specials).
+  v.push_back({.name = "muse-spark-mini", .n_layer = 4, .hidden = 128, .vocab = 512, .vocab_used = 260, .n_head = 4,
+               .n_head_kv = 2, .head_dim = 32, .window = 8, .rope_theta = 5e5, .n_expert = 8, .top_k = 2,
+               .expert_ff = 128, .expert_dim = 128});
+  // All 62 layers and the real head dim / top-k at an eighth of the width
+  // and 32 experts: with bf16 dense and int4_g128 experts a step reads
+  // 0.83 GB and the whole model is 1.50 GB (describe() prints the figures).
+  v.push_back({.name = "muse-spark-bench", .n_layer = 62, .hidden = 1024, .vocab = 32768, .vocab_used = 32000,
+               .n_head = 16, .n_head_kv = 2, .head_dim = 64, .window = 2048, .rope_theta = 5e5, .n_expert = 32,
+               .top_k = 8, .expert_ff = 512, .expert_dim = 512});
   for (const auto& c : v) c.validate();
   return v;
 }

@@ -3,7 +3,6 @@
 #include <cmath>
 #include <cstring>
 
-#include "core/error.h"
 #include "core/half.h"
 #include "core/rng.h"
 #include "io/gguf.h"

@@ -274,24 +274,12 @@ DecodeProgram build_qwen38_program(const Qwen38Model& model, int max_rows) {
       p.add_matmul(l, "attn_q_gate", L.wgate, xn, qgate);
       p.add_matmul(l, "attn_k", L.wk, xn, k);
       p.add_matmul(l, "attn_v", L.wv, xn, v);
-      DecodeProgram::AttentionSpec a;
-      a.layer = l;
-      a.q = q;
-      a.k = k;
-      a.v = v;
-      a.att = att;
-      a.n_head = c.n_head;
-      a.n_head_kv = c.n_head_kv;
-      a.head_dim = c.head_dim;
-      a.rope_dim = c.rotary_dim;
-      a.rope_base = static_cast<float>(c.rope_theta);
-      a.rope_neox = true;  // rotate-half
-      a.eps = eps;
-      a.q_norm = &L.q_norm;
-      a.k_norm = &L.k_norm;
-      a.scale = 1.f / std::sqrt(static_cast<float>(c.head_dim));
-      a.cache_index = L.cache_index;
-      p.add_attention_core(a);
+      // rope_neox: rotate-half
+      p.add_attention_core({.layer = l, .q = q, .k = k, .v = v, .att = att, .n_head = c.n_head,
+                            .n_head_kv = c.n_head_kv, .head_dim = c.head_dim, .rope_dim = c.rotary_dim,
+                            .rope_base = static_cast<float>(c.rope_theta), .rope_neox = true, .eps = eps,
+                            .q_norm = &L.q_norm, .k_norm = &L.k_norm,
+                            .scale = 1.f / std::sqrt(static_cast<float>(c.head_dim)), .cache_index = L.cache_index});
       Op& g = p.add_op(OpKind::SigmoidGate, l, "attn_gate");
       g.in = qgate;
       g.out = att;

@@ -39,75 +39,24 @@ namespace {
 
 std::vector<Qwen38Config> make_presets() {
   std::vector<Qwen38Config> v;
-  {
-    Qwen38Config c;
-    c.name = "qwen3.8-27b";
-    c.n_layer = 64;
-    c.hidden = 5120;
-    c.intermediate = 17408;
-    c.vocab = 248320;
-    c.rms_eps = 1e-6;
-    c.n_head = 24;
-    c.n_head_kv = 4;
-    c.head_dim = 256;
-    c.rotary_dim = 64;
-    c.rope_theta = 1e7;
-    c.la_n_k_heads = 16;
-    c.la_n_v_heads = 48;
-    c.la_k_head_dim = 128;
-    c.la_v_head_dim = 128;
-    c.conv_kernel = 4;
-    v.push_back(c);
-  }
-  {
-    // Tiny, for tests: 4 layers (3 DeltaNet + 1 attention), every width a
-    // multiple of 32 so all block formats apply; the same ratios as the full
-    // model (GQA, 3 value heads per key head, rotary on a quarter of the head).
-    // Must match tests/fixtures/qwen38_mini/config.json.
-    Qwen38Config c;
-    c.name = "qwen3.8-mini";
-    c.n_layer = 4;
-    c.hidden = 64;
-    c.intermediate = 160;
-    c.vocab = 256;
-    c.rms_eps = 1e-6;
-    c.n_head = 4;
-    c.n_head_kv = 2;
-    c.head_dim = 64;
-    c.rotary_dim = 16;
-    c.rope_theta = 1e7;
-    c.la_n_k_heads = 2;
-    c.la_n_v_heads = 6;
-    c.la_k_head_dim = 32;
-    c.la_v_head_dim = 32;
-    c.conv_kernel = 4;
-    v.push_back(c);
-  }
-  {
-    // The full 64-layer pattern (16 attention, 48 DeltaNet) with the real
-    // head dims (256 attention, 128 DeltaNet) at a quarter-ish width.
-    // 869,203,520 parameters: 471 MB read per step in q4_0 (>= 10 x 32 MiB
-    // = 335.5 MB, with matrices q4_0 and small tensors f32), 1.74 GB total
-    // in bf16.
-    Qwen38Config c;
-    c.name = "qwen3.8-bench";
-    c.n_layer = 64;
-    c.hidden = 1024;
-    c.intermediate = 3072;
-    c.vocab = 32768;
-    c.rms_eps = 1e-6;
-    c.n_head = 4;
-    c.n_head_kv = 1;
-    c.head_dim = 256;
-    c.rotary_dim = 64;
-    c.rope_theta = 1e7;
-    c.la_n_k_heads = 2;
-    c.la_n_v_heads = 6;
-    c.la_k_head_dim = 128;
-    c.la_v_head_dim = 128;
-    c.conv_kernel = 4;
-    v.push_back(c);
-  }
+  v.push_back({.name = "qwen3.8-27b", .n_layer = 64, .hidden = 5120, .intermediate = 17408, .vocab = 248320,
+               .rms_eps = 1e-6, .n_head = 24, .n_head_kv = 4, .head_dim = 256, .rotary_dim = 64, .rope_theta = 1e7,
+               .la_n_k_heads = 16, .la_n_v_heads = 48, .la_k_head_dim = 128, .la_v_head_dim = 128, .conv_kernel = 4});
+  // Tiny, for tests: 4 layers (3 DeltaNet + 1 attention), every width a
+  // multiple of 32 so all block formats apply; the same ratios as the full
+  // model (GQA, 3 value heads per key head, rotary on a quarter of the head).
+  // Must match tests/fixtures/qwen38_mini/config.json.
+  v.push_back({.name = "qwen3.8-mini", .n_layer = 4, .hidden = 64, .intermediate = 160, .vocab = 256, .rms_eps = 1e-6,
+               .n_head = 4, .n_head_kv = 2, .head_dim = 64, .rotary_dim = 16, .rope_theta = 1e7, .la_n_k_heads = 2,
+               .la_n_v_heads = 6, .la_k_head_dim = 32, .la_v_head_dim = 32, .conv_kernel = 4});
+  // The full 64-layer pattern (16 attention, 48 DeltaNet) with the real
+  // head dims (256 attention, 128 DeltaNet) at a quarter-ish width.
+  // 869,203,520 parameters: 471 MB read per step in q4_0 (>= 10 x 32 MiB
+  // = 335.5 MB, with matrices q4_0 and small tensors f32), 1.74 GB total
+  // in bf16.
+  v.push_back({.name = "qwen3.8-bench", .n_layer = 64, .hidden = 1024, .intermediate = 3072, .vocab = 32768,
+               .rms_eps = 1e-6, .n_head = 4, .n_head_kv = 1, .head_dim = 256, .rotary_dim = 64, .rope_theta = 1e7,
+               .la_n_k_heads = 2, .la_n_v_heads = 6, .la_k_head_dim = 128, .la_v_head_dim = 128, .conv_kernel = 4});
   for (const auto& c : v) c.validate();
   return v;
 }

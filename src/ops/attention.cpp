@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "kernels/cpu/attention.h"
 #include "ops/registry.h"
 
 namespace megakern {
@@ -52,8 +53,47 @@ void store_kv_tile(const Op& op, const StepContext& ctx, int t, int) {
   std::memcpy(c.v_at(op.cache_layer(), pos), row_of(ctx, op.in2, t), sizeof(float) * static_cast<size_t>(p.v_width()));
 }
 
-// The reference and fast kernels of attention differ inside attention_tile
-// (exec/op_kernels.cpp), which reads ctx.scalar.
+// Attention of step rows [r0, r1) for the query heads of part `part` of KV
+// head g's group (GQA: n_head / n_head_kv query heads share it). Rows of one
+// sequence (adjacent in the step, consecutive positions) go through the
+// tiled kernel together, so each tile of the KV head's keys and values is
+// read once for all of them and all their heads; every output has the bits
+// of that row and head computed alone (kernels/cpu/attention.h).
+void attention_tile(const Op& op_, const StepContext& ctx, int r0, int r1, int g, int part, int n_parts) {
+  const ops::Attention& op = op_.as<ops::Attention>();
+  const int hd = op.head_dim, group = op.n_head / op.n_head_kv / n_parts;
+  const int vd = op.v_dim();
+  const int h0 = g * group * n_parts + part * group;  // first query head of this tile
+  const int layer = op_.cache_layer();
+  for (int r = r0; r < r1;) {
+    KVCache& cache = *ctx.rows[r].cache;
+    int e = r + 1;
+    while (e < r1 && ctx.rows[e].cache == &cache) ++e;
+    AttentionBlock a;
+    a.q = row_of(ctx, op_.in, r) + static_cast<size_t>(h0) * hd;
+    a.q_stride = width_of(ctx, op_.in);
+    a.out = row_of(ctx, op_.out, r) + static_cast<size_t>(h0) * vd;
+    a.out_stride = width_of(ctx, op_.out);
+    a.n_rows = e - r;
+    a.pos0 = ctx.rows[r].pos;
+    a.n_heads = group;
+    a.head_dim = hd;
+    a.v_dim = vd;
+    a.window = op.window;
+    a.scale = op.scale;
+    KvHeadView kv;
+    kv.k = cache.k_at(layer, 0) + static_cast<size_t>(g) * hd;
+    kv.v = cache.v_at(layer, 0) + static_cast<size_t>(g) * vd;
+    kv.k_stride = cache.kv_dim;
+    kv.v_stride = cache.v_width();
+    kv.ring = cache.ring_len(layer);
+    attention_block(a, kv, ctx.scalar);
+    r = e;
+  }
+}
+
+// The reference and fast kernels of attention differ inside attention_tile,
+// which reads ctx.scalar.
 int n_row_blocks(int n_rows) { return (n_rows + attention_row_block(n_rows) - 1) / attention_row_block(n_rows); }
 
 void attention_op_tile(const Op& op, const StepContext& ctx, int t, int n_tiles) {

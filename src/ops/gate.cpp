@@ -1,5 +1,3 @@
-#include "ops/gate.h"
-
 #include "core/error.h"
 #include "ops/registry.h"
 

@@ -1,13 +1,5 @@
-// The mixture-of-experts ops (ir/expert_bank.h). A route slot holds, per
-// row, top_k expert ids (as floats) then their top_k weights.
-//   MoeRoute:   out[r] = route(in[r]): in = router logits [E]; score = sigmoid(scale * logit);
-//               top_k of score + bias (optional), ties to the lowest index;
-//               weights = score / (sum of the selected scores + eps)
-//   MoeGlu:     out[r][j] = act(gate_e in[r], up_e in[r]) for e = expert j of row r (in2 = route);
-//               tiles: (distinct selected expert, d_ff range), weights read once per step
-//   MoeDown:    out[r][j] = down_e in[r][j]   (in = the MoeGlu slot, in2 = route); tiled as MoeGlu
-//   MoeCombine: out[r] = sum_j weight_j * norm(in[r][j])   (in = the MoeDown slot, in2 = route;
-//               norm: see ExpertBank::out_norm)
+// The mixture-of-experts ops (parameters and what they compute:
+// ir/op_params.h; the experts: ir/expert_bank.h).
 //
 // Data flow of one MoE block for a step of R rows (k = top_k):
 //   logits [R][E]  --MoeRoute-->   route [R][2k]    ids (as floats) | weights
@@ -28,28 +20,11 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <span>
 
 namespace megakern {
 
 struct Op;
 struct StepContext;
-struct ExpertBank;
-
-namespace ops {
-struct MoeRoute {
-  int top_k = 0;
-  float scale = 1.f, eps = 1e-6f;
-  std::span<const float> bias;  // [E] or empty
-};
-struct MoeExperts {
-  int top_k = 0;
-  const ExpertBank* bank = nullptr;
-};
-struct MoeGlu : MoeExperts {};
-struct MoeDown : MoeExperts {};
-struct MoeCombine : MoeExperts {};
-}  // namespace ops
 
 // Tiles of a MoeGlu / MoeDown op for n_rows rows on n_workers workers.
 int moe_tile_count(const Op& op, int n_rows, int n_workers);

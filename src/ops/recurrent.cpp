@@ -1,10 +1,7 @@
-#include "ops/recurrent.h"
-
 #include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
-#include "exec/recurrent_kernels.h"
 #include "ops/registry.h"
 
 namespace megakern {

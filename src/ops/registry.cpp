@@ -1,6 +1,6 @@
 #include "ops/registry.h"
 
-#include <type_traits>
+#include <iterator>
 
 namespace megakern {
 
@@ -23,36 +23,5 @@ static_assert(std::size(kTable) == kOpKinds);
 }  // namespace
 
 const OpInfo& op_info(OpKind k) { return *kTable[static_cast<size_t>(k)]; }
-
-const char* op_kind_name(OpKind k) {
-  return static_cast<int>(k) < kOpKinds ? op_info(k).name : "?";
-}
-
-int Op::cache_layer() const {
-  const int c = std::visit(
-      [](const auto& p) {
-        if constexpr (requires { p.cache_index; })
-          return p.cache_index;
-        else
-          return -1;
-      },
-      params);
-  return c >= 0 ? c : layer;
-}
-
-size_t Op::weight_bytes() const {
-  const OpInfo& i = op_info(kind);
-  if (i.weight_bytes) return i.weight_bytes(*this);
-  return i.small_weights ? sizeof(float) * i.small_weights(*this).size() : 0;
-}
-
-std::vector<int> Op::reads() const {
-  std::vector<int> r;
-  for (int s : {in, in2, in3})
-    if (s >= 0) r.push_back(s);
-  const OpInfo& i = op_info(kind);
-  if (out >= 0 && i.reads_out && i.reads_out(*this)) r.push_back(out);
-  return r;
-}
 
 }  // namespace megakern

@@ -1,5 +1,3 @@
-#include "ops/residual_stream.h"
-
 #include <cmath>
 #include <cstring>
 #include <vector>

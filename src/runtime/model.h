@@ -25,7 +25,7 @@
 #include "core/dtype.h"
 #include "core/numerics.h"
 #include "exec/executor.h"
-#include "exec/sequence_state.h"
+#include "ir/sequence_state.h"
 #include "ir/program.h"
 #include "model/architecture.h"
 #include "tokenizer/chat_template.h"
@@ -60,7 +60,7 @@ class Model {
   Numerics numerics() const { return numerics_; }
   void set_numerics(Numerics n) { numerics_ = n; }
   // The zeroed state of a new sequence of up to n_ctx positions, shaped by
-  // the model's program (exec/sequence_state.h).
+  // the model's program (ir/sequence_state.h).
   SequenceState new_sequence(int n_ctx) const { return make_sequence_state(shape_, n_ctx, ring_block_); }
   // A model's own prompt pass: computes tokens[0..n) of seq at positions
   // pos0.., writing the logits of the last one. Returns false when the model

@@ -7,7 +7,7 @@
 #include <algorithm>
 
 #include "core/error.h"
-#include "runtime/generator.h"
+#include "runtime/generation.h"
 #include "runtime/model.h"
 #include "runtime/session.h"
 

@@ -4,7 +4,7 @@
 #include <chrono>
 
 #include "core/error.h"
-#include "runtime/generator.h"
+#include "spec/generator.h"
 
 namespace megakern {
 

@@ -104,7 +104,7 @@ class SpeculativeGenerator {
   // One round; appends 1..k+1 tokens to `out` (at most max_new >= 1) and
   // returns how many. Returns 0 when the anchor's position is past the context.
   int round(int max_new, std::vector<int32_t>& out);
-  // start() then rounds through a Generator (runtime/generator.h): the
+  // start() then rounds through a Generator (spec/generator.h): the
   // tokens plain decoding would emit after prompt, at most n_predict,
   // stopping before the first token for which stop() is true and after a
   // token at position n_ctx (the cache is full).

@@ -392,7 +392,10 @@ std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const GGUFFile& f) {
 // ---------------------------------------------------------------------------
 // Encoding.
 
-std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos, bool parse_special) const {
+namespace {
+
+// Checks that text is UTF-8 and starts the token list (with BOS when asked).
+std::vector<int32_t> begin_encoding(std::string_view text, bool add_bos, int32_t bos_id) {
   const size_t bad = tokenizer_detail::utf8_first_invalid(text);
   if (bad != std::string_view::npos)
     fail("cannot tokenize text that is not valid UTF-8: bad byte 0x{:02X} at offset {}",
@@ -400,9 +403,16 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos, bool
   std::vector<int32_t> out;
   out.reserve(text.size() / 3 + 2);
   if (add_bos) {
-    if (impl_->v.bos_id < 0) fail("cannot add BOS: the vocabulary has no BOS token");
-    out.push_back(impl_->v.bos_id);
+    if (bos_id < 0) fail("cannot add BOS: the vocabulary has no BOS token");
+    out.push_back(bos_id);
   }
+  return out;
+}
+
+}  // namespace
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos, bool parse_special) const {
+  std::vector<int32_t> out = begin_encoding(text, add_bos, impl_->v.bos_id);
   if (impl_->v.kind == TokenizerKind::ByteLevelBPE) {
     impl_->encode_byte_level(text, parse_special, out);
   } else {
@@ -414,16 +424,7 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos, bool
 std::vector<int32_t> Tokenizer::encode_marked(std::string_view text,
                                              const std::vector<std::pair<size_t, size_t>>& markers,
                                              bool add_bos) const {
-  const size_t bad = tokenizer_detail::utf8_first_invalid(text);
-  if (bad != std::string_view::npos)
-    fail("cannot tokenize text that is not valid UTF-8: bad byte 0x{:02X} at offset {}",
-         static_cast<uint8_t>(text[bad]), bad);
-  std::vector<int32_t> out;
-  out.reserve(text.size() / 3 + 2);
-  if (add_bos) {
-    if (impl_->v.bos_id < 0) fail("cannot add BOS: the vocabulary has no BOS token");
-    out.push_back(impl_->v.bos_id);
-  }
+  std::vector<int32_t> out = begin_encoding(text, add_bos, impl_->v.bos_id);
   size_t at = 0;
   for (const auto& [begin, end] : markers) {
     if (begin < at || end < begin || end > text.size())

@@ -1,4 +1,4 @@
-#include "exec/sequence_state.h"
+#include "ir/sequence_state.h"
 
 #include "core/error.h"
 #include "core/units.h"
