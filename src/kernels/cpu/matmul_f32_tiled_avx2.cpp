@@ -183,6 +183,21 @@ ChainFn pick_chain(int rows, int inputs) {
   }
 }
 
+// avx2::hsum of each of v[0..8), in lane i, with hsum's association:
+// ((v0+v4)+(v2+v6)) + ((v1+v5)+(v3+v7)) over the lanes of each vector.
+inline __m256 hsum8(const __m256 v[8]) {
+  __m256 l[4];  // lanes i + (i+4) of v[2c] (low half) and v[2c+1] (high half)
+  for (int c = 0; c < 4; ++c)
+    l[c] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * c], v[2 * c + 1], 0x20),
+                         _mm256_permute2f128_ps(v[2 * c], v[2 * c + 1], 0x31));
+  // (l0 + l2), (l1 + l3) of each
+  const __m256 m0 = _mm256_add_ps(_mm256_shuffle_ps(l[0], l[1], 0x44), _mm256_shuffle_ps(l[0], l[1], 0xee));
+  const __m256 m1 = _mm256_add_ps(_mm256_shuffle_ps(l[2], l[3], 0x44), _mm256_shuffle_ps(l[2], l[3], 0xee));
+  // their sum: lanes hold v0, v2, v4, v6, v1, v3, v5, v7
+  const __m256 r = _mm256_add_ps(_mm256_shuffle_ps(m0, m1, 0x88), _mm256_shuffle_ps(m0, m1, 0xdd));
+  return _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
 // 32-byte aligned thread-local float storage.
 struct Scratch {
   std::vector<float> buf;
@@ -250,19 +265,31 @@ void tiled_rows(const MatView& W, const float* X, int64_t n_x, float* Y, int64_t
                                  part + (g * 4 + k) * (kRows * kInputs));
           }
         }
-        // Reduction and scalar tail exactly as dot_f32_avx2.
-        for (int64_t p = 0; p < sp; ++p) {
-          const __m256* pp = part + (p / kRows) * 4 * (kRows * kInputs) + (p % kRows) * kInputs;
-          const uint8_t* row = W.row(j0 + p0 + p);
+        // Reduction and scalar tail exactly as dot_f32_avx2, eight rows at once.
+        for (int64_t p = 0; p < sp; p += 8) {
+          const int nr = (int)std::min<int64_t>(8, sp - p);
           for (int t = 0; t < nt; ++t) {
-            __m256 s0 = pp[t], s1 = pp[kRows * kInputs + t], s2 = pp[2 * kRows * kInputs + t],
-                   s3 = pp[3 * kRows * kInputs + t];
-            float r = avx2::hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
-            if constexpr (F::kAny) {
-              const float* x = X + (t0 + t) * n;
-              for (int64_t ii = sh.n8; ii < n; ++ii) r = std::fma(F::one(row, ii), x[ii], r);
+            __m256 v[8];
+            for (int i = 0; i < 8; ++i) {
+              const int64_t q = p + std::min(i, nr - 1);
+              const __m256* pp = part + (q / kRows) * 4 * (kRows * kInputs) + (q % kRows) * kInputs + t;
+              v[i] = _mm256_add_ps(_mm256_add_ps(pp[0], pp[kRows * kInputs]),
+                                   _mm256_add_ps(pp[2 * kRows * kInputs], pp[3 * kRows * kInputs]));
             }
-            Y[(t0 + t) * ldy + j0 + p0 + p] = r;
+            float* y = Y + (t0 + t) * ldy + j0 + p0 + p;
+            const __m256 h = hsum8(v);
+            if (!F::kAny || sh.n8 == n) {
+              avx2::store_f32_first(y, h, nr);
+            } else {
+              alignas(32) float r[8];
+              _mm256_store_ps(r, h);
+              const float* x = X + (t0 + t) * n;
+              for (int i = 0; i < nr; ++i) {
+                const uint8_t* row = W.row(j0 + p0 + p + i);
+                for (int64_t ii = sh.n8; ii < n; ++ii) r[i] = std::fma(F::one(row, ii), x[ii], r[i]);
+                y[i] = r[i];
+              }
+            }
           }
         }
       }
