@@ -10,12 +10,14 @@
 // own order over m) and combined at the end in that order.
 //
 // Layout of the work: a panel of weight rows is decoded to f32 once into a
-// thread-local buffer of about 384 KiB, packed chain by chain with kRows rows
-// interleaved per 8-element step, and reused for every input. For one chain
-// and kInputs inputs the inputs' slice stays in L1 while the panel's rows go
-// by, kRows x kInputs accumulators in registers (3 x 4: 12 accumulators, 3
-// weight vectors and one input vector, the 16 ymm registers; 12 FMAs per 7
-// loads).
+// thread-local buffer of about 384 KiB, packed chain by chain with kRows = 3
+// rows interleaved per 8-element step, and reused for every input; the
+// inputs are packed the same way, kInputs = 4 per block, once per call. For
+// one input block, one sub-panel of 24 rows and one chain, the inputs' slice
+// stays in L1 while the rows' packed chain streams from L2: 3 x 4
+// accumulators in registers, 3 weight vectors and one input vector (the 16
+// ymm registers), 12 FMAs per 7 loads; the inner loop is 22 fused µops per
+// 12 FMAs. The next panel's raw weights are prefetched while a panel is used.
 #pragma once
 
 #include <cstdint>
