@@ -17,7 +17,10 @@
 // stays in L1 while the rows' packed chain streams from L2: 3 x 4
 // accumulators in registers, 3 weight vectors and one input vector (the 16
 // ymm registers), 12 FMAs per 7 loads; the inner loop is 22 fused µops per
-// 12 FMAs. The next panel's raw weights are prefetched while a panel is used.
+// 12 FMAs. F32 / F16 / BF16 rows are decoded and packed by the first input
+// block's pass itself (their stores interleaved with its FMAs), FP8 rows
+// beforehand; the next panel's raw weights are prefetched while a panel is
+// used.
 #pragma once
 
 #include <cstdint>
@@ -37,10 +40,9 @@ void matmul_rows_f32_rowwise_avx2(const MatView& W, const float* X, int64_t n_x,
                                   int64_t re);
 
 // matmul_rows_f32_avx2 uses the tiled kernel from this many inputs on. Below
-// it the panel's decoding and packing is shared by too few inputs: at 8
-// inputs the row-by-row kernel was ~20 % faster, at 12 the two were level,
-// at 16 and 32 the tiled one 1.3-1.6x faster (F16, 1024-4096 columns, one
-// thread, weights in L3).
-constexpr int64_t kF32TiledMinInputs = 12;
+// it the panel's packing is shared by too few inputs: against the row-by-row
+// kernel (F16, 1024-4096 columns, one thread, weights in L3) the tiled one
+// was level at 4 inputs, 1.05-1.4x at 8, 1.5x at 12.
+constexpr int64_t kF32TiledMinInputs = 8;
 
 }  // namespace megakern

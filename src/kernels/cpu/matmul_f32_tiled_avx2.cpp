@@ -169,6 +169,50 @@ void chain_block(const float* pw, const float* px, int64_t steps, __m256* out) {
     for (int t = 0; t < T; ++t) out[r * kInputs + t] = acc[r][t];
 }
 
+// chain_block for the first input block of a panel, decoding the weights as
+// it goes: chain k of rows[0..R) is read from W (8 elements a step), stored
+// packed at pw for the later blocks, and used at once. Formats with whole
+// 32-element blocks only (FP8) are packed beforehand instead.
+template <class F, int R, int T>
+void chain_block_decode(const uint8_t* const* rows, const Shape& sh, int k, float* pw, const float* px, __m256* out) {
+  __m256 acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+  auto step = [&](int64_t col) {
+    __m256 wv[R];
+    for (int r = 0; r < R; ++r) {
+      wv[r] = F::load8(rows[r], col);
+      _mm256_store_ps(pw + 8 * r, wv[r]);
+    }
+    for (int t = 0; t < T; ++t) {
+      const __m256 xv = _mm256_load_ps(px + 8 * t);
+      for (int r = 0; r < R; ++r) acc[r][t] = _mm256_fmadd_ps(wv[r], xv, acc[r][t]);
+    }
+    pw += kStep;
+    px += kInputs * 8;
+  };
+  for (int64_t m = 0; m < sh.m32; ++m) step(32 * m + 8 * k);
+  if (k == 0)
+    for (int64_t u = 0; u < sh.g8; ++u) step(32 * sh.m32 + 8 * u);
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) out[r * kInputs + t] = acc[r][t];
+}
+
+using DecodeFn = void (*)(const uint8_t* const*, const Shape&, int, float*, const float*, __m256*);
+template <class F, int T>
+constexpr DecodeFn decode_fn(int r) {
+  return r == 1 ? chain_block_decode<F, 1, T> : r == 2 ? chain_block_decode<F, 2, T> : chain_block_decode<F, 3, T>;
+}
+template <class F>
+DecodeFn pick_decode(int rows, int inputs) {
+  switch (inputs) {
+    case 1: return decode_fn<F, 1>(rows);
+    case 2: return decode_fn<F, 2>(rows);
+    case 3: return decode_fn<F, 3>(rows);
+    default: return decode_fn<F, 4>(rows);
+  }
+}
+
 using ChainFn = void (*)(const float*, const float*, int64_t, __m256*);
 template <int T>
 constexpr ChainFn chain_fn(int r) {
@@ -232,12 +276,15 @@ void tiled_rows(const MatView& W, const float* X, int64_t n_x, float* Y, int64_t
   const int64_t n_sub = (panel + kSubGroups * kRows - 1) / (kSubGroups * kRows);
   for (int64_t j0 = rb; j0 < re; j0 += panel) {
     const int64_t np = std::min(panel, re - j0);
-    for (int64_t p = 0; p < np; p += kRows) {
-      const int R = (int)std::min<int64_t>(kRows, np - p);
-      const uint8_t* rows[kRows];
-      for (int q = 0; q < kRows; ++q) rows[q] = W.row(j0 + p + std::min(q, R - 1));
-      pack_group<F>(rows, R, sh, pk + (p / kRows) * group_floats);
-    }
+    // F16 / BF16 / F32 rows are decoded by the first input block's pass.
+    constexpr bool kDecodeInPass = F::kAny;
+    if (!kDecodeInPass)
+      for (int64_t p = 0; p < np; p += kRows) {
+        const int R = (int)std::min<int64_t>(kRows, np - p);
+        const uint8_t* rows[kRows];
+        for (int q = 0; q < kRows; ++q) rows[q] = W.row(j0 + p + std::min(q, R - 1));
+        pack_group<F>(rows, R, sh, pk + (p / kRows) * group_floats);
+      }
     // The next panel's weights are fetched into L2 while this one is used, a
     // few lines per register block (not in bursts, which stall on the fill
     // buffers), so that packing it does not wait on memory.
@@ -261,8 +308,15 @@ void tiled_rows(const MatView& W, const float* X, int64_t n_x, float* Y, int64_t
             for (const size_t end = std::min(pf_bytes, pf_done + pf_step); pf_done < end; pf_done += 64)
               _mm_prefetch(reinterpret_cast<const char*>(pf + pf_done), _MM_HINT_T1);
             const int rows = (int)std::min<int64_t>(kRows, sp - g * kRows);
-            pick_chain(rows, nt)(pk + (p0 / kRows + g) * group_floats + sh.chain_off(k, kRows), xk, sh.chain_steps(k),
-                                 part + (g * 4 + k) * (kRows * kInputs));
+            float* pw = pk + (p0 / kRows + g) * group_floats + sh.chain_off(k, kRows);
+            __m256* out = part + (g * 4 + k) * (kRows * kInputs);
+            if (kDecodeInPass && b == 0) {
+              const uint8_t* rp[kRows];
+              for (int q = 0; q < kRows; ++q) rp[q] = W.row(j0 + p0 + g * kRows + std::min(q, rows - 1));
+              pick_decode<F>(rows, nt)(rp, sh, k, pw, xk, out);
+            } else {
+              pick_chain(rows, nt)(pw, xk, sh.chain_steps(k), out);
+            }
           }
         }
         // Reduction and scalar tail exactly as dot_f32_avx2, eight rows at once.
