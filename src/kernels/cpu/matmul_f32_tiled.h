@@ -10,12 +10,17 @@
 // own order over m) and combined at the end in that order.
 //
 // Layout of the work: a panel of weight rows is decoded to f32 once into a
-// thread-local buffer of about 384 KiB, packed chain by chain with kRows rows
-// interleaved per 8-element step, and reused for every input. For one chain
-// and kInputs inputs the inputs' slice stays in L1 while the panel's rows go
-// by, kRows x kInputs accumulators in registers (3 x 4: 12 accumulators, 3
-// weight vectors and one input vector, the 16 ymm registers; 12 FMAs per 7
-// loads).
+// thread-local buffer of about 384 KiB, packed chain by chain with kRows = 3
+// rows interleaved per 8-element step, and reused for every input; the
+// inputs are packed the same way, kInputs = 4 per block, once per call. For
+// one input block, one sub-panel of 24 rows and one chain, the inputs' slice
+// stays in L1 while the rows' packed chain streams from L2: 3 x 4
+// accumulators in registers, 3 weight vectors and one input vector (the 16
+// ymm registers), 12 FMAs per 7 loads; the inner loop is 22 fused µops per
+// 12 FMAs. F32 / F16 / BF16 rows are decoded and packed by the first input
+// block's pass itself (their stores interleaved with its FMAs), FP8 rows
+// beforehand; the next panel's raw weights are prefetched while a panel is
+// used.
 #pragma once
 
 #include <cstdint>
@@ -34,7 +39,10 @@ void matmul_rows_f32_tiled_avx2(const MatView& W, const float* X, int64_t n_x, f
 void matmul_rows_f32_rowwise_avx2(const MatView& W, const float* X, int64_t n_x, float* Y, int64_t ldy, int64_t rb,
                                   int64_t re);
 
-// matmul_rows_f32_avx2 uses the tiled kernel from this many inputs on.
-constexpr int64_t kF32TiledMinInputs = 4;
+// matmul_rows_f32_avx2 uses the tiled kernel from this many inputs on. Below
+// it the panel's packing is shared by too few inputs: against the row-by-row
+// kernel (F16, 1024-4096 columns, one thread, weights in L3) the tiled one
+// was level at 4 inputs, 1.05-1.4x at 8, 1.5x at 12.
+constexpr int64_t kF32TiledMinInputs = 8;
 
 }  // namespace megakern

@@ -169,6 +169,50 @@ void chain_block(const float* pw, const float* px, int64_t steps, __m256* out) {
     for (int t = 0; t < T; ++t) out[r * kInputs + t] = acc[r][t];
 }
 
+// chain_block for the first input block of a panel, decoding the weights as
+// it goes: chain k of rows[0..R) is read from W (8 elements a step), stored
+// packed at pw for the later blocks, and used at once. Formats with whole
+// 32-element blocks only (FP8) are packed beforehand instead.
+template <class F, int R, int T>
+void chain_block_decode(const uint8_t* const* rows, const Shape& sh, int k, float* pw, const float* px, __m256* out) {
+  __m256 acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+  auto step = [&](int64_t col) {
+    __m256 wv[R];
+    for (int r = 0; r < R; ++r) {
+      wv[r] = F::load8(rows[r], col);
+      _mm256_store_ps(pw + 8 * r, wv[r]);
+    }
+    for (int t = 0; t < T; ++t) {
+      const __m256 xv = _mm256_load_ps(px + 8 * t);
+      for (int r = 0; r < R; ++r) acc[r][t] = _mm256_fmadd_ps(wv[r], xv, acc[r][t]);
+    }
+    pw += kStep;
+    px += kInputs * 8;
+  };
+  for (int64_t m = 0; m < sh.m32; ++m) step(32 * m + 8 * k);
+  if (k == 0)
+    for (int64_t u = 0; u < sh.g8; ++u) step(32 * sh.m32 + 8 * u);
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) out[r * kInputs + t] = acc[r][t];
+}
+
+using DecodeFn = void (*)(const uint8_t* const*, const Shape&, int, float*, const float*, __m256*);
+template <class F, int T>
+constexpr DecodeFn decode_fn(int r) {
+  return r == 1 ? chain_block_decode<F, 1, T> : r == 2 ? chain_block_decode<F, 2, T> : chain_block_decode<F, 3, T>;
+}
+template <class F>
+DecodeFn pick_decode(int rows, int inputs) {
+  switch (inputs) {
+    case 1: return decode_fn<F, 1>(rows);
+    case 2: return decode_fn<F, 2>(rows);
+    case 3: return decode_fn<F, 3>(rows);
+    default: return decode_fn<F, 4>(rows);
+  }
+}
+
 using ChainFn = void (*)(const float*, const float*, int64_t, __m256*);
 template <int T>
 constexpr ChainFn chain_fn(int r) {
@@ -181,6 +225,21 @@ ChainFn pick_chain(int rows, int inputs) {
     case 3: return chain_fn<3>(rows);
     default: return chain_fn<4>(rows);
   }
+}
+
+// avx2::hsum of each of v[0..8), in lane i, with hsum's association:
+// ((v0+v4)+(v2+v6)) + ((v1+v5)+(v3+v7)) over the lanes of each vector.
+inline __m256 hsum8(const __m256 v[8]) {
+  __m256 l[4];  // lanes i + (i+4) of v[2c] (low half) and v[2c+1] (high half)
+  for (int c = 0; c < 4; ++c)
+    l[c] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * c], v[2 * c + 1], 0x20),
+                         _mm256_permute2f128_ps(v[2 * c], v[2 * c + 1], 0x31));
+  // (l0 + l2), (l1 + l3) of each
+  const __m256 m0 = _mm256_add_ps(_mm256_shuffle_ps(l[0], l[1], 0x44), _mm256_shuffle_ps(l[0], l[1], 0xee));
+  const __m256 m1 = _mm256_add_ps(_mm256_shuffle_ps(l[2], l[3], 0x44), _mm256_shuffle_ps(l[2], l[3], 0xee));
+  // their sum: lanes hold v0, v2, v4, v6, v1, v3, v5, v7
+  const __m256 r = _mm256_add_ps(_mm256_shuffle_ps(m0, m1, 0x88), _mm256_shuffle_ps(m0, m1, 0xdd));
+  return _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
 // 32-byte aligned thread-local float storage.
@@ -217,12 +276,15 @@ void tiled_rows(const MatView& W, const float* X, int64_t n_x, float* Y, int64_t
   const int64_t n_sub = (panel + kSubGroups * kRows - 1) / (kSubGroups * kRows);
   for (int64_t j0 = rb; j0 < re; j0 += panel) {
     const int64_t np = std::min(panel, re - j0);
-    for (int64_t p = 0; p < np; p += kRows) {
-      const int R = (int)std::min<int64_t>(kRows, np - p);
-      const uint8_t* rows[kRows];
-      for (int q = 0; q < kRows; ++q) rows[q] = W.row(j0 + p + std::min(q, R - 1));
-      pack_group<F>(rows, R, sh, pk + (p / kRows) * group_floats);
-    }
+    // F16 / BF16 / F32 rows are decoded by the first input block's pass.
+    constexpr bool kDecodeInPass = F::kAny;
+    if (!kDecodeInPass)
+      for (int64_t p = 0; p < np; p += kRows) {
+        const int R = (int)std::min<int64_t>(kRows, np - p);
+        const uint8_t* rows[kRows];
+        for (int q = 0; q < kRows; ++q) rows[q] = W.row(j0 + p + std::min(q, R - 1));
+        pack_group<F>(rows, R, sh, pk + (p / kRows) * group_floats);
+      }
     // The next panel's weights are fetched into L2 while this one is used, a
     // few lines per register block (not in bursts, which stall on the fill
     // buffers), so that packing it does not wait on memory.
@@ -246,23 +308,42 @@ void tiled_rows(const MatView& W, const float* X, int64_t n_x, float* Y, int64_t
             for (const size_t end = std::min(pf_bytes, pf_done + pf_step); pf_done < end; pf_done += 64)
               _mm_prefetch(reinterpret_cast<const char*>(pf + pf_done), _MM_HINT_T1);
             const int rows = (int)std::min<int64_t>(kRows, sp - g * kRows);
-            pick_chain(rows, nt)(pk + (p0 / kRows + g) * group_floats + sh.chain_off(k, kRows), xk, sh.chain_steps(k),
-                                 part + (g * 4 + k) * (kRows * kInputs));
+            float* pw = pk + (p0 / kRows + g) * group_floats + sh.chain_off(k, kRows);
+            __m256* out = part + (g * 4 + k) * (kRows * kInputs);
+            if (kDecodeInPass && b == 0) {
+              const uint8_t* rp[kRows];
+              for (int q = 0; q < kRows; ++q) rp[q] = W.row(j0 + p0 + g * kRows + std::min(q, rows - 1));
+              pick_decode<F>(rows, nt)(rp, sh, k, pw, xk, out);
+            } else {
+              pick_chain(rows, nt)(pw, xk, sh.chain_steps(k), out);
+            }
           }
         }
-        // Reduction and scalar tail exactly as dot_f32_avx2.
-        for (int64_t p = 0; p < sp; ++p) {
-          const __m256* pp = part + (p / kRows) * 4 * (kRows * kInputs) + (p % kRows) * kInputs;
-          const uint8_t* row = W.row(j0 + p0 + p);
+        // Reduction and scalar tail exactly as dot_f32_avx2, eight rows at once.
+        for (int64_t p = 0; p < sp; p += 8) {
+          const int nr = (int)std::min<int64_t>(8, sp - p);
           for (int t = 0; t < nt; ++t) {
-            __m256 s0 = pp[t], s1 = pp[kRows * kInputs + t], s2 = pp[2 * kRows * kInputs + t],
-                   s3 = pp[3 * kRows * kInputs + t];
-            float r = avx2::hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
-            if constexpr (F::kAny) {
-              const float* x = X + (t0 + t) * n;
-              for (int64_t ii = sh.n8; ii < n; ++ii) r = std::fma(F::one(row, ii), x[ii], r);
+            __m256 v[8];
+            for (int i = 0; i < 8; ++i) {
+              const int64_t q = p + std::min(i, nr - 1);
+              const __m256* pp = part + (q / kRows) * 4 * (kRows * kInputs) + (q % kRows) * kInputs + t;
+              v[i] = _mm256_add_ps(_mm256_add_ps(pp[0], pp[kRows * kInputs]),
+                                   _mm256_add_ps(pp[2 * kRows * kInputs], pp[3 * kRows * kInputs]));
             }
-            Y[(t0 + t) * ldy + j0 + p0 + p] = r;
+            float* y = Y + (t0 + t) * ldy + j0 + p0 + p;
+            const __m256 h = hsum8(v);
+            if (!F::kAny || sh.n8 == n) {
+              avx2::store_f32_first(y, h, nr);
+            } else {
+              alignas(32) float r[8];
+              _mm256_store_ps(r, h);
+              const float* x = X + (t0 + t) * n;
+              for (int i = 0; i < nr; ++i) {
+                const uint8_t* row = W.row(j0 + p0 + p + i);
+                for (int64_t ii = sh.n8; ii < n; ++ii) r[i] = std::fma(F::one(row, ii), x[ii], r[i]);
+                y[i] = r[i];
+              }
+            }
           }
         }
       }
