@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "kernels/cpu/avx2_common.h"
+#include "kernels/cpu/f32_decoders_avx2.h"
 #include "kernels/cpu/matmul_f32_tiled.h"
 
 namespace megakern {
@@ -23,83 +24,11 @@ constexpr int kInputs = 4;  // inputs per register block
 constexpr int kStep = kRows * 8;  // floats per packed step of a row group
 constexpr size_t kPanelBytes = size_t{384} << 10;
 
-// Row decoders: the reference dequantiser's floats, 32 or 8 at a time, and
-// one element for the scalar tail. kAny: rows of any length (else whole
-// 32-element blocks only).
-struct F32D {
-  static constexpr bool kAny = true;
-  static __m256 load8(const uint8_t* r, int64_t i) { return _mm256_loadu_ps(reinterpret_cast<const float*>(r) + i); }
-  static void load32(const uint8_t* r, int64_t i, __m256 v[4]) {
-    for (int k = 0; k < 4; ++k) v[k] = load8(r, i + 8 * k);
-  }
-  static float one(const uint8_t* r, int64_t i) {
-    float v;  // rows may be misaligned
-    std::memcpy(&v, r + 4 * i, 4);
-    return v;
-  }
-};
-struct F16D {
-  static constexpr bool kAny = true;
-  static __m256 load8(const uint8_t* r, int64_t i) {
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r + 2 * i)));
-  }
-  static void load32(const uint8_t* r, int64_t i, __m256 v[4]) {
-    for (int k = 0; k < 4; ++k) v[k] = load8(r, i + 8 * k);
-  }
-  static float one(const uint8_t* r, int64_t i) {
-    uint16_t h;
-    std::memcpy(&h, r + 2 * i, 2);
-    return f16_to_f32(h);
-  }
-};
-struct BF16D {
-  static constexpr bool kAny = true;
-  static __m256 load8(const uint8_t* r, int64_t i) {
-    const __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r + 2 * i)));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
-  }
-  static void load32(const uint8_t* r, int64_t i, __m256 v[4]) {
-    for (int k = 0; k < 4; ++k) v[k] = load8(r, i + 8 * k);
-  }
-  static float one(const uint8_t* r, int64_t i) {
-    uint16_t h;
-    std::memcpy(&h, r + 2 * i, 2);
-    return bf16_to_f32(h);
-  }
-};
-// FP8 e4m3fn blocks of 32 (one exponent byte e, then 32 codes). A code b
-// becomes the f16 ((b & 0x7f) << 7) with b's sign at bit 15, which is the
-// e4m3 value times 2^-8 exactly (NaN codes get exponent 31); times
-// 256 * 2^(e-127) (exact for e <= 246) that is the reference's fp8 * scale
-// rounded once. Larger e multiplies by 256 and by the scale separately.
-struct FP8D {
-  static constexpr bool kAny = false;
-  static __m256i to_f16(__m128i bytes16) {
-    const __m256i w = _mm256_cvtepu8_epi16(bytes16);
-    const __m256i mag = _mm256_and_si256(_mm256_slli_epi16(w, 7), _mm256_set1_epi16(0x3f80));
-    const __m256i sign = _mm256_and_si256(_mm256_slli_epi16(w, 8), _mm256_set1_epi16((short)0x8000));
-    const __m256i nan = _mm256_and_si256(_mm256_cmpeq_epi16(mag, _mm256_set1_epi16(0x3f80)), _mm256_set1_epi16(0x4000));
-    return _mm256_or_si256(_mm256_or_si256(mag, sign), nan);
-  }
-  static void load32(const uint8_t* r, int64_t i, __m256 v[4]) {
-    const uint8_t* b = r + (i / 32) * 33;
-    const uint32_t e = b[0];
-    const float d = e == 0 ? bits_to_f32(0x00400000u) : bits_to_f32(e << 23);
-    const __m256i h0 = to_f16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 1)));
-    const __m256i h1 = to_f16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 17)));
-    const __m256 f[4] = {_mm256_cvtph_ps(_mm256_castsi256_si128(h0)), _mm256_cvtph_ps(_mm256_extracti128_si256(h0, 1)),
-                         _mm256_cvtph_ps(_mm256_castsi256_si128(h1)), _mm256_cvtph_ps(_mm256_extracti128_si256(h1, 1))};
-    if (e <= 246) {
-      const __m256 dv = _mm256_set1_ps(d * 256.0f);
-      for (int k = 0; k < 4; ++k) v[k] = _mm256_mul_ps(f[k], dv);
-    } else {
-      const __m256 dv = _mm256_set1_ps(d), k256 = _mm256_set1_ps(256.0f);
-      for (int k = 0; k < 4; ++k) v[k] = _mm256_mul_ps(_mm256_mul_ps(f[k], k256), dv);
-    }
-  }
-  static __m256 load8(const uint8_t*, int64_t) { return _mm256_setzero_ps(); }  // not reached (kAny false)
-  static float one(const uint8_t*, int64_t) { return 0.0f; }                    // not reached
-};
+// Row decoders: the reference dequantiser's floats (f32_decoders_avx2.h).
+using F32D = f32_decode::F32W;
+using F16D = f32_decode::F16W;
+using BF16D = f32_decode::BF16W;
+using FP8D = f32_decode::FP8W;
 
 // The shape of one row length n: m32 32-element steps, g8 further 8-element
 // steps (chain 0 only), then n - n8 scalar elements.
