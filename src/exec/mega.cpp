@@ -276,6 +276,11 @@ class MegaExecutor final : public Executor {
       Claims& c = claims_[static_cast<size_t>(t.flag)];
       for (int k; (k = claim_chunk(c, epoch, t.chunks, false)) >= 0;) run_chunk(t, k, ctx, w, epoch, events);
     }
+    // Its list done, it helps with the others' last shared tiles (the output
+    // head's chunks, mostly) rather than leave the step's end to them.
+    double idle_start = events ? now_us() : 0;
+    while (take_shared(s, ctx, w, epoch, events, idle_start)) {
+    }
   }
 
   // Runs chunk k of shared tile t and signals the tile if it was the last.

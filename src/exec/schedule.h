@@ -70,7 +70,7 @@ struct CompileOptions {
   // worker's alone.
   bool share_matmuls = true;
   size_t chunk_bytes = size_t{96} << 10;
-  int max_chunks = 16;
+  int max_chunks = 64;
 };
 
 // Whether an op's tiles may be shared and cut into chunks: matrix products,
