@@ -239,7 +239,8 @@ class MegaExecutor final : public Executor {
     auto& position = positions_[static_cast<size_t>(w)].epoch;
     for (size_t i = 0; i < tasks.size(); ++i) {
       const Task& t = tasks[i];
-      position.store((epoch & 0xffffffff) << 32 | i, std::memory_order_release);
+      // Published at shared tiles only: the others read it when idle.
+      if (t.shared) position.store((epoch & 0xffffffff) << 32 | i, std::memory_order_release);
       if (budget) pf.at_tile(i, budget);
       double wait_start = events ? now_us() : 0;
       for (uint32_t d = t.dep_begin; d < t.dep_end; ++d) {
@@ -248,7 +249,7 @@ class MegaExecutor final : public Executor {
         while (f.load(std::memory_order_acquire) < epoch) {
           // Rather than wait, finish part of a shared tile another worker
           // has yet to: the one this worker waits for, or one before it.
-          if (take_shared(s, ctx, w, epoch, events, wait_start)) {
+          if (spins % 8 == 0 && take_shared(s, ctx, w, epoch, events, wait_start)) {
             spins = 0;
             continue;
           }
@@ -294,20 +295,23 @@ class MegaExecutor final : public Executor {
   }
 
   // A waiting worker takes one back chunk of a shared tile among the next
-  // few of another worker's list whose dependencies are done; false when
-  // there is none. (The tile's own worker may be running its front chunks:
-  // the claims keep each chunk to one worker.)
+  // few shared tiles of another worker's list (from the last it started)
+  // whose dependencies are done; false when there is none. (The tile's own
+  // worker may be running its front chunks: the claims keep each chunk to
+  // one worker.)
   bool take_shared(const Schedule& s, const StepContext& ctx, int w, uint64_t epoch, std::vector<TraceEvent>* events,
                    double& wait_start) {
-    constexpr size_t kLookahead = 4;
     for (int v = 0; v < s.n_workers; ++v) {
       if (v == w) continue;
       const auto& list = s.worker_tasks[static_cast<size_t>(v)];
       const uint64_t at = positions_[static_cast<size_t>(v)].epoch.load(std::memory_order_acquire);
       const size_t from = (at >> 32) == (epoch & 0xffffffff) ? (at & 0xffffffff) : 0;
-      for (size_t i = from; i < std::min(list.size(), from + kLookahead); ++i) {
+      int seen = 0;
+      for (size_t i = from; i < list.size() && seen < kShareLookahead; ++i) {
         const Task& t = list[i];
-        if (!t.shared || flags_[static_cast<size_t>(t.flag)].epoch.load(std::memory_order_acquire) >= epoch) continue;
+        if (!t.shared) continue;
+        ++seen;
+        if (flags_[static_cast<size_t>(t.flag)].epoch.load(std::memory_order_acquire) >= epoch) continue;
         bool ready = true;
         for (uint32_t d = t.dep_begin; d < t.dep_end && ready; ++d)
           ready = flags_[static_cast<size_t>(s.deps[d])].epoch.load(std::memory_order_acquire) >= epoch;

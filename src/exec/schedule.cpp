@@ -315,8 +315,6 @@ void run_schedule_serial(const DecodeProgram& p, const Schedule& s, const StepCo
     if (++c.done == t.chunks) done[static_cast<size_t>(t.flag)] = 1;
   };
   auto next_of = [&](int w) -> const Task& { return s.worker_tasks[static_cast<size_t>(w)][pos[static_cast<size_t>(w)]]; };
-  // How far ahead of a worker's position an idle worker takes shared tiles (as in the megakernel).
-  constexpr size_t kLookahead = 4;
   uint64_t rng = order_seed * 0x9E3779B97F4A7C15ull + 1;
   for (;;) {
     bool progressed = false, pending = false;
@@ -334,8 +332,12 @@ void run_schedule_serial(const DecodeProgram& p, const Schedule& s, const StepCo
       for (int w = 0; w < W; ++w) {
         if (ready(w)) choices.push_back({w, &next_of(w)});
         const auto& tasks = s.worker_tasks[static_cast<size_t>(w)];
-        for (size_t k = pos[static_cast<size_t>(w)]; k < std::min(tasks.size(), pos[static_cast<size_t>(w)] + kLookahead); ++k)
-          if (tasks[k].shared && unclaimed(tasks[k]) && deps_done(tasks[k])) choices.push_back({-1, &tasks[k]});
+        int seen = 0;
+        for (size_t k = pos[static_cast<size_t>(w)]; k < tasks.size() && seen < kShareLookahead; ++k) {
+          if (!tasks[k].shared) continue;
+          ++seen;
+          if (unclaimed(tasks[k]) && deps_done(tasks[k])) choices.push_back({-1, &tasks[k]});
+        }
       }
       if (!choices.empty()) {
         rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;

@@ -73,6 +73,10 @@ struct CompileOptions {
   int max_chunks = 64;
 };
 
+// How many shared tiles of another worker's list, from the last it started,
+// an idle worker looks at for a chunk to take.
+constexpr int kShareLookahead = 3;
+
 // Whether an op's tiles may be shared and cut into chunks: matrix products,
 // whose tile t of n is the output columns [matmul_tile_range), so tile
 // t * c + k of n * c lies inside tile t for every k < c.
@@ -100,8 +104,9 @@ void check_schedule(const DecodeProgram& p, const Schedule& s);
 // allow before the next worker's (so tiles run out of program order wherever
 // the lists permit it), each shared tile's chunks by its own worker;
 // otherwise one chunk at a time: a pseudo-random choice among the ready
-// workers' next chunks and the back chunks of ready shared tiles a few places
-// ahead on any list (as the megakernel's idle workers take them).
+// workers' next chunks and the back chunks of the ready ones among the next
+// kShareLookahead shared tiles of any list (as the megakernel's idle workers
+// take them).
 // Stops after the tiles of op stop_after_op (-1: the whole step). Throws
 // std::logic_error when no tile can run (a dependency on a tile that never
 // runs first).
