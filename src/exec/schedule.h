@@ -69,7 +69,7 @@ struct CompileOptions {
   // chunk_bytes of weights (at most max_chunks); false: every tile is its
   // worker's alone.
   bool share_matmuls = true;
-  size_t chunk_bytes = size_t{96} << 10;
+  size_t chunk_bytes = size_t{256} << 10;
   int max_chunks = 64;
 };
 
