@@ -25,9 +25,19 @@
 // tile will read and streams it in while the worker still computes the
 // shared expert and the other tiles before it.
 //
+// Shared tiles: a matrix product's tiles are cut into chunks (Task::shared).
+// A worker runs its own tile's chunks from the front; a worker whose next
+// tile waits, or whose list is done, takes chunks from the back of a tile
+// among the next few shared ones of another list whose dependencies are
+// done, so the uneven ends of products (the output head's above all) are
+// split between the workers at run time. Each worker publishes where it is
+// in its list at its shared tiles.
+//
 // Deadlock freedom: every dependency points to an earlier op, each worker's
 // list is in program order, and every tile is on exactly one list, so the
-// earliest unfinished tile overall can always run.
+// earliest unfinished tile overall can always run; a worker takes another's
+// chunk only when that tile's dependencies are done, and never waits for a
+// chunk it did not take.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
