@@ -140,7 +140,9 @@ Schedule compile(const DecodeProgram& p, int n_rows, int W, const CompileOptions
       if (opts.share_matmuls && op_tiles_shareable(op)) {
         task.shared = true;
         const size_t by_bytes = opts.chunk_bytes ? task.weight_bytes / opts.chunk_bytes : 1;
-        const int64_t c = std::min<int64_t>({static_cast<int64_t>(by_bytes), opts.max_chunks, tile_units(op, t, n_tiles[i])});
+        // (The megakernel counts a tile's chunks in 16 bits.)
+        const int64_t c = std::min<int64_t>(
+            {static_cast<int64_t>(by_bytes), opts.max_chunks, tile_units(op, t, n_tiles[i]), int64_t{0xffff}});
         task.chunks = static_cast<int>(std::max<int64_t>(1, c));
       }
       // Placement: matrix tiles one per worker (contiguous weight streams);
