@@ -11,7 +11,9 @@
 #include "core/thread_pool.h"
 #include "exec/executor.h"
 #include "exec/exec_common.h"
+#include "exec/recurrent_kernels.h"
 #include "exec/schedule.h"
+#include "ops/matmul.h"
 #include "runtime/model.h"
 #include "test_util.h"
 
@@ -37,6 +39,37 @@ std::vector<float> run(const Model& m, const DecodeProgram& p, Executor& ex, int
   return out;
 }
 
+// A schedule compiled with the given options, stepped by run_schedule_serial.
+class OptionsSerial final : public Executor {
+ public:
+  OptionsSerial(const DecodeProgram& p, int workers, CompileOptions o, uint64_t seed)
+      : p_(p), w_(workers), o_(o), seed_(seed), arena_(p) {}
+  const char* name() const override { return "options-serial"; }
+  void step(const std::vector<RowInput>& rows, float* logits) override {
+    validate_rows(p_, rows);
+    CompileOptions o = o_;
+    o.chained = p_.recurrent && rows_chained(rows.data(), static_cast<int>(rows.size()));
+    const Schedule s = compile(p_, static_cast<int>(rows.size()), w_, o);
+    check_schedule(p_, s);
+    for (const auto& list : s.worker_tasks)
+      for (const Task& t : list) max_chunks = std::max(max_chunks, t.chunks);
+    StepContext ctx;
+    ctx.program = &p_;
+    ctx.rows = rows.data();
+    ctx.n_rows = static_cast<int>(rows.size());
+    arena_.bind(ctx, p_, logits);
+    run_schedule_serial(p_, s, ctx, -1, seed_);
+  }
+  int max_chunks = 0;  // the most chunks a tile of the steps had
+
+ private:
+  const DecodeProgram& p_;
+  int w_;
+  CompileOptions o_;
+  uint64_t seed_;
+  SlotArena arena_;
+};
+
 TEST(Schedule, InvariantsHoldOnEveryArchitecture) {
   for (const char* name : kArchs) {
     SCOPED_TRACE(name);
@@ -52,7 +85,53 @@ TEST(Schedule, InvariantsHoldOnEveryArchitecture) {
           o.chained = chained;
           const Schedule s = compile(p, rows, workers, o);
           EXPECT_NO_THROW(check_schedule(p, s)) << workers << " workers, " << rows << " rows";
+          // Every matrix product cut as finely as its tiles allow.
+          if (workers == 1) continue;
+          o.chunk_bytes = 1;
+          o.max_chunks = 1 << 12;
+          const Schedule fine = compile(p, rows, workers, o);
+          EXPECT_NO_THROW(check_schedule(p, fine)) << workers << " workers, " << rows << " rows, fine chunks";
         }
+  }
+}
+
+// Shared tiles are the matrix products', cut by weight bytes into chunks
+// whose column ranges nest in their tile's and cover it, in order.
+TEST(Schedule, SharedTilesAreMatrixProductsInNestedChunks) {
+  auto m = load_model("dense-mini");
+  const DecodeProgram p = m->build_program(8);
+  for (bool share : {true, false}) {
+    CompileOptions o;
+    o.share_matmuls = share;
+    o.chunk_bytes = 2048;
+    o.max_chunks = 5;
+    const Schedule s = compile(p, 8, 2, o);
+    ASSERT_NO_THROW(check_schedule(p, s));
+    int cut = 0;
+    for (const auto& list : s.worker_tasks)
+      for (const Task& t : list) {
+        const Op& op = p.ops[static_cast<size_t>(t.op)];
+        EXPECT_EQ(t.shared, share && op.kind == OpKind::MatMul) << op.name;
+        if (!t.shared) {
+          EXPECT_EQ(t.chunks, 1) << op.name;
+          continue;
+        }
+        int64_t b = 0, e = 0;
+        matmul_tile_range(op, t.tile, t.n_tiles, b, e);
+        const size_t want = std::min<size_t>({t.weight_bytes / 2048, 5, static_cast<size_t>((e - b + 3) / 4)});
+        EXPECT_EQ(t.chunks, static_cast<int>(std::max<size_t>(1, want))) << op.name << " tile " << t.tile;
+        cut += t.chunks > 1;
+        int64_t at = b;
+        for (int c = 0; c < t.chunks; ++c) {
+          int64_t cb = 0, ce = 0;
+          matmul_tile_range(op, t.tile * t.chunks + c, t.n_tiles * t.chunks, cb, ce);
+          EXPECT_EQ(cb, at) << op.name << " tile " << t.tile << " chunk " << c;
+          EXPECT_LE(cb, ce);
+          at = ce;
+        }
+        EXPECT_EQ(at, e) << op.name << " tile " << t.tile;
+      }
+    EXPECT_EQ(cut > 0, share);
   }
 }
 
@@ -85,6 +164,38 @@ TEST(Schedule, CheckCatchesBrokenSchedules) {
     Schedule t = good;
     t.worker_tasks[0].pop_back();
     EXPECT_THROW(check_schedule(p, t), std::logic_error);
+  }
+  // A tile that is not a matrix product's shared, or cut into chunks; a
+  // matrix product's tile cut into more chunks than it has 4-column units.
+  {
+    auto not_matmul = [&](Schedule& s) -> Task& {
+      for (auto& list : s.worker_tasks)
+        for (auto& t : list)
+          if (p.ops[static_cast<size_t>(t.op)].kind == OpKind::RmsNorm) return t;
+      throw std::logic_error("no norm");
+    };
+    auto matmul = [&](Schedule& s) -> Task& {
+      for (auto& list : s.worker_tasks)
+        for (auto& t : list)
+          if (p.ops[static_cast<size_t>(t.op)].kind == OpKind::MatMul) return t;
+      throw std::logic_error("no matrix product");
+    };
+    Schedule s = good;
+    not_matmul(s).shared = true;
+    EXPECT_THROW(check_schedule(p, s), std::logic_error);
+    Schedule t = good;
+    not_matmul(t).chunks = 2;
+    EXPECT_THROW(check_schedule(p, t), std::logic_error);
+    Schedule u = good;
+    Task& mm = matmul(u);
+    int64_t b = 0, e = 0;
+    matmul_tile_range(p.ops[static_cast<size_t>(mm.op)], mm.tile, mm.n_tiles, b, e);
+    mm.chunks = static_cast<int>((e - b + 3) / 4);
+    EXPECT_NO_THROW(check_schedule(p, u));
+    ++mm.chunks;
+    EXPECT_THROW(check_schedule(p, u), std::logic_error);
+    mm.chunks = 0;
+    EXPECT_THROW(check_schedule(p, u), std::logic_error);
   }
   // A list out of program order.
   {
@@ -131,6 +242,17 @@ TEST(Schedule, SerialInterpreterMatchesMegakernelAndReference) {
         SerialExecutor serial(p, 2, false, seed);
         const auto got = run(*m, p, serial, n_seq, block, 3);
         ASSERT_EQ(0, std::memcmp(want.data(), got.data(), sizeof(float) * want.size())) << "block " << block << " order " << seed;
+      }
+      // Matrix products cut as finely as they allow, their chunks taken by
+      // whichever worker the order picks: the same bits.
+      for (uint64_t seed : {0, 1, 2, 3}) {
+        CompileOptions o;
+        o.chunk_bytes = 1;
+        o.max_chunks = 1 << 12;
+        OptionsSerial fine(p, 2, o, seed);
+        const auto got = run(*m, p, fine, n_seq, block, 3);
+        EXPECT_GT(fine.max_chunks, 1);
+        ASSERT_EQ(0, std::memcmp(want.data(), got.data(), sizeof(float) * want.size())) << "block " << block << " chunked order " << seed;
       }
       const auto want_ref = run(*m, p, *ref, n_seq, block, 3);
       SerialExecutor scalar(p, 1, true);

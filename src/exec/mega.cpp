@@ -25,9 +25,19 @@
 // tile will read and streams it in while the worker still computes the
 // shared expert and the other tiles before it.
 //
+// Shared tiles: a matrix product's tiles are cut into chunks (Task::shared).
+// A worker runs its own tile's chunks from the front; a worker whose next
+// tile waits, or whose list is done, takes chunks from the back of a tile
+// among the next few shared ones of another list whose dependencies are
+// done, so the uneven ends of products (the output head's above all) are
+// split between the workers at run time. Each worker publishes where it is
+// in its list at its shared tiles.
+//
 // Deadlock freedom: every dependency points to an earlier op, each worker's
 // list is in program order, and every tile is on exactly one list, so the
-// earliest unfinished tile overall can always run.
+// earliest unfinished tile overall can always run; a worker takes another's
+// chunk only when that tile's dependencies are done, and never waits for a
+// chunk it did not take.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -50,6 +60,45 @@ namespace {
 struct alignas(64) Flag {
   std::atomic<uint64_t> epoch{0};
 };
+
+// The chunks of a shared tile (Task::shared) this step: [front, back) are
+// unclaimed, `done` finished. Both words carry the step's epoch in their high
+// half; a word of an earlier step reads as "nothing claimed, nothing done",
+// so they never need resetting.
+struct alignas(64) Claims {
+  std::atomic<uint64_t> range{0};  // epoch << 32 | front << 16 | back
+  std::atomic<uint64_t> done{0};   // epoch << 32 | chunks finished
+};
+
+// Claims a chunk of a tile of n chunks, from the front (its own worker) or
+// the back (another); -1 when every chunk is claimed.
+int claim_chunk(Claims& c, uint64_t epoch, int n, bool back) {
+  epoch &= 0xffffffff;
+  uint64_t v = c.range.load(std::memory_order_relaxed);
+  for (;;) {
+    uint64_t f = 0, b = static_cast<uint64_t>(n);
+    if ((v >> 32) == epoch) {
+      f = (v >> 16) & 0xffff;
+      b = v & 0xffff;
+    }
+    if (f >= b) return -1;
+    const uint64_t nf = back ? f : f + 1, nb = back ? b - 1 : b;
+    if (c.range.compare_exchange_weak(v, epoch << 32 | nf << 16 | nb, std::memory_order_acq_rel,
+                                      std::memory_order_relaxed))
+      return static_cast<int>(back ? nb : f);
+  }
+}
+
+// Counts a finished chunk; true for the tile's last one.
+bool finish_chunk(Claims& c, uint64_t epoch, int n) {
+  epoch &= 0xffffffff;
+  uint64_t v = c.done.load(std::memory_order_relaxed);
+  for (;;) {
+    const uint64_t k = ((v >> 32) == epoch ? (v & 0xffffffff) : 0) + 1;
+    if (c.done.compare_exchange_weak(v, epoch << 32 | k, std::memory_order_acq_rel, std::memory_order_relaxed))
+      return k == static_cast<uint64_t>(n);
+  }
+}
 
 inline void prefetch_l2(const uint8_t* p) {
 #if defined(__x86_64__)
@@ -156,8 +205,11 @@ class MegaExecutor final : public Executor {
     if (static_cast<int>(flags_.size()) < sched->n_flags) {
       // Resizing is only safe between steps; flags restart from epoch 0.
       flags_ = std::vector<Flag>(static_cast<size_t>(sched->n_flags));
+      claims_ = std::vector<Claims>(static_cast<size_t>(sched->n_flags));
       epoch_ = 0;
     }
+    if (positions_.size() != static_cast<size_t>(pool_.size()))
+      positions_ = std::vector<Flag>(static_cast<size_t>(pool_.size()));
     ++epoch_;
     StepContext ctx;
     ctx.program = &p_;
@@ -194,14 +246,23 @@ class MegaExecutor final : public Executor {
     pf.flags = flags_.data();
     pf.epoch = epoch;
     const size_t budget = opts_.prefetch_bytes;
+    auto& position = positions_[static_cast<size_t>(w)].epoch;
     for (size_t i = 0; i < tasks.size(); ++i) {
       const Task& t = tasks[i];
+      // Published at shared tiles only: the others read it when idle.
+      if (t.shared) position.store((epoch & 0xffffffff) << 32 | i, std::memory_order_release);
       if (budget) pf.at_tile(i, budget);
-      const double wait_start = events ? now_us() : 0;
+      double wait_start = events ? now_us() : 0;
       for (uint32_t d = t.dep_begin; d < t.dep_end; ++d) {
         const auto& f = flags_[static_cast<size_t>(s.deps[d])].epoch;
         int spins = 0;
         while (f.load(std::memory_order_acquire) < epoch) {
+          // Rather than wait, finish part of a shared tile another worker
+          // has yet to: the one this worker waits for, or one before it.
+          if (spins % 8 == 0 && take_shared(s, ctx, w, epoch, events, wait_start)) {
+            spins = 0;
+            continue;
+          }
           if (budget) pf.issue(4);
           spin_pause();
           if (++spins > kSpinsBeforeYield) std::this_thread::yield();
@@ -213,13 +274,70 @@ class MegaExecutor final : public Executor {
       if (events) {
         const double start = now_us();
         if (start - wait_start > 0.05) events->push_back({w, -1, 0, wait_start, start - wait_start});
-        run_op_tile(op, ctx, t.tile, t.n_tiles);
-        events->push_back({w, t.op, t.tile, start, now_us() - start});
-      } else {
-        run_op_tile(op, ctx, t.tile, t.n_tiles);
       }
-      flags_[static_cast<size_t>(t.flag)].epoch.store(epoch, std::memory_order_release);
+      if (!t.shared) {
+        const double start = events ? now_us() : 0;
+        run_op_tile(op, ctx, t.tile, t.n_tiles);
+        if (events) events->push_back({w, t.op, t.tile, start, now_us() - start});
+        flags_[static_cast<size_t>(t.flag)].epoch.store(epoch, std::memory_order_release);
+        continue;
+      }
+      // Its own tile's chunks from the front; past it once all are claimed
+      // (a worker that took some signals the tile when it finishes last).
+      Claims& c = claims_[static_cast<size_t>(t.flag)];
+      for (int k; (k = claim_chunk(c, epoch, t.chunks, false)) >= 0;) run_chunk(t, k, ctx, w, epoch, events);
     }
+    // Its list done, it helps with the others' last shared tiles (the output
+    // head's chunks, mostly) rather than leave the step's end to them.
+    double idle_start = events ? now_us() : 0;
+    while (take_shared(s, ctx, w, epoch, events, idle_start)) {
+    }
+  }
+
+  // Runs chunk k of shared tile t and signals the tile if it was the last.
+  void run_chunk(const Task& t, int k, const StepContext& ctx, int w, uint64_t epoch, std::vector<TraceEvent>* events) {
+    const Op& op = p_.ops[static_cast<size_t>(t.op)];
+    const double start = events ? now_us() : 0;
+    run_task_chunk(op, ctx, t, k);
+    if (events) events->push_back({w, t.op, t.tile, start, now_us() - start});
+    if (finish_chunk(claims_[static_cast<size_t>(t.flag)], epoch, t.chunks))
+      flags_[static_cast<size_t>(t.flag)].epoch.store(epoch, std::memory_order_release);
+  }
+
+  // A waiting worker takes one back chunk of a shared tile among the next
+  // few shared tiles of another worker's list (from the last it started)
+  // whose dependencies are done; false when there is none. (The tile's own
+  // worker may be running its front chunks: the claims keep each chunk to
+  // one worker.)
+  bool take_shared(const Schedule& s, const StepContext& ctx, int w, uint64_t epoch, std::vector<TraceEvent>* events,
+                   double& wait_start) {
+    for (int v = 0; v < s.n_workers; ++v) {
+      if (v == w) continue;
+      const auto& list = s.worker_tasks[static_cast<size_t>(v)];
+      const uint64_t at = positions_[static_cast<size_t>(v)].epoch.load(std::memory_order_acquire);
+      const size_t from = (at >> 32) == (epoch & 0xffffffff) ? (at & 0xffffffff) : 0;
+      int seen = 0;
+      for (size_t i = from; i < list.size() && seen < kShareLookahead; ++i) {
+        const Task& t = list[i];
+        if (!t.shared) continue;
+        ++seen;
+        if (flags_[static_cast<size_t>(t.flag)].epoch.load(std::memory_order_acquire) >= epoch) continue;
+        bool ready = true;
+        for (uint32_t d = t.dep_begin; d < t.dep_end && ready; ++d)
+          ready = flags_[static_cast<size_t>(s.deps[d])].epoch.load(std::memory_order_acquire) >= epoch;
+        if (!ready) continue;
+        const int k = claim_chunk(claims_[static_cast<size_t>(t.flag)], epoch, t.chunks, true);
+        if (k < 0) continue;
+        if (events) {
+          const double now = now_us();
+          if (now - wait_start > 0.05) events->push_back({w, -1, 0, wait_start, now - wait_start});
+        }
+        run_chunk(t, k, ctx, w, epoch, events);
+        if (events) wait_start = now_us();
+        return true;
+      }
+    }
+    return false;
   }
 
   const DecodeProgram& p_;
@@ -229,6 +347,8 @@ class MegaExecutor final : public Executor {
   std::vector<std::unique_ptr<Schedule>> schedules_;
   std::vector<std::unique_ptr<Schedule>> chained_schedules_;  // steps with chained recurrent rows
   std::vector<Flag> flags_;
+  std::vector<Claims> claims_;    // [flag] chunks of shared tiles
+  std::vector<Flag> positions_;  // [worker] epoch << 32 | index of the tile in its list it is at
   uint64_t epoch_ = 0;
   std::vector<TraceEvent>* trace_ = nullptr;
   std::vector<std::vector<TraceEvent>> worker_events_;

@@ -9,10 +9,28 @@
 #include "core/error.h"
 #include "exec/exec_common.h"
 #include "exec/recurrent_kernels.h"
+#include "ops/matmul.h"
 #include "ops/registry.h"
 
 namespace megakern {
+
+bool op_tiles_shareable(const Op& op) { return op.kind == OpKind::MatMul; }
+
+void run_task_chunk(const Op& op, const StepContext& ctx, const Task& t, int c) {
+  if (t.chunks == 1)
+    run_op_tile(op, ctx, t.tile, t.n_tiles);
+  else
+    run_op_tile(op, ctx, t.tile * t.chunks + c, t.n_tiles * t.chunks);
+}
+
 namespace {
+
+// The 4-column units of a shareable op's tile: the most chunks it can be cut into.
+int64_t tile_units(const Op& op, int t, int n_tiles) {
+  int64_t b = 0, e = 0;
+  matmul_tile_range(op, t, n_tiles, b, e);
+  return (e - b + 3) / 4;
+}
 
 void weight_region(const Op& op, int tile, int n_tiles, Task& task) {
   const OpInfo& i = op_info(op);
@@ -119,6 +137,14 @@ Schedule compile(const DecodeProgram& p, int n_rows, int W, const CompileOptions
         if (t >= per_row) s.deps.push_back(flag_base[i] + t - per_row);
       }
       task.dep_end = static_cast<uint32_t>(s.deps.size());
+      if (opts.share_matmuls && op_tiles_shareable(op)) {
+        task.shared = true;
+        const size_t by_bytes = opts.chunk_bytes ? task.weight_bytes / opts.chunk_bytes : 1;
+        // (The megakernel counts a tile's chunks in 16 bits.)
+        const int64_t c = std::min<int64_t>(
+            {static_cast<int64_t>(by_bytes), opts.max_chunks, tile_units(op, t, n_tiles[i]), int64_t{0xffff}});
+        task.chunks = static_cast<int>(std::max<int64_t>(1, c));
+      }
       // Placement: matrix tiles one per worker (contiguous weight streams);
       // row-wise tiles by row, so a row's small ops stay on one core while
       // the others prefetch; attention tiles round-robin.
@@ -170,6 +196,11 @@ void check_schedule(const DecodeProgram& p, const Schedule& s) {
         bad(fmt::format("worker {}: task (op {}, tile {}) has flag {}", w, t.op, t.tile, t.flag));
       if (t.flag <= prev) bad(fmt::format("worker {}: op {} tile {} is out of program order", w, t.op, t.tile));
       prev = t.flag;
+      const Op& op = p.ops[static_cast<size_t>(t.op)];
+      if (t.chunks < 1 || ((t.shared || t.chunks > 1) && !op_tiles_shareable(op)) ||
+          (t.chunks > 1 && t.chunks > tile_units(op, t.tile, t.n_tiles)))
+        bad(fmt::format("op {} ('{}') tile {}: {} chunks{} on a kind whose tiles {}", t.op, op.name, t.tile, t.chunks,
+                        t.shared ? ", shared," : "", op_tiles_shareable(op) ? "have fewer 4-column units" : "cannot be shared"));
       ++seen[static_cast<size_t>(t.flag)];
       task_of[static_cast<size_t>(t.flag)] = &t;
       for (uint32_t d = t.dep_begin; d < t.dep_end; ++d) {
@@ -249,44 +280,76 @@ void check_schedule(const DecodeProgram& p, const Schedule& s) {
 void run_schedule_serial(const DecodeProgram& p, const Schedule& s, const StepContext& ctx, int stop_after_op,
                          uint64_t order_seed) {
   const int last = stop_after_op < 0 ? static_cast<int>(p.ops.size()) - 1 : stop_after_op;
+  // Per tile: chunks claimed from the front and from the back, chunks done.
+  struct Claims {
+    int front = 0, back = 0, done = 0;
+  };
+  std::vector<Claims> claims(static_cast<size_t>(s.n_flags));
+  for (const auto& tasks : s.worker_tasks)
+    for (const Task& t : tasks) claims[static_cast<size_t>(t.flag)].back = t.chunks;
   std::vector<char> done(static_cast<size_t>(s.n_flags), 0);
   std::vector<size_t> pos(s.worker_tasks.size(), 0);
   const int W = static_cast<int>(s.worker_tasks.size());
-  auto ready = [&](int w) {
-    const auto& tasks = s.worker_tasks[static_cast<size_t>(w)];
-    if (pos[static_cast<size_t>(w)] >= tasks.size()) return false;
-    const Task& t = tasks[pos[static_cast<size_t>(w)]];
+  auto deps_done = [&](const Task& t) {
     if (t.op > last) return false;
     for (uint32_t d = t.dep_begin; d < t.dep_end; ++d)
       if (!done[static_cast<size_t>(s.deps[d])]) return false;
     return true;
   };
-  auto run_one = [&](int w) {
-    const Task& t = s.worker_tasks[static_cast<size_t>(w)][pos[static_cast<size_t>(w)]++];
-    run_op_tile(p.ops[static_cast<size_t>(t.op)], ctx, t.tile, t.n_tiles);
-    done[static_cast<size_t>(t.flag)] = 1;
+  auto unclaimed = [&](const Task& t) {
+    const Claims& c = claims[static_cast<size_t>(t.flag)];
+    return c.front < c.back;
   };
+  // A worker moves past a tile once every chunk of it is claimed.
+  auto skip_claimed = [&](int w) {
+    const auto& tasks = s.worker_tasks[static_cast<size_t>(w)];
+    size_t& i = pos[static_cast<size_t>(w)];
+    while (i < tasks.size() && !unclaimed(tasks[i])) ++i;
+  };
+  auto ready = [&](int w) {
+    skip_claimed(w);
+    const auto& tasks = s.worker_tasks[static_cast<size_t>(w)];
+    return pos[static_cast<size_t>(w)] < tasks.size() && deps_done(tasks[pos[static_cast<size_t>(w)]]);
+  };
+  auto run_chunk = [&](const Task& t, bool from_back) {
+    Claims& c = claims[static_cast<size_t>(t.flag)];
+    run_task_chunk(p.ops[static_cast<size_t>(t.op)], ctx, t, from_back ? --c.back : c.front++);
+    if (++c.done == t.chunks) done[static_cast<size_t>(t.flag)] = 1;
+  };
+  auto next_of = [&](int w) -> const Task& { return s.worker_tasks[static_cast<size_t>(w)][pos[static_cast<size_t>(w)]]; };
   uint64_t rng = order_seed * 0x9E3779B97F4A7C15ull + 1;
   for (;;) {
     bool progressed = false, pending = false;
     if (order_seed == 0) {
       for (int w = 0; w < W; ++w)
         while (ready(w)) {
-          run_one(w);
+          const Task& t = next_of(w);
+          while (unclaimed(t)) run_chunk(t, false);
           progressed = true;
         }
     } else {
-      std::vector<int> r;
-      for (int w = 0; w < W; ++w)
-        if (ready(w)) r.push_back(w);
-      if (!r.empty()) {
+      // Choices: a ready worker's next chunk (w >= 0), or the back chunk of a
+      // ready shared tile near some worker's position (w = -1).
+      std::vector<std::pair<int, const Task*>> choices;
+      for (int w = 0; w < W; ++w) {
+        if (ready(w)) choices.push_back({w, &next_of(w)});
+        const auto& tasks = s.worker_tasks[static_cast<size_t>(w)];
+        int seen = 0;
+        for (size_t k = pos[static_cast<size_t>(w)]; k < tasks.size() && seen < kShareLookahead; ++k) {
+          if (!tasks[k].shared) continue;
+          ++seen;
+          if (unclaimed(tasks[k]) && deps_done(tasks[k])) choices.push_back({-1, &tasks[k]});
+        }
+      }
+      if (!choices.empty()) {
         rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
-        const int w = r[static_cast<size_t>(rng % r.size())];
-        while (ready(w)) run_one(w);
+        const auto& [w, t] = choices[static_cast<size_t>(rng % choices.size())];
+        run_chunk(*t, w < 0);
         progressed = true;
       }
     }
     for (int w = 0; w < W; ++w) {
+      skip_claimed(w);
       const auto& tasks = s.worker_tasks[static_cast<size_t>(w)];
       if (pos[static_cast<size_t>(w)] < tasks.size() && tasks[pos[static_cast<size_t>(w)]].op <= last) pending = true;
     }

@@ -36,6 +36,16 @@ struct Task {
   // are done; `weights` is then unused.
   bool routed = false;
   int route_begin = 0, route_end = 0;
+  // Shared work: a matrix-product tile is cut into `chunks` consecutive
+  // ranges of its output columns (chunk c of tile t is tile t * chunks + c of
+  // n_tiles * chunks, a range nested in the tile's; run_task_chunk). Its
+  // worker claims chunks from the front, and a worker that would otherwise
+  // wait may claim them from the back once the tile's own dependencies are
+  // done; whoever finishes the last chunk signals the tile. Which worker
+  // runs a chunk changes no result: a column is computed the same way in
+  // any range.
+  bool shared = false;
+  int chunks = 1;
 };
 
 struct Schedule {
@@ -55,7 +65,25 @@ struct CompileOptions {
   bool chained = false;
   // Routed-expert tiles join the prefetch plan once routing is done.
   bool prefetch_experts = true;
+  // Matrix-product tiles are shared (Task::shared), cut into chunks of about
+  // chunk_bytes of weights (at most max_chunks); false: every tile is its
+  // worker's alone.
+  bool share_matmuls = true;
+  size_t chunk_bytes = size_t{256} << 10;
+  int max_chunks = 64;
 };
+
+// How many shared tiles of another worker's list, from the last it started,
+// an idle worker looks at for a chunk to take.
+constexpr int kShareLookahead = 3;
+
+// Whether an op's tiles may be shared and cut into chunks: matrix products,
+// whose tile t of n is the output columns [matmul_tile_range), so tile
+// t * c + k of n * c lies inside tile t for every k < c.
+bool op_tiles_shareable(const Op& op);
+
+// Runs chunk c of a task (the whole tile when it has one chunk).
+void run_task_chunk(const Op& op, const StepContext& ctx, const Task& t, int c);
 
 // Compiles the program for steps of n_rows rows on a team of n_workers.
 Schedule compile(const DecodeProgram& p, int n_rows, int n_workers, const CompileOptions& opts = {});
@@ -64,16 +92,21 @@ Schedule compile(const DecodeProgram& p, int n_rows, int n_workers, const Compil
 // compile() derived them, and throws std::logic_error naming the first broken
 // one: every tile of every op is on exactly one worker's list, each list is in
 // program order, every dependency points to an earlier op (or, chained, an
-// earlier tile of the same recurrent op), and every tile waits (directly or
+// earlier tile of the same recurrent op), every tile waits (directly or
 // through other tiles) for each tile of an earlier op that touches one of its
-// rows and writes a slot it reads or writes, or reads a slot it writes.
+// rows and writes a slot it reads or writes, or reads a slot it writes, and
+// only tiles of shareable ops are shared or cut into chunks, never into more
+// chunks than the tile has 4-column units.
 void check_schedule(const DecodeProgram& p, const Schedule& s);
 
 // Runs a schedule's tiles on the calling thread in an order its dependency
 // lists allow. order_seed 0: each worker's list as far as its dependencies
 // allow before the next worker's (so tiles run out of program order wherever
-// the lists permit it); otherwise a pseudo-random ready worker at a time, as
-// far as its dependencies allow.
+// the lists permit it), each shared tile's chunks by its own worker;
+// otherwise one chunk at a time: a pseudo-random choice among the ready
+// workers' next chunks and the back chunks of the ready ones among the next
+// kShareLookahead shared tiles of any list (as the megakernel's idle workers
+// take them).
 // Stops after the tiles of op stop_after_op (-1: the whole step). Throws
 // std::logic_error when no tile can run (a dependency on a tile that never
 // runs first).
