@@ -26,8 +26,10 @@
 // plus the float steps (vcvtdq2ps, vmulps, vfmadd) and the offset (vpsubd):
 // 20. Signed 8-bit weights: 16 vpmaddwd + 15 vpaddd + 3 float = 34 (the
 // sign trick costs the same count with 27 of them on the two multiply
-// ports, against 19). Without a dot-product instruction these are near
-// the floor: a vpmaddubsw's int16 result needs one addition to be kept.
+// ports, against 19). K-quants per 32 elements: Q4_K 17, Q6_K 20 (its -32
+// offset is a weight-only term, R8Q6_K), IQ4_XS 32 (sign trick). Without a
+// dot-product instruction these are near the floor: a vpmaddubsw's int16
+// result needs one addition to be kept.
 #include <immintrin.h>
 
 #include <algorithm>
