@@ -31,9 +31,10 @@
 //    with one accumulator, Y = acc.
 // Accumulators start at 0 and blocks are taken in order. Every product of
 // scales is one rounded f32 multiplication. Integer sums are exact in any
-// order, so a kernel may compute them however it likes (the AVX2 kernel
-// uses unsigned codes and subtracts offset * sum(q), or the sign trick for
-// 8-bit weights); the float steps are the only ordered part, and they are
+// order, so a kernel may compute them however it likes (the AVX2 kernels
+// use unsigned codes and subtract offset * sum(q), int16 products for 8-bit
+// weights, or, for Q6_K, q + 128 against signed weights less a weight-only
+// term); the float steps are the only ordered part, and they are
 // per output. A row's result therefore does not depend on how many inputs
 // or weight rows are computed together, nor on the ISA: the scalar code in
 // kernels/ref/fast_ref.h is the portable path and the bit-exact oracle.

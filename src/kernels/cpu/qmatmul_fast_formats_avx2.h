@@ -5,11 +5,11 @@
 // qmatmul_fast_r8_avx2.cpp; include only from files built with AVX2.
 //
 // kMaxCode bounds |code| (unsigned codes: the largest code; signed weights:
-// the largest magnitude). A format either has decode(row, k, o) (o.w: block k's 32 codes in element
-// order) or, for codes in nibbles (element i < 16 in the low nibble of byte
-// i, 16 + i in the high one, 16 bytes at kNibbleAt of block k / kSubs of
-// kBytes bytes, sub-block k % kSubs), kBytes / kSubs / kNibbleAt, map (4-bit
-// code -> code) and scales(row, k, o).
+// the largest magnitude). A format either has decode(row, k, o) (o.w: block
+// k's 32 codes in element order) or, for codes in nibbles (element i < 16 in
+// the low nibble of byte i, 16 + i in the high one, 16 bytes at kNibbleAt of
+// block k / kSubs of kBytes bytes, sub-block k % kSubs), kBytes / kSubs /
+// kNibbleAt, map (4-bit code -> code) and scales(row, k, o).
 #pragma once
 
 #include <immintrin.h>
@@ -182,19 +182,6 @@ struct FQ3_K {
     o.s1 = sc[1];
   }
 };
-
-
-// Block k's 32 codes in element order, and its scale(s) / min in o.
-template <class F>
-inline __m256i codes32(const uint8_t* row, int64_t k, Dec& o) {
-  if constexpr (requires { F::kNibbleAt; }) {
-    F::scales(row, k, o);
-    return F::map(nib32(row + (k / F::kSubs) * F::kBytes + F::kNibbleAt + 16 * (k % F::kSubs)));
-  } else {
-    F::decode(row, k, o);
-    return o.w;
-  }
-}
 
 }  // namespace fast32
 }  // namespace megakern

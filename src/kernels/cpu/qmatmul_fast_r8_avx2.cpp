@@ -26,8 +26,10 @@
 // plus the float steps (vcvtdq2ps, vmulps, vfmadd) and the offset (vpsubd):
 // 20. Signed 8-bit weights: 16 vpmaddwd + 15 vpaddd + 3 float = 34 (the
 // sign trick costs the same count with 27 of them on the two multiply
-// ports, against 19). Without a dot-product instruction these are near
-// the floor: a vpmaddubsw's int16 result needs one addition to be kept.
+// ports, against 19). K-quants per 32 elements: Q4_K 17, Q6_K 20 (its -32
+// offset is a weight-only term, R8Q6_K), IQ4_XS 32 (sign trick). Without a
+// dot-product instruction these are near the floor: a vpmaddubsw's int16
+// result needs one addition to be kept.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -344,9 +346,9 @@ struct Rows8 {
   const float* d;        // dx of that block
   const float* sx;       // sx (32-element blocks)
   const int32_t* off;    // the offset term (32-element formats with unsigned codes)
-  const int16_t* s16;    // sums of 16 (K-quants)
+  const uint8_t* u8;     // q + 128 as unsigned bytes (kU8)
   const int16_t* sq;     // sums of 32 (Q4_K's mins)
-  int64_t qs, ds, s16s, sqs;
+  int64_t qs, ds, sqs;
 };
 
 template <class F, int NT>
@@ -392,7 +394,7 @@ struct TileK {
   alignas(32) int16_t sc[kChunkK][8][16];   // sub-block scale per row, both int16 of its lane
   alignas(32) int16_t sc2[kChunkK][8][16];  // Q6_K: scale of the second 16 of the sub-block
   alignas(32) int16_t mv[kChunkK][4][16];   // Q4_K: (m_2h, m_2h+1) per row lane
-  alignas(32) int16_t cv[kChunkK][8][16];   // Q6_K: -32 * (sc_2h, sc_2h+1) per row lane
+  alignas(32) int32_t ncorr[kChunkK][8];     // Q6_K: -128 * sum_g sc_g * (sum of w over g) per row
   alignas(32) float d[kChunkK][kRows], nmin[kChunkK][kRows];
 };
 
@@ -407,9 +409,10 @@ inline __m256i dup_hi16(__m256i v) {
 }
 
 // kRun: vpmaddubsw results added as int16 before vpmaddwd by the scales;
-// kNeg32: Q6_K's -32 offset; kTwoScales: a scale per 16 elements.
+// kU8: the inputs as unsigned bytes q + 128 against signed weights (Q6_K);
+// kTwoScales: a scale per 16 elements.
 struct R8Q4_K {
-  static constexpr bool kMin = true, kSigned = false, kNeg32 = false, kTwoScales = false;
+  static constexpr bool kMin = true, kSigned = false, kU8 = false, kTwoScales = false;
   static constexpr int kRun = 8;  // codes below 16
   // The scales and mins of the eight rows (shared with Q5_K).
   static void scales(const uint8_t* const p[8], TileK& T, int c) {
@@ -456,7 +459,7 @@ struct R8Q4_K {
 // Q5_K: Q4_K's scales and mins, codes below 32 (the fifth bit from qh, bit
 // j of byte i for element i of sub-block j).
 struct R8Q5_K {
-  static constexpr bool kMin = true, kSigned = false, kNeg32 = false, kTwoScales = false;
+  static constexpr bool kMin = true, kSigned = false, kU8 = false, kTwoScales = false;
   static constexpr int kRun = 4;
   static void decode(const uint8_t* const rows[8], int64_t k, TileK& T, int c) {
     const uint8_t* p[8];
@@ -484,7 +487,7 @@ struct R8Q5_K {
 // IQ4_XS: IQ4_NL's table values (signed: the sign trick) under signed 6-bit
 // scales per 32 elements; no offset, no min.
 struct R8IQ4_XS {
-  static constexpr bool kMin = false, kSigned = true, kNeg32 = false, kTwoScales = false;
+  static constexpr bool kMin = false, kSigned = true, kU8 = false, kTwoScales = false;
   static constexpr int kRun = 1;
   static void decode(const uint8_t* const rows[8], int64_t k, TileK& T, int c) {
     const uint8_t* p[8];
@@ -523,9 +526,15 @@ struct R8IQ4_XS {
   }
 };
 
+// Q6_K: weights w = code - 32 in -32..31 stored signed, against the inputs
+// as unsigned bytes u = q + 128 (one vpmaddubsw, pair sums within
+// 2 * 255 * 32, two of them within int16). sum sc_g u w = sum sc_g q w +
+// 128 * sum sc_g w: the second term depends on the weights only, and is
+// computed here once (ncorr, negated) to start each input's sum. The -32
+// offset then costs nothing per input (it was 16 operations per block).
 struct R8Q6_K {
-  static constexpr bool kMin = false, kSigned = false, kNeg32 = true, kTwoScales = true;
-  static constexpr int kRun = 2;  // codes below 64
+  static constexpr bool kMin = false, kSigned = false, kU8 = true, kTwoScales = true;
+  static constexpr int kRun = 2;  // |w| <= 32 against u <= 255
   static void decode(const uint8_t* const rows[8], int64_t k, TileK& T, int c) {
     const uint8_t* p[8];
     const uint8_t* pd[8];
@@ -540,10 +549,9 @@ struct R8Q6_K {
       // Sub-block h (elements 32h ..): groups 2h and 2h + 1.
       st(T.sc[c][h], dup_lo16(s[h]));
       st(T.sc2[c][h], dup_hi16(s[h]));
-      st(T.cv[c][h], _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(s[h], 5)));
     }
     _mm256_store_ps(T.d[c], f16x8(pd));
-    const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x30);
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x30), k32 = _mm256_set1_epi8(32);
     for (int h = 0; h < 2; ++h) {
       __m256i l0[8], l1[8], qh[8];
       for (int r = 0; r < 8; ++r) {
@@ -555,14 +563,32 @@ struct R8Q6_K {
       transpose8(l1);
       transpose8(qh);
       for (int g = 0; g < 8; ++g) {
-        st(T.w[c][4 * h + 0][g], _mm256_or_si256(_mm256_and_si256(l0[g], m4), _mm256_and_si256(_mm256_slli_epi16(qh[g], 4), m2)));
-        st(T.w[c][4 * h + 1][g], _mm256_or_si256(_mm256_and_si256(l1[g], m4), _mm256_and_si256(_mm256_slli_epi16(qh[g], 2), m2)));
-        st(T.w[c][4 * h + 2][g],
-           _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0[g], 4), m4), _mm256_and_si256(qh[g], m2)));
-        st(T.w[c][4 * h + 3][g], _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1[g], 4), m4),
-                                                 _mm256_and_si256(_mm256_srli_epi16(qh[g], 2), m2)));
+        const __m256i c0 = _mm256_or_si256(_mm256_and_si256(l0[g], m4), _mm256_and_si256(_mm256_slli_epi16(qh[g], 4), m2));
+        const __m256i c1 = _mm256_or_si256(_mm256_and_si256(l1[g], m4), _mm256_and_si256(_mm256_slli_epi16(qh[g], 2), m2));
+        const __m256i c2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0[g], 4), m4), _mm256_and_si256(qh[g], m2));
+        const __m256i c3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1[g], 4), m4),
+                                           _mm256_and_si256(_mm256_srli_epi16(qh[g], 2), m2));
+        st(T.w[c][4 * h + 0][g], _mm256_sub_epi8(c0, k32));
+        st(T.w[c][4 * h + 1][g], _mm256_sub_epi8(c1, k32));
+        st(T.w[c][4 * h + 2][g], _mm256_sub_epi8(c2, k32));
+        st(T.w[c][4 * h + 3][g], _mm256_sub_epi8(c3, k32));
       }
     }
+    // -128 * sum_g sc_g * (sum of w over g): pair sums of w by vpmaddubsw
+    // with ones (the four groups of a 16-element half stay within int16),
+    // then vpmaddwd by the half's scales.
+    const __m256i ones = _mm256_set1_epi8(1);
+    __m256i corr = _mm256_setzero_si256();
+    for (int j = 0; j < 8; ++j) {
+      __m256i lo = _mm256_maddubs_epi16(ones, ld(T.w[c][j][0])), hi = _mm256_maddubs_epi16(ones, ld(T.w[c][j][4]));
+      for (int g = 1; g < 4; ++g) {
+        lo = _mm256_add_epi16(lo, _mm256_maddubs_epi16(ones, ld(T.w[c][j][g])));
+        hi = _mm256_add_epi16(hi, _mm256_maddubs_epi16(ones, ld(T.w[c][j][4 + g])));
+      }
+      corr = _mm256_add_epi32(corr, _mm256_madd_epi16(lo, ld(T.sc[c][j])));
+      corr = _mm256_add_epi32(corr, _mm256_madd_epi16(hi, ld(T.sc2[c][j])));
+    }
+    st(T.ncorr[c], _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(corr, 7)));
   }
 };
 
@@ -571,19 +597,11 @@ struct R8Q6_K {
 template <class F, int NT>
 void passK(const TileK& T, int kn, const Rows8 R, __m256* acc) {
   for (int c = 0; c < kn; ++c) {
-    const int8_t* q[NT];
-    for (int i = 0; i < NT; ++i) q[i] = R.q + i * R.qs + 256 * c;
+    const int8_t* q[NT];  // kU8: the bytes of R.u8
+    for (int i = 0; i < NT; ++i)
+      q[i] = (F::kU8 ? reinterpret_cast<const int8_t*>(R.u8) : R.q) + i * R.qs + 256 * c;
     __m256i is[NT];
-    for (int i = 0; i < NT; ++i) {
-      if constexpr (!F::kNeg32) {
-        is[i] = _mm256_setzero_si256();
-      } else {  // -32 * sum_g sc_g * (sum of q over the 16 elements of g)
-        const int16_t* s16 = R.s16 + i * R.s16s + 16 * c;
-        __m256i v = _mm256_madd_epi16(ld(T.cv[c][0]), bcast32(s16));
-        for (int h = 1; h < 8; ++h) v = _mm256_add_epi32(v, _mm256_madd_epi16(ld(T.cv[c][h]), bcast32(s16 + 2 * h)));
-        is[i] = v;
-      }
-    }
+    for (int i = 0; i < NT; ++i) is[i] = F::kU8 ? ld(T.ncorr[c]) : _mm256_setzero_si256();
     for (int j = 0; j < 8; ++j) {
       const __m256i sc = ld(T.sc[c][j]);
       __m256i sc2 = sc;
@@ -597,7 +615,9 @@ void passK(const TileK& T, int kn, const Rows8 R, __m256* acc) {
 #pragma GCC unroll 4
         for (int i = 0; i < NT; ++i) {
           const __m256i x = bcast32(q[i] + 32 * j + 4 * g);
-          const __m256i p = F::kSigned ? _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w)) : _mm256_maddubs_epi16(w, x);
+          const __m256i p = F::kSigned ? _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w))
+                            : F::kU8   ? _mm256_maddubs_epi16(x, w)
+                                       : _mm256_maddubs_epi16(w, x);
           part[i] = g % F::kRun == 0 ? p : _mm256_add_epi16(part[i], p);
           MK_KEEP(part[i]);
           if (g % F::kRun == F::kRun - 1) {
@@ -733,16 +753,23 @@ void r8_k(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t rb, 
       for (int64_t g = 0; g < A.nb * 8; ++g) sq[(size_t)(t * A.nb * 8 + g)] = (int16_t)(s[2 * g] + s[2 * g + 1]);
     }
   }
+  thread_local std::vector<uint8_t> u8;
+  if constexpr (F::kU8) {
+    if (u8.size() < (size_t)(A.n_x * A.cols)) u8.resize((size_t)(A.n_x * A.cols));
+    const __m256i bias = _mm256_set1_epi8((char)0x80);
+    for (int64_t i = 0; i < A.n_x * A.cols; i += 32)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(u8.data() + i),
+                          _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(A.q.data() + i)), bias));
+  }
   const int16_t* s = sq.data();
   r8_rows(W, A, Y, ldy, rb, re, kChunkK, false, T, F::decode, [&](auto nt, int kn, int64_t k0, int64_t t0, __m256* acc) {
     Rows8 R{};
     R.q = A.q_row(t0) + 256 * k0;
     R.d = A.d_row(t0) + k0;
-    R.s16 = A.s16_row(t0) + 16 * k0;
+    if constexpr (F::kU8) R.u8 = u8.data() + t0 * A.cols + 256 * k0;
     if (s != nullptr) R.sq = s + (t0 * A.nb + k0) * 8;
     R.qs = A.cols;
     R.ds = A.nb;
-    R.s16s = A.cols / 16;
     R.sqs = A.nb * 8;
     passK<F, decltype(nt)::value>(T, kn, R, acc + 2 * t0);
   });
