@@ -85,8 +85,12 @@ int32_t SpeculativeGenerator::start(const std::vector<int32_t>& prompt) {
     fail("the prompt has {} tokens, more than the context of {} (raise --context)", prompt.size(), seq_.n_ctx());
   seq_.clear();
   drafter_.reset();
-  // What earlier generations measured (costs, acceptance) still holds.
+  // What earlier generations measured (costs, acceptance) still holds; the
+  // acceptance by grade only in part, as a new prompt may be copied more or
+  // less than the last.
   k_ = opts_.adaptive ? choose_draft_length() : opts_.draft;
+  for (double& j : grade_judged_) j *= 0.25;
+  for (double& a : grade_accepted_) a *= 0.25;
   rng_.seed(opts_.sampling.seed);
   const int64_t V = engine_.n_vocab();
   const auto t0 = Clock::now();
@@ -321,21 +325,21 @@ int SpeculativeGenerator::choose_draft_length() const {
 
 void SpeculativeGenerator::judge(int g, bool ok) {
   // Old judgements fade out, so a grade's estimate follows the text.
-  constexpr double kDecay = 0.95;
+  constexpr double kDecay = 0.9;
   grade_judged_[static_cast<size_t>(g)] = grade_judged_[static_cast<size_t>(g)] * kDecay + 1.0;
   grade_accepted_[static_cast<size_t>(g)] = grade_accepted_[static_cast<size_t>(g)] * kDecay + (ok ? 1.0 : 0.0);
 }
 
 double SpeculativeGenerator::grade_alpha(int g) const {
   // A grade seen rarely leans on all grades together (itself at 0.5 when
-  // nothing at all was judged), with the weight of two judgements.
+  // nothing at all was judged), with the weight of one judgement.
   double all_j = 0, all_a = 0;
   for (int i = 0; i < kGrades; ++i) {
     all_j += grade_judged_[static_cast<size_t>(i)];
     all_a += grade_accepted_[static_cast<size_t>(i)];
   }
   const double prior = (all_a + 1.0) / (all_j + 2.0);
-  constexpr double kPriorWeight = 2.0;
+  constexpr double kPriorWeight = 1.0;
   const double a = (grade_accepted_[static_cast<size_t>(g)] + kPriorWeight * prior) /
                    (grade_judged_[static_cast<size_t>(g)] + kPriorWeight);
   return std::clamp(a, 0.0, 0.99);
@@ -351,8 +355,12 @@ int SpeculativeGenerator::choose_graded_length(int match, int m) const {
   const bool per_row = seq_.recurrent && engine_.max_rows() == 1;
   const double c1 = verify_cost(1);
   if (c1 <= 0 || m <= 0) return 0;
+  // A length must promise 5% more than a plain step: the estimates are
+  // noisy, and a verify that does not pay costs more than one that barely
+  // pays gains.
+  constexpr double kMargin = 1.05;
   int best_k = 0;
-  double best_rate = 1.0 / c1, e = 1, pw = 1;
+  double best_rate = kMargin / c1, e = 1, pw = 1;
   for (int k = 1; k <= m; ++k) {
     pw *= grade_alpha(grade(match, k - 1));
     e += pw;
