@@ -256,6 +256,7 @@ void spec_bench_cmd(const SpecBenchOptions& o) {
   j["model"] = model->name();
   j["threads"] = pool.size();
   j["plain_tokens_per_s"] = plain_tps;
+  std::vector<double> row_ms;  // [rows]: the median time of a verify step of that many rows
   {
     Engine eng(*model, pool, engine_rows(o.draft));
     SequenceState seq = model->new_sequence(n_ctx);
@@ -266,6 +267,10 @@ void spec_bench_cmd(const SpecBenchOptions& o) {
     for (int r : {2, 4, 8, o.draft + 1})
       if (r <= eng.max_rows() && std::find(sizes.begin(), sizes.end(), r) == sizes.end()) sizes.push_back(r);
     const double one = time_verify(eng, seq, 1, static_cast<int>(p.size()), o.verify_reps);
+    // Every row count a round may verify, for the modelled speedups below.
+    row_ms.assign(static_cast<size_t>(o.draft) + 2, 0.0);
+    row_ms[1] = one;
+    for (int r = 2; r <= o.draft + 1; ++r) row_ms[static_cast<size_t>(r)] = time_verify(eng, seq, r, static_cast<int>(p.size()), o.verify_reps);
     std::string line = fmt::format("verify step cost at position {}: 1 row {:.2f} ms", p.size(), one);
     for (size_t i = 1; i < sizes.size(); ++i) {
       const double ms = time_verify(eng, seq, sizes[i], static_cast<int>(p.size()), o.verify_reps);
@@ -276,10 +281,24 @@ void spec_bench_cmd(const SpecBenchOptions& o) {
     fmt::print("{}\n", line);
   }
 
+  fmt::print("verify steps of 1..{} rows (ms):", o.draft + 1);
+  for (size_t r = 1; r < row_ms.size(); ++r) fmt::print(" {:.2f}", row_ms[r]);
+  fmt::print("\n");
   fmt::print("{:<28} {:>11} {:>10} {:>8} {:>11} {:>10} {:>10}\n", "drafter", "plain tok/s", "spec tok/s", "speedup",
              "accept len", "accepted", "identical");
+  // Modelled speedup: the plain steps a prompt's tokens take against the
+  // verify steps its rounds took, each at the step time measured above for
+  // its row count; it depends on the acceptance and the cost table only, not
+  // on how busy the machine was during each run.
+  auto modelled = [&](const SpecStats& st, size_t n_tokens) {
+    double spec = 0;
+    for (size_t r = 1; r < st.rounds_by_rows.size() && r < row_ms.size(); ++r) spec += st.rounds_by_rows[r] * row_ms[r];
+    return spec > 0 && n_tokens > 1 ? (n_tokens - 1) * row_ms[1] / spec : 0.0;
+  };
   for (const auto& sr : specs) {
     SpecStats total;
+    int64_t model_plain_steps = 0;
+    double model_spec_ms = 0;
     int64_t tokens = 0;
     double ms = 0;
     bool identical = true;
@@ -297,6 +316,10 @@ void spec_bench_cmd(const SpecBenchOptions& o) {
       total.proposed += st.proposed;
       total.accepted += st.accepted;
       total.emitted += st.emitted;
+      if (out.size() > 1) model_plain_steps += static_cast<int64_t>(out.size()) - 1;
+      for (size_t r = 1; r < st.rounds_by_rows.size() && r < row_ms.size(); ++r)
+        model_spec_ms += st.rounds_by_rows[r] * row_ms[r];
+      per_prompt += fmt::format("    {:<14} modelled speedup {:.2f}x\n", r.name, modelled(st, out.size()));
       per_prompt += fmt::format(
           "    {:<14} {:>4} tokens  plain {:7.2f} tok/s  spec {:7.2f} tok/s  {:.2f}x  accept len {:.2f}  rounds {} "
           "({} plain)  verified {} accepted {}  draft {:.1f} ms verify {:.1f} ms{}\n",
@@ -324,6 +347,8 @@ void spec_bench_cmd(const SpecBenchOptions& o) {
                plain_tps > 0 ? tps / plain_tps : 0.0, total.mean_accept(), 100.0 * total.acceptance_rate(),
                identical ? "yes" : "NO");
     fmt::print("{}", per_prompt);
+    fmt::print("    modelled speedup, all prompts: {:.2f}x\n",
+               model_spec_ms > 0 ? model_plain_steps * row_ms[1] / model_spec_ms : 0.0);
     nlohmann::json d;
     d["drafter"] = sr.gen->drafter()->name();
     d["tokens_per_s"] = tps;

@@ -243,6 +243,7 @@ int SpeculativeGenerator::round(int max_new, std::vector<int32_t>& out) {
   stats_.accepted += a;
   stats_.emitted += a + 1;
   stats_.target_rows += computed;
+  ++stats_.rounds_by_rows[static_cast<size_t>(computed)];
   if (graded) {
     for (int i = 0; i < a; ++i) judge(grade(match, i), true);
     if (a < m)

@@ -47,6 +47,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <random>
@@ -86,6 +87,8 @@ struct SpecStats {
   int64_t target_rows = 0;  // rows the target computed in verify steps
   int64_t plain_rounds = 0; // rounds that verified no draft (a plain step)
   double prefill_ms = 0, draft_ms = 0, verify_ms = 0;
+  // Rounds by the rows their verify computed (1: a plain step).
+  std::array<int64_t, SpecOptions::kMaxDraft + 2> rounds_by_rows{};
   // Mean tokens emitted per verify round (the acceptance length).
   double mean_accept() const { return rounds ? static_cast<double>(emitted) / static_cast<double>(rounds) : 0.0; }
   double acceptance_rate() const {
