@@ -529,7 +529,7 @@ struct SamplingCase {
 // graded: the adaptive length (for graded drafters, the graded choice) of
 // one generator over all runs (reseeded for each), so that a run's choices
 // depend on the acceptance earlier runs saw; the costs make one verified
-// draft pay off only at an acceptance rate above 0.15.
+// draft pay off only at an acceptance rate above about 0.33.
 SamplingCase run_sampling(const Model& target, Drafter& d, const SamplingParams& sp,
                           const std::vector<int32_t>& prompt, int n_tok, int runs, const AcceptRule& rule = {},
                           bool graded = false) {
@@ -540,7 +540,7 @@ SamplingCase run_sampling(const Model& target, Drafter& d, const SamplingParams&
   SpecOptions o;
   o.draft = 3;
   o.adaptive = graded;
-  if (graded) o.row_cost = {1.0, 1.15, 1.3, 1.45};
+  if (graded) o.row_cost = {1.0, 1.27, 1.5, 1.7};
   o.sampling = sp;
   std::unique_ptr<SpeculativeGenerator> kept;
   for (int r = 0; r < runs; ++r) {

@@ -298,6 +298,7 @@ void spec_bench_cmd(const SpecBenchOptions& o) {
   for (const auto& sr : specs) {
     SpecStats total;
     int64_t model_plain_steps = 0;
+    nlohmann::json rows_json = nlohmann::json::array();
     double model_spec_ms = 0;
     int64_t tokens = 0;
     double ms = 0;
@@ -320,6 +321,14 @@ void spec_bench_cmd(const SpecBenchOptions& o) {
       for (size_t r = 1; r < st.rounds_by_rows.size() && r < row_ms.size(); ++r)
         model_spec_ms += st.rounds_by_rows[r] * row_ms[r];
       per_prompt += fmt::format("    {:<14} modelled speedup {:.2f}x\n", r.name, modelled(st, out.size()));
+      {
+        nlohmann::json rj;
+        rj["prompt"] = r.name;
+        rj["tokens"] = out.size();
+        rj["rounds_by_rows"] = std::vector<int64_t>(st.rounds_by_rows.begin(), st.rounds_by_rows.end());
+        rj["modelled_speedup"] = modelled(st, out.size());
+        rows_json.push_back(rj);
+      }
       per_prompt += fmt::format(
           "    {:<14} {:>4} tokens  plain {:7.2f} tok/s  spec {:7.2f} tok/s  {:.2f}x  accept len {:.2f}  rounds {} "
           "({} plain)  verified {} accepted {}  draft {:.1f} ms verify {:.1f} ms{}\n",
@@ -357,6 +366,8 @@ void spec_bench_cmd(const SpecBenchOptions& o) {
     d["acceptance_rate"] = total.acceptance_rate();
     d["identical"] = identical;
     d["prompts"] = prompts_json;
+    d["rounds"] = rows_json;
+    d["verify_ms_by_rows"] = row_ms;
     j["drafters"].push_back(d);
     if (!identical) fail("drafter {}: speculative output differs from plain decoding", sr.gen->drafter()->name());
   }
