@@ -14,6 +14,8 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
+#include <random>
 #include <string>
 
 #include "core/error.h"
@@ -105,8 +107,11 @@ TEST(SpecNgram, ProposesTheContinuationOfTheLongestRecentMatch) {
   d.propose({1, 2, 3, 9, 8, 1, 2, 3, 5, 6, 7, 1, 2, 3}, 2, out);
   EXPECT_EQ(out.tokens, (std::vector<int32_t>{5, 6}));
   EXPECT_TRUE(out.dists.empty());
+  EXPECT_EQ(out.match, 3);
+  // Past the end of the context the copy reads the proposal itself: the text
+  // repeats with the period of the match (5 6 7 1 2 3).
   d.propose({1, 2, 3, 9, 8, 1, 2, 3, 5, 6, 7, 1, 2, 3}, 10, out);
-  EXPECT_EQ(out.tokens, (std::vector<int32_t>{5, 6, 7, 1, 2, 3}));  // up to the end of the context
+  EXPECT_EQ(out.tokens, (std::vector<int32_t>{5, 6, 7, 1, 2, 3, 5, 6, 7, 1}));
   // Only a 1-gram matches: 4 ... 4.
   d.propose({4, 10, 11, 12, 4}, 3, out);
   EXPECT_EQ(out.tokens, (std::vector<int32_t>{10, 11, 12}));
@@ -119,6 +124,100 @@ TEST(SpecNgram, ProposesTheContinuationOfTheLongestRecentMatch) {
   EXPECT_TRUE(out.tokens.empty());
   EXPECT_THROW(NgramDrafter(2, 0), Error);
   EXPECT_THROW(NgramDrafter(1, 2), Error);
+  EXPECT_THROW(NgramDrafter(65, 1), Error);
+}
+
+// The grade counts the agreement back past max_n; a short period repeats.
+TEST(SpecNgram, GradesByTheWholeMatchAndRepeatsAShortPeriod) {
+  NgramDrafter d(2, 1);
+  Draft out;
+  // 7 8 9 1 2 3 [4] ... 0 8 9 1 2 3: the 2-gram "2 3" matches, and the
+  // agreement goes back over "8 9 1 2 3" (5 tokens), stopping at 7 != 0.
+  d.propose({7, 8, 9, 1, 2, 3, 4, 5, 0, 8, 9, 1, 2, 3}, 3, out);
+  EXPECT_EQ(out.tokens, (std::vector<int32_t>{4, 5, 0}));
+  EXPECT_EQ(out.match, 5);
+  // A run of one token: the match is the whole run but one, the copy goes on.
+  d.propose({3, 6, 6, 6, 6}, 5, out);
+  EXPECT_EQ(out.tokens, (std::vector<int32_t>{6, 6, 6, 6, 6}));
+  EXPECT_EQ(out.match, 3);
+  // The agreement is capped.
+  std::vector<int32_t> longrep;
+  for (int i = 0; i < 3 * Draft::kMaxMatch; ++i) longrep.push_back(i % 11);
+  d.propose(longrep, 4, out);
+  EXPECT_EQ(out.match, Draft::kMaxMatch);
+  std::vector<int32_t> next4;
+  for (size_t i = 0; i < 4; ++i) next4.push_back(static_cast<int32_t>((longrep.size() + i) % 11));
+  EXPECT_EQ(out.tokens, next4);
+  // No match: no grade.
+  d.propose({1, 2, 3}, 3, out);
+  EXPECT_TRUE(out.tokens.empty());
+  EXPECT_EQ(out.match, 0);
+}
+
+// The plain definition of what NgramDrafter proposes: the longest suffix of
+// n = max_n..min_n tokens found earlier, its most recent occurrence, the
+// continuation copied on (periodically) to k tokens.
+Draft ngram_by_search(const std::vector<int32_t>& c, int max_n, int min_n, int k) {
+  Draft out;
+  const int L = static_cast<int>(c.size());
+  for (int n = std::min(max_n, L - 1); n >= min_n; --n)
+    for (int p = L - 2; p >= n - 1; --p) {
+      if (!std::equal(c.end() - n, c.end(), c.begin() + (p - n + 1))) continue;
+      int match = n;
+      while (match < Draft::kMaxMatch && p - match >= 0 && c[static_cast<size_t>(p - match)] == c[static_cast<size_t>(L - 1 - match)])
+        ++match;
+      out.match = match;
+      std::vector<int32_t> ext = c;
+      for (int i = 0; i < k; ++i) ext.push_back(ext[static_cast<size_t>(p + 1 + i)]);
+      out.tokens.assign(ext.begin() + L, ext.end());
+      return out;
+    }
+  return out;
+}
+
+// The incremental index proposes what a search of the whole context would,
+// on contexts that grow a few tokens at a time (as generation extends them),
+// and on contexts that are not continuations of the previous one.
+TEST(SpecNgram, IncrementalIndexEqualsASearchOfTheContext) {
+  std::mt19937_64 rng(5);
+  for (auto [max_n, min_n] : {std::pair{3, 1}, std::pair{6, 2}, std::pair{1, 1}}) {
+    NgramDrafter d(max_n, min_n);
+    for (int seqno = 0; seqno < 30; ++seqno) {
+      // Small alphabets repeat often; a few copied spans make long matches.
+      const int alphabet = 2 + static_cast<int>(rng() % 12);
+      std::vector<int32_t> c;
+      const int len = 1 + static_cast<int>(rng() % 120);
+      for (int i = 0; i < len; ++i) {
+        if (c.size() > 8 && rng() % 10 == 0) {
+          const size_t from = rng() % (c.size() - 4), n = 1 + rng() % 6;
+          for (size_t j = 0; j < n && from + j < c.size(); ++j) c.push_back(c[from + j]);
+        } else {
+          c.push_back(static_cast<int32_t>(rng() % static_cast<uint64_t>(alphabet)));
+        }
+      }
+      // Propose along growing prefixes of c (some steps of several tokens),
+      // as generation would, sometimes jumping back (a new prompt).
+      for (size_t L = 1; L <= c.size(); L += 1 + rng() % 3) {
+        const std::vector<int32_t> ctx(c.begin(), c.begin() + static_cast<std::ptrdiff_t>(L));
+        const int k = 1 + static_cast<int>(rng() % 9);
+        Draft got;
+        d.propose(ctx, k, got);
+        const Draft want = ngram_by_search(ctx, max_n, min_n, k);
+        ASSERT_EQ(got.tokens, want.tokens) << "n " << max_n << ".." << min_n << " seq " << seqno << " L " << L;
+        ASSERT_EQ(got.match, want.match) << "n " << max_n << ".." << min_n << " seq " << seqno << " L " << L;
+      }
+      // The same length with one token changed inside: not a continuation.
+      if (c.size() > 4) {
+        std::vector<int32_t> changed = c;
+        changed[c.size() / 2] = static_cast<int32_t>(alphabet + 1);
+        Draft got;
+        d.propose(changed, 4, got);
+        const Draft want = ngram_by_search(changed, max_n, min_n, 4);
+        ASSERT_EQ(got.tokens, want.tokens) << "changed context, seq " << seqno;
+        ASSERT_EQ(got.match, want.match) << "changed context, seq " << seqno;
+      }
+    }
+  }
 }
 
 TEST(SpecSkipLayers, KeepsOnlyTheChosenLayers) {
@@ -285,6 +384,85 @@ TEST(SpecLossless, SmolLM2EveryDrafter) {
   }
 }
 
+// A graded drafter with a script: the target's own greedy continuation of
+// the prompt (every draft passes), or each of its tokens plus one (no draft
+// ever passes). Its grade is fixed.
+class ScriptDrafter final : public Drafter {
+ public:
+  ScriptDrafter(std::vector<int32_t> script, size_t n_prompt, bool wrong, int n_vocab)
+      : script_(std::move(script)), n_prompt_(n_prompt), wrong_(wrong), n_vocab_(n_vocab) {}
+  std::string name() const override { return wrong_ ? "always wrong" : "always right"; }
+  bool grades_drafts() const override { return true; }
+  void propose(const std::vector<int32_t>& context, int k, Draft& out) override {
+    out.clear();
+    // context: the prompt and g generated tokens; the next is script_[g].
+    const size_t g = context.size() - n_prompt_;
+    for (size_t j = g; j < g + static_cast<size_t>(k) && j < script_.size(); ++j)
+      out.tokens.push_back(wrong_ ? (script_[j] + 1) % n_vocab_ : script_[j]);
+    out.match = 8;
+    ++proposals;
+  }
+  int proposals = 0;
+
+ private:
+  std::vector<int32_t> script_;
+  size_t n_prompt_;
+  bool wrong_;
+  int n_vocab_;
+};
+
+// The adaptive length of graded drafts: drafts that never pass are soon not
+// verified at all (plain steps, the drafts still judged for free), drafts
+// that always pass are verified at the full length; the output is plain
+// decoding's either way. Verify costs are given, so the choices are
+// reproducible.
+TEST(SpecGraded, VerifiesWhatPaysAndFallsBackToPlainSteps) {
+  auto m = load_model("dense-mini");
+  ThreadPool pool(2);
+  const int n = 80;
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 12; ++i) prompt.push_back((i * 29 + 5) % m->n_vocab());
+  Session plain(*m, pool, 256);
+  Sampler s({});
+  const auto want = generate_plain(plain, s, prompt, n);
+  ASSERT_EQ(static_cast<int>(want.size()), n);
+  SpecOptions o;
+  o.draft = 5;
+  o.row_cost = {1.0, 1.26, 1.45, 1.71, 1.9, 2.1};
+  for (bool wrong : {true, false}) {
+    ScriptDrafter d(want, prompt.size(), wrong, m->n_vocab());
+    Engine eng(*m, pool, o.draft + 1);
+    SequenceState seq = m->new_sequence(256);
+    SpeculativeGenerator gen(eng, seq, d, o);
+    EXPECT_EQ(gen.generate(prompt, n), want) << d.name();
+    const SpecStats& st = gen.stats();
+    std::printf("%s: %lld rounds, %lld plain; %lld drafted, %lld verified, %lld accepted\n", d.name().c_str(),
+                static_cast<long long>(st.rounds), static_cast<long long>(st.plain_rounds),
+                static_cast<long long>(st.drafted), static_cast<long long>(st.proposed),
+                static_cast<long long>(st.accepted));
+    // Drafted every round, verified or not (but the last, which may emit only one token).
+    EXPECT_GE(d.proposals, st.rounds - 1) << d.name();
+    if (wrong) {
+      EXPECT_EQ(st.accepted, 0);
+      EXPECT_LE(st.proposed, 6);  // a few tries, then plain steps
+      EXPECT_GE(st.plain_rounds, st.rounds - 4);
+      EXPECT_GT(st.drafted, 5 * st.proposed);
+    } else {
+      EXPECT_EQ(st.accepted, st.proposed);
+      EXPECT_GE(st.mean_accept(), 5.0);  // of at most 6 a round
+      EXPECT_LE(st.plain_rounds, 1);
+    }
+  }
+  // Given costs must fit the draft length and be positive.
+  Engine eng(*m, pool, 6);
+  SequenceState seq = m->new_sequence(64);
+  NgramDrafter ngram;
+  o.row_cost = {1.0, 1.2};
+  EXPECT_THROW(SpeculativeGenerator(eng, seq, ngram, o), Error);
+  o.row_cost = {1.0, 1.26, 1.45, 0.0, 1.9, 2.1};
+  EXPECT_THROW(SpeculativeGenerator(eng, seq, ngram, o), Error);
+}
+
 // The exact probability of every sequence of n_tok tokens after `prompt`
 // under plain sampling, by enumerating the (top-k limited) tree.
 std::map<std::vector<int32_t>, double> exact_joint(const Model& m, ThreadPool& pool, const SamplingParams& sp,
@@ -348,26 +526,42 @@ struct SamplingCase {
   SpecStats stats;
 };
 
+// graded: the adaptive length (for graded drafters, the graded choice) of
+// one generator over all runs (reseeded for each), so that a run's choices
+// depend on the acceptance earlier runs saw; the costs make one verified
+// draft pay off only at an acceptance rate above about 0.33.
 SamplingCase run_sampling(const Model& target, Drafter& d, const SamplingParams& sp,
-                          const std::vector<int32_t>& prompt, int n_tok, int runs, const AcceptRule& rule = {}) {
+                          const std::vector<int32_t>& prompt, int n_tok, int runs, const AcceptRule& rule = {},
+                          bool graded = false) {
   ThreadPool pool(1);
   Engine eng(target, pool, 4, "reference");
   SequenceState seq = target.new_sequence(128);
   SamplingCase c;
+  SpecOptions o;
+  o.draft = 3;
+  o.adaptive = graded;
+  if (graded) o.row_cost = {1.0, 1.27, 1.5, 1.7};
+  o.sampling = sp;
+  std::unique_ptr<SpeculativeGenerator> kept;
   for (int r = 0; r < runs; ++r) {
-    SpecOptions o;
-    o.draft = 3;
-    o.adaptive = false;
-    o.sampling = sp;
     o.sampling.seed = 1000 + static_cast<uint64_t>(r);
-    SpeculativeGenerator gen(eng, seq, d, o);
-    if (rule) gen.set_accept_rule(rule);
+    std::unique_ptr<SpeculativeGenerator> fresh;
+    if (!graded || !kept) {
+      fresh = std::make_unique<SpeculativeGenerator>(eng, seq, d, o);
+      if (rule) fresh->set_accept_rule(rule);
+    }
+    if (graded && !kept) kept = std::move(fresh);
+    SpeculativeGenerator& gen = graded ? *kept : *fresh;
+    gen.set_seed(o.sampling.seed);
+    gen.reset_stats();
     const auto toks = gen.generate(prompt, n_tok);
     EXPECT_EQ(static_cast<int>(toks.size()), n_tok);
     ++c.counts[toks];
     c.stats.rounds += gen.stats().rounds;
     c.stats.proposed += gen.stats().proposed;
     c.stats.accepted += gen.stats().accepted;
+    c.stats.plain_rounds += gen.stats().plain_rounds;
+    c.stats.drafted += gen.stats().drafted;
   }
   return c;
 }
@@ -400,16 +594,20 @@ std::vector<int32_t> repeating_prompt(const Model& target, ThreadPool& pool, con
 // from p on rejection and, with accept_all_check, accepting every draft.
 void expect_exact_sampling(const Model& target, Drafter& d, const SamplingParams& sp,
                            const std::vector<int32_t>& prompt, int n_tok, int runs,
-                           const std::map<std::vector<int32_t>, double>& expect, bool accept_all_check) {
-  SCOPED_TRACE(d.name());
-  const auto ok = run_sampling(target, d, sp, prompt, n_tok, runs);
+                           const std::map<std::vector<int32_t>, double>& expect, bool accept_all_check,
+                           bool graded = false) {
+  SCOPED_TRACE(d.name() + (graded ? " graded" : ""));
+  const auto ok = run_sampling(target, d, sp, prompt, n_tok, runs, {}, graded);
   EXPECT_GT(ok.stats.accepted, runs / 10);
   EXPECT_LT(ok.stats.accepted, ok.stats.proposed);
   const auto [stat, bound] = chi_square(expect, ok.counts, runs);
-  std::printf("%s: accepted %lld of %lld drafts; chi-square %.1f (bound %.1f)\n", d.name().c_str(),
-              static_cast<long long>(ok.stats.accepted), static_cast<long long>(ok.stats.proposed), stat, bound);
+  std::printf("%s%s: accepted %lld of %lld drafts (%lld drafted); chi-square %.1f (bound %.1f)\n",
+              d.name().c_str(), graded ? " (graded)" : "", static_cast<long long>(ok.stats.accepted),
+              static_cast<long long>(ok.stats.proposed), static_cast<long long>(ok.stats.drafted), stat, bound);
+  // The graded choice both verified drafts and left drafts unverified.
+  if (graded) EXPECT_GT(ok.stats.drafted - ok.stats.proposed, runs / 20);
   EXPECT_LT(stat, bound) << "speculative sampling differs from plain sampling";
-  const auto bad = run_sampling(target, d, sp, prompt, n_tok, runs, accept_then_resample_from_p);
+  const auto bad = run_sampling(target, d, sp, prompt, n_tok, runs, accept_then_resample_from_p, graded);
   const auto [bstat, bbound] = chi_square(expect, bad.counts, runs);
   std::printf("  resampling from p: chi-square %.1f (bound %.1f)\n", bstat, bbound);
   EXPECT_GT(bstat, bbound) << "the chi-square test does not see a biased acceptance rule";
@@ -417,7 +615,7 @@ void expect_exact_sampling(const Model& target, Drafter& d, const SamplingParams
   const auto all = run_sampling(target, d, sp, prompt, n_tok, runs,
                                 [](const TokenDist&, const TokenDist*, int32_t, std::mt19937_64&, int32_t&) {
                                   return true;
-                                });
+                                }, graded);
   const auto [astat, abound] = chi_square(expect, all.counts, runs);
   std::printf("  accepting every draft: chi-square %.1f (bound %.1f)\n", astat, abound);
   EXPECT_GT(astat, abound) << "the chi-square test does not see accept-always";
@@ -447,6 +645,8 @@ TEST(SpecSampling, OutputDistributionEqualsPlainSampling) {
   NgramDrafter ngram;
   for (Drafter* d : std::vector<Drafter*>{&self_drafter, &model_drafter, &ngram})
     expect_exact_sampling(*target, *d, sp, prompt, n_tok, runs, expect, true);
+  // Prompt lookup with the graded choice of how many drafts to verify.
+  expect_exact_sampling(*target, ngram, sp, prompt, n_tok, runs, expect, true, true);
 }
 
 // The same on the recurrent model, whose verify chains per-row state

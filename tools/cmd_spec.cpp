@@ -56,6 +56,41 @@ const char* kCode =
     "  return n > 0 ? (double)sum / n : 0.0;\n"
     "}\n";
 
+const char* kPython =
+    "def load_scores(path):\n"
+    "    scores = {}\n"
+    "    with open(path) as f:\n"
+    "        for line in f:\n"
+    "            name, value = line.strip().split(\",\")\n"
+    "            scores[name] = int(value)\n"
+    "    return scores\n"
+    "\n"
+    "\n"
+    "def best_player(scores):\n"
+    "    best_name = None\n"
+    "    best_value = -1\n"
+    "    for name, value in scores.items():\n"
+    "        if value > best_value:\n"
+    "            best_name = name\n"
+    "            best_value = value\n"
+    "    return best_name\n";
+
+const char* kReport =
+    "Incident report, storage cluster B. At 02:14 the monitoring system reported that write latency on the "
+    "cluster had risen above 800 milliseconds. The engineer on call found that one of the six storage nodes was "
+    "rebuilding a failed disk and that the rebuild was using most of the node's network capacity. \"We limited "
+    "the rebuild to 200 megabytes per second and latency returned to normal within ten minutes,\" she wrote in "
+    "the ticket. No data was lost. The team will add an alert for rebuilds that run longer than one hour, and "
+    "will review the rebuild speed limit on all clusters before the end of the month.";
+
+const char* kEmail =
+    "Hi Marta,\n\n"
+    "Thanks for the quick reply. To confirm the plan: the first delivery of 40 chairs arrives on 12 May, and the "
+    "second delivery of 25 tables on 19 May. The invoice for the chairs is 3,200 euros and is due on 30 May; the "
+    "tables cost 4,750 euros, due on 6 June. If the tables are late, the supplier has agreed to a discount of "
+    "5 percent. Our contact there is Jonas Berg, phone 030 5550 1234.\n\n"
+    "Best regards,\nPaul";
+
 std::vector<std::pair<std::string, std::string>> bench_prompts() {
   return {
       {"summarise", std::string("Summarise this text in a few sentences:\n\n") + kParagraph},
@@ -63,6 +98,15 @@ std::vector<std::pair<std::string, std::string>> bench_prompts() {
       {"comment-code", std::string("Add comments to this code:\n\n") + kCode},
       {"rename-code", std::string("Rename the parameter `n` to `count` in this code and show the result:\n\n") +
                           kCode},
+      {"edit-python", std::string("Change best_player so that it returns None for an empty dictionary, and add a "
+                                  "docstring to both functions. Show the complete new code.\n\n") +
+                          kPython},
+      {"quote-report", std::string("Summarise this report in three sentences, quoting the engineer's words "
+                                   "exactly:\n\n") +
+                           kReport},
+      {"extract-email", std::string("List every date and every amount of money in this email, one per line, each "
+                                    "with the sentence it comes from:\n\n") +
+                            kEmail},
   };
 }
 
@@ -201,7 +245,8 @@ void spec_bench_cmd(const SpecBenchOptions& o) {
     plain_ms += r.plain_ms;
   }
   const double plain_tps = plain_ms > 0 ? plain_tokens * 1000.0 / plain_ms : 0;
-  fmt::print("prompts: {} input-grounded (summarise, rewrite, comment code, rename in code), {} tokens each at most, "
+  fmt::print("prompts: {} input-grounded (summarise, rewrite, comment code, rename in code, edit code, summarise with "
+             "quotes, extract), {} tokens each at most, "
              "greedy, best of {} runs each (plain and speculative runs interleaved)\n",
              runs.size(), o.n_predict, o.reps);
   fmt::print("plain decode: {} tokens in {:.0f} ms, {:.2f} tok/s\n", plain_tokens, plain_ms, plain_tps);
@@ -211,6 +256,7 @@ void spec_bench_cmd(const SpecBenchOptions& o) {
   j["model"] = model->name();
   j["threads"] = pool.size();
   j["plain_tokens_per_s"] = plain_tps;
+  std::vector<double> row_ms;  // [rows]: the median time of a verify step of that many rows
   {
     Engine eng(*model, pool, engine_rows(o.draft));
     SequenceState seq = model->new_sequence(n_ctx);
@@ -221,6 +267,10 @@ void spec_bench_cmd(const SpecBenchOptions& o) {
     for (int r : {2, 4, 8, o.draft + 1})
       if (r <= eng.max_rows() && std::find(sizes.begin(), sizes.end(), r) == sizes.end()) sizes.push_back(r);
     const double one = time_verify(eng, seq, 1, static_cast<int>(p.size()), o.verify_reps);
+    // Every row count a round may verify, for the modelled speedups below.
+    row_ms.assign(static_cast<size_t>(o.draft) + 2, 0.0);
+    row_ms[1] = one;
+    for (int r = 2; r <= o.draft + 1; ++r) row_ms[static_cast<size_t>(r)] = time_verify(eng, seq, r, static_cast<int>(p.size()), o.verify_reps);
     std::string line = fmt::format("verify step cost at position {}: 1 row {:.2f} ms", p.size(), one);
     for (size_t i = 1; i < sizes.size(); ++i) {
       const double ms = time_verify(eng, seq, sizes[i], static_cast<int>(p.size()), o.verify_reps);
@@ -231,14 +281,30 @@ void spec_bench_cmd(const SpecBenchOptions& o) {
     fmt::print("{}\n", line);
   }
 
+  fmt::print("verify steps of 1..{} rows (ms):", o.draft + 1);
+  for (size_t r = 1; r < row_ms.size(); ++r) fmt::print(" {:.2f}", row_ms[r]);
+  fmt::print("\n");
   fmt::print("{:<28} {:>11} {:>10} {:>8} {:>11} {:>10} {:>10}\n", "drafter", "plain tok/s", "spec tok/s", "speedup",
              "accept len", "accepted", "identical");
+  // Modelled speedup: the plain steps a prompt's tokens take against the
+  // verify steps its rounds took, each at the step time measured above for
+  // its row count; it depends on the acceptance and the cost table only, not
+  // on how busy the machine was during each run.
+  auto modelled = [&](const SpecStats& st, size_t n_tokens) {
+    double spec = 0;
+    for (size_t r = 1; r < st.rounds_by_rows.size() && r < row_ms.size(); ++r) spec += st.rounds_by_rows[r] * row_ms[r];
+    return spec > 0 && n_tokens > 1 ? (n_tokens - 1) * row_ms[1] / spec : 0.0;
+  };
   for (const auto& sr : specs) {
     SpecStats total;
+    int64_t model_plain_steps = 0;
+    nlohmann::json rows_json = nlohmann::json::array();
+    double model_spec_ms = 0;
     int64_t tokens = 0;
     double ms = 0;
     bool identical = true;
     std::string per_prompt;
+    nlohmann::json prompts_json = nlohmann::json::array();
     for (size_t k = 0; k < runs.size(); ++k) {
       const PromptRun& r = runs[k];
       const auto& out = sr.out[k];
@@ -251,16 +317,47 @@ void spec_bench_cmd(const SpecBenchOptions& o) {
       total.proposed += st.proposed;
       total.accepted += st.accepted;
       total.emitted += st.emitted;
-      per_prompt += fmt::format("    {:<14} {:>4} tokens  plain {:7.2f} tok/s  spec {:7.2f} tok/s  {:.2f}x  accept len {:.2f}{}\n",
-                                r.name, out.size(), r.plain.size() * 1000.0 / r.plain_ms,
-                                out.size() * 1000.0 / dms, (out.size() / dms) / (r.plain.size() / r.plain_ms),
-                                st.mean_accept(), out == r.plain ? "" : "  OUTPUT DIFFERS");
+      if (out.size() > 1) model_plain_steps += static_cast<int64_t>(out.size()) - 1;
+      for (size_t r = 1; r < st.rounds_by_rows.size() && r < row_ms.size(); ++r)
+        model_spec_ms += st.rounds_by_rows[r] * row_ms[r];
+      per_prompt += fmt::format("    {:<14} modelled speedup {:.2f}x\n", r.name, modelled(st, out.size()));
+      {
+        nlohmann::json rj;
+        rj["prompt"] = r.name;
+        rj["tokens"] = out.size();
+        rj["rounds_by_rows"] = std::vector<int64_t>(st.rounds_by_rows.begin(), st.rounds_by_rows.end());
+        rj["modelled_speedup"] = modelled(st, out.size());
+        rows_json.push_back(rj);
+      }
+      per_prompt += fmt::format(
+          "    {:<14} {:>4} tokens  plain {:7.2f} tok/s  spec {:7.2f} tok/s  {:.2f}x  accept len {:.2f}  rounds {} "
+          "({} plain)  verified {} accepted {}  draft {:.1f} ms verify {:.1f} ms{}\n",
+          r.name, out.size(), r.plain.size() * 1000.0 / r.plain_ms, out.size() * 1000.0 / dms,
+          (out.size() / dms) / (r.plain.size() / r.plain_ms), st.mean_accept(), st.rounds, st.plain_rounds,
+          st.proposed, st.accepted, st.draft_ms, st.verify_ms, out == r.plain ? "" : "  OUTPUT DIFFERS");
+      nlohmann::json pj;
+      pj["prompt"] = r.name;
+      pj["tokens"] = out.size();
+      pj["plain_tokens_per_s"] = r.plain.size() * 1000.0 / r.plain_ms;
+      pj["spec_tokens_per_s"] = out.size() * 1000.0 / dms;
+      pj["speedup"] = (out.size() / dms) / (r.plain.size() / r.plain_ms);
+      pj["acceptance_length"] = st.mean_accept();
+      pj["rounds"] = st.rounds;
+      pj["plain_rounds"] = st.plain_rounds;
+      pj["verified"] = st.proposed;
+      pj["accepted"] = st.accepted;
+      pj["draft_ms"] = st.draft_ms;
+      pj["verify_ms"] = st.verify_ms;
+      pj["identical"] = out == r.plain;
+      prompts_json.push_back(pj);
     }
     const double tps = ms > 0 ? tokens * 1000.0 / ms : 0;
     fmt::print("{:<28} {:>11.2f} {:>10.2f} {:>7.2f}x {:>11.2f} {:>9.0f}% {:>10}\n", sr.gen->drafter()->name(), plain_tps, tps,
                plain_tps > 0 ? tps / plain_tps : 0.0, total.mean_accept(), 100.0 * total.acceptance_rate(),
                identical ? "yes" : "NO");
     fmt::print("{}", per_prompt);
+    fmt::print("    modelled speedup, all prompts: {:.2f}x\n",
+               model_spec_ms > 0 ? model_plain_steps * row_ms[1] / model_spec_ms : 0.0);
     nlohmann::json d;
     d["drafter"] = sr.gen->drafter()->name();
     d["tokens_per_s"] = tps;
@@ -268,6 +365,9 @@ void spec_bench_cmd(const SpecBenchOptions& o) {
     d["acceptance_length"] = total.mean_accept();
     d["acceptance_rate"] = total.acceptance_rate();
     d["identical"] = identical;
+    d["prompts"] = prompts_json;
+    d["rounds"] = rows_json;
+    d["verify_ms_by_rows"] = row_ms;
     j["drafters"].push_back(d);
     if (!identical) fail("drafter {}: speculative output differs from plain decoding", sr.gen->drafter()->name());
   }

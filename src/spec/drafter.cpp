@@ -33,21 +33,75 @@ NgramDrafter::NgramDrafter(int max_n, int min_n) : max_n_(max_n), min_n_(min_n) 
 
 std::string NgramDrafter::name() const { return fmt::format("ngram (n = {}..{})", max_n_, min_n_); }
 
+namespace {
+
+// One more token (going backwards) into the hash of an n-gram: the n-gram
+// t_{p-n+1..p} hashes as mix(...mix(mix(seed, t_p), t_{p-1})..., t_{p-n+1}),
+// so the hashes of all n-grams ending at p come out of one pass.
+uint64_t mix(uint64_t h, int32_t t) {
+  h += static_cast<uint64_t>(static_cast<uint32_t>(t)) + 0x9e3779b97f4a7c15ull;
+  h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
+  h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
+  return h ^ (h >> 31);
+}
+constexpr uint64_t kSeed = 0x6e6772616d5f6978ull;
+
+}  // namespace
+
+void NgramDrafter::reset() {
+  seen_.clear();
+  indexed_ = 0;
+  last_end_.clear();
+}
+
+void NgramDrafter::index(const std::vector<int32_t>& context) {
+  const int L = static_cast<int>(context.size());
+  // A continuation of what was indexed keeps the index; anything else (a
+  // shorter or different context) starts it again. The check is a compare of
+  // the tokens, far below the cost of any verify step.
+  if (seen_.size() > context.size() || !std::equal(seen_.begin(), seen_.end(), context.begin())) reset();
+  seen_.insert(seen_.end(), context.begin() + static_cast<std::ptrdiff_t>(seen_.size()), context.end());
+  // n-grams ending at p <= L - 2 have a token after them to propose.
+  for (int p = indexed_; p <= L - 2; ++p) {
+    uint64_t h = kSeed;
+    for (int n = 1; n <= max_n_ && n <= p + 1; ++n) {
+      h = mix(h, context[static_cast<size_t>(p - n + 1)]);
+      if (n >= min_n_) last_end_[h] = p;  // later positions overwrite: the most recent is kept
+    }
+  }
+  indexed_ = std::max(indexed_, L - 1);
+}
+
 void NgramDrafter::propose(const std::vector<int32_t>& context, int k, Draft& out) {
   out.clear();
   const int L = static_cast<int>(context.size());
-  if (k <= 0) return;
+  if (k <= 0 || L < 2) return;
+  index(context);
+  // The hashes of the context's suffixes of 1..max_n tokens.
+  uint64_t hashes[65];
+  uint64_t h = kSeed;
+  const int top = std::min(max_n_, L - 1);
+  for (int n = 1; n <= top; ++n) hashes[n] = h = mix(h, context[static_cast<size_t>(L - n)]);
   // Longer suffixes first: a match of n tokens is a stronger sign that the
-  // text is repeating than a match of fewer. Among the matches of one length
-  // the most recent wins (text being copied tends to be the latest).
-  for (int n = std::min(max_n_, L - 1); n >= min_n_; --n) {
-    const int32_t* suffix = context.data() + (L - n);
-    for (int j = L - n - 1; j >= 0; --j) {
-      if (!std::equal(suffix, suffix + n, context.data() + j)) continue;
-      const int from = j + n, m = std::min(k, L - from);
-      out.tokens.assign(context.begin() + from, context.begin() + from + m);
-      return;
+  // text is repeating than a match of fewer. The index holds the most recent
+  // occurrence (text being copied tends to be the latest).
+  const int32_t* ctx = context.data();
+  for (int n = top; n >= min_n_; --n) {
+    const auto it = last_end_.find(hashes[n]);
+    if (it == last_end_.end()) continue;
+    const int p = it->second;  // the occurrence ends at p < L - 1
+    if (p - n + 1 < 0 || !std::equal(ctx + (L - n), ctx + L, ctx + (p - n + 1))) continue;  // a hash collision
+    int match = n;
+    while (match < Draft::kMaxMatch && p - match >= 0 && ctx[p - match] == ctx[L - 1 - match]) ++match;
+    out.match = match;
+    // Copy what followed the occurrence; past the context's end the copy
+    // reads the proposal itself (position L + i is proposal token i).
+    out.tokens.reserve(static_cast<size_t>(k));
+    for (int i = 0; i < k; ++i) {
+      const int src = p + 1 + i;
+      out.tokens.push_back(src < L ? ctx[src] : out.tokens[static_cast<size_t>(src - L)]);
     }
+    return;
   }
 }
 

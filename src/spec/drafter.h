@@ -3,8 +3,12 @@
 // (spec/speculative.h).
 //
 //  - NgramDrafter: prompt lookup. The last n tokens (n = max_n..min_n) are
-//    searched for earlier in the sequence; the tokens that followed the most
-//    recent earlier occurrence are proposed. No model, no state.
+//    looked up earlier in the sequence (prompt and generated text) in an
+//    index of n-grams kept as the sequence grows; the tokens that followed
+//    the most recent occurrence of the longest matching one are proposed,
+//    copied on past the end of the sequence when the proposal overtakes it.
+//    Each proposal says how long a suffix it continues (Draft::match), from
+//    which the generator judges how much of it is worth verifying.
 //  - ModelDrafter: a small model run autoregressively over its own cache. It
 //    is either a separate model sharing the target's vocabulary ("draft
 //    model"), or the target itself with some layers skipped ("self-drafting":
@@ -15,6 +19,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -44,9 +49,16 @@ int32_t draw(const TokenDist& dist, double u);
 struct Draft {
   std::vector<int32_t> tokens;
   std::vector<TokenDist> dists;
+  // Drafters that grade their proposals (Drafter::grades_drafts): how many
+  // tokens at the end of the context the proposal's source agrees with (for
+  // prompt lookup, the length of the matched suffix, at most kMaxMatch). 0:
+  // no grade.
+  static constexpr int kMaxMatch = 64;
+  int match = 0;
   void clear() {
     tokens.clear();
     dists.clear();
+    match = 0;
   }
 };
 
@@ -63,6 +75,11 @@ class Drafter {
   virtual void prepare(const std::vector<int32_t>& context) { (void)context; }
   // How many tokens of the last proposal the target accepted.
   virtual void accepted(int n_accepted) { (void)n_accepted; }
+  // True when proposals cost next to nothing, are deterministic (one-hot q)
+  // and carry a grade (Draft::match): the generator then asks for the most
+  // tokens it could verify and chooses how many of them to verify from the
+  // acceptance it has seen at that grade.
+  virtual bool grades_drafts() const { return false; }
   // Forgets any per-sequence state (a new prompt follows).
   virtual void reset() {}
   // Drafters conditioned on the target's hidden states (spec/block_drafter.h)
@@ -85,15 +102,39 @@ class Drafter {
 };
 
 // Prompt lookup over the context itself.
+//
+// Every n-gram (n = min_n..max_n) of the context that has a token after it is
+// kept in a hash index under its most recent end position; the index follows
+// the context as it grows (each new token adds max_n - min_n + 1 entries), so
+// a proposal costs O(max_n + k) whatever the context's length. A context that
+// is not a continuation of the one indexed (a new prompt, or another
+// sequence) is indexed afresh.
+//
+// A proposal continues the longest suffix of the context (n = max_n first)
+// found earlier in it, at its most recent occurrence: the tokens that
+// followed that occurrence, up to k. When they run into the end of the
+// context the copy goes on from the proposal itself (the text repeating with
+// the period the match implies). Draft::match is the length of the agreement
+// between the context's end and the occurrence, counted back past max_n (up
+// to Draft::kMaxMatch): how strongly the text is being repeated.
 class NgramDrafter final : public Drafter {
  public:
-  // Suffix lengths tried, longest first. Throws unless 1 <= min_n <= max_n.
+  // Suffix lengths tried, longest first. Throws unless 1 <= min_n <= max_n <= 64.
   explicit NgramDrafter(int max_n = 3, int min_n = 1);
   std::string name() const override;
   void propose(const std::vector<int32_t>& context, int k, Draft& out) override;
+  void reset() override;
+  bool grades_drafts() const override { return true; }
 
  private:
+  // Brings the index to `context`: adds the n-grams ending at positions
+  // indexed_..L-2 (those with a token after them), first re-indexing from
+  // scratch when context does not begin with the tokens indexed so far.
+  void index(const std::vector<int32_t>& context);
   int max_n_, min_n_;
+  std::vector<int32_t> seen_;  // the context the index was built from
+  int indexed_ = 0;            // n-grams ending before this position are indexed
+  std::unordered_map<uint64_t, int32_t> last_end_;  // hash of (n, n-gram) -> most recent end position
 };
 
 // The program a self-drafter runs: `program` with the ops of every layer l

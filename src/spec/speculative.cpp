@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 
 #include "core/error.h"
 #include "spec/generator.h"
@@ -59,6 +60,12 @@ SpeculativeGenerator::SpeculativeGenerator(Engine& target, SequenceState& seq, D
   if ((!seq.recurrent || target.max_rows() > 1) && opts.draft + 1 > target.max_rows())
     fail("a draft of {} tokens needs {} rows per verify step, but the engine's program takes at most {}", opts.draft,
          opts.draft + 1, target.max_rows());
+  if (!opts.row_cost.empty()) {
+    if (static_cast<int>(opts.row_cost.size()) != opts.draft + 1)
+      fail("row costs: need one for each verify step of 1..{} rows, got {}", opts.draft + 1, opts.row_cost.size());
+    for (double c : opts.row_cost)
+      if (!(c > 0) || !std::isfinite(c)) fail("row costs must be positive, got {}", c);
+  }
   if (seq.recurrent != target.model().recurrent())
     fail("the sequence state does not belong to model {}", target.model().name());
   if (drafter.wants_taps()) {
@@ -67,6 +74,8 @@ SpeculativeGenerator::SpeculativeGenerator(Engine& target, SequenceState& seq, D
   }
   k_ = opts.draft;
   verify_ms_.assign(static_cast<size_t>(opts.draft) + 2, 0.0);
+  grade_judged_.assign(kGrades, 0.0);
+  grade_accepted_.assign(kGrades, 0.0);
   logits_.resize(static_cast<size_t>(opts.draft + 1) * static_cast<size_t>(target.n_vocab()));
 }
 
@@ -76,8 +85,12 @@ int32_t SpeculativeGenerator::start(const std::vector<int32_t>& prompt) {
     fail("the prompt has {} tokens, more than the context of {} (raise --context)", prompt.size(), seq_.n_ctx());
   seq_.clear();
   drafter_.reset();
-  // What earlier generations measured (costs, acceptance) still holds.
+  // What earlier generations measured (costs, acceptance) still holds; the
+  // acceptance by grade only in part, as a new prompt may be copied more or
+  // less than the last.
   k_ = opts_.adaptive ? choose_draft_length() : opts_.draft;
+  for (double& j : grade_judged_) j *= 0.25;
+  for (double& a : grade_accepted_) a *= 0.25;
   rng_.seed(opts_.sampling.seed);
   const int64_t V = engine_.n_vocab();
   const auto t0 = Clock::now();
@@ -107,7 +120,9 @@ int SpeculativeGenerator::round(int max_new, std::vector<int32_t>& out) {
   const int64_t V = engine_.n_vocab();
   // Proposal length: the current k, no more than the round may emit or the
   // context can hold (drafts occupy positions N+1..N+k).
-  const int k = std::min({k_, max_new - 1, seq_.n_ctx() - 1 - N});
+  const int limit = std::min({opts_.draft, max_new - 1, seq_.n_ctx() - 1 - N});
+  const bool graded = opts_.adaptive && drafter_.grades_drafts();
+  const int k = graded ? limit : std::min(k_, limit);
   auto t0 = Clock::now();
   draft_.clear();
   // When the adaptive length has fallen to 0 (plain steps pay best), a
@@ -115,9 +130,9 @@ int SpeculativeGenerator::round(int max_new, std::vector<int32_t>& out) {
   // target's own token matches it keeps the acceptance estimate alive. A
   // drafter costing a tenth of a step or more is left alone (it would also
   // have to catch up on every token since its last proposal): the rest of
-  // the generation is plain decoding.
+  // the generation is plain decoding. (Graded drafters: see below.)
   int32_t probe = -1;
-  const bool probing = k_ == 0 && max_new > 1 && N + 1 < seq_.n_ctx() && verify_ms_[1] > 0 &&
+  const bool probing = !graded && k_ == 0 && max_new > 1 && N + 1 < seq_.n_ctx() && verify_ms_[1] > 0 &&
                        draft_ms_per_token_ < 0.1 * verify_ms_[1];
   if (k > 0) {
     drafter_.propose(tokens_, k, draft_);
@@ -131,6 +146,20 @@ int SpeculativeGenerator::round(int max_new, std::vector<int32_t>& out) {
     if (d < 0 || d >= V) fail("drafter {} proposed token {}, outside the vocabulary of {}", drafter_.name(), d, V);
   if (!draft_.dists.empty() && draft_.dists.size() < draft_.tokens.size())
     fail("drafter {} gave {} distributions for {} tokens", drafter_.name(), draft_.dists.size(), draft_.tokens.size());
+  // Graded drafts: verify the first `verified` of them, chosen from their
+  // grade; the first one left out (the spare) is judged for free against
+  // the token the target emits after the verified ones, should all pass.
+  const int match = draft_.match;
+  stats_.drafted += static_cast<int64_t>(draft_.tokens.size());
+  int32_t spare = -1;
+  if (graded) {
+    const int verified = choose_graded_length(match, static_cast<int>(draft_.tokens.size()));
+    if (verified < static_cast<int>(draft_.tokens.size())) {
+      if (draft_.dists.empty()) spare = draft_.tokens[static_cast<size_t>(verified)];
+      draft_.tokens.resize(static_cast<size_t>(verified));
+      if (!draft_.dists.empty()) draft_.dists.resize(static_cast<size_t>(verified));
+    }
+  }
   const int m = static_cast<int>(draft_.tokens.size());
   const double draft_ms = ms_since(t0);
   stats_.draft_ms += draft_ms;
@@ -210,9 +239,18 @@ int SpeculativeGenerator::round(int max_new, std::vector<int32_t>& out) {
   drafter_.accepted(a);
   ++stats_.rounds;
   stats_.proposed += m;
+  stats_.plain_rounds += m == 0 ? 1 : 0;
   stats_.accepted += a;
   stats_.emitted += a + 1;
   stats_.target_rows += computed;
+  ++stats_.rounds_by_rows[static_cast<size_t>(computed)];
+  if (graded) {
+    for (int i = 0; i < a; ++i) judge(grade(match, i), true);
+    if (a < m)
+      judge(grade(match, a), false);
+    else if (spare >= 0)
+      judge(grade(match, m), spare == next);
+  }
   if (opts_.adaptive) {
     update_length(m, a, computed, draft_ms, verify_ms);
     if (probe >= 0) {
@@ -244,6 +282,20 @@ void SpeculativeGenerator::update_length(int m, int a, int rows, double draft_ms
   if (r < verify_ms_.size()) verify_ms_[r] = verify_ms_[r] > 0 ? (1 - kSmooth) * verify_ms_[r] + kSmooth * ms : ms;
 }
 
+double SpeculativeGenerator::verify_cost(int rows) const {
+  // Unmeasured row counts are guessed optimistically, so they get tried and
+  // then judged on their measured cost: below the smallest measured count,
+  // proportional to the rows; above a measured count, 5% dearer per extra row.
+  if (!opts_.row_cost.empty()) return opts_.row_cost[static_cast<size_t>(std::clamp(rows, 1, opts_.draft + 1) - 1)];
+  size_t first = 1;
+  while (first < verify_ms_.size() && verify_ms_[first] <= 0) ++first;
+  if (first == verify_ms_.size()) return 0;  // nothing measured yet
+  if (rows < static_cast<int>(first)) return verify_ms_[first] * rows / static_cast<double>(first);
+  int m = std::min(rows, static_cast<int>(verify_ms_.size()) - 1);
+  while (verify_ms_[static_cast<size_t>(m)] <= 0) --m;  // stops at first
+  return verify_ms_[static_cast<size_t>(m)] * (1.0 + 0.05 * (rows - m));
+}
+
 int SpeculativeGenerator::choose_draft_length() const {
   // With acceptance probability alpha, a proposal of k tokens emits
   // E(k) = 1 + alpha + ... + alpha^k = (1 - alpha^(k+1)) / (1 - alpha) tokens
@@ -251,20 +303,7 @@ int SpeculativeGenerator::choose_draft_length() const {
   // rows (attention models), or one row per emitted token (recurrent, whose
   // rows after a rejection are never computed). Pick k maximising tokens per
   // unit of time; k = 0 (no proposal) when plain steps pay best.
-  // Verify cost by rows per step. Unmeasured row counts are guessed
-  // optimistically, so they get tried and then judged on their measured
-  // cost: below the smallest measured count, proportional to the rows;
-  // above a measured count, 5% dearer per extra row.
-  size_t first = 1;
-  while (first < verify_ms_.size() && verify_ms_[first] <= 0) ++first;
-  if (first == verify_ms_.size()) return opts_.draft;  // nothing measured yet
-  const double c_first = verify_ms_[first];
-  auto verify_cost = [&](int r) {
-    if (r < static_cast<int>(first)) return c_first * r / static_cast<double>(first);
-    int m = r;
-    while (verify_ms_[static_cast<size_t>(m)] <= 0) --m;  // stops at first
-    return verify_ms_[static_cast<size_t>(m)] * (1.0 + 0.05 * (r - m));
-  };
+  if (verify_cost(1) <= 0) return opts_.draft;  // nothing measured yet
   const double c1 = verify_cost(1);
   // A prior of 2 judged drafts at alpha = 0.5 keeps early estimates sane.
   const double alpha = std::clamp((accepted_ + 1.0) / (judged_ + 2.0), 0.0, 0.99);
@@ -275,7 +314,58 @@ int SpeculativeGenerator::choose_draft_length() const {
     pw *= alpha;
     e += pw;  // E(k)
     double cost = seq_.recurrent && engine_.max_rows() == 1 ? c1 * e : verify_cost(k + 1);
-    cost += k * draft_ms_per_token_;
+    if (opts_.row_cost.empty()) cost += k * draft_ms_per_token_;
+    const double rate = e / cost;
+    if (rate > best_rate) {
+      best_rate = rate;
+      best_k = k;
+    }
+  }
+  return best_k;
+}
+
+void SpeculativeGenerator::judge(int g, bool ok) {
+  // Old judgements fade out, so a grade's estimate follows the text.
+  constexpr double kDecay = 0.9;
+  grade_judged_[static_cast<size_t>(g)] = grade_judged_[static_cast<size_t>(g)] * kDecay + 1.0;
+  grade_accepted_[static_cast<size_t>(g)] = grade_accepted_[static_cast<size_t>(g)] * kDecay + (ok ? 1.0 : 0.0);
+}
+
+double SpeculativeGenerator::grade_alpha(int g) const {
+  // A grade seen rarely leans on all grades together (itself at 0.5 when
+  // nothing at all was judged), with the weight of one judgement.
+  double all_j = 0, all_a = 0;
+  for (int i = 0; i < kGrades; ++i) {
+    all_j += grade_judged_[static_cast<size_t>(i)];
+    all_a += grade_accepted_[static_cast<size_t>(i)];
+  }
+  const double prior = (all_a + 1.0) / (all_j + 2.0);
+  constexpr double kPriorWeight = 1.0;
+  const double a = (grade_accepted_[static_cast<size_t>(g)] + kPriorWeight * prior) /
+                   (grade_judged_[static_cast<size_t>(g)] + kPriorWeight);
+  return std::clamp(a, 0.0, 0.99);
+}
+
+int SpeculativeGenerator::choose_graded_length(int match, int m) const {
+  // Draft i passes with probability alpha_i given drafts 0..i-1 passed
+  // (alpha_i that of its grade), so verifying k drafts emits
+  // E(k) = 1 + a_0 + a_0 a_1 + ... + a_0...a_{k-1} tokens, for the cost of a
+  // verify step of k + 1 rows; the drafting is already done. k = 0 is a
+  // plain one-row step. The first round of a generator (nothing measured)
+  // is a plain step: its cost anchors the guesses for the rest.
+  const bool per_row = seq_.recurrent && engine_.max_rows() == 1;
+  const double c1 = verify_cost(1);
+  if (c1 <= 0 || m <= 0) return 0;
+  // A length must promise 5% more than a plain step: the estimates are
+  // noisy, and a verify that does not pay costs more than one that barely
+  // pays gains.
+  constexpr double kMargin = 1.05;
+  int best_k = 0;
+  double best_rate = kMargin / c1, e = 1, pw = 1;
+  for (int k = 1; k <= m; ++k) {
+    pw *= grade_alpha(grade(match, k - 1));
+    e += pw;
+    const double cost = per_row ? c1 * e : verify_cost(k + 1);
     const double rate = e / cost;
     if (rate > best_rate) {
       best_rate = rate;

@@ -46,6 +46,8 @@
 // executor steps (the batched prompt pass has no taps).
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <random>
@@ -60,20 +62,33 @@ namespace megakern {
 struct SpecOptions {
   static constexpr int kMaxDraft = 32;
   int draft = 4;          // most tokens proposed per round, 1..kMaxDraft
-  // Choose each round's proposal length (1..draft) for the most tokens per
+  // Choose each round's proposal length (0..draft) for the most tokens per
   // unit of time, from the measured acceptance rate, verify cost per row
   // count and drafting cost (choose_draft_length); otherwise always `draft`.
+  // Drafters that grade their drafts (Drafter::grades_drafts, e.g. prompt
+  // lookup) draft `draft` tokens each round and the length is chosen from
+  // the acceptance seen at the draft's grade (choose_graded_length); 0 (a
+  // plain step) whenever no length is expected to beat a plain step.
   bool adaptive = true;
+  // When not empty: the cost of a verify step of r rows is row_cost[r - 1]
+  // (r = 1..draft + 1, any unit, each > 0) and drafting is free, instead of
+  // the measured times: the adaptive choices then depend on acceptance alone
+  // (reproducible runs, tests).
+  std::vector<double> row_cost;
   SamplingParams sampling;
 };
 
 struct SpecStats {
   int64_t rounds = 0;       // verify rounds
-  int64_t proposed = 0;     // draft tokens proposed
+  int64_t drafted = 0;      // draft tokens the drafter proposed (graded drafters: also those not verified)
+  int64_t proposed = 0;     // draft tokens verified
   int64_t accepted = 0;     // draft tokens accepted
   int64_t emitted = 0;      // tokens emitted by rounds (accepted drafts + one target token each)
   int64_t target_rows = 0;  // rows the target computed in verify steps
+  int64_t plain_rounds = 0; // rounds that verified no draft (a plain step)
   double prefill_ms = 0, draft_ms = 0, verify_ms = 0;
+  // Rounds by the rows their verify computed (1: a plain step).
+  std::array<int64_t, SpecOptions::kMaxDraft + 2> rounds_by_rows{};
   // Mean tokens emitted per verify round (the acceptance length).
   double mean_accept() const { return rounds ? static_cast<double>(emitted) / static_cast<double>(rounds) : 0.0; }
   double acceptance_rate() const {
@@ -118,6 +133,9 @@ class SpeculativeGenerator {
   int n_ctx() const { return seq_.n_ctx(); }
   Drafter& drafter() const { return drafter_; }
   void reset_stats() { stats_ = {}; }
+  // The seed the random stream restarts from at each start() (initially
+  // the options' sampling seed).
+  void set_seed(uint64_t seed) { opts_.sampling.seed = seed; }
   // Replaces the sampling acceptance rule (accept_exact by default).
   void set_accept_rule(AcceptRule rule) { accept_ = std::move(rule); }
 
@@ -138,6 +156,27 @@ class SpeculativeGenerator {
   double draft_ms_per_token_ = 0;
   void update_length(int m, int a, int rows, double draft_ms, double verify_ms);
   int choose_draft_length() const;
+  // The expected time of a verify step of `rows` rows from the smoothed
+  // measurements (unmeasured row counts guessed optimistically, so they get
+  // tried); <= 0 when nothing is measured yet.
+  double verify_cost(int rows) const;
+  // Graded drafters: decayed counts of drafts judged and accepted by grade,
+  // a draft's grade being the proposal's Draft::match plus the draft's index
+  // in it (draft i is judged once drafts 0..i-1 passed: by then the text
+  // agrees with its source over match + i tokens), capped at kGrades - 1.
+  // Drafts proposed but not verified are judged too when the round gets that
+  // far: the first of them against the target's own next token (for a
+  // one-hot draft, equal with the probability the draft would be accepted),
+  // which keeps every grade's estimate alive while it is not being verified.
+  static constexpr int kGrades = 40;
+  std::vector<double> grade_judged_, grade_accepted_;
+  static int grade(int match, int i) { return std::min(match + i, kGrades - 1); }
+  void judge(int grade, bool accepted);
+  double grade_alpha(int grade) const;
+  // The number of the m graded drafts (of grade match, match + 1, ...) to
+  // verify: the one of most expected tokens per unit of verify time, 0 when
+  // a plain step is expected to do best.
+  int choose_graded_length(int match, int m) const;
   std::vector<int32_t> tokens_;
   Draft draft_;
   std::vector<RowInput> rows_;
