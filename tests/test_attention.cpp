@@ -18,8 +18,8 @@
 #include "model/dense.h"
 #include "model/dense_program.h"
 #include "model_state.h"
+#include "runtime/engine.h"
 #include "runtime/model.h"
-#include "runtime/session.h"
 #include "tiny_model.h"
 
 namespace megakern {

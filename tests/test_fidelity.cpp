@@ -19,7 +19,7 @@
 #include "model/dense.h"
 #include "runtime/model.h"
 #include "runtime/sampler.h"
-#include "runtime/session.h"
+#include "runtime/engine.h"
 #include "test_util.h"
 #include "model_state.h"
 

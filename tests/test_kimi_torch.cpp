@@ -12,8 +12,8 @@
 
 #include "core/thread_pool.h"
 #include "kernels/cpu/ops.h"
+#include "runtime/engine.h"
 #include "runtime/model.h"
-#include "runtime/session.h"
 #include "test_util.h"
 
 namespace megakern {

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "runtime/engine.h"
 #include "runtime/model.h"
-#include "runtime/session.h"
 
 namespace megakern {
 namespace {

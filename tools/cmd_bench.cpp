@@ -16,8 +16,8 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "exec/executor.h"
+#include "runtime/engine.h"
 #include "runtime/model.h"
-#include "runtime/session.h"
 #include "tools/commands.h"
 #include "tools/spec_cli.h"
 

@@ -36,8 +36,8 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "runtime/engine.h"
 #include "runtime/model.h"
-#include "runtime/session.h"
 #include "tools/commands.h"
 
 namespace megakern::cli {

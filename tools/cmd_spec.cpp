@@ -15,8 +15,8 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "runtime/engine.h"
 #include "runtime/model.h"
-#include "runtime/session.h"
 #include "spec/block_drafter.h"
 #include "spec/drafter.h"
 #include "spec/generator.h"

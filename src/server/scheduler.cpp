@@ -9,7 +9,7 @@
 #include "core/error.h"
 #include "runtime/generation.h"
 #include "runtime/model.h"
-#include "runtime/session.h"
+#include "runtime/engine.h"
 
 namespace megakern::server {
 
@@ -67,7 +67,7 @@ void Job::finish(FinishReason reason, int completion_tokens, const std::string& 
 // One row of the batch: a sequence state and, while in use, the request it
 // serves with that request's sampler and Generation (detokenizer, stop
 // strings, limits).
-struct Scheduler::Slot {
+struct Scheduler::BatchRow {
   SequenceState seq;
   std::shared_ptr<Job> job;  // null while free
   std::unique_ptr<Sampler> sampler;
@@ -81,14 +81,14 @@ Scheduler::Scheduler(const Model& model, ThreadPool& pool, const SchedulerOption
   if (opts_.queue_limit < 0) fail("--queue must be >= 0, got {}", opts_.queue_limit);
   engine_ = std::make_unique<Engine>(model_, pool, opts_.max_rows, opts_.executor);
   for (int i = 0; i < opts_.max_rows; ++i) {
-    auto s = std::make_unique<Slot>();
+    auto s = std::make_unique<BatchRow>();
     s->seq = model_.new_sequence(opts_.n_ctx);
-    slots_.push_back(std::move(s));
+    rows_.push_back(std::move(s));
   }
   // Each cache is committed only as it fills, and each alone was checked
   // against physical memory; all rows at full context must fit as well.
   double kv_bytes = 0;
-  for (const auto& s : slots_)
+  for (const auto& s : rows_)
     kv_bytes += static_cast<double>(s->seq.cache.k.size() + s->seq.cache.v.size()) * sizeof(float);
   if (const size_t phys = physical_memory_bytes(); phys > 0 && kv_bytes > static_cast<double>(phys))
     fail("--batch {} x --context {} needs KV caches of {} in all, more than the {} of physical memory: use a "
@@ -176,7 +176,7 @@ void Scheduler::loop() {
       }
       if (stop_ && active_ == 0) return;
     }
-    for (auto& s : slots_)
+    for (auto& s : rows_)
       if (s->job && (cancel_everything || s->job->cancelled())) release(*s, FinishReason::Cancelled);
     if (cancel_everything) {
       std::lock_guard<std::mutex> lock(mu_);
@@ -185,13 +185,13 @@ void Scheduler::loop() {
       continue;
     }
     admit();
-    if (std::any_of(slots_.begin(), slots_.end(), [](const auto& s) { return s->job != nullptr; })) decode_step();
+    if (std::any_of(rows_.begin(), rows_.end(), [](const auto& s) { return s->job != nullptr; })) decode_step();
   }
 }
 
 void Scheduler::admit() {
-  for (auto& slot : slots_) {
-    if (slot->job) continue;
+  for (auto& row : rows_) {
+    if (row->job) continue;
     std::shared_ptr<Job> job;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -200,7 +200,7 @@ void Scheduler::admit() {
       queue_.pop_front();
       ++active_;
     }
-    Slot& s = *slot;
+    BatchRow& s = *row;
     s.job = job;
     const GenRequest& req = job->request;
     const auto& prompt = req.prompt;
@@ -234,8 +234,8 @@ void Scheduler::admit() {
 void Scheduler::decode_step() {
   const size_t V = static_cast<size_t>(engine_->n_vocab());
   std::vector<RowInput> rows;
-  std::vector<Slot*> order;
-  for (auto& s : slots_) {
+  std::vector<BatchRow*> order;
+  for (auto& s : rows_) {
     if (!s->job) continue;
     rows.push_back(s->seq.row(s->gen->last_token(), s->gen->position()));
     order.push_back(s.get());
@@ -244,7 +244,7 @@ void Scheduler::decode_step() {
   try {
     engine_->step(rows, logits_.data());
   } catch (const std::exception& e) {
-    for (Slot* s : order) release(*s, FinishReason::Error, fmt::format("decode step failed: {}", e.what()));
+    for (BatchRow* s : order) release(*s, FinishReason::Error, fmt::format("decode step failed: {}", e.what()));
     return;
   }
   const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -257,7 +257,7 @@ void Scheduler::decode_step() {
   for (size_t i = 0; i < order.size(); ++i) take_token(*order[i], logits_.data() + i * V);
 }
 
-void Scheduler::take_token(Slot& s, const float* logits) {
+void Scheduler::take_token(BatchRow& s, const float* logits) {
   Generation& g = *s.gen;
   const int before = g.generated();
   const Delta& d = g.push(g.sample(logits, engine_->n_vocab()));
@@ -270,7 +270,7 @@ void Scheduler::take_token(Slot& s, const float* logits) {
   if (d.done()) release(s, length ? FinishReason::Length : FinishReason::Stop);
 }
 
-void Scheduler::release(Slot& s, FinishReason reason, const std::string& error) {
+void Scheduler::release(BatchRow& s, FinishReason reason, const std::string& error) {
   std::shared_ptr<Job> job = std::move(s.job);
   const int generated = s.gen ? s.gen->generated() : 0;
   s.gen.reset();

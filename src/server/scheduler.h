@@ -128,19 +128,19 @@ class Scheduler {
   const SchedulerOptions& options() const { return opts_; }
 
  private:
-  struct Slot;
+  struct BatchRow;
   void loop();
   void admit();
   void decode_step();
-  // Samples a slot's next token from its logits and hands the text to its
-  // request, releasing the slot when the generation is over.
-  void take_token(Slot& s, const float* logits);
-  void release(Slot& s, FinishReason reason, const std::string& error = {});
+  // Samples a batch row's next token from its logits and hands the text to its
+  // request, releasing the row when the generation is over.
+  void take_token(BatchRow& s, const float* logits);
+  void release(BatchRow& s, FinishReason reason, const std::string& error = {});
 
   const Model& model_;
   SchedulerOptions opts_;
   std::unique_ptr<Engine> engine_;
-  std::vector<std::unique_ptr<Slot>> slots_;  // max_rows of them
+  std::vector<std::unique_ptr<BatchRow>> rows_;  // max_rows of them
   std::vector<float> logits_;                 // [max_rows][n_vocab]
 
   mutable std::mutex mu_;

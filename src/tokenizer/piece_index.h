@@ -23,7 +23,7 @@ class PieceIndex {
     tokens_ = tokens;
     size_t cap = 16;
     while (cap < expected * 2) cap *= 2;
-    slots_.assign(cap, Slot{0, -1});
+    buckets_.assign(cap, Bucket{0, -1});
     mask_ = cap - 1;
   }
 
@@ -33,9 +33,9 @@ class PieceIndex {
     const std::string& key = (*tokens_)[static_cast<size_t>(id)];
     const uint64_t h = hash(key);
     for (size_t i = h & mask_;; i = (i + 1) & mask_) {
-      Slot& s = slots_[i];
+      Bucket& s = buckets_[i];
       if (s.id < 0) {
-        s = Slot{static_cast<uint32_t>(h >> 32), id};
+        s = Bucket{static_cast<uint32_t>(h >> 32), id};
         return;
       }
       if (s.tag == static_cast<uint32_t>(h >> 32) && (*tokens_)[static_cast<size_t>(s.id)] == key) return;
@@ -44,24 +44,24 @@ class PieceIndex {
 
   // The id spelled `key`, or -1.
   int32_t find(std::string_view key) const {
-    if (slots_.empty()) return -1;
+    if (buckets_.empty()) return -1;
     const uint64_t h = hash(key);
     for (size_t i = h & mask_;; i = (i + 1) & mask_) {
-      const Slot& s = slots_[i];
+      const Bucket& s = buckets_[i];
       if (s.id < 0) return -1;
       if (s.tag == static_cast<uint32_t>(h >> 32) && (*tokens_)[static_cast<size_t>(s.id)] == key) return s.id;
     }
   }
 
  private:
-  struct Slot {
+  struct Bucket {
     uint32_t tag;  // high half of the key's hash, to skip most string compares
     int32_t id;    // -1: empty
   };
   static uint64_t hash(std::string_view s) { return std::hash<std::string_view>{}(s); }
 
   const std::vector<std::string>* tokens_;
-  std::vector<Slot> slots_;  // capacity is a power of two, at most half full
+  std::vector<Bucket> buckets_;  // capacity is a power of two, at most half full
   size_t mask_ = 0;
 };
 
