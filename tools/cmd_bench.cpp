@@ -224,8 +224,10 @@ void bench_cmd(const BenchOptions& o) {
   const auto execs = split_list(o.executors);
   if (execs.empty()) fail("--executor needs at least one of opbyop, mega, reference");
   for (const auto& e : execs)
-    if (e != "opbyop" && e != "mega" && e != "reference" && e != "mega-nopf" && e != "mega-noexp")
-      fail("--executor: unknown executor '{}' (expected opbyop, mega, reference, mega-nopf or mega-noexp)", e);
+    if (e != "opbyop" && e != "mega" && e != "reference" && e != "mega-nopf" && e != "mega-noexp" &&
+        e != "mega-noshare")
+      fail("--executor: unknown executor '{}' (expected opbyop, mega, reference, mega-nopf, mega-noexp or mega-noshare)",
+           e);
 
   // --numerics may list several modes: every executor runs in each.
   std::vector<Numerics> modes;
@@ -268,6 +270,7 @@ void bench_cmd(const BenchOptions& o) {
         MegaOptions mo;
         mo.prefetch_bytes = e == "mega-nopf" ? 0 : o.prefetch_kib * 1024;
         mo.prefetch_experts = e != "mega-noexp";
+        mo.share_matmuls = e != "mega-noshare";
         ex.push_back(make_mega_executor(*progs[mi], pool, mo));
       } else {
         ex.push_back(make_executor(e, *progs[mi], pool));
@@ -382,7 +385,7 @@ void register_bench(CLI::App& app) {
   add_model_flags(cmd, o->model, o->model_flags);
   cmd->add_option("--batch", o->batches, "Comma-separated batch sizes (rows per step)")->capture_default_str();
   cmd->add_option("--executor", o->executors, "Comma-separated executors (opbyop, mega, reference; ablations: mega-nopf = megakernel "
-                  "without weight prefetch, mega-noexp = without routed-expert prefetch); the first is the speedup "
+                  "without weight prefetch, mega-noexp = without routed-expert prefetch, mega-noshare = without shared matrix-product tiles); the first is the speedup "
                   "baseline")
       ->capture_default_str();
   cmd->add_option("--steps", o->steps, "Timed steps per point")->capture_default_str()->check(CLI::Range(1, 100000));

@@ -71,6 +71,9 @@ struct MegaOptions {
   // Include routed experts in the plan: a worker prefetches the experts its
   // MoE tiles will read as soon as the step's routing is done.
   bool prefetch_experts = true;
+  // Matrix-product tiles shared between the workers in chunks (see
+  // CompileOptions::share_matmuls in exec/schedule.h).
+  bool share_matmuls = true;
 };
 std::unique_ptr<Executor> make_mega_executor(const DecodeProgram& program, ThreadPool& pool,
                                              const MegaOptions& opts = {});

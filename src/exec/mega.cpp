@@ -39,6 +39,7 @@
 // chunk only when that tile's dependencies are done, and never waits for a
 // chunk it did not take.
 #include <algorithm>
+#include <cstdlib>
 #include <atomic>
 #include <chrono>
 #include <memory>
@@ -190,7 +191,7 @@ class MegaExecutor final : public Executor {
   void prepare(int n_rows) override {
     if (n_rows < 1 || n_rows > p_.max_rows) fail("a step needs 1 to {} rows, got {}", p_.max_rows, n_rows);
     auto& sched = schedules_[static_cast<size_t>(n_rows)];
-    if (!sched) sched = std::make_unique<Schedule>(compile(p_, n_rows, pool_.size(), {false, opts_.prefetch_experts}));
+    if (!sched) sched = std::make_unique<Schedule>(compile(p_, n_rows, pool_.size(), {false, opts_.prefetch_experts, opts_.share_matmuls}));
   }
 
   void step(const std::vector<RowInput>& rows, float* logits) override {
@@ -200,7 +201,7 @@ class MegaExecutor final : public Executor {
     const bool chained = p_.recurrent && rows_chained(rows.data(), n_rows);
     if (chained && !chained_schedules_[static_cast<size_t>(n_rows)])
       chained_schedules_[static_cast<size_t>(n_rows)] =
-          std::make_unique<Schedule>(compile(p_, n_rows, pool_.size(), {true, opts_.prefetch_experts}));
+          std::make_unique<Schedule>(compile(p_, n_rows, pool_.size(), {true, opts_.prefetch_experts, opts_.share_matmuls}));
     auto& sched = chained ? chained_schedules_[static_cast<size_t>(n_rows)] : schedules_[static_cast<size_t>(n_rows)];
     if (static_cast<int>(flags_.size()) < sched->n_flags) {
       // Resizing is only safe between steps; flags restart from epoch 0.
@@ -358,7 +359,11 @@ class MegaExecutor final : public Executor {
 }  // namespace
 
 std::unique_ptr<Executor> make_mega_executor(const DecodeProgram& program, ThreadPool& pool, const MegaOptions& opts) {
-  return std::make_unique<MegaExecutor>(program, pool, opts);
+  MegaOptions o = opts;
+  // MEGAKERN_MEGA_SHARE=0 turns shared matrix-product tiles off wherever the
+  // megakernel is made (prompt passes, the server), for A/B runs.
+  if (const char* e = std::getenv("MEGAKERN_MEGA_SHARE"); e && std::string_view(e) == "0") o.share_matmuls = false;
+  return std::make_unique<MegaExecutor>(program, pool, o);
 }
 
 }  // namespace megakern
