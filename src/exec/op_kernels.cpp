@@ -8,8 +8,6 @@
 
 namespace megakern {
 
-bool op_is_row_tiled(const Op& op) { return op_info(op).row_tiled; }
-
 int op_tile_count(const Op& op, int n_rows, int n_workers) {
   const OpInfo& i = op_info(op);
   return i.tile_count ? i.tile_count(op, n_rows, n_workers) : n_rows;

@@ -14,8 +14,6 @@ namespace megakern {
 
 // How an op is cut into tiles for n_rows rows when the team has n_workers.
 int op_tile_count(const Op& op, int n_rows, int n_workers);
-// Whether tiles of this op correspond one-to-one to rows.
-bool op_is_row_tiled(const Op& op);
 
 // Runs tile t of n_tiles of op on the context (its reference tile when ctx.scalar).
 void run_op_tile(const Op& op, const StepContext& ctx, int t, int n_tiles);

@@ -259,12 +259,6 @@ void decode_row(DType t, const uint8_t* row, int64_t nb, std::vector<I16Sub>& su
 
 }  // namespace
 
-float i16_dot_ref(DType t, const uint8_t* row, const QuantizedActs& A, int64_t ti) {
-  std::vector<I16Sub> subs;
-  decode_row(t, row, A.nb, subs);
-  return dot_decoded(t, subs.data(), A, ti);
-}
-
 // Each row is decoded once and reused for every input; the per-output
 // arithmetic is dot_decoded's whatever n_x.
 void matmul_rows_i16_ref(const MatView& W, const QuantizedActs& A, float* Y, int64_t ldy, int64_t row_begin,

@@ -21,9 +21,6 @@ struct I16Sub {
 // Decodes sub-block k (elements 32k..32k+31) of a row of type t.
 void decode_i16_sub(DType t, const uint8_t* row, int64_t k, I16Sub& out);
 
-// Y[t] for input t of A and weight row `row` (A.cols elements).
-float i16_dot_ref(DType t, const uint8_t* row, const QuantizedActs& A, int64_t t_index);
-
 // The whole kernel over rows [row_begin, row_end).
 void matmul_rows_i16_ref(const MatView& W, const QuantizedActs& A, float* Y, int64_t ldy, int64_t row_begin,
                           int64_t row_end);
