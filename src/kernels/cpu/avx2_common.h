@@ -36,6 +36,18 @@ inline __m128 load_f16x2(const uint8_t* p) {
 // readable (the scale is followed by more of its block).
 inline float load_f16_in_block(const uint8_t* p) { return _mm_cvtss_f32(load_f16x2(p)); }
 
+// The twelve scale bytes of a Q4_K / Q5_K block (eight 6-bit scales and
+// eight 6-bit mins, packed) as sixteen bytes in u: sc[0..7], then m[0..7].
+inline void unpack_k_scales(const uint8_t* s12, uint32_t u[4]) {
+  std::memcpy(u, s12, 12);
+  constexpr uint32_t kMask1 = 0x3f3f3f3f, kMask2 = 0x0f0f0f0f, kMask3 = 0x03030303;
+  u[3] = ((u[2] >> 4) & kMask2) | (((u[1] >> 6) & kMask3) << 4);  // m[4..7]
+  const uint32_t m03 = u[1] & kMask1;                              // m[0..3]
+  u[1] = (u[2] & kMask2) | (((u[0] >> 6) & kMask3) << 4);          // sc[4..7]
+  u[2] = m03;
+  u[0] &= kMask1;  // sc[0..3]
+}
+
 // 16 packed bytes -> 32 codes: low nibbles first (elements 0..15), then high.
 inline __m256i nibbles(const uint8_t* qs) {
   const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));

@@ -136,13 +136,7 @@ struct Q4_K {
   };
   static void prepare(const uint8_t* b, State& st) {
     uint32_t u[4];
-    std::memcpy(u, b + 4, 12);
-    constexpr uint32_t kMask1 = 0x3f3f3f3f, kMask2 = 0x0f0f0f0f, kMask3 = 0x03030303;
-    u[3] = ((u[2] >> 4) & kMask2) | (((u[1] >> 6) & kMask3) << 4);  // m[4..7]
-    const uint32_t m03 = u[1] & kMask1;                              // m[0..3]
-    u[1] = (u[2] & kMask2) | (((u[0] >> 6) & kMask3) << 4);          // sc[4..7]
-    u[2] = m03;
-    u[0] &= kMask1;                                                  // sc[0..3]
+    avx2::unpack_k_scales(b + 4, u);
     const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(u));
     const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
     const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8)));
@@ -445,27 +439,38 @@ inline void decode4(const uint8_t* row, int64_t k, int64_t& cur, typename StateO
   }
 }
 
-// acc + the contribution of sub-block k (decoded in s) for input xq/xd/xs.
-// kOne (a single input): sc * dx as one scalar multiplication, then
-// broadcast; otherwise the broadcast sc is shared by the inputs and
-// multiplied by each broadcast dx. Either way the same product.
-template <class F, bool kOne>
-inline __m256 contrib(const Sub& s, const int16_t* xq, const float* xd, const float* xs, int64_t k, __m256 acc) {
+// acc + the contribution of sub-block k (decoded in s) for input xq/xs, with
+// the scale products given: f0 = sc * dx (f1 = sc1 * dx, two-scale formats).
+template <class F>
+inline __m256 contrib_f(const Sub& s, const int16_t* xq, const float* xs, int64_t k, __m256 f0, __m256 f1,
+                        __m256 acc) {
   const __m256i xlo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32 * k));
   const __m256i xhi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32 * k + 16));
   const __m256i plo = _mm256_madd_epi16(s.lo, xlo), phi = _mm256_madd_epi16(s.hi, xhi);
+  if constexpr (F::kTwoScales) {
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(plo), f0, acc);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(phi), f1, acc);
+  } else {
+    (void)f1;
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(plo, phi)), f0, acc);
+  }
+  if constexpr (F::kMin) acc = _mm256_fmadd_ps(_mm256_set1_ps(s.mn), _mm256_loadu_ps(xs + 8 * k), acc);
+  return acc;
+}
+
+// The same, forming the scale products itself. kOne (a single input): sc * dx
+// as one scalar multiplication, then broadcast; otherwise the broadcast sc is
+// shared by the inputs and multiplied by each broadcast dx. Either way the
+// same product.
+template <class F, bool kOne>
+inline __m256 contrib(const Sub& s, const int16_t* xq, const float* xd, const float* xs, int64_t k, __m256 acc) {
   auto factor = [&](float sc) {
     if constexpr (kOne) return _mm256_set1_ps(sc * xd[k]);
     return _mm256_mul_ps(_mm256_set1_ps(sc), _mm256_broadcast_ss(xd + k));
   };
-  if constexpr (F::kTwoScales) {
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(plo), factor(s.sc), acc);
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(phi), factor(s.sc1), acc);
-  } else {
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(plo, phi)), factor(s.sc), acc);
-  }
-  if constexpr (F::kMin) acc = _mm256_fmadd_ps(_mm256_set1_ps(s.mn), _mm256_loadu_ps(xs + 8 * k), acc);
-  return acc;
+  const __m256 f0 = factor(s.sc);
+  if constexpr (F::kTwoScales) return contrib_f<F>(s, xq, xs, k, f0, factor(s.sc1), acc);
+  return contrib_f<F>(s, xq, xs, k, f0, f0, acc);
 }
 
 // Software prefetch for the one-input kernel, kPrefetchBytes ahead in the
@@ -585,25 +590,6 @@ inline Sub panel_sub(const Codes* codes, const float* scales, int64_t k) {
   s.sc1 = scales[4 * k + 1];
   s.mn = scales[4 * k + 2];
   return s;
-}
-
-// contrib with the scale products given: f0 = sc * dx (f1 = sc1 * dx), the
-// same products contrib forms, computed for four inputs at once.
-template <class F>
-inline __m256 contrib_f(const Sub& s, const int16_t* xq, const float* xs, int64_t k, __m256 f0, __m256 f1,
-                        __m256 acc) {
-  const __m256i xlo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32 * k));
-  const __m256i xhi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32 * k + 16));
-  const __m256i plo = _mm256_madd_epi16(s.lo, xlo), phi = _mm256_madd_epi16(s.hi, xhi);
-  if constexpr (F::kTwoScales) {
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(plo), f0, acc);
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(phi), f1, acc);
-  } else {
-    (void)f1;
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(plo, phi)), f0, acc);
-  }
-  if constexpr (F::kMin) acc = _mm256_fmadd_ps(_mm256_set1_ps(s.mn), _mm256_loadu_ps(xs + 8 * k), acc);
-  return acc;
 }
 
 // Scale products of one decoded row for inputs t0 .. t0+3: fac[k][u] =

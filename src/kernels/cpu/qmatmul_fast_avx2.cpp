@@ -226,13 +226,7 @@ struct FQ4_K {
   // The 6-bit scales and mins (unpacked with 32-bit masks), d and -dmin.
   static void scales(const uint8_t* b, int r, ScratchK& S) {
     uint32_t u[4];
-    std::memcpy(u, b + 4, 12);
-    constexpr uint32_t kMask1 = 0x3f3f3f3f, kMask2 = 0x0f0f0f0f, kMask3 = 0x03030303;
-    u[3] = ((u[2] >> 4) & kMask2) | (((u[1] >> 6) & kMask3) << 4);  // m[4..7]
-    const uint32_t m03 = u[1] & kMask1;                              // m[0..3]
-    u[1] = (u[2] & kMask2) | (((u[0] >> 6) & kMask3) << 4);          // sc[4..7]
-    u[2] = m03;
-    u[0] &= kMask1;                                                  // sc[0..3]
+    avx2::unpack_k_scales(b + 4, u);
     const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(u));  // sc[0..7], m[0..7]
     const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(bytes));
     for (int j = 0; j < 8; ++j) {

@@ -421,13 +421,7 @@ struct R8Q4_K {
     for (int r = 0; r < 8; ++r) {
       pm[r] = p[r] + 2;
       uint32_t u[4];
-      std::memcpy(u, p[r] + 4, 12);
-      constexpr uint32_t kMask1 = 0x3f3f3f3f, kMask2 = 0x0f0f0f0f, kMask3 = 0x03030303;
-      u[3] = ((u[2] >> 4) & kMask2) | (((u[1] >> 6) & kMask3) << 4);  // m[4..7]
-      const uint32_t m03 = u[1] & kMask1;                              // m[0..3]
-      u[1] = (u[2] & kMask2) | (((u[0] >> 6) & kMask3) << 4);          // sc[4..7]
-      u[2] = m03;
-      u[0] &= kMask1;  // sc[0..3]
+      avx2::unpack_k_scales(p[r] + 4, u);
       s[r] = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(u)));
     }
     transpose8(s);  // s[h] (h < 4): (sc_2h, sc_2h+1); s[4 + h]: (m_2h, m_2h+1)
