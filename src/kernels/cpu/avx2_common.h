@@ -66,4 +66,13 @@ inline void store_f32_first(float* dst, __m256 y, int64_t n) {
   std::memcpy(dst, tmp, sizeof(float) * static_cast<size_t>(n));
 }
 
+// Rows per tile: a tile of weight rows (<= ~96 KiB) is read from memory once
+// and then re-read from L2 by each group of four inputs, whose activations
+// stay in L1 across the tile. Tiling changes only the order in which outputs
+// are produced, never how any one output is computed.
+inline int64_t tile_rows(size_t row_bytes) {
+  const int64_t n = static_cast<int64_t>((size_t{96} << 10) / row_bytes);
+  return n > 1 ? n : 1;
+}
+
 }  // namespace megakern::avx2

@@ -35,7 +35,7 @@ void matmul_rows_f32_tiled_avx2(const MatView& W, const float* X, int64_t n_x, f
                                 int64_t re);
 
 // The row-by-row kernel (one weight row, one or two inputs at a time), the
-// reference the tiled one must match (qmatmul_avx2.cpp).
+// reference the tiled one must match (matmul_f32_avx2.cpp).
 void matmul_rows_f32_rowwise_avx2(const MatView& W, const float* X, int64_t n_x, float* Y, int64_t ldy, int64_t rb,
                                   int64_t re);
 

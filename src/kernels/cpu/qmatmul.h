@@ -66,7 +66,8 @@ void quantize_acts_avx2(const float* X, int64_t n_x, int64_t cols, QuantizedActs
 // Sizes out's buffers for n_x x cols.
 void prepare_acts(int64_t n_x, int64_t cols, QuantizedActs& out);
 
-// AVX2 kernels (qmatmul_avx2.cpp); call only when use_avx2().
+// AVX2 kernels (qmatmul_avx2.cpp; the f32 path in matmul_f32_avx2.cpp); call
+// only when use_avx2().
 // Integer path: W.type must satisfy uses_i16_acts; A holds all n_x inputs.
 void matmul_rows_i16_avx2(const MatView& W, const QuantizedActs& A, float* Y, int64_t ldy, int64_t row_begin,
                            int64_t row_end);
