@@ -660,19 +660,23 @@ TEST(Kernels, Int16KernelOutputsArePinned) {
 
 // The CPU's own flags, read from /proc/cpuinfo (not from the compiler's
 // cpuid builtins the engine uses); nullopt where that file is not there.
-std::optional<bool> cpuinfo_has_avx2_and_fma() {
+struct CpuinfoFlags {
+  bool avx2_fma = false, avxvnni = false;
+};
+std::optional<CpuinfoFlags> cpuinfo_flags() {
   std::ifstream in("/proc/cpuinfo");
   std::string line;
   while (std::getline(in, line)) {
     if (line.rfind("flags", 0) != 0) continue;
     std::istringstream words(line.substr(line.find(':') + 1));
-    bool avx2 = false, fma = false;
+    bool avx2 = false, fma = false, vnni = false;
     std::string w;
     while (words >> w) {
       avx2 = avx2 || w == "avx2";
       fma = fma || w == "fma";
+      vnni = vnni || w == "avx_vnni";
     }
-    return avx2 && fma;
+    return CpuinfoFlags{avx2 && fma, avx2 && vnni};
   }
   return std::nullopt;
 }
@@ -680,22 +684,29 @@ std::optional<bool> cpuinfo_has_avx2_and_fma() {
 // The path the engine takes is the one the CPU and MEGAKERN_ISA call for: the
 // AVX2 kernels exactly when the CPU has AVX2 and FMA and the variable does not
 // say "scalar" (the scalar_isa ctest entry relies on this to run the portable
-// path).
+// path); the AVX-VNNI kernel variants exactly when the CPU also has AVX-VNNI
+// and the variable says neither "scalar" nor "avx2" (the avx2_isa entry).
 TEST(Kernels, ReportsIsa) {
+  const CpuFeatures& f = cpu_features();
   RecordProperty("avx2", use_avx2() ? "yes" : "no");
-  std::printf("[kernels] ISA: %s\n", use_avx2() ? "avx2+fma" : "scalar");
+  RecordProperty("avxvnni", f.avxvnni ? "yes" : "no");
+  std::printf("[kernels] ISA: %s\n", !use_avx2() ? "scalar" : f.avxvnni ? "avx2+fma+avx-vnni" : "avx2+fma");
   const char* isa = std::getenv("MEGAKERN_ISA");
   const bool forced_scalar = isa && std::string(isa) == "scalar";
+  const bool forced_avx2 = isa && std::string(isa) == "avx2";
   if (forced_scalar) {
     EXPECT_FALSE(use_avx2());
-    const CpuFeatures& f = cpu_features();
-    EXPECT_FALSE(f.avx2 || f.fma || f.f16c || f.avx512f) << "MEGAKERN_ISA=scalar must turn off every feature";
+    EXPECT_FALSE(f.avx2 || f.fma || f.f16c || f.avx512f || f.avxvnni) << "MEGAKERN_ISA=scalar must turn off every feature";
   }
-  const auto cpu = cpuinfo_has_avx2_and_fma();
+  if (forced_avx2) EXPECT_FALSE(f.avxvnni) << "MEGAKERN_ISA=avx2 must turn off AVX-VNNI";
+  const auto cpu = cpuinfo_flags();
 #if defined(__x86_64__)
   ASSERT_TRUE(cpu.has_value()) << "/proc/cpuinfo has no flags line";
 #endif
-  if (cpu) EXPECT_EQ(use_avx2(), *cpu && !forced_scalar);
+  if (cpu) {
+    EXPECT_EQ(use_avx2(), cpu->avx2_fma && !forced_scalar);
+    EXPECT_EQ(f.avxvnni, cpu->avxvnni && !forced_scalar && !forced_avx2);
+  }
 }
 
 
@@ -852,7 +863,23 @@ TEST(FastKernels, RandomBitPatternsMatchOracle) {
 // counts, misaligned rows and inputs; weights random, and random bit
 // patterns including all-ones and -128 bytes with inputs at +-127 (the
 // int16 pair sums at their largest).
+// The register-blocked kernel's variants this CPU can run: AVX2, and AVX2
+// with AVX-VNNI where the CPU reports it (MEGAKERN_ISA=avx2 hides it). The
+// variants a CPU lacks are not run; the test says which.
+struct R8Kernel {
+  const char* name;
+  void (*fn)(const MatView&, const Q8Acts&, float*, int64_t, int64_t, int64_t);
+};
+std::vector<R8Kernel> r8_kernels() {
+  std::vector<R8Kernel> k;
+  if (use_avx2()) k.push_back({"avx2", matmul_rows_fast_r8_avx2});
+  if (cpu_features().avxvnni) k.push_back({"avx-vnni", matmul_rows_fast_r8_vnni});
+  return k;
+}
+
 TEST(FastKernels, RegisterBlockedKernelMatchesOracle) {
+  if (!cpu_features().avxvnni)
+    std::printf("note: this CPU has no AVX-VNNI (or MEGAKERN_ISA hides it): its kernel variant is not run here\n");
   int checked = 0;
   for (DType t : fast_types()) {
     // Every fast-mode format has the register-blocked kernel.
@@ -872,14 +899,15 @@ TEST(FastKernels, RegisterBlockedKernelMatchesOracle) {
           const std::vector<float> O = fast_oracle(W.view, X, n_x);
           Q8Acts A;
           quantize_q8_acts(X, n_x, cols, fast_act_block(t), A);
-          if (use_avx2()) {
+          for (const R8Kernel& k : r8_kernels()) {
+            SCOPED_TRACE(k.name);
             std::vector<float> Y((size_t)(n_x * rows), -1.0f);
-            matmul_rows_fast_r8_avx2(W.view, A, Y.data(), rows, 0, rows);
+            k.fn(W.view, A, Y.data(), rows, 0, rows);
             ASSERT_EQ(std::memcmp(Y.data(), O.data(), Y.size() * sizeof(float)), 0)
                 << "cols=" << cols << " rows=" << rows << " n_x=" << n_x;
             // A row range starting inside a group of eight.
             std::vector<float> Z((size_t)(n_x * rows), -1.0f);
-            matmul_rows_fast_r8_avx2(W.view, A, Z.data(), rows, 1, rows);
+            k.fn(W.view, A, Z.data(), rows, 1, rows);
             for (int64_t s = 0; s < n_x; ++s)
               ASSERT_EQ(std::memcmp(&Z[(size_t)(s * rows + 1)], &O[(size_t)(s * rows + 1)],
                                     (size_t)(rows - 1) * sizeof(float)),
@@ -904,6 +932,13 @@ TEST(FastKernels, RegisterBlockedKernelMatchesOracle) {
       std::vector<float> Y((size_t)(n_x * rows), -1.0f);
       matmul_rows(W.view, X, n_x, Y.data(), rows, 0, rows, Numerics::Fast);
       ASSERT_EQ(std::memcmp(Y.data(), O.data(), Y.size() * sizeof(float)), 0) << "panels and input blocks";
+      Q8Acts A;
+      quantize_q8_acts(X, n_x, cols, fast_act_block(t), A);
+      for (const R8Kernel& k : r8_kernels()) {
+        std::vector<float> Z((size_t)(n_x * rows), -1.0f);
+        k.fn(W.view, A, Z.data(), rows, 0, rows);
+        ASSERT_EQ(std::memcmp(Z.data(), O.data(), Z.size() * sizeof(float)), 0) << k.name << " panels";
+      }
       ++checked;
     }
     std::mt19937 rng(7);
@@ -924,11 +959,11 @@ TEST(FastKernels, RegisterBlockedKernelMatchesOracle) {
         const std::vector<float> O = fast_oracle(Wv, x.data(), n_x);
         Q8Acts A;
         quantize_q8_acts(x.data(), n_x, cols, fast_act_block(t), A);
-        if (use_avx2()) {
+        for (const R8Kernel& k : r8_kernels()) {
           std::vector<float> Y((size_t)(n_x * rows), -1.0f);
-          matmul_rows_fast_r8_avx2(Wv, A, Y.data(), rows, 0, rows);
+          k.fn(Wv, A, Y.data(), rows, 0, rows);
           ASSERT_EQ(std::memcmp(Y.data(), O.data(), Y.size() * sizeof(float)), 0)
-              << "fill " << fill << " level " << level;
+              << k.name << " fill " << fill << " level " << level;
         }
         ++checked;
       }

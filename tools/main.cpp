@@ -5,6 +5,7 @@
 #include <iostream>
 #include <string>
 
+#include "kernels/cpu/cpu_features.h"
 #include "tools/commands.h"
 
 int main(int argc, char** argv) {
@@ -22,6 +23,14 @@ int main(int argc, char** argv) {
   megakern::cli::register_gen_drafter(app);
   megakern::cli::register_perplexity(app);
   megakern::cli::register_step(app);
+  // The CPU's features (and MEGAKERN_ISA) are read here, before any worker
+  // thread needs them, so that a bad MEGAKERN_ISA is reported at once.
+  try {
+    megakern::cpu_features();
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "error: {}\n", e.what());
+    return 2;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -3,6 +3,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/error.h"
+
 namespace megakern {
 
 const CpuFeatures& cpu_features() {
@@ -13,11 +15,20 @@ const CpuFeatures& cpu_features() {
     c.avx2 = __builtin_cpu_supports("avx2");
     c.fma = __builtin_cpu_supports("fma");
     c.avx512f = __builtin_cpu_supports("avx512f");
+    c.avxvnni = c.avx2 && __builtin_cpu_supports("avxvnni");
     // F16C is not queryable by name in older compilers; every AVX2 CPU has it.
     c.f16c = c.avx2;
 #endif
     const char* isa = std::getenv("MEGAKERN_ISA");
-    if (isa && std::strcmp(isa, "scalar") == 0) c = CpuFeatures{};
+    if (isa == nullptr || *isa == 0 || std::strcmp(isa, "auto") == 0) {
+    } else if (std::strcmp(isa, "scalar") == 0) {
+      c = CpuFeatures{};
+    } else if (std::strcmp(isa, "avx2") == 0) {
+      c.avxvnni = false;
+      c.avx512f = false;
+    } else {
+      fail("MEGAKERN_ISA must be auto, avx2 or scalar, got '{}'", isa);
+    }
     return c;
   }();
   return f;

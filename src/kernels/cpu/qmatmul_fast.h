@@ -85,5 +85,9 @@ bool fast_r8_supports(DType t);
 int fast_r8_min_inputs();
 void matmul_rows_fast_r8_avx2(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t row_begin,
                               int64_t row_end);
+// The same kernel with AVX-VNNI (qmatmul_fast_r8_vnni_avx2.cpp): only where
+// cpu_features().avxvnni; matmul_rows_fast_avx2 takes it there. Same bits.
+void matmul_rows_fast_r8_vnni(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t row_begin,
+                              int64_t row_end);
 
 }  // namespace megakern

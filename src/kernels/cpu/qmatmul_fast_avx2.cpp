@@ -19,6 +19,7 @@
 #include "core/dtype.h"
 #include "core/half.h"
 #include "kernels/cpu/avx2_common.h"
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/qmatmul_fast.h"
 #include "kernels/cpu/qmatmul_fast_formats_avx2.h"
 
@@ -492,7 +493,10 @@ void quantize_q8_acts_avx2(const float* X, int64_t n_x, int64_t cols, int64_t bl
 
 void matmul_rows_fast_avx2(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t rb, int64_t re) {
   if (A.n_x >= fast_r8_min_inputs() && fast_r8_supports(W.type)) {
-    matmul_rows_fast_r8_avx2(W, A, Y, ldy, rb, re);
+    if (cpu_features().avxvnni)
+      matmul_rows_fast_r8_vnni(W, A, Y, ldy, rb, re);
+    else
+      matmul_rows_fast_r8_avx2(W, A, Y, ldy, rb, re);
     return;
   }
   switch (W.type) {

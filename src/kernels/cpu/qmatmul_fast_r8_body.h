@@ -1,0 +1,922 @@
+// Register-blocked kernel of the fast numerics mode for many inputs (prompt
+// chunks, batches, verification): the arithmetic of qmatmul_fast.h, bit for
+// bit, with the eight weight rows of a group in the eight 32-bit lanes of a
+// vector.
+//
+// This body is compiled twice (the file that includes it sets MK_R8_VNNI):
+// for AVX2 (qmatmul_fast_r8_avx2.cpp) and for AVX2 with AVX-VNNI
+// (qmatmul_fast_r8_vnni_avx2.cpp). AVX-VNNI's vpdpbusd adds the four
+// products of unsigned and signed bytes of each 32-bit lane into an int32
+// sum in one instruction, which AVX2 needs vpmaddubsw, an int16 addition and
+// a widening vpmaddwd for. Both compute the same exact integer sums, so the
+// two variants give the same bits.
+//
+// Weight layout. A chunk of blocks of eight rows is decoded once into an L1
+// tile in which vector g of a 32-element run holds, in lane r, row r's four
+// codes of elements 4g .. 4g + 3 (an 8 x 8 transpose of 32-bit groups). One
+// vpbroadcastd of the input's four bytes 4g .. 4g + 3 and one vpmaddubsw
+// (vpdpbusd) with that vector give the eight rows' partial sums in their own
+// lanes, so the rows need no horizontal reduction: int16 pair sums are added
+// while they cannot overflow, widened by vpmaddwd (by ones, or by the rows'
+// group scales for the K-quants) and added as int32. The float steps of each
+// block are then done for the eight rows of one input with vector FMAs, in
+// the order the contract states. Several inputs (kNT) are computed per pass
+// so that each weight vector loaded from the tile serves all of them.
+//
+// Every fast-mode format is here. Signed 8-bit weights (Q8_0, INT8_COL,
+// IQ4_NL) go as int16 through vpmaddwd instead (store_signed); with AVX-VNNI
+// they stay bytes, met by the inputs as unsigned bytes q + 128 and a
+// weight-only correction (finish_signed). NVFP4 and Q3_K (two scales per
+// 32-element block) keep the sums of elements 0..15 and 16..31 apart.
+//
+// Cost per 32-element block of the eight rows and one input, in vector
+// operations other than loads (the inner loop is bound by them: about three
+// per cycle): unsigned 4-bit codes 8 vpmaddubsw + 7 vpaddw + 1 vpmaddwd,
+// plus the float steps (vcvtdq2ps, vmulps, vfmadd) and the offset (vpsubd):
+// 20. Signed 8-bit weights: 16 vpmaddwd + 15 vpaddd + 3 float = 34 (the
+// sign trick costs the same count with 27 of them on the two multiply
+// ports, against 19). K-quants per 32 elements: Q4_K 17, Q6_K 20 (its -32
+// offset is a weight-only term, R8Q6_K), IQ4_XS 32 (sign trick). Without a
+// dot-product instruction these are near the floor: a vpmaddubsw's int16
+// result needs one addition to be kept. With AVX-VNNI: 8 vpdpbusd for the
+// integer part of any 32-element block (12 with the float steps), Q4_K 11,
+// Q6_K 14 (a vpmulld by the scale per sub-block); IQ4_XS keeps the AVX2
+// sequence.
+#ifndef MK_R8_VNNI
+#error "define MK_R8_VNNI (0 or 1) before including this file"
+#endif
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/half.h"
+#include "kernels/cpu/avx2_common.h"
+#include "kernels/cpu/qmatmul_fast.h"
+#include "kernels/cpu/qmatmul_fast_formats_avx2.h"
+
+namespace megakern {
+namespace {
+
+constexpr int kRows = 8;
+constexpr int kNT = 4;  // inputs per pass
+constexpr int64_t kActBytes = 128 * 1024;  // 8-bit activations per block of inputs
+constexpr int64_t kPanel = 64;              // weight rows per panel (a multiple of kRows)
+
+// Pins a running sum to a register in program order: without it the
+// compiler re-balances the chains of additions into trees, which keeps every
+// product alive at once and spills them.
+#define MK_KEEP(v) __asm__("" : "+x"(v))
+
+inline __m256i ld(const void* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); }
+inline void st(void* p, __m256i v) { _mm256_store_si256(reinterpret_cast<__m256i*>(p), v); }
+inline __m256i bcast32(const void* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+inline __m256i load2(const uint8_t* hi, const uint8_t* lo) {
+  return _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(hi), reinterpret_cast<const __m128i*>(lo));
+}
+
+// v[r] = row r's eight 32-bit groups -> v[g] = group g of rows 0..7.
+inline void transpose8(__m256i v[8]) {
+  __m256i t[8], u[8];
+  for (int p = 0; p < 2; ++p) {
+    const __m256i* a = v + 4 * p;
+    __m256i* tt = t + 4 * p;
+    tt[0] = _mm256_unpacklo_epi32(a[0], a[1]);
+    tt[1] = _mm256_unpackhi_epi32(a[0], a[1]);
+    tt[2] = _mm256_unpacklo_epi32(a[2], a[3]);
+    tt[3] = _mm256_unpackhi_epi32(a[2], a[3]);
+    __m256i* uu = u + 4 * p;
+    uu[0] = _mm256_unpacklo_epi64(tt[0], tt[2]);  // group 0 | group 4 of four rows
+    uu[1] = _mm256_unpackhi_epi64(tt[0], tt[2]);  // 1 | 5
+    uu[2] = _mm256_unpacklo_epi64(tt[1], tt[3]);  // 2 | 6
+    uu[3] = _mm256_unpackhi_epi64(tt[1], tt[3]);  // 3 | 7
+  }
+  for (int g = 0; g < 4; ++g) {
+    v[g] = _mm256_permute2x128_si256(u[g], u[4 + g], 0x20);
+    v[4 + g] = _mm256_permute2x128_si256(u[g], u[4 + g], 0x31);
+  }
+}
+
+// v[p] = [row p's four 32-bit groups | row p + 4's] (p < 4) -> v[g] = group
+// g of rows 0..7 (g < 4).
+inline void transpose4x2(__m256i v[4]) {
+  const __m256i t0 = _mm256_unpacklo_epi32(v[0], v[1]), t1 = _mm256_unpackhi_epi32(v[0], v[1]);
+  const __m256i t2 = _mm256_unpacklo_epi32(v[2], v[3]), t3 = _mm256_unpackhi_epi32(v[2], v[3]);
+  v[0] = _mm256_unpacklo_epi64(t0, t2);
+  v[1] = _mm256_unpackhi_epi64(t0, t2);
+  v[2] = _mm256_unpacklo_epi64(t1, t3);
+  v[3] = _mm256_unpackhi_epi64(t1, t3);
+}
+
+inline __m256 f16x8(const uint8_t* const p[8]) {
+  uint16_t h[8];
+  for (int r = 0; r < 8; ++r) std::memcpy(&h[r], p[r], 2);
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h)));
+}
+
+// ---------------------------------------------------------------------------
+// 32-element formats.
+constexpr int kChunk = 16;  // blocks per tile
+
+struct Tile32 {
+  alignas(32) int8_t w[kChunk][8][32];     // unsigned codes
+  alignas(32) int16_t w16[kChunk][16][16];  // signed weights (kSigned), see store_signed
+  alignas(32) float s0[kChunk][kRows], s1[kChunk][kRows], mn[kChunk][kRows];
+  alignas(32) int32_t corr[kChunk][kRows];  // AVX-VNNI, signed weights: -128 * sum of w (finish_signed)
+};
+
+// Signed 8-bit weights (Q8_0, INT8_COL, IQ4_NL) are dotted as int16 with
+// vpmaddwd: one vpmaddubsw needs an unsigned operand, and the sign trick
+// around it costs a vpsignb and a widening vpmaddwd per vpmaddubsw (their
+// pair sums cannot be added in int16), three multiply-port operations per 32
+// products against two here. v[g] (lane r: row r's elements 4g .. 4g + 3)
+// becomes w16[2g] = (e0, e2) and w16[2g + 1] = (e1, e3) per lane, as int16;
+// the inputs are laid out to match (to_q16).
+inline void store_signed(Tile32& T, int c, int g, __m256i v) {
+#if MK_R8_VNNI
+  st(T.w[c][g], v);
+#else
+  st(T.w16[c][2 * g], _mm256_srai_epi16(_mm256_slli_epi16(v, 8), 8));
+  st(T.w16[c][2 * g + 1], _mm256_srai_epi16(v, 8));
+#endif
+}
+
+// With AVX-VNNI, signed weights w stay bytes and meet the inputs as unsigned
+// bytes u = q + 128 (vpdpbusd multiplies unsigned by signed bytes): sum u w =
+// sum q w + 128 * sum w, and the second term, which depends on the weights
+// only, is computed here once per block and row to start each input's sum.
+inline void finish_signed([[maybe_unused]] Tile32& T, [[maybe_unused]] int c) {
+#if MK_R8_VNNI
+  const __m256i ones = _mm256_set1_epi8(1);
+  __m256i sum = _mm256_setzero_si256();
+  for (int g = 0; g < 8; ++g) sum = _mm256_dpbusd_avx_epi32(sum, ones, ld(T.w[c][g]));
+  st(T.corr[c], _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(sum, 7)));
+#endif
+}
+
+// 32 activations (element order) -> 32 int16 in the order of store_signed:
+// per group g of four, (q4g, q4g+2) then (q4g+1, q4g+3).
+inline void to_q16(const int8_t* q, int16_t* o) {
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+  const __m256i e = _mm256_srai_epi16(_mm256_slli_epi16(v, 8), 8), d = _mm256_srai_epi16(v, 8);
+  const __m256i lo = _mm256_unpacklo_epi32(e, d), hi = _mm256_unpackhi_epi32(e, d);  // groups 0,1 | 4,5 ; 2,3 | 6,7
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(o), _mm256_permute2x128_si256(lo, hi, 0x20));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 16), _mm256_permute2x128_si256(lo, hi, 0x31));
+}
+
+// The transposed packed bytes of block c of eight 4-bit rows (v[g]: each row's
+// bytes 4g..4g+3 in its lane) as codes: low nibbles (elements 4g..4g+3) in
+// groups 0..3, high nibbles (16 + 4g..) in groups 4..7.
+inline void store_nibbles(const __m256i v[4], Tile32& T, int c) {
+  const __m256i m4 = _mm256_set1_epi8(0x0f);
+  for (int g = 0; g < 4; ++g) {
+    st(T.w[c][g], _mm256_and_si256(v[g], m4));
+    st(T.w[c][4 + g], _mm256_and_si256(_mm256_srli_epi16(v[g], 4), m4));
+  }
+}
+
+// Nibble formats: element i < 16 in the low nibble of byte i, 16 + i in the
+// high one; kRun is the number of vpmaddubsw results whose int16 pair sums
+// can be added without overflow (codes below 16: all eight).
+struct R8Q4_0 {
+  static constexpr bool kTwo = false, kSigned = false, kMin = false;
+  static constexpr int kOffset = 8, kRun = 8;
+  static void decode(const uint8_t* const rows[8], int64_t k, Tile32& T, int c) {
+    const uint8_t* p[8];
+    for (int r = 0; r < 8; ++r) p[r] = rows[r] + 18 * k;
+    __m256i v[4];
+    for (int r = 0; r < 4; ++r) v[r] = load2(p[r + 4] + 2, p[r] + 2);
+    transpose4x2(v);
+    store_nibbles(v, T, c);
+    _mm256_store_ps(T.s0[c], f16x8(p));
+  }
+};
+struct R8Q4_1 {
+  static constexpr bool kTwo = false, kSigned = false, kMin = true;
+  static constexpr int kOffset = 0, kRun = 8;
+  static void decode(const uint8_t* const rows[8], int64_t k, Tile32& T, int c) {
+    const uint8_t* p[8];
+    const uint8_t* pm[8];
+    for (int r = 0; r < 8; ++r) p[r] = rows[r] + 20 * k, pm[r] = p[r] + 2;
+    __m256i v[4];
+    for (int r = 0; r < 4; ++r) v[r] = load2(p[r + 4] + 4, p[r] + 4);
+    transpose4x2(v);
+    store_nibbles(v, T, c);
+    _mm256_store_ps(T.s0[c], f16x8(p));
+    _mm256_store_ps(T.mn[c], f16x8(pm));
+  }
+};
+struct R8Q8_0 {
+  static constexpr bool kTwo = false, kSigned = true, kMin = false;
+  static constexpr int kOffset = 0, kRun = 1;
+  static void decode(const uint8_t* const rows[8], int64_t k, Tile32& T, int c) {
+    const uint8_t* p[8];
+    for (int r = 0; r < 8; ++r) p[r] = rows[r] + 34 * k;
+    __m256i v[8];
+    for (int r = 0; r < 8; ++r) v[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p[r] + 2));
+    transpose8(v);
+    for (int g = 0; g < 8; ++g) store_signed(T, c, g, v[g]);
+    finish_signed(T, c);
+    _mm256_store_ps(T.s0[c], f16x8(p));
+  }
+};
+
+// int16 pair sums of codes below max_code + 1 against |q| <= 127 that can be
+// added without overflow, as a divisor of `groups` (runs end at a half).
+constexpr int run_for(int max_code, int groups) {
+  int run = groups;
+  while (run > 1 && run * 2 * max_code * 127 > 32767) run /= 2;
+  return run;
+}
+
+// The other 32-element formats, from the block decoders of
+// qmatmul_fast_formats_avx2.h: nibble formats transposed packed (as Q4_0,
+// then mapped), the others block by block as 32 codes in element order and
+// then transposed. kTwo: two scales per block (elements 0..15 are groups
+// 0..3, 16..31 groups 4..7).
+template <class F>
+struct R8Gen {
+  static constexpr bool kSigned = F::kSigned, kMin = F::kMin, kTwo = F::kTwo;
+  static constexpr int kOffset = F::kOffset;
+  static constexpr int kRun = kSigned ? 1 : run_for(F::kMaxCode, kTwo ? 4 : 8);
+  static_assert(!(kSigned && kTwo), "signed weights with two scales per block");
+  static void store(Tile32& T, int c, int g, __m256i w) {
+    if constexpr (kSigned)
+      store_signed(T, c, g, w);
+    else
+      st(T.w[c][g], w);
+  }
+  static void decode(const uint8_t* const rows[8], int64_t k, Tile32& T, int c) {
+    fast32::Dec d[8];
+    if constexpr (requires { F::kNibbleAt; }) {
+      const int64_t at = (k / F::kSubs) * F::kBytes + F::kNibbleAt + 16 * (k % F::kSubs);
+      __m256i v[4];
+      for (int r = 0; r < 4; ++r) v[r] = load2(rows[r + 4] + at, rows[r] + at);
+      transpose4x2(v);
+      const __m256i m4 = _mm256_set1_epi8(0x0f);
+      for (int g = 0; g < 4; ++g) {
+        store(T, c, g, F::map(_mm256_and_si256(v[g], m4)));
+        store(T, c, 4 + g, F::map(_mm256_and_si256(_mm256_srli_epi16(v[g], 4), m4)));
+      }
+      for (int r = 0; r < 8; ++r) F::scales(rows[r], k, d[r]);
+    } else {
+      __m256i v[8];
+      for (int r = 0; r < 8; ++r) {
+        F::decode(rows[r], k, d[r]);
+        v[r] = d[r].w;
+      }
+      transpose8(v);
+      for (int g = 0; g < 8; ++g) store(T, c, g, v[g]);
+    }
+    if constexpr (kSigned) finish_signed(T, c);
+    for (int r = 0; r < 8; ++r) {
+      T.s0[c][r] = d[r].s0;
+      if constexpr (kTwo) T.s1[c][r] = d[r].s1;
+      if constexpr (kMin) T.mn[c][r] = d[r].mn;
+    }
+  }
+};
+
+// NVFP4: a 64-element block (36 bytes: four e4m3 scales of 16 elements, then
+// 32 bytes of e2m1 nibbles) read as two 32-element blocks; in each
+// 16-element sub-block of 8 bytes, low nibbles are elements 0..7 and high
+// ones 8..15. Codes are the doubled values + 12 (fast32::FNVFP4); the scales
+// (halved, e4m3 with its sign dropped, 0x7f read as 0) are converted for the
+// eight rows at once: the 7 bits moved to an f32's exponent and mantissa
+// fields and scaled by 2^119 (2^(127 - 7) for the exponent bias, times 1/2),
+// exact for the subnormal codes too.
+struct R8NVFP4 {
+  static constexpr bool kTwo = true, kSigned = false, kMin = false;
+  static constexpr int kOffset = fast32::FNVFP4::kOffset, kRun = run_for(fast32::FNVFP4::kMaxCode, 4);
+  static __m256 scales(__m256i e) {
+    const __m256i m7 = _mm256_set1_epi32(0x7f);
+    e = _mm256_and_si256(e, m7);
+    const __m256 v = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(e, 20)), _mm256_set1_ps(0x1p119f));
+    return _mm256_andnot_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(e, m7)), v);
+  }
+  static void decode(const uint8_t* const rows[8], int64_t k, Tile32& T, int c) {
+    const int64_t at = (k / 2) * 36;
+    const int h = (int)(k % 2);
+    __m256i v[4];
+    for (int r = 0; r < 4; ++r) v[r] = load2(rows[r + 4] + at + 4 + 16 * h, rows[r] + at + 4 + 16 * h);
+    transpose4x2(v);
+    // Bytes 4g .. 4g + 3: low nibbles to group kLo[g], high ones to kHi[g].
+    static constexpr int kLo[4] = {0, 1, 4, 5}, kHi[4] = {2, 3, 6, 7};
+    const __m256i m4 = _mm256_set1_epi8(0x0f), tab = fast32::e2m1_plus12_table();
+    for (int g = 0; g < 4; ++g) {
+      st(T.w[c][kLo[g]], _mm256_shuffle_epi8(tab, _mm256_and_si256(v[g], m4)));
+      st(T.w[c][kHi[g]], _mm256_shuffle_epi8(tab, _mm256_and_si256(_mm256_srli_epi16(v[g], 4), m4)));
+    }
+    uint16_t sc[8];
+    for (int r = 0; r < 8; ++r) std::memcpy(&sc[r], rows[r] + at + 2 * h, 2);
+    const __m256i e = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc)));
+    _mm256_store_ps(T.s0[c], scales(e));
+    _mm256_store_ps(T.s1[c], scales(_mm256_srli_epi32(e, 8)));
+  }
+};
+
+// Block c of the tile (unsigned codes) against inputs t0 .. t0 + NT - 1:
+// the exact integer sums of the eight rows, one vector per input (kTwo: lo
+// for elements 0..15, hi for 16..31).
+template <class F, int NT>
+inline void isum32(const Tile32& T, int c, const int8_t* const q[NT], __m256i lo[NT], __m256i hi[NT]) {
+#if MK_R8_VNNI
+  __m256i acc[NT];
+#pragma GCC unroll 8
+  for (int g = 0; g < 8; ++g) {
+    const __m256i w = ld(T.w[c][g]);
+    const bool start = g == 0 || (F::kTwo && g == 4);
+    if constexpr (F::kTwo) {
+      if (g == 4)
+        for (int i = 0; i < NT; ++i) lo[i] = acc[i];
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < NT; ++i) {
+      acc[i] = _mm256_dpbusd_avx_epi32(start ? _mm256_setzero_si256() : acc[i], w, bcast32(q[i] + 4 * g));
+      MK_KEEP(acc[i]);
+    }
+  }
+  for (int i = 0; i < NT; ++i) (F::kTwo ? hi : lo)[i] = acc[i];
+#else
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i acc[NT], part[NT];
+#pragma GCC unroll 8
+  for (int g = 0; g < 8; ++g) {
+    const __m256i w = ld(T.w[c][g]);
+    // A new int32 sum starts at group 0 (and at 4 for the second half).
+    const bool first_run = F::kTwo ? g % 4 < F::kRun : g < F::kRun;
+    if constexpr (F::kTwo) {
+      if (g == 4)
+        for (int i = 0; i < NT; ++i) lo[i] = acc[i];
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < NT; ++i) {
+      const __m256i p = _mm256_maddubs_epi16(w, bcast32(q[i] + 4 * g));
+      part[i] = g % F::kRun == 0 ? p : _mm256_add_epi16(part[i], p);
+      MK_KEEP(part[i]);
+      if (g % F::kRun == F::kRun - 1) {
+        const __m256i s = _mm256_madd_epi16(part[i], ones);
+        acc[i] = first_run ? s : _mm256_add_epi32(acc[i], s);
+        MK_KEEP(acc[i]);
+      }
+    }
+  }
+  for (int i = 0; i < NT; ++i) (F::kTwo ? hi : lo)[i] = acc[i];
+#endif
+}
+
+#if MK_R8_VNNI
+// The same for signed weights kept as bytes (finish_signed): u[i] points at
+// input i's block as unsigned bytes q + 128.
+template <int NT>
+inline void isum_u8(const Tile32& T, int c, const uint8_t* const u[NT], __m256i out[NT]) {
+  __m256i acc[NT];
+  const __m256i corr = ld(T.corr[c]);
+  for (int i = 0; i < NT; ++i) acc[i] = corr;
+#pragma GCC unroll 8
+  for (int g = 0; g < 8; ++g) {
+    const __m256i w = ld(T.w[c][g]);
+#pragma GCC unroll 4
+    for (int i = 0; i < NT; ++i) {
+      acc[i] = _mm256_dpbusd_avx_epi32(acc[i], bcast32(u[i] + 4 * g), w);
+      MK_KEEP(acc[i]);
+    }
+  }
+  for (int i = 0; i < NT; ++i) out[i] = acc[i];
+}
+#endif
+
+// The same for signed weights (store_signed): q[i] points at input i's
+// block in the to_q16 order.
+template <int NT>
+inline void isum16(const Tile32& T, int c, const int16_t* const q[NT], __m256i out[NT]) {
+  __m256i acc[NT];
+#pragma GCC unroll 16
+  for (int j = 0; j < 16; ++j) {
+    const __m256i w = ld(T.w16[c][j]);
+#pragma GCC unroll 4
+    for (int i = 0; i < NT; ++i) {
+      const __m256i p = _mm256_madd_epi16(w, bcast32(q[i] + 2 * j));
+      acc[i] = j == 0 ? p : _mm256_add_epi32(acc[i], p);
+      MK_KEEP(acc[i]);
+    }
+  }
+  for (int i = 0; i < NT; ++i) out[i] = acc[i];
+}
+
+// Inputs are addressed from the first one's row by fixed strides (qs bytes
+// of q, ds entries of the per-block arrays), so that the loop keeps its
+// pointers in registers instead of recomputing them from A.
+struct Rows8 {
+  const int8_t* q;       // first input's q at the chunk's first block
+  const int16_t* q16;    // the same as int16 in the to_q16 order (signed weights)
+  const float* d;        // dx of that block
+  const float* sx;       // sx (32-element blocks)
+  const int32_t* off;    // the offset term (32-element formats with unsigned codes)
+  const uint8_t* u8;     // q + 128 as unsigned bytes (kU8)
+  const int16_t* sq;     // sums of 32 (Q4_K's mins)
+  int64_t qs, ds, sqs;
+};
+
+template <class F, int NT>
+void pass32(const Tile32& T, int kn, const Rows8 R, __m256* acc) {
+  constexpr int kOffs = F::kTwo ? 2 : 1;  // offset terms per block
+  for (int c = 0; c < kn; ++c) {
+    __m256i lo[NT], hi[NT];
+    if constexpr (F::kSigned) {
+#if MK_R8_VNNI
+      const uint8_t* u[NT];
+      for (int i = 0; i < NT; ++i) u[i] = R.u8 + i * R.qs + 32 * c;
+      isum_u8<NT>(T, c, u, lo);
+#else
+      const int16_t* q[NT];
+      for (int i = 0; i < NT; ++i) q[i] = R.q16 + i * R.qs + 32 * c;
+      isum16<NT>(T, c, q, lo);
+#endif
+    } else {
+      const int8_t* q[NT];
+      for (int i = 0; i < NT; ++i) q[i] = R.q + i * R.qs + 32 * c;
+      isum32<F, NT>(T, c, q, lo, hi);
+    }
+    const __m256 s0 = _mm256_load_ps(T.s0[c]);
+    for (int i = 0; i < NT; ++i) {
+      __m256i v = lo[i];
+      const int32_t* off = F::kOffset != 0 ? R.off + (i * R.ds + c) * kOffs : nullptr;
+      if constexpr (F::kOffset != 0) v = _mm256_sub_epi32(v, _mm256_set1_epi32(off[0]));
+      __m256* a = acc + 2 * i + (c & 1);
+      const __m256 dx = _mm256_set1_ps(R.d[i * R.ds + c]);
+      __m256 x = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_mul_ps(s0, dx), *a);
+      if constexpr (F::kTwo) {
+        __m256i u = hi[i];
+        if constexpr (F::kOffset != 0) u = _mm256_sub_epi32(u, _mm256_set1_epi32(off[1]));
+        x = _mm256_fmadd_ps(_mm256_cvtepi32_ps(u), _mm256_mul_ps(_mm256_load_ps(T.s1[c]), dx), x);
+      }
+      if constexpr (F::kMin) x = _mm256_fmadd_ps(_mm256_load_ps(T.mn[c]), _mm256_set1_ps(R.sx[i * R.ds + c]), x);
+      *a = x;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// K-quants: 256-element blocks as eight 32-element sub-blocks.
+constexpr int kChunkK = 2;
+
+struct TileK {
+  alignas(32) int8_t w[kChunkK][8][8][32];  // [block][sub-block][group of 4][row lanes]
+  alignas(32) int8_t aw[kChunkK][8][8][32];  // |w| (IQ4_XS: signed values, the sign trick)
+  alignas(32) int16_t sc[kChunkK][8][16];   // sub-block scale per row, both int16 of its lane
+  alignas(32) int16_t sc2[kChunkK][8][16];  // Q6_K: scale of the second 16 of the sub-block
+  alignas(32) int16_t mv[kChunkK][4][16];   // Q4_K: (m_2h, m_2h+1) per row lane
+  alignas(32) int32_t ncorr[kChunkK][8];     // Q6_K: -128 * sum_g sc_g * (sum of w over g) per row
+  alignas(32) float d[kChunkK][kRows], nmin[kChunkK][kRows];
+};
+
+// Duplicate the low (or high) int16 of each 32-bit lane.
+inline __m256i dup_lo16(__m256i v) {
+  const __m128i c = _mm_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13);
+  return _mm256_shuffle_epi8(v, _mm256_broadcastsi128_si256(c));
+}
+inline __m256i dup_hi16(__m256i v) {
+  const __m128i c = _mm_setr_epi8(2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15);
+  return _mm256_shuffle_epi8(v, _mm256_broadcastsi128_si256(c));
+}
+
+// kRun: vpmaddubsw results added as int16 before vpmaddwd by the scales;
+// kU8: the inputs as unsigned bytes q + 128 against signed weights (Q6_K);
+// kTwoScales: a scale per 16 elements.
+struct R8Q4_K {
+  static constexpr bool kMin = true, kSigned = false, kU8 = false, kTwoScales = false;
+  static constexpr int kRun = 8;  // codes below 16
+  // The scales and mins of the eight rows (shared with Q5_K).
+  static void scales(const uint8_t* const p[8], TileK& T, int c) {
+    const uint8_t* pm[8];
+    __m256i s[8];
+    for (int r = 0; r < 8; ++r) {
+      pm[r] = p[r] + 2;
+      uint32_t u[4];
+      avx2::unpack_k_scales(p[r] + 4, u);
+      s[r] = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(u)));
+    }
+    transpose8(s);  // s[h] (h < 4): (sc_2h, sc_2h+1); s[4 + h]: (m_2h, m_2h+1)
+    for (int h = 0; h < 4; ++h) {
+      st(T.sc[c][2 * h], dup_lo16(s[h]));
+      st(T.sc[c][2 * h + 1], dup_hi16(s[h]));
+      st(T.mv[c][h], s[4 + h]);
+    }
+    _mm256_store_ps(T.d[c], f16x8(p));
+    _mm256_store_ps(T.nmin[c], _mm256_xor_ps(_mm256_set1_ps(-0.0f), f16x8(pm)));  // exact negation, -0 included
+  }
+  static void decode(const uint8_t* const rows[8], int64_t k, TileK& T, int c) {
+    const uint8_t* p[8];
+    for (int r = 0; r < 8; ++r) p[r] = rows[r] + 144 * k;
+    scales(p, T, c);
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    for (int j2 = 0; j2 < 4; ++j2) {
+      __m256i v[8];
+      for (int r = 0; r < 8; ++r) v[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p[r] + 16 + 32 * j2));
+      transpose8(v);
+      for (int g = 0; g < 8; ++g) {
+        st(T.w[c][2 * j2][g], _mm256_and_si256(v[g], m4));
+        st(T.w[c][2 * j2 + 1][g], _mm256_and_si256(_mm256_srli_epi16(v[g], 4), m4));
+      }
+    }
+  }
+};
+
+// Q5_K: Q4_K's scales and mins, codes below 32 (the fifth bit from qh, bit
+// j of byte i for element i of sub-block j).
+struct R8Q5_K {
+  static constexpr bool kMin = true, kSigned = false, kU8 = false, kTwoScales = false;
+  static constexpr int kRun = 4;
+  static void decode(const uint8_t* const rows[8], int64_t k, TileK& T, int c) {
+    const uint8_t* p[8];
+    for (int r = 0; r < 8; ++r) p[r] = rows[r] + 176 * k;
+    R8Q4_K::scales(p, T, c);
+    __m256i qh[8];
+    for (int r = 0; r < 8; ++r) qh[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p[r] + 16));
+    transpose8(qh);
+    const __m256i m4 = _mm256_set1_epi8(0x0f), b16 = _mm256_set1_epi8(0x10);
+    for (int j2 = 0; j2 < 4; ++j2) {
+      __m256i v[8];
+      for (int r = 0; r < 8; ++r) v[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p[r] + 48 + 32 * j2));
+      transpose8(v);
+      const __m256i bl = _mm256_set1_epi8((char)(1 << (2 * j2))), bh = _mm256_set1_epi8((char)(2 << (2 * j2)));
+      for (int g = 0; g < 8; ++g) {
+        const __m256i hl = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh[g], bl), bl), b16);
+        const __m256i hh = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh[g], bh), bh), b16);
+        st(T.w[c][2 * j2][g], _mm256_or_si256(_mm256_and_si256(v[g], m4), hl));
+        st(T.w[c][2 * j2 + 1][g], _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v[g], 4), m4), hh));
+      }
+    }
+  }
+};
+
+// IQ4_XS: IQ4_NL's table values (signed: the sign trick) under signed 6-bit
+// scales per 32 elements; no offset, no min.
+struct R8IQ4_XS {
+  static constexpr bool kMin = false, kSigned = true, kU8 = false, kTwoScales = false;
+  static constexpr int kRun = 1;
+  static void decode(const uint8_t* const rows[8], int64_t k, TileK& T, int c) {
+    const uint8_t* p[8];
+    __m256i s[8];
+    for (int r = 0; r < 8; ++r) {
+      p[r] = rows[r] + 136 * k;
+      uint16_t sh;
+      std::memcpy(&sh, p[r] + 2, 2);
+      alignas(16) int16_t ls[8];
+      for (int j = 0; j < 8; ++j)
+        ls[j] = (int16_t)((((p[r][4 + j / 2] >> (4 * (j % 2))) & 0x0f) | (((sh >> (2 * j)) & 3) << 4)) - 32);
+      s[r] = _mm256_zextsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(ls)));
+    }
+    transpose8(s);  // s[h] (h < 4): (ls_2h, ls_2h+1) per row
+    for (int h = 0; h < 4; ++h) {
+      st(T.sc[c][2 * h], dup_lo16(s[h]));
+      st(T.sc[c][2 * h + 1], dup_hi16(s[h]));
+    }
+    _mm256_store_ps(T.d[c], f16x8(p));
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const __m256i tab = _mm256_broadcastsi128_si256(
+        _mm_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113));
+    for (int j = 0; j < 8; ++j) {
+      __m256i v[4];
+      for (int r = 0; r < 4; ++r) v[r] = load2(p[r + 4] + 8 + 16 * j, p[r] + 8 + 16 * j);
+      transpose4x2(v);
+      for (int g = 0; g < 4; ++g) {
+        const __m256i lo = _mm256_shuffle_epi8(tab, _mm256_and_si256(v[g], m4));
+        const __m256i hi = _mm256_shuffle_epi8(tab, _mm256_and_si256(_mm256_srli_epi16(v[g], 4), m4));
+        st(T.w[c][j][g], lo);
+        st(T.w[c][j][4 + g], hi);
+        st(T.aw[c][j][g], _mm256_abs_epi8(lo));
+        st(T.aw[c][j][4 + g], _mm256_abs_epi8(hi));
+      }
+    }
+  }
+};
+
+// Q6_K: weights w = code - 32 in -32..31 stored signed, against the inputs
+// as unsigned bytes u = q + 128 (one vpmaddubsw, pair sums within
+// 2 * 255 * 32, two of them within int16). sum sc_g u w = sum sc_g q w +
+// 128 * sum sc_g w: the second term depends on the weights only, and is
+// computed here once (ncorr, negated) to start each input's sum. The -32
+// offset then costs nothing per input (it was 16 operations per block).
+struct R8Q6_K {
+  static constexpr bool kMin = false, kSigned = false, kU8 = true, kTwoScales = true;
+  static constexpr int kRun = 2;  // |w| <= 32 against u <= 255
+  static void decode(const uint8_t* const rows[8], int64_t k, TileK& T, int c) {
+    const uint8_t* p[8];
+    const uint8_t* pd[8];
+    __m256i s[8];
+    for (int r = 0; r < 8; ++r) {
+      p[r] = rows[r] + 210 * k;
+      pd[r] = p[r] + 208;
+      s[r] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p[r] + 192)));
+    }
+    transpose8(s);  // s[h]: (sc_2h, sc_2h+1) per row
+    for (int h = 0; h < 8; ++h) {
+      // Sub-block h (elements 32h ..): groups 2h and 2h + 1.
+      st(T.sc[c][h], dup_lo16(s[h]));
+      st(T.sc2[c][h], dup_hi16(s[h]));
+    }
+    _mm256_store_ps(T.d[c], f16x8(pd));
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x30), k32 = _mm256_set1_epi8(32);
+    for (int h = 0; h < 2; ++h) {
+      __m256i l0[8], l1[8], qh[8];
+      for (int r = 0; r < 8; ++r) {
+        l0[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p[r] + 64 * h));
+        l1[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p[r] + 64 * h + 32));
+        qh[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p[r] + 128 + 32 * h));
+      }
+      transpose8(l0);
+      transpose8(l1);
+      transpose8(qh);
+      for (int g = 0; g < 8; ++g) {
+        const __m256i c0 = _mm256_or_si256(_mm256_and_si256(l0[g], m4), _mm256_and_si256(_mm256_slli_epi16(qh[g], 4), m2));
+        const __m256i c1 = _mm256_or_si256(_mm256_and_si256(l1[g], m4), _mm256_and_si256(_mm256_slli_epi16(qh[g], 2), m2));
+        const __m256i c2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0[g], 4), m4), _mm256_and_si256(qh[g], m2));
+        const __m256i c3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1[g], 4), m4),
+                                           _mm256_and_si256(_mm256_srli_epi16(qh[g], 2), m2));
+        st(T.w[c][4 * h + 0][g], _mm256_sub_epi8(c0, k32));
+        st(T.w[c][4 * h + 1][g], _mm256_sub_epi8(c1, k32));
+        st(T.w[c][4 * h + 2][g], _mm256_sub_epi8(c2, k32));
+        st(T.w[c][4 * h + 3][g], _mm256_sub_epi8(c3, k32));
+      }
+    }
+    // -128 * sum_g sc_g * (sum of w over g): pair sums of w by vpmaddubsw
+    // with ones (the four groups of a 16-element half stay within int16),
+    // then vpmaddwd by the half's scales.
+    const __m256i ones = _mm256_set1_epi8(1);
+    __m256i corr = _mm256_setzero_si256();
+    for (int j = 0; j < 8; ++j) {
+      __m256i lo = _mm256_maddubs_epi16(ones, ld(T.w[c][j][0])), hi = _mm256_maddubs_epi16(ones, ld(T.w[c][j][4]));
+      for (int g = 1; g < 4; ++g) {
+        lo = _mm256_add_epi16(lo, _mm256_maddubs_epi16(ones, ld(T.w[c][j][g])));
+        hi = _mm256_add_epi16(hi, _mm256_maddubs_epi16(ones, ld(T.w[c][j][4 + g])));
+      }
+      corr = _mm256_add_epi32(corr, _mm256_madd_epi16(lo, ld(T.sc[c][j])));
+      corr = _mm256_add_epi32(corr, _mm256_madd_epi16(hi, ld(T.sc2[c][j])));
+    }
+    st(T.ncorr[c], _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(corr, 7)));
+  }
+};
+
+// Per input and block: the sums of q over the eight 32-element groups as
+// int16 (Q4_K's mins).
+template <class F, int NT>
+void passK(const TileK& T, int kn, const Rows8 R, __m256* acc) {
+  for (int c = 0; c < kn; ++c) {
+    const int8_t* q[NT];  // kU8: the bytes of R.u8
+    for (int i = 0; i < NT; ++i)
+      q[i] = (F::kU8 ? reinterpret_cast<const int8_t*>(R.u8) : R.q) + i * R.qs + 256 * c;
+    __m256i is[NT];
+    for (int i = 0; i < NT; ++i) is[i] = F::kU8 ? ld(T.ncorr[c]) : _mm256_setzero_si256();
+#if MK_R8_VNNI
+    if constexpr (!F::kSigned) {
+      // vpdpbusd sums of each 32-element sub-block (each 16-element half with
+      // kTwoScales), multiplied by the rows' scales as int32: the same exact
+      // integers as vpmaddwd by the scales below.
+      for (int j = 0; j < 8; ++j) {
+        const __m256i sc = _mm256_srai_epi32(ld(T.sc[c][j]), 16);  // (sc, sc) as int16 -> sc as int32
+        __m256i sc2 = sc;
+        if constexpr (F::kTwoScales) sc2 = _mm256_srai_epi32(ld(T.sc2[c][j]), 16);
+        __m256i part[NT];
+#pragma GCC unroll 8
+        for (int g = 0; g < 8; ++g) {
+          const __m256i w = ld(T.w[c][j][g]);
+          const bool start = g == 0 || (F::kTwoScales && g == 4);
+#pragma GCC unroll 4
+          for (int i = 0; i < NT; ++i) {
+            const __m256i x = bcast32(q[i] + 32 * j + 4 * g);
+            const __m256i a = start ? _mm256_setzero_si256() : part[i];
+            part[i] = F::kU8 ? _mm256_dpbusd_avx_epi32(a, x, w) : _mm256_dpbusd_avx_epi32(a, w, x);
+            MK_KEEP(part[i]);
+            if (g == 7 || (F::kTwoScales && g == 3)) {
+              is[i] = _mm256_add_epi32(is[i], _mm256_mullo_epi32(part[i], g < 4 ? sc : sc2));
+              MK_KEEP(is[i]);
+            }
+          }
+        }
+      }
+    } else
+#endif
+    for (int j = 0; j < 8; ++j) {
+      const __m256i sc = ld(T.sc[c][j]);
+      __m256i sc2 = sc;
+      if constexpr (F::kTwoScales) sc2 = ld(T.sc2[c][j]);
+      __m256i part[NT];
+#pragma GCC unroll 8
+      for (int g = 0; g < 8; ++g) {
+        const __m256i w = ld(T.w[c][j][g]);
+        __m256i aw = w;
+        if constexpr (F::kSigned) aw = ld(T.aw[c][j][g]);
+#pragma GCC unroll 4
+        for (int i = 0; i < NT; ++i) {
+          const __m256i x = bcast32(q[i] + 32 * j + 4 * g);
+          const __m256i p = F::kSigned ? _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w))
+                            : F::kU8   ? _mm256_maddubs_epi16(x, w)
+                                       : _mm256_maddubs_epi16(w, x);
+          part[i] = g % F::kRun == 0 ? p : _mm256_add_epi16(part[i], p);
+          MK_KEEP(part[i]);
+          if (g % F::kRun == F::kRun - 1) {
+            is[i] = _mm256_add_epi32(is[i], _mm256_madd_epi16(part[i], g < 4 ? sc : sc2));
+            MK_KEEP(is[i]);
+          }
+        }
+      }
+    }
+    const __m256 d = _mm256_load_ps(T.d[c]);
+    for (int i = 0; i < NT; ++i) {
+      const __m256 dx = _mm256_set1_ps(R.d[i * R.ds + c]);
+      __m256 a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[i]), _mm256_mul_ps(d, dx), acc[2 * i]);
+      if constexpr (F::kMin) {
+        const int16_t* s = R.sq + i * R.sqs + 8 * c;
+        __m256i m = _mm256_madd_epi16(ld(T.mv[c][0]), bcast32(s));
+        for (int h = 1; h < 4; ++h) {
+#if MK_R8_VNNI
+          m = _mm256_dpwssd_avx_epi32(m, ld(T.mv[c][h]), bcast32(s + 2 * h));
+#else
+          m = _mm256_add_epi32(m, _mm256_madd_epi16(ld(T.mv[c][h]), bcast32(s + 2 * h)));
+#endif
+        }
+        a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m), _mm256_mul_ps(_mm256_load_ps(T.nmin[c]), dx), a);
+      }
+      acc[2 * i] = a;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// The inputs' 8-bit activations as unsigned bytes q + 128.
+inline void to_u8(const Q8Acts& A, std::vector<uint8_t>& u8) {
+  if (u8.size() < (size_t)(A.n_x * A.cols)) u8.resize((size_t)(A.n_x * A.cols));
+  const __m256i bias = _mm256_set1_epi8((char)0x80);
+  for (int64_t i = 0; i < A.n_x * A.cols; i += 32)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(u8.data() + i),
+                        _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(A.q.data() + i)), bias));
+}
+
+// Rows [rb, re) in groups of eight (a last partial group repeats row rb and
+// stores only its valid outputs). Per input two accumulators of the eight
+// outputs (even and odd blocks; the K-quants use the first).
+template <class Tile, class Decode, class Pass>
+void r8_rows(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t rb, int64_t re, int chunk,
+             bool two_chains, Tile& T, Decode&& decode, Pass&& pass) {
+  struct alignas(32) Acc {
+    float v[kRows];
+  };
+  thread_local std::vector<Acc> store;
+  if (store.size() < (size_t)(2 * A.n_x)) store.resize((size_t)(2 * A.n_x));
+  __m256* acc = reinterpret_cast<__m256*>(store.data());
+  const size_t bytes = dtype_traits(W.type).block_bytes;
+  const int64_t nbw = W.cols / dtype_traits(W.type).block_size;
+  // Rows in panels of kPanel, inputs in blocks whose 8-bit activations stay
+  // in L2: a panel's weights come from memory once and stay in L2 while
+  // every block of inputs meets them (a group's tile is decoded again for
+  // each block of inputs, from L2).
+  const int64_t tb = std::max<int64_t>(kNT, (kActBytes / std::max<int64_t>(A.cols, 1)) / kNT * kNT);
+  for (int64_t p0 = rb; p0 < re; p0 += kPanel) {
+    const int64_t p1 = std::min(re, p0 + kPanel);
+    for (int64_t tb0 = 0; tb0 < A.n_x; tb0 += tb) {
+      const int64_t tb1 = std::min(A.n_x, tb0 + tb);
+      for (int64_t j0 = p0; j0 < p1; j0 += kRows) {
+        const int n = (int)std::min<int64_t>(kRows, p1 - j0);
+        const uint8_t* rows[kRows];
+        const uint8_t* ahead[kRows];
+        for (int r = 0; r < kRows; ++r) {
+          rows[r] = W.row(r < n ? j0 + r : rb);
+          ahead[r] = W.row(std::min<int64_t>(j0 + kRows + r, re - 1));
+        }
+        for (int64_t t = 2 * tb0; t < 2 * tb1; ++t) acc[t] = _mm256_setzero_ps();
+        for (int64_t k0 = 0; k0 < A.nb; k0 += chunk) {
+          const int kn = (int)std::min<int64_t>(chunk, A.nb - k0);
+          for (int c = 0; c < kn; ++c) decode(rows, k0 + c, T, c);
+          // The next group's rows for this chunk, while the inputs run.
+          const size_t pb = (size_t)(k0 * nbw / A.nb) * bytes, pe = (size_t)((k0 + kn) * nbw / A.nb) * bytes;
+          for (int r = 0; r < kRows; ++r)
+            for (size_t o = pb; o < pe; o += 64) _mm_prefetch(reinterpret_cast<const char*>(ahead[r] + o), _MM_HINT_T1);
+          int64_t t = tb0;
+          for (; t + kNT <= tb1; t += kNT) pass(std::integral_constant<int, kNT>{}, kn, k0, t, acc);
+          switch (tb1 - t) {
+            case 3: pass(std::integral_constant<int, 3>{}, kn, k0, t, acc); break;
+            case 2: pass(std::integral_constant<int, 2>{}, kn, k0, t, acc); break;
+            case 1: pass(std::integral_constant<int, 1>{}, kn, k0, t, acc); break;
+            default: break;
+          }
+        }
+        for (int64_t t = tb0; t < tb1; ++t) {
+          const __m256 y = two_chains ? _mm256_add_ps(acc[2 * t], acc[2 * t + 1]) : acc[2 * t];
+          avx2::store_f32_first(Y + t * ldy + j0, y, n);
+        }
+      }
+    }
+  }
+}
+
+template <class F>
+void r8_32(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t rb, int64_t re) {
+  thread_local Tile32 T;
+  thread_local std::vector<int32_t> off;
+  constexpr int kOffs = F::kTwo ? 2 : 1;
+  if constexpr (F::kOffset != 0) {
+    // kOffset * (sum of q over each block, or over each half with kTwo): the
+    // unsigned codes' offset.
+    if (off.size() < (size_t)(A.n_x * A.nb * kOffs)) off.resize((size_t)(A.n_x * A.nb * kOffs));
+    for (int64_t t = 0; t < A.n_x; ++t) {
+      const int16_t* s = A.s16_row(t);
+      int32_t* o = off.data() + t * A.nb * kOffs;
+      for (int64_t k = 0; k < A.nb; ++k) {
+        if constexpr (F::kTwo) {
+          o[2 * k] = F::kOffset * s[2 * k];
+          o[2 * k + 1] = F::kOffset * s[2 * k + 1];
+        } else {
+          o[k] = F::kOffset * (s[2 * k] + s[2 * k + 1]);
+        }
+      }
+    }
+  }
+  thread_local std::vector<int16_t> q16;
+  thread_local std::vector<uint8_t> u8;
+  if constexpr (F::kSigned) {
+    if (MK_R8_VNNI) {
+      to_u8(A, u8);
+    } else {
+      if (q16.size() < (size_t)(A.n_x * A.cols)) q16.resize((size_t)(A.n_x * A.cols));
+      for (int64_t t = 0; t < A.n_x; ++t)
+        for (int64_t k = 0; k < A.nb; ++k) to_q16(A.q_row(t) + 32 * k, q16.data() + t * A.cols + 32 * k);
+    }
+  }
+  const int32_t* o = off.data();
+  r8_rows(W, A, Y, ldy, rb, re, kChunk, true, T, F::decode, [&](auto nt, int kn, int64_t k0, int64_t t0, __m256* acc) {
+    Rows8 R{};
+    R.q = A.q_row(t0) + 32 * k0;
+    if constexpr (F::kSigned) {
+      if (MK_R8_VNNI)
+        R.u8 = u8.data() + t0 * A.cols + 32 * k0;
+      else
+        R.q16 = q16.data() + t0 * A.cols + 32 * k0;
+    }
+    R.d = A.d_row(t0) + k0;
+    R.sx = A.sx_row(t0) + k0;
+    if (o != nullptr) R.off = o + (t0 * A.nb + k0) * kOffs;
+    R.qs = A.cols;
+    R.ds = A.nb;
+    pass32<F, decltype(nt)::value>(T, kn, R, acc + 2 * t0);
+  });
+}
+
+template <class F>
+void r8_k(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t rb, int64_t re) {
+  thread_local TileK T;
+  thread_local std::vector<int16_t> sq;
+  if constexpr (F::kMin) {
+    if (sq.size() < (size_t)(A.n_x * A.nb * 8)) sq.resize((size_t)(A.n_x * A.nb * 8));
+    for (int64_t t = 0; t < A.n_x; ++t) {
+      const int16_t* s = A.s16_row(t);
+      for (int64_t g = 0; g < A.nb * 8; ++g) sq[(size_t)(t * A.nb * 8 + g)] = (int16_t)(s[2 * g] + s[2 * g + 1]);
+    }
+  }
+  thread_local std::vector<uint8_t> u8;
+  if constexpr (F::kU8) to_u8(A, u8);
+  const int16_t* s = sq.data();
+  r8_rows(W, A, Y, ldy, rb, re, kChunkK, false, T, F::decode, [&](auto nt, int kn, int64_t k0, int64_t t0, __m256* acc) {
+    Rows8 R{};
+    R.q = A.q_row(t0) + 256 * k0;
+    R.d = A.d_row(t0) + k0;
+    if constexpr (F::kU8) R.u8 = u8.data() + t0 * A.cols + 256 * k0;
+    if (s != nullptr) R.sq = s + (t0 * A.nb + k0) * 8;
+    R.qs = A.cols;
+    R.ds = A.nb;
+    R.sqs = A.nb * 8;
+    passK<F, decltype(nt)::value>(T, kn, R, acc + 2 * t0);
+  });
+}
+
+void r8_dispatch(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t rb, int64_t re) {
+  switch (W.type) {
+    case DType::Q4_0: r8_32<R8Q4_0>(W, A, Y, ldy, rb, re); break;
+    case DType::Q4_1: r8_32<R8Q4_1>(W, A, Y, ldy, rb, re); break;
+    case DType::Q8_0: r8_32<R8Q8_0>(W, A, Y, ldy, rb, re); break;
+    case DType::Q4_K: r8_k<R8Q4_K>(W, A, Y, ldy, rb, re); break;
+    case DType::Q6_K: r8_k<R8Q6_K>(W, A, Y, ldy, rb, re); break;
+    case DType::Q5_K: r8_k<R8Q5_K>(W, A, Y, ldy, rb, re); break;
+    case DType::IQ4_XS: r8_k<R8IQ4_XS>(W, A, Y, ldy, rb, re); break;
+    case DType::Q5_0: r8_32<R8Gen<fast32::FQ5_0>>(W, A, Y, ldy, rb, re); break;
+    case DType::IQ4_NL: r8_32<R8Gen<fast32::FIQ4_NL>>(W, A, Y, ldy, rb, re); break;
+    case DType::Q3_K: r8_32<R8Gen<fast32::FQ3_K>>(W, A, Y, ldy, rb, re); break;
+    case DType::MXFP4: r8_32<R8Gen<fast32::FMXFP4>>(W, A, Y, ldy, rb, re); break;
+    case DType::NVFP4: r8_32<R8NVFP4>(W, A, Y, ldy, rb, re); break;
+    case DType::INT4_G128: r8_32<R8Gen<fast32::FINT4_G128>>(W, A, Y, ldy, rb, re); break;
+    case DType::INT8_COL: r8_32<R8Gen<fast32::FINT8_COL>>(W, A, Y, ldy, rb, re); break;
+    default: fail("fast r8 kernel: {} is not supported", dtype_traits(W.type).name);
+  }
+}
+
+}  // namespace
+}  // namespace megakern
