@@ -169,6 +169,62 @@ TEST(VecRows, ManyRowsEqualOneRowAtATimeBitForBit) {
   }
 }
 
+// Two queries (or two weight vectors) against the same rows, as attention
+// pairs the heads of a group: each output is the one-query function's, bit
+// for bit (rows of 4 and the rest, the 32-multiple fast shapes and others).
+TEST(VecRows, PairsEqualOneQueryAtATimeBitForBit) {
+  std::mt19937 rng(12);
+  std::normal_distribution<float> g(0.f, 1.f);
+  for (int64_t n : {8, 37, 64, 72, 128, 256, 288}) {
+    for (int64_t rows : {1, 3, 4, 5, 9, 33}) {
+      const int64_t stride = n + 24;
+      std::vector<float> a0(static_cast<size_t>(n)), a1(a0.size()), x(static_cast<size_t>(stride * rows)),
+          w0(static_cast<size_t>(rows)), w1(w0.size());
+      for (auto* v : {&a0, &a1, &x, &w0, &w1})
+        for (auto& e : *v) e = g(rng);
+      std::vector<float> o0(static_cast<size_t>(rows)), o1(o0.size()), r0(o0.size()), r1(o0.size());
+      dot_f32_rows2(a0.data(), a1.data(), x.data(), stride, rows, n, o0.data(), o1.data());
+      dot_f32_rows(a0.data(), x.data(), stride, rows, n, r0.data());
+      dot_f32_rows(a1.data(), x.data(), stride, rows, n, r1.data());
+      ASSERT_EQ(std::memcmp(o0.data(), r0.data(), 4 * o0.size()), 0) << "n " << n << " rows " << rows;
+      ASSERT_EQ(std::memcmp(o1.data(), r1.data(), 4 * o1.size()), 0) << "n " << n << " rows " << rows;
+      std::vector<float> y0(static_cast<size_t>(n), 0.25f), y1(y0.size(), -0.5f), z0 = y0, z1 = y1;
+      axpy_f32_rows2(w0.data(), w1.data(), x.data(), stride, rows, y0.data(), y1.data(), n);
+      axpy_f32_rows(w0.data(), x.data(), stride, rows, z0.data(), n);
+      axpy_f32_rows(w1.data(), x.data(), stride, rows, z1.data(), n);
+      ASSERT_EQ(std::memcmp(y0.data(), z0.data(), 4 * y0.size()), 0) << "n " << n << " rows " << rows;
+      ASSERT_EQ(std::memcmp(y1.data(), z1.data(), 4 * y1.size()), 0) << "n " << n << " rows " << rows;
+    }
+  }
+}
+
+// Up to four softmaxes at once, of different lengths, each with the bits of
+// softmax_inplace alone: tiny and huge spreads, -inf, NaN, equal values.
+TEST(VecRows, SoftmaxRowsEqualOneRowAtATimeBitForBit) {
+  std::mt19937 rng(13);
+  std::normal_distribution<float> g(0.f, 30.f);
+  const std::vector<std::vector<int64_t>> shapes = {{1}, {7, 9}, {33, 33, 33}, {64, 5, 129, 0}, {300, 301, 299, 302},
+                                                    {8, 8, 8, 8}, {2, 40, 17, 1}};
+  for (size_t si = 0; si < shapes.size(); ++si) {
+    const auto& ns = shapes[si];
+    std::vector<std::vector<float>> rows(ns.size()), want(ns.size());
+    for (size_t r = 0; r < ns.size(); ++r) {
+      rows[r].resize(static_cast<size_t>(ns[r]));
+      for (auto& v : rows[r]) v = g(rng);
+      if (si == 3 && r == 0) rows[r][3] = -INFINITY;
+      if (si == 4 && r == 1) rows[r][100] = NAN;
+      if (si == 5) std::fill(rows[r].begin(), rows[r].end(), r == 2 ? -0.0f : 1.5f);
+      want[r] = rows[r];
+      softmax_inplace(want[r].data(), ns[r]);
+    }
+    std::vector<float*> xs;
+    for (auto& r : rows) xs.push_back(r.data());
+    softmax_rows(xs.data(), ns.data(), static_cast<int>(ns.size()));
+    for (size_t r = 0; r < ns.size(); ++r)
+      ASSERT_EQ(std::memcmp(rows[r].data(), want[r].data(), 4 * rows[r].size()), 0) << "shape " << si << " row " << r;
+  }
+}
+
 TEST(Kernels, MatchOracleBitExactlyAndReferenceWithinTolerance) {
   int checked = 0;
   for (DType t : all_types()) {

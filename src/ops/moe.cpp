@@ -241,7 +241,6 @@ void moe_combine_tile(const Op& op, const StepContext& ctx, int r, int) {
   tmp.resize(static_cast<size_t>(D));
   std::fill(out, out + D, 0.f);
   for (int j = 0; j < k; ++j) {
-    const int e = static_cast<int>(route[j]);
     const float wj = route[k + j];
     const float* yj = y + static_cast<size_t>(j) * D;
     if (!b.out_norm.empty()) {

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/error.h"
 #include "kernels/cpu/ops.h"
 
 namespace megakern {
@@ -122,6 +123,59 @@ void softmax_inplace_avx2(float* x, int64_t n) {
   for (int64_t j = 0; j < n; ++j) sum += x[j];
   const float inv = static_cast<float>(1.0 / sum);
   for (int64_t j = 0; j < n; ++j) x[j] *= inv;
+}
+
+void softmax_rows_avx2(float* const* x, const int64_t* n, int count) {
+  MK_CHECK(count >= 0 && count <= 4, "softmax_rows: {} rows (at most 4)", count);
+  int64_t longest = 0;
+  for (int r = 0; r < count; ++r) {
+    if (n[r] <= 0) continue;
+    longest = std::max(longest, n[r]);
+    // The maximum eight lanes at a time: max is exact, and vmaxps keeps its
+    // second operand when the first is NaN, as std::max(mx, v) keeps mx (the
+    // sign of a zero maximum may differ, which the exp below cannot see).
+    __m256 m = _mm256_set1_ps(-INFINITY);
+    int64_t i = 0;
+    for (; i + 8 <= n[r]; i += 8) m = _mm256_max_ps(_mm256_loadu_ps(x[r] + i), m);
+    float mx = -INFINITY;
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, m);
+    for (float v : lanes) mx = std::max(mx, v);
+    for (; i < n[r]; ++i) mx = std::max(mx, x[r][i]);
+    const __m256 vmx = _mm256_set1_ps(mx);
+    map8(x[r], x[r], x[r], n[r], [&](__m256 v, __m256) { return exp_ps(_mm256_sub_ps(v, vmx)); });
+  }
+  // The rows' sums side by side, one double lane each, every lane adding its
+  // row's values in order (a row shorter than the longest adds +0.0, which
+  // leaves a sum of non-negative values unchanged): four dependency chains
+  // in flight instead of one.
+  __m256d sum = _mm256_setzero_pd();
+  int64_t j = 0;
+  if (count == 4) {
+    // Four positions of the four rows at a time, transposed in registers.
+    const int64_t common = std::min(std::min(n[0], n[1]), std::min(n[2], n[3]));
+    for (; j + 4 <= common; j += 4) {
+      __m128 c0 = _mm_loadu_ps(x[0] + j), c1 = _mm_loadu_ps(x[1] + j), c2 = _mm_loadu_ps(x[2] + j),
+             c3 = _mm_loadu_ps(x[3] + j);
+      _MM_TRANSPOSE4_PS(c0, c1, c2, c3);  // c_t: position j + t of rows 0..3
+      sum = _mm256_add_pd(sum, _mm256_cvtps_pd(c0));
+      sum = _mm256_add_pd(sum, _mm256_cvtps_pd(c1));
+      sum = _mm256_add_pd(sum, _mm256_cvtps_pd(c2));
+      sum = _mm256_add_pd(sum, _mm256_cvtps_pd(c3));
+    }
+  }
+  for (; j < longest; ++j) {
+    float v[4];
+    for (int r = 0; r < 4; ++r) v[r] = r < count && j < n[r] ? x[r][j] : 0.f;
+    sum = _mm256_add_pd(sum, _mm256_cvtps_pd(_mm_setr_ps(v[0], v[1], v[2], v[3])));
+  }
+  alignas(32) double sums[4];
+  _mm256_store_pd(sums, sum);
+  for (int r = 0; r < count; ++r) {
+    if (n[r] <= 0) continue;
+    const float inv = static_cast<float>(1.0 / sums[r]);
+    for (int64_t j = 0; j < n[r]; ++j) x[r][j] *= inv;
+  }
 }
 
 void softcap_avx2(float* x, int64_t n, float cap, float scale) {

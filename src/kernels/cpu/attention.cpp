@@ -104,6 +104,13 @@ void attention_block(const AttentionBlock& a, const KvHeadView& kv, bool scalar)
       for (int j = 0; j < G; ++j) {
         const float* qh = a.q + static_cast<int64_t>(i) * a.q_stride + static_cast<int64_t>(j) * hd;
         float* s = score_row(i, j) + (lo - row_start(a, i));
+        if (!scalar && j + 1 < G) {  // two heads of the row at once (the same bits)
+          float* s1 = score_row(i, j + 1) + (lo - row_start(a, i));
+          dot_f32_rows2(qh, qh + hd, kt, ks, hi - lo, hd, s, s1);
+          for (int t = 0; t < hi - lo; ++t) s[t] *= a.scale, s1[t] *= a.scale;
+          ++j;
+          continue;
+        }
         if (scalar)
           for (int t = 0; t < hi - lo; ++t) s[t] = dot_f32_scalar(qh, kt + static_cast<int64_t>(t) * ks, hd);
         else
@@ -113,17 +120,27 @@ void attention_block(const AttentionBlock& a, const KvHeadView& kv, bool scalar)
     }
     p = e;
   }
-  // Softmax over each row's whole score vector, and zeroed outputs.
-  for (int i = 0; i < R; ++i) {
-    const int len = a.pos0 + i - row_start(a, i) + 1;
-    for (int j = 0; j < G; ++j) {
-      if (scalar)
-        softmax_inplace_scalar(score_row(i, j), len);
-      else
-        softmax_inplace(score_row(i, j), len);
-      float* o = a.out + static_cast<int64_t>(i) * a.out_stride + static_cast<int64_t>(j) * vd;
-      std::fill(o, o + vd, 0.f);
+  // Softmax over each row's whole score vector (four score vectors at a
+  // time, each with the bits it has alone), and zeroed outputs.
+  {
+    float* xs[4];
+    int64_t ns[4];
+    int k = 0;
+    for (int i = 0; i < R; ++i) {
+      const int len = a.pos0 + i - row_start(a, i) + 1;
+      for (int j = 0; j < G; ++j) {
+        if (scalar) {
+          softmax_inplace_scalar(score_row(i, j), len);
+        } else {
+          xs[k] = score_row(i, j);
+          ns[k] = len;
+          if (++k == 4) softmax_rows(xs, ns, k), k = 0;
+        }
+        float* o = a.out + static_cast<int64_t>(i) * a.out_stride + static_cast<int64_t>(j) * vd;
+        std::fill(o, o + vd, 0.f);
+      }
     }
+    if (k > 0) softmax_rows(xs, ns, k);
   }
   // Pass 2: values, tile by tile in increasing position order, so each
   // output element accumulates its positions in order.
@@ -138,6 +155,11 @@ void attention_block(const AttentionBlock& a, const KvHeadView& kv, bool scalar)
       for (int j = 0; j < G; ++j) {
         const float* w = score_row(i, j) + (lo - row_start(a, i));
         float* o = a.out + static_cast<int64_t>(i) * a.out_stride + static_cast<int64_t>(j) * vd;
+        if (!scalar && j + 1 < G) {
+          axpy_f32_rows2(w, score_row(i, j + 1) + (lo - row_start(a, i)), vt, vs, hi - lo, o, o + vd, vd);
+          ++j;
+          continue;
+        }
         if (scalar)
           for (int t = 0; t < hi - lo; ++t) axpy_f32_scalar(w[t], vt + static_cast<int64_t>(t) * vs, o, vd);
         else

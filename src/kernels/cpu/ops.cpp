@@ -57,6 +57,14 @@ void softmax_inplace(float* x, int64_t n) {
     softmax_inplace_scalar(x, n);
 }
 
+void softmax_rows(float* const* x, const int64_t* n, int count) {
+  if (use_avx2()) {
+    softmax_rows_avx2(x, n, count);
+    return;
+  }
+  for (int r = 0; r < count; ++r) softmax_inplace_scalar(x[r], n[r]);
+}
+
 void softmax_inplace_scalar(float* x, int64_t n) {
   float mx = -INFINITY;
   for (int64_t i = 0; i < n; ++i) mx = std::max(mx, x[i]);

@@ -33,6 +33,10 @@ void rope_apply(float* v, int rope_dim, const RopeAngles& a, bool neox);
 void softmax_inplace(float* x, int64_t n);
 void softmax_inplace_scalar(float* x, int64_t n);
 void softmax_inplace_avx2(float* x, int64_t n);
+// Up to four rows at once (row r: x[r], n[r] values), each with exactly the
+// bits softmax_inplace gives it alone; their in-order sums run side by side.
+void softmax_rows(float* const* x, const int64_t* n, int count);
+void softmax_rows_avx2(float* const* x, const int64_t* n, int count);
 
 inline float silu(float x) { return x / (1.f + std::exp(-x)); }
 // GELU with the tanh approximation (as Gemma uses).

@@ -35,6 +35,26 @@ void axpy_f32_rows(const float* w, const float* x, int64_t stride, int64_t rows,
   for (int64_t p = 0; p < rows; ++p) axpy_f32_scalar(w[p], x + p * stride, y, n);
 }
 
+void dot_f32_rows2(const float* a0, const float* a1, const float* x, int64_t stride, int64_t rows, int64_t n,
+                   float* out0, float* out1) {
+  if (use_avx2()) {
+    dot_f32_rows2_avx2(a0, a1, x, stride, rows, n, out0, out1);
+    return;
+  }
+  dot_f32_rows(a0, x, stride, rows, n, out0);
+  dot_f32_rows(a1, x, stride, rows, n, out1);
+}
+
+void axpy_f32_rows2(const float* w0, const float* w1, const float* x, int64_t stride, int64_t rows, float* y0,
+                    float* y1, int64_t n) {
+  if (use_avx2()) {
+    axpy_f32_rows2_avx2(w0, w1, x, stride, rows, y0, y1, n);
+    return;
+  }
+  axpy_f32_rows(w0, x, stride, rows, y0, n);
+  axpy_f32_rows(w1, x, stride, rows, y1, n);
+}
+
 float dot_f32(const float* a, const float* b, int64_t n) {
   return use_avx2() ? dot_f32_avx2(a, b, n) : dot_f32_scalar(a, b, n);
 }

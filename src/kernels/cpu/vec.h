@@ -28,4 +28,17 @@ void axpy_f32_rows(const float* w, const float* x, int64_t stride, int64_t rows,
 void dot_f32_rows_avx2(const float* a, const float* x, int64_t stride, int64_t rows, int64_t n, float* out);
 void axpy_f32_rows_avx2(const float* w, const float* x, int64_t stride, int64_t rows, float* y, int64_t n);
 
+// The same for two query vectors (two heads of a GQA group) against the same
+// rows, each row loaded once for both: out0 as dot_f32_rows(a0, ...), out1
+// as dot_f32_rows(a1, ...), bit for bit; y0 and y1 likewise for
+// axpy_f32_rows with weights w0 and w1.
+void dot_f32_rows2(const float* a0, const float* a1, const float* x, int64_t stride, int64_t rows, int64_t n,
+                   float* out0, float* out1);
+void axpy_f32_rows2(const float* w0, const float* w1, const float* x, int64_t stride, int64_t rows, float* y0,
+                    float* y1, int64_t n);
+void dot_f32_rows2_avx2(const float* a0, const float* a1, const float* x, int64_t stride, int64_t rows, int64_t n,
+                        float* out0, float* out1);
+void axpy_f32_rows2_avx2(const float* w0, const float* w1, const float* x, int64_t stride, int64_t rows, float* y0,
+                         float* y1, int64_t n);
+
 }  // namespace megakern

@@ -84,4 +84,102 @@ void axpy_f32_rows_avx2(const float* w, const float* x, int64_t stride, int64_t 
     for (int64_t p = 0; p < rows; ++p) axpy_f32_avx2(w[p], x + p * stride + i, y + i, n - i);
 }
 
+namespace {
+
+// hsum of each of v[0..7] (avx2::hsum's order of additions), as lane j.
+inline __m256 hsum8(const __m256 v[8]) {
+  __m256 l[4];  // lanes 0..3: lo + hi of v[2i]; 4..7: of v[2i + 1]
+  for (int i = 0; i < 4; ++i)
+    l[i] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x20),
+                         _mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x31));
+  // (l0 + l2, l1 + l3) of each: [v0, v0, v2, v2 | v1, v1, v3, v3] and v4..v7.
+  const __m256 m0 = _mm256_add_ps(_mm256_shuffle_ps(l[0], l[1], 0x44), _mm256_shuffle_ps(l[0], l[1], 0xee));
+  const __m256 m1 = _mm256_add_ps(_mm256_shuffle_ps(l[2], l[3], 0x44), _mm256_shuffle_ps(l[2], l[3], 0xee));
+  // The two halves added: [v0, v2, v4, v6 | v1, v3, v5, v7].
+  const __m256 r = _mm256_add_ps(_mm256_shuffle_ps(m0, m1, 0x88), _mm256_shuffle_ps(m0, m1, 0xdd));
+  return _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+}  // namespace
+
+void dot_f32_rows2_avx2(const float* a0, const float* a1, const float* x, int64_t stride, int64_t rows, int64_t n,
+                        float* out0, float* out1) {
+  if (n % 32 != 0 || n > 256) {
+    dot_f32_rows_avx2(a0, x, stride, rows, n, out0);
+    dot_f32_rows_avx2(a1, x, stride, rows, n, out1);
+    return;
+  }
+  // Four rows at a time. dot_f32_avx2 keeps four accumulators, one per
+  // 8-element quarter c of each 32-element chunk, and adds them as
+  // (s0 + s1) + (s2 + s3) before its reduction; here each quarter is done
+  // for the 2 x 4 products at once (eight accumulators, each row's quarter
+  // loaded once for both queries) and kept until all four are done.
+  const int64_t chunks = n / 32;
+  int64_t p = 0;
+  for (; p + 4 <= rows; p += 4) {
+    const float* r0 = x + p * stride;
+    const float* r1 = r0 + stride;
+    const float* r2 = r1 + stride;
+    const float* r3 = r2 + stride;
+    __m256 part[4][8];
+    for (int c = 0; c < 4; ++c) {
+      __m256 s[8];
+      for (auto& v : s) v = _mm256_setzero_ps();
+      for (int64_t i = 0; i < chunks; ++i) {
+        const int64_t o = 32 * i + 8 * c;
+        const __m256 q0 = _mm256_loadu_ps(a0 + o), q1 = _mm256_loadu_ps(a1 + o);
+        __m256 k = _mm256_loadu_ps(r0 + o);
+        s[0] = _mm256_fmadd_ps(q0, k, s[0]);
+        s[4] = _mm256_fmadd_ps(q1, k, s[4]);
+        k = _mm256_loadu_ps(r1 + o);
+        s[1] = _mm256_fmadd_ps(q0, k, s[1]);
+        s[5] = _mm256_fmadd_ps(q1, k, s[5]);
+        k = _mm256_loadu_ps(r2 + o);
+        s[2] = _mm256_fmadd_ps(q0, k, s[2]);
+        s[6] = _mm256_fmadd_ps(q1, k, s[6]);
+        k = _mm256_loadu_ps(r3 + o);
+        s[3] = _mm256_fmadd_ps(q0, k, s[3]);
+        s[7] = _mm256_fmadd_ps(q1, k, s[7]);
+      }
+      for (int j = 0; j < 8; ++j) part[c][j] = s[j];
+    }
+    __m256 v[8];
+    for (int j = 0; j < 8; ++j)
+      v[j] = _mm256_add_ps(_mm256_add_ps(part[0][j], part[1][j]), _mm256_add_ps(part[2][j], part[3][j]));
+    const __m256 r = hsum8(v);
+    _mm_storeu_ps(out0 + p, _mm256_castps256_ps128(r));
+    _mm_storeu_ps(out1 + p, _mm256_extractf128_ps(r, 1));
+  }
+  for (; p < rows; ++p) {
+    out0[p] = dot_f32_avx2(a0, x + p * stride, n);
+    out1[p] = dot_f32_avx2(a1, x + p * stride, n);
+  }
+}
+
+void axpy_f32_rows2_avx2(const float* w0, const float* w1, const float* x, int64_t stride, int64_t rows, float* y0,
+                         float* y1, int64_t n) {
+  // 32 elements of both outputs in registers; each row's 32 elements are
+  // loaded once for both. Per element, the same fused multiply-adds in the
+  // same order as axpy_f32_rows_avx2 (and repeated axpy_f32_avx2).
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    __m256 a[4], b[4];
+    for (int k = 0; k < 4; ++k) a[k] = _mm256_loadu_ps(y0 + i + 8 * k), b[k] = _mm256_loadu_ps(y1 + i + 8 * k);
+    for (int64_t p = 0; p < rows; ++p) {
+      const __m256 u = _mm256_set1_ps(w0[p]), v = _mm256_set1_ps(w1[p]);
+      const float* xp = x + p * stride + i;
+      for (int k = 0; k < 4; ++k) {
+        const __m256 e = _mm256_loadu_ps(xp + 8 * k);
+        a[k] = _mm256_fmadd_ps(u, e, a[k]);
+        b[k] = _mm256_fmadd_ps(v, e, b[k]);
+      }
+    }
+    for (int k = 0; k < 4; ++k) _mm256_storeu_ps(y0 + i + 8 * k, a[k]), _mm256_storeu_ps(y1 + i + 8 * k, b[k]);
+  }
+  if (i < n) {
+    for (int64_t p = 0; p < rows; ++p) axpy_f32_avx2(w0[p], x + p * stride + i, y0 + i, n - i);
+    for (int64_t p = 0; p < rows; ++p) axpy_f32_avx2(w1[p], x + p * stride + i, y1 + i, n - i);
+  }
+}
+
 }  // namespace megakern
