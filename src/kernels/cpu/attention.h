@@ -10,7 +10,11 @@
 // attention_block() works through the history in tiles of positions small
 // enough for L1: every row of the block and every query head of the group
 // uses a tile's keys (then its values) before the next tile is loaded, so the
-// cache is read once per block rather than once per row and head. Each
+// cache is read once per block rather than once per row and head; with
+// several rows the tile is first copied into a packed buffer (a head's rows
+// in the cache lie a KV width apart, 4 KiB in common models, which maps a
+// whole tile onto a few L1 sets). The heads of a group go two at a time
+// against each tile and the softmaxes four at a time. Each
 // output is nevertheless computed exactly as attention_rows_reference()
 // computes it one row and one head at a time: the same dot product per
 // position, the same two-pass softmax over the row's whole score vector, and
