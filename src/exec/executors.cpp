@@ -49,6 +49,7 @@ class ReferenceExecutor final : public Executor {
     ctx.program = &p_;
     ctx.rows = rows.data();
     ctx.n_rows = static_cast<int>(rows.size());
+    ctx.step_id = next_step_id();
     ctx.scalar = true;
     arena_.bind(ctx, p_, logits);
     ctx.taps = taps_;
@@ -73,6 +74,7 @@ class OpByOpExecutor final : public Executor {
     ctx.program = &p_;
     ctx.rows = rows.data();
     ctx.n_rows = static_cast<int>(rows.size());
+    ctx.step_id = next_step_id();
     arena_.bind(ctx, p_, logits);
     ctx.taps = taps_;
     const int W = pool_.size();

@@ -216,6 +216,7 @@ class MegaExecutor final : public Executor {
     ctx.program = &p_;
     ctx.rows = rows.data();
     ctx.n_rows = n_rows;
+    ctx.step_id = next_step_id();
     arena_.bind(ctx, p_, logits);
     ctx.taps = taps_;
     const uint64_t epoch = epoch_;

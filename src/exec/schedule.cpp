@@ -407,6 +407,7 @@ void SerialExecutor::step(const std::vector<RowInput>& rows, float* logits) {
   m.ctx.program = &m.p;
   m.ctx.rows = rows.data();
   m.ctx.n_rows = n_rows;
+  m.ctx.step_id = next_step_id();
   m.ctx.scalar = m.scalar;
   m.arena.bind(m.ctx, m.p, logits);
   m.ctx.taps = taps_;

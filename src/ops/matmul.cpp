@@ -9,14 +9,14 @@
 namespace megakern {
 
 void RefKernels::matmul(const DecodeProgram&, const MatView& W, const float* X, int n_x, float* Y, int64_t ldy,
-                        int64_t b, int64_t e) {
+                        int64_t b, int64_t e, const ActsKey&) {
   const auto& tr = dtype_traits(W.type);
   for (int64_t j = b; j < e; ++j)
     for (int t = 0; t < n_x; ++t) Y[t * ldy + j] = tr.dot(W.row(j), X + static_cast<int64_t>(t) * W.cols, W.cols);
 }
 void FastKernels::matmul(const DecodeProgram& p, const MatView& W, const float* X, int n_x, float* Y, int64_t ldy,
-                         int64_t b, int64_t e) {
-  matmul_rows(W, X, n_x, Y, ldy, b, e, p.numerics);
+                         int64_t b, int64_t e, const ActsKey& key) {
+  matmul_rows(W, X, n_x, Y, ldy, b, e, p.numerics, key);
 }
 void RefKernels::dequantize_row(const MatView& W, int64_t j, float* out) {
   dtype_traits(W.type).dequantize(W.row(j), out, W.cols);
@@ -44,8 +44,10 @@ template <class K>
 void matmul_tile(const Op& op, const StepContext& ctx, int t, int n_tiles) {
   int64_t b, e;
   matmul_tile_range(op, t, n_tiles, b, e);
+  // The op's tiles (and the megakernel's chunks of them) run by one thread
+  // in a step quantise the op's inputs once.
   K::matmul(*ctx.program, op.mat, ctx.slot[static_cast<size_t>(op.in)], ctx.n_rows,
-            ctx.slot[static_cast<size_t>(op.out)], width_of(ctx, op.out), b, e);
+            ctx.slot[static_cast<size_t>(op.out)], width_of(ctx, op.out), b, e, ActsKey{&op, ctx.step_id});
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "ops/registry.h"
 
+#include <atomic>
 #include <iterator>
 
 namespace megakern {
@@ -23,5 +24,10 @@ static_assert(std::size(kTable) == kOpKinds);
 }  // namespace
 
 const OpInfo& op_info(OpKind k) { return *kTable[static_cast<size_t>(k)]; }
+
+uint64_t next_step_id() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
 
 }  // namespace megakern

@@ -16,6 +16,7 @@
 #include "ir/op_info.h"
 #include "ir/program.h"
 #include "ir/sequence_state.h"
+#include "kernels/cpu/matmul.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/vec.h"
 
@@ -30,7 +31,12 @@ struct StepContext {
   int n_rows = 0;
   bool scalar = false;  // run the ops' scalar reference tiles
   float* taps = nullptr;  // Tap ops' output, [n_rows][program->tap_width]; null: taps skipped
+  // Unique to this step among all steps of all executors (next_step_id());
+  // 0: none. With the op it names one op's inputs in one step, which lets a
+  // matrix product's row ranges share their quantised inputs (ActsKey).
+  uint64_t step_id = 0;
 };
+uint64_t next_step_id();
 
 // Width of a slot, and row r of it, in a step.
 inline int width_of(const StepContext& ctx, int slot) { return ctx.program->slots[static_cast<size_t>(slot)].width; }
@@ -54,7 +60,7 @@ struct RefKernels {
   }
   static void softcap(float* x, int64_t n, float cap, float scale) { softcap_scalar(x, n, cap, scale); }
   static void matmul(const DecodeProgram& p, const MatView& W, const float* X, int n_x, float* Y, int64_t ldy,
-                     int64_t b, int64_t e);
+                     int64_t b, int64_t e, const ActsKey& key = {});
   static void dequantize_row(const MatView& W, int64_t j, float* out);
 };
 struct FastKernels {
@@ -67,7 +73,7 @@ struct FastKernels {
   }
   static void softcap(float* x, int64_t n, float cap, float scale) { megakern::softcap(x, n, cap, scale); }
   static void matmul(const DecodeProgram& p, const MatView& W, const float* X, int n_x, float* Y, int64_t ldy,
-                     int64_t b, int64_t e);
+                     int64_t b, int64_t e, const ActsKey& key = {});
   static void dequantize_row(const MatView& W, int64_t j, float* out);
 };
 

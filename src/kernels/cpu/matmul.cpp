@@ -66,17 +66,42 @@ void dequantize_row(const MatView& W, int64_t j, float* dst) {
 
 void matmul_rows(const MatView& W, const float* X, int64_t n_x, float* Y, int64_t ldy, int64_t row_begin,
                  int64_t row_end, Numerics numerics) {
+  matmul_rows(W, X, n_x, Y, ldy, row_begin, row_end, numerics, ActsKey{});
+}
+
+void matmul_rows(const MatView& W, const float* X, int64_t n_x, float* Y, int64_t ldy, int64_t row_begin,
+                 int64_t row_end, Numerics numerics, const ActsKey& key) {
   MK_CHECK(row_begin >= 0 && row_end <= W.rows && row_begin <= row_end);
   if (n_x <= 0 || row_begin == row_end) return;
+  // What this thread's quantised inputs of each kind were made from.
+  struct Made {
+    ActsKey key;
+    const float* x = nullptr;
+    int64_t n_x = 0, cols = 0, block = 0;
+    bool same(const ActsKey& k, const float* x_, int64_t n, int64_t c, int64_t b) const {
+      return k.epoch != 0 && k.tag == key.tag && k.epoch == key.epoch && x_ == x && n == n_x && c == cols && b == block;
+    }
+  };
   if (numerics == Numerics::Fast && uses_fast_acts(W.type)) {
     thread_local Q8Acts acts;
-    quantize_q8_acts(X, n_x, W.cols, fast_act_block(W.type), acts);
+    thread_local Made made;
+    const int64_t block = fast_act_block(W.type);
+    if (!made.same(key, X, n_x, W.cols, block)) {
+      made = Made{};  // invalid while quantising (an error leaves it so)
+      quantize_q8_acts(X, n_x, W.cols, block, acts);
+      made = Made{key, X, n_x, W.cols, block};
+    }
     rows_fast(W, acts, Y, ldy, row_begin, row_end);
     return;
   }
   if (uses_i16_acts(W.type)) {
     thread_local QuantizedActs acts;
-    quantize_acts(X, n_x, W.cols, acts);
+    thread_local Made made;
+    if (!made.same(key, X, n_x, W.cols, 0)) {
+      made = Made{};
+      quantize_acts(X, n_x, W.cols, acts);
+      made = Made{key, X, n_x, W.cols, 0};
+    }
     rows_prepared(W, X, &acts, n_x, Y, ldy, row_begin, row_end);
     return;
   }

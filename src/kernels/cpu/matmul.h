@@ -20,6 +20,18 @@ class ThreadPool;
 void matmul_rows(const MatView& W, const float* X, int64_t n_x, float* Y, int64_t ldy, int64_t row_begin,
                  int64_t row_end, Numerics numerics = Numerics::Exact);
 
+// Names one set of inputs across several matmul_rows calls (the row ranges
+// of one matrix product in one step, run by one thread): a call whose key
+// equals the same thread's previous keyed call, with the same X, n_x and
+// width, reuses the inputs it quantised instead of quantising them again.
+// The caller guarantees X is unchanged between such calls. epoch 0: no reuse.
+struct ActsKey {
+  const void* tag = nullptr;
+  uint64_t epoch = 0;
+};
+void matmul_rows(const MatView& W, const float* X, int64_t n_x, float* Y, int64_t ldy, int64_t row_begin,
+                 int64_t row_end, Numerics numerics, const ActsKey& key);
+
 // The same over all rows, split across the pool's workers. Y is [n_x][W.rows].
 void matmul(ThreadPool& pool, const MatView& W, const float* X, int64_t n_x, float* Y,
             Numerics numerics = Numerics::Exact);
