@@ -1029,6 +1029,44 @@ TEST(FastKernels, RegisterBlockedKernelMatchesOracle) {
   EXPECT_GE(fast_types().size(), 14u);
 }
 
+// A keyed call reuses the quantised inputs of the same thread's previous
+// call with that key (and X, n_x, width), in both modes; a new epoch, another
+// tag or another X quantises afresh.
+TEST(Kernels, ActsKeyReusesQuantisedInputsOnlyForTheSameKey) {
+  for (Numerics num : {Numerics::Exact, Numerics::Fast}) {
+    for (DType t : {DType::Q4_0, DType::Q4_K}) {
+      SCOPED_TRACE(std::string(dtype_traits(t).name) + (num == Numerics::Fast ? " fast" : " exact"));
+      const int64_t rows = 24, cols = 512, n_x = 5;
+      const Weights W = make_weights(t, rows, cols, 3, 0);
+      auto x = make_inputs(n_x, cols, 4, 0);
+      auto fresh = [&](const std::vector<float>& in) {
+        std::vector<float> y((size_t)(n_x * rows));
+        matmul_rows(W.view, in.data(), n_x, y.data(), rows, 0, rows, num);
+        return y;
+      };
+      const std::vector<float> before = fresh(x);
+      int tag = 0, other = 0;
+      std::vector<float> y((size_t)(n_x * rows), -1.f);
+      matmul_rows(W.view, x.data(), n_x, y.data(), rows, 0, 8, num, ActsKey{&tag, 7});
+      // Same key, same X pointer, new contents: the key's promise is broken on
+      // purpose here, so the reuse shows (rows 8..24 from the old inputs).
+      for (auto& v : x) v = -v * 0.5f;
+      matmul_rows(W.view, x.data(), n_x, y.data(), rows, 8, rows, num, ActsKey{&tag, 7});
+      for (int64_t s2 = 0; s2 < n_x; ++s2)
+        ASSERT_EQ(std::memcmp(&y[(size_t)(s2 * rows)], &before[(size_t)(s2 * rows)], sizeof(float) * rows), 0);
+      const std::vector<float> after = fresh(x);  // (an unkeyed call: it also forgets the key)
+      ASSERT_NE(std::memcmp(after.data(), before.data(), sizeof(float) * after.size()), 0);
+      matmul_rows(W.view, x.data(), n_x, y.data(), rows, 0, rows, num, ActsKey{&tag, 8});
+      // A new epoch, another tag, or no key: quantised again.
+      for (const ActsKey& k : {ActsKey{&tag, 8}, ActsKey{&other, 8}, ActsKey{}}) {
+        std::fill(y.begin(), y.end(), -1.f);
+        matmul_rows(W.view, x.data(), n_x, y.data(), rows, 0, rows, num, k);
+        ASSERT_EQ(std::memcmp(y.data(), after.data(), sizeof(float) * y.size()), 0) << k.epoch;
+      }
+    }
+  }
+}
+
 TEST(FastKernels, ActivationQuantisation) {
   for (int64_t block : {32, 256}) {
     const int64_t cols = 512;
