@@ -18,6 +18,21 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(lo);
 }
 
+// hsum of each of v[0..8) as lane i, with hsum's association:
+// ((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7)) over each vector's lanes.
+inline __m256 hsum8(const __m256 v[8]) {
+  __m256 l[4];  // lanes i + (i + 4) of v[2c] (low half) and of v[2c + 1] (high half)
+  for (int c = 0; c < 4; ++c)
+    l[c] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * c], v[2 * c + 1], 0x20),
+                         _mm256_permute2f128_ps(v[2 * c], v[2 * c + 1], 0x31));
+  // (l0 + l2), (l1 + l3) of each: [v0, v0, v2, v2 | v1, v1, v3, v3] and v4..v7
+  const __m256 m0 = _mm256_add_ps(_mm256_shuffle_ps(l[0], l[1], 0x44), _mm256_shuffle_ps(l[0], l[1], 0xee));
+  const __m256 m1 = _mm256_add_ps(_mm256_shuffle_ps(l[2], l[3], 0x44), _mm256_shuffle_ps(l[2], l[3], 0xee));
+  // their sum: lanes hold v0, v2, v4, v6 | v1, v3, v5, v7
+  const __m256 r = _mm256_add_ps(_mm256_shuffle_ps(m0, m1, 0x88), _mm256_shuffle_ps(m0, m1, 0xdd));
+  return _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
 // An unaligned little-endian IEEE half at p, widened exactly to f32.
 inline float load_f16(const uint8_t* p) {
   uint16_t h;

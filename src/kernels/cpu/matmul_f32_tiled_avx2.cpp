@@ -156,21 +156,6 @@ ChainFn pick_chain(int rows, int inputs) {
   }
 }
 
-// avx2::hsum of each of v[0..8), in lane i, with hsum's association:
-// ((v0+v4)+(v2+v6)) + ((v1+v5)+(v3+v7)) over the lanes of each vector.
-inline __m256 hsum8(const __m256 v[8]) {
-  __m256 l[4];  // lanes i + (i+4) of v[2c] (low half) and v[2c+1] (high half)
-  for (int c = 0; c < 4; ++c)
-    l[c] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * c], v[2 * c + 1], 0x20),
-                         _mm256_permute2f128_ps(v[2 * c], v[2 * c + 1], 0x31));
-  // (l0 + l2), (l1 + l3) of each
-  const __m256 m0 = _mm256_add_ps(_mm256_shuffle_ps(l[0], l[1], 0x44), _mm256_shuffle_ps(l[0], l[1], 0xee));
-  const __m256 m1 = _mm256_add_ps(_mm256_shuffle_ps(l[2], l[3], 0x44), _mm256_shuffle_ps(l[2], l[3], 0xee));
-  // their sum: lanes hold v0, v2, v4, v6, v1, v3, v5, v7
-  const __m256 r = _mm256_add_ps(_mm256_shuffle_ps(m0, m1, 0x88), _mm256_shuffle_ps(m0, m1, 0xdd));
-  return _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-}
-
 // 32-byte aligned thread-local float storage.
 struct Scratch {
   std::vector<float> buf;
@@ -260,7 +245,7 @@ void tiled_rows(const MatView& W, const float* X, int64_t n_x, float* Y, int64_t
                                    _mm256_add_ps(pp[2 * kRows * kInputs], pp[3 * kRows * kInputs]));
             }
             float* y = Y + (t0 + t) * ldy + j0 + p0 + p;
-            const __m256 h = hsum8(v);
+            const __m256 h = avx2::hsum8(v);
             if (!F::kAny || sh.n8 == n) {
               avx2::store_f32_first(y, h, nr);
             } else {

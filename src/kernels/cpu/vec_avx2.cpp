@@ -84,24 +84,6 @@ void axpy_f32_rows_avx2(const float* w, const float* x, int64_t stride, int64_t 
     for (int64_t p = 0; p < rows; ++p) axpy_f32_avx2(w[p], x + p * stride + i, y + i, n - i);
 }
 
-namespace {
-
-// hsum of each of v[0..7] (avx2::hsum's order of additions), as lane j.
-inline __m256 hsum8(const __m256 v[8]) {
-  __m256 l[4];  // lanes 0..3: lo + hi of v[2i]; 4..7: of v[2i + 1]
-  for (int i = 0; i < 4; ++i)
-    l[i] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x20),
-                         _mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x31));
-  // (l0 + l2, l1 + l3) of each: [v0, v0, v2, v2 | v1, v1, v3, v3] and v4..v7.
-  const __m256 m0 = _mm256_add_ps(_mm256_shuffle_ps(l[0], l[1], 0x44), _mm256_shuffle_ps(l[0], l[1], 0xee));
-  const __m256 m1 = _mm256_add_ps(_mm256_shuffle_ps(l[2], l[3], 0x44), _mm256_shuffle_ps(l[2], l[3], 0xee));
-  // The two halves added: [v0, v2, v4, v6 | v1, v3, v5, v7].
-  const __m256 r = _mm256_add_ps(_mm256_shuffle_ps(m0, m1, 0x88), _mm256_shuffle_ps(m0, m1, 0xdd));
-  return _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-}
-
-}  // namespace
-
 void dot_f32_rows2_avx2(const float* a0, const float* a1, const float* x, int64_t stride, int64_t rows, int64_t n,
                         float* out0, float* out1) {
   if (n % 32 != 0 || n > 256) {
@@ -146,7 +128,7 @@ void dot_f32_rows2_avx2(const float* a0, const float* a1, const float* x, int64_
     __m256 v[8];
     for (int j = 0; j < 8; ++j)
       v[j] = _mm256_add_ps(_mm256_add_ps(part[0][j], part[1][j]), _mm256_add_ps(part[2][j], part[3][j]));
-    const __m256 r = hsum8(v);
+    const __m256 r = avx2::hsum8(v);
     _mm_storeu_ps(out0 + p, _mm256_castps256_ps128(r));
     _mm_storeu_ps(out1 + p, _mm256_extractf128_ps(r, 1));
   }
