@@ -141,7 +141,7 @@ inline __m256 f16x8(const uint8_t* const p[8]) {
 constexpr int kChunk = 16;  // blocks per tile
 
 struct Tile32 {
-  alignas(32) int8_t w[kChunk][8][32];     // unsigned codes
+  alignas(32) int8_t w[kChunk][8][32];     // unsigned codes (AVX-VNNI: signed 8-bit weights too)
   alignas(32) int16_t w16[kChunk][16][16];  // signed weights (kSigned), see store_signed
   alignas(32) float s0[kChunk][kRows], s1[kChunk][kRows], mn[kChunk][kRows];
   alignas(32) int32_t corr[kChunk][kRows];  // AVX-VNNI, signed weights: -128 * sum of w (finish_signed)
