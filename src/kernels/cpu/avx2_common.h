@@ -90,4 +90,15 @@ inline int64_t tile_rows(size_t row_bytes) {
   return n > 1 ? n : 1;
 }
 
+// Q5_0's fifth bits: bit j of the block's 32-bit qh (bytes 2..5 of the
+// block at b) as 0x10 in byte j, by a byte shuffle and a bit test.
+inline __m256i q5_0_high_bits(const uint8_t* b) {
+  uint32_t qh;
+  std::memcpy(&qh, b + 2, 4);
+  const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+  const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)), shuf);
+  const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit), _mm256_set1_epi8(0x10));
+}
+
 }  // namespace megakern::avx2

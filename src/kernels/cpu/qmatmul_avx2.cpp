@@ -104,13 +104,7 @@ struct Q5_0 {
   static constexpr int kBlock = 32, kBytes = 22;
   static constexpr bool kTwoScales = false, kMin = false;
   static void decode(const uint8_t* b, int, Sub& s) {
-    uint32_t qh;
-    std::memcpy(&qh, b + 2, 4);
-    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
-    __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)), shuf);
-    const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
-    bytes = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
-    const __m256i hi = _mm256_and_si256(bytes, _mm256_set1_epi8(0x10));
+    const __m256i hi = avx2::q5_0_high_bits(b);
     widen_s8(_mm256_sub_epi8(_mm256_or_si256(nibbles(b + 6), hi), _mm256_set1_epi8(16)), s);
     s.sc = avx2::load_f16_in_block(b);
   }

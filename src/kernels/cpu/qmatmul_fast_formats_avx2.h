@@ -75,13 +75,7 @@ struct FQ5_0 {
   static constexpr int kOffset = 16;
   static void decode(const uint8_t* row, int64_t k, Dec& o) {
     const uint8_t* b = row + k * 22;
-    uint32_t qh;
-    std::memcpy(&qh, b + 2, 4);
-    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
-    __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)), shuf);
-    const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
-    bytes = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
-    o.w = _mm256_or_si256(nib32(b + 6), _mm256_and_si256(bytes, _mm256_set1_epi8(0x10)));
+    o.w = _mm256_or_si256(nib32(b + 6), avx2::q5_0_high_bits(b));
     o.s0 = f16_at(b);
   }
 };

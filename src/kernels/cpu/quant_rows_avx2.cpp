@@ -50,14 +50,7 @@ struct Q4_1 {
 struct Q5_0 {
   static constexpr int kBlock = 32, kBytes = 22;
   static void decode(const uint8_t* b, int, __m256 v[4]) {
-    uint32_t qh;
-    std::memcpy(&qh, b + 2, 4);
-    // Spread bit j of qh to byte j as 0x10, via a byte shuffle and a bit test.
-    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
-    __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)), shuf);
-    const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
-    bytes = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
-    const __m256i hi = _mm256_and_si256(bytes, _mm256_set1_epi8(0x10));
+    const __m256i hi = avx2::q5_0_high_bits(b);
     const __m256i q = _mm256_sub_epi8(_mm256_or_si256(nibbles(b + 6), hi), _mm256_set1_epi8(16));
     bytes_to_floats(q, v);
     scale_vecs(v, _mm256_set1_ps(load_f16(b)));
