@@ -601,6 +601,38 @@ TEST(Kernels, SoftcapMatchesTheScalarFormula) {
   }
 }
 
+// The per-thread angle cache returns what RopeAngles::compute gives for the
+// key asked, bit for bit: across keys sharing a slot (positions 128 apart),
+// other dims and other bases, asked in an order that evicts and refills.
+TEST(Kernels, RopeAngleCacheEqualsComputedAngles) {
+  struct Key {
+    int dim;
+    int64_t pos;
+    float base;
+  };
+  const std::vector<Key> keys = {{128, 5, 1e6f},  {128, 133, 1e6f}, {64, 5, 1e6f},     {128, 5, 1e4f},
+                                 {128, 5, 1e6f},  {32, 0, 1e4f},    {128, 261, 5e5f}, {128, 133, 1e6f},
+                                 {64, 70000, 1e4f}, {128, 5, 1e6f}};
+  for (int round = 0; round < 3; ++round)
+    for (const Key& k : keys) {
+      RopeAngles want;
+      want.compute(k.dim, k.pos, k.base);
+      const RopeAngles& got = rope_angles(k.dim, k.pos, k.base);
+      ASSERT_EQ(got.cos.size(), want.cos.size()) << k.dim << " " << k.pos << " " << k.base;
+      EXPECT_EQ(0, std::memcmp(got.cos.data(), want.cos.data(), sizeof(float) * want.cos.size())) << k.pos;
+      EXPECT_EQ(0, std::memcmp(got.sin.data(), want.sin.data(), sizeof(float) * want.sin.size())) << k.pos;
+    }
+  // rope_inplace goes through the cache and keeps the bits of the two-part form.
+  std::vector<float> v(128), w;
+  for (size_t i = 0; i < v.size(); ++i) v[i] = 0.01f * static_cast<float>(i) - 0.5f;
+  w = v;
+  rope_inplace(v.data(), 128, 133, 1e6f, true);
+  RopeAngles a;
+  a.compute(128, 133, 1e6f);
+  rope_apply(w.data(), 128, a, true);
+  EXPECT_EQ(0, std::memcmp(v.data(), w.data(), sizeof(float) * v.size()));
+}
+
 TEST(Kernels, SoftmaxMatchesTheScalarVersion) {
   if (!use_avx2()) GTEST_SKIP() << "no AVX2";
   std::mt19937 rng(13);

@@ -36,8 +36,7 @@ bool yes(const Op&) { return true; }
 void head_norm_rope_tile(const Op& op, const StepContext& ctx, int t, int) {
   const auto& a = op.as<ops::HeadNormRope>();
   float* v = row_of(ctx, op.out, t);
-  thread_local RopeAngles angles;
-  angles.compute(a.rope_dim, ctx.rows[t].pos, a.rope_base);
+  const RopeAngles& angles = rope_angles(a.rope_dim, ctx.rows[t].pos, a.rope_base);
   for (int h = 0; h < a.n_head; ++h) {
     float* vh = v + h * a.head_dim;
     if (!a.head_norm.empty()) rmsnorm(vh, a.head_norm.data(), a.head_dim, a.eps, vh);

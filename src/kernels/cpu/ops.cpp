@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <vector>
 
 #include "kernels/cpu/cpu_features.h"
 
@@ -32,10 +34,31 @@ void RopeAngles::compute(int rope_dim, int64_t pos, float base) {
   }
 }
 
+const RopeAngles& rope_angles(int rope_dim, int64_t pos, float base) {
+  // Direct-mapped by position: the rows of a step (a prompt block, a batch)
+  // have distinct positions, and 128 slots hold any block of up to 128 rows.
+  struct Slot {
+    int rope_dim = -1;
+    int64_t pos = -1;
+    uint32_t base_bits = 0;
+    RopeAngles a;
+  };
+  constexpr size_t kSlots = 128;
+  thread_local std::vector<Slot> cache(kSlots);
+  uint32_t bits;
+  std::memcpy(&bits, &base, sizeof bits);
+  Slot& s = cache[static_cast<size_t>(pos) % kSlots];
+  if (s.rope_dim != rope_dim || s.pos != pos || s.base_bits != bits) {
+    s.a.compute(rope_dim, pos, base);
+    s.rope_dim = rope_dim;
+    s.pos = pos;
+    s.base_bits = bits;
+  }
+  return s.a;
+}
+
 void rope_inplace(float* v, int rope_dim, int64_t pos, float base, bool neox) {
-  thread_local RopeAngles a;
-  a.compute(rope_dim, pos, base);
-  rope_apply(v, rope_dim, a, neox);
+  rope_apply(v, rope_dim, rope_angles(rope_dim, pos, base), neox);
 }
 
 void rope_apply(float* v, int rope_dim, const RopeAngles& angles, bool neox) {

@@ -24,6 +24,12 @@ struct RopeAngles {
   void compute(int rope_dim, int64_t pos, float base);
 };
 void rope_apply(float* v, int rope_dim, const RopeAngles& a, bool neox);
+// The angles of (rope_dim, pos, base) from a small per-thread cache, computed
+// on a miss: a step's layers all rotate the same positions (q and k of every
+// layer), so each position's sines and cosines are computed once per step
+// instead of twice per layer. The reference stays valid until the calling
+// thread's next call.
+const RopeAngles& rope_angles(int rope_dim, int64_t pos, float base);
 
 // In-place softmax over n values, with the maximum subtracted first and the
 // sum of the exponentials taken in double, in order. softmax_inplace_scalar

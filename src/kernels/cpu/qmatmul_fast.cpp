@@ -36,19 +36,41 @@ int fast_act_block(DType t) {
   return t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K || t == DType::IQ4_XS ? 256 : 32;
 }
 
-// From this many inputs on, the AVX2 fast path takes the register-blocked
-// kernel (measured: its weight transposition pays off from a few inputs).
-// MEGAKERN_FAST_R8_MIN overrides it (tuning and tests; results are the same).
-int fast_r8_min_inputs() {
-  static const int v = [] {
+// From how many inputs on the register-blocked kernel takes a format: its
+// tile transposition is paid once per group of rows and chunk, so it wins
+// from a few inputs, and from fewer where vpdpbusd makes its passes cheap.
+// Measured per format and variant with one thread (K = 1024, N = 4096, 2 and
+// 3 inputs against the per-row kernel); formats not listed keep 4.
+// MEGAKERN_FAST_R8_MIN overrides it for every format (tuning and tests;
+// results are the same either way).
+int fast_r8_min_inputs(DType t, bool vnni) {
+  static const int forced = [] {
     const char* e = std::getenv("MEGAKERN_FAST_R8_MIN");
-    if (e == nullptr || *e == 0) return 4;
+    if (e == nullptr || *e == 0) return 0;
     char* end = nullptr;
     const long v = std::strtol(e, &end, 10);
     MK_CHECK(*end == 0 && v >= 1 && v <= (1L << 30), "MEGAKERN_FAST_R8_MIN must be a positive integer, got '{}'", e);
     return (int)v;
   }();
-  return v;
+  if (forced > 0) return forced;
+  switch (t) {
+    case DType::Q4_0:
+    case DType::Q4_K:
+    case DType::MXFP4:
+      return 2;
+    case DType::Q4_1:
+      return vnni ? 2 : 3;
+    case DType::Q8_0:
+    case DType::INT8_COL:
+    case DType::IQ4_NL:
+    case DType::Q5_K:
+      return vnni ? 2 : 4;
+    case DType::Q5_0:
+    case DType::Q3_K:
+      return vnni ? 3 : 4;
+    default:
+      return 4;
+  }
 }
 
 void prepare_q8_acts(int64_t n_x, int64_t cols, int64_t block, Q8Acts& A) {
