@@ -17,6 +17,7 @@
 #include "ir/program.h"
 #include "model/qwen38.h"
 #include "model/qwen38_config.h"
+#include "runtime/engine.h"
 #include "runtime/model.h"
 #include "runtime/sampler.h"
 #include "runtime/session.h"
@@ -346,6 +347,34 @@ TEST(Runtime, BlockPrefillMatchesOneRowStepsForEveryPreset) {
   }
 }
 
+
+// The prompt block each kind of model gets by default: 32 positions where the
+// block is the recurrent chunk, the dense models' 128, and no more than an
+// architecture's programs take (Muse Spark: 64). A dense model's default
+// 128-row prefill gives the bits of one-row steps.
+TEST(Runtime, DefaultPromptBlockPerModelAndDenseBlocksKeepTheBits) {
+  auto q = load_model("qwen3.8-mini");
+  auto muse = load_model("muse-spark-mini");
+  auto dense = load_model("dense-mini");
+  EXPECT_EQ(default_prompt_block(*q), kDefaultUbatch);
+  EXPECT_EQ(default_prompt_block(*muse), 64);
+  EXPECT_EQ(default_prompt_block(*dense), kDefaultPromptBlock);
+  ThreadPool pool(2);
+  EXPECT_EQ(Engine(*q, pool, 8).prefill_rows(), 8);
+  EXPECT_EQ(Engine(*muse, pool, 8).prefill_rows(), 64);
+  EXPECT_EQ(Engine(*dense, pool, 8).prefill_rows(), kDefaultPromptBlock);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 300; ++i) prompt.push_back((i * 37 + 11) % 256);
+  for (Numerics mode : {Numerics::Exact, Numerics::Fast}) {
+    dense->set_numerics(mode);
+    Session block(*dense, pool, 320, "mega", 0), single(*dense, pool, 320, "mega", 1);
+    EXPECT_EQ(block.engine().prefill_rows(), kDefaultPromptBlock);
+    block.set_tokens(prompt);
+    single.set_tokens(prompt);
+    EXPECT_EQ(block.logits(), single.logits()) << numerics_name(mode);
+  }
+  dense->set_numerics(Numerics::Exact);
+}
 TEST(Runtime, LoadModelErrorsNameTheProblem) {
   auto msg = [](const std::string& name) {
     try {

@@ -157,7 +157,7 @@ void bench_prompt(const BenchOptions& o, Model& M, ThreadPool& pool, const std::
                   double load_ms) {
   const auto execs = split_list(o.executors);
   const int n = o.prompt;
-  const int ub = o.ubatch > 0 ? o.ubatch : kDefaultUbatch;
+  const int ub = o.ubatch > 0 ? o.ubatch : default_prompt_block(M);
   std::vector<int32_t> tokens(static_cast<size_t>(n));
   for (int i = 0; i < n; ++i) tokens[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919 + 17) % M.n_vocab());
   struct Case {

@@ -46,9 +46,8 @@ void add_common(CLI::App* cmd, GenOptions& o) {
       ->capture_default_str()
       ->check(CLI::Range(0, 1024));
   cmd->add_option("--ubatch", o.gen.ubatch,
-                  "Prompt positions computed per executor step (models without a batched prompt pass: Qwen3.8, "
-                  "Kimi K3, Muse Spark); also the rows a step may take")
-      ->capture_default_str()
+                  "Prompt positions computed per executor step; also the rows a step may take (default: 32 for "
+                  "models with recurrent state, whose chunked prompt pass depends on it, 128 for the others)")
       ->check(CLI::Range(1, 256));
   cmd->add_option("--executor", o.gen.executor, "Decode executor: mega, opbyop or reference")
       ->capture_default_str()

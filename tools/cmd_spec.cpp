@@ -29,8 +29,9 @@
 namespace megakern::cli {
 namespace {
 
-// Rows per step of a target engine: a verify block of draft + 1 rows, and
-// the prompt in blocks of ubatch positions (as Generator builds it).
+// Rows per step of the engine that measures verify costs: draft + 1 rows and
+// 8 at least (the cost table's largest), and a recurrent model's prompt in
+// blocks of kDefaultUbatch positions (as Generator computes it).
 int engine_rows(int draft) { return std::max(kDefaultUbatch, draft + 1); }
 
 const char* kParagraph =

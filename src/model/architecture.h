@@ -45,6 +45,8 @@ class ArchModel {
   // The decode program for steps of up to max_rows rows (Numerics::Exact;
   // the runtime sets the mode).
   virtual DecodeProgram build_program(int max_rows) const = 0;
+  // The most rows build_program accepts.
+  virtual int max_program_rows() const { return 64; }
   virtual int n_vocab() const = 0;
   // The longest context the model was trained for (0 when unknown).
   virtual int train_context() const { return 0; }

@@ -18,6 +18,7 @@ class DenseArchModel final : public ArchModel {
   DenseArchModel(std::vector<uint8_t> image, std::unique_ptr<GGUFFile> file, std::optional<DType> dequantise)
       : image_(std::move(image)), file_(std::move(file)), model_(DenseModel::load(*file_, dequantise)) {}
   DecodeProgram build_program(int max_rows) const override { return build_dense_program(*model_, max_rows); }
+  int max_program_rows() const override { return kDenseMaxRows; }
   int n_vocab() const override { return model_->config().n_vocab; }
   int train_context() const override { return model_->config().n_ctx_train; }
   std::string description() const override {

@@ -5,7 +5,7 @@
 namespace megakern {
 
 DecodeProgram build_dense_program(const DenseModel& model, int max_rows) {
-  if (max_rows < 1 || max_rows > 512) fail("max_rows must be in [1, 512], got {}", max_rows);
+  if (max_rows < 1 || max_rows > kDenseMaxRows) fail("max_rows must be in [1, {}], got {}", kDenseMaxRows, max_rows);
   const DenseConfig& c = model.config();
   DecodeProgram p;
   p.model_name = c.arch_name;

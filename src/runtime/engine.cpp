@@ -13,7 +13,11 @@ Engine::Engine(const Model& model, ThreadPool& pool, int max_rows, const std::st
       program_(model.build_program(max_rows)),
       exec_(make_executor(executor, program_, pool)),
       exec_kind_(executor) {
-  set_prefill_rows(model.recurrent() ? max_rows : std::max(max_rows, kDefaultUbatch));
+  set_prefill_rows(model.recurrent() ? max_rows : std::max(max_rows, default_prompt_block(model)));
+}
+
+int default_prompt_block(const Model& model) {
+  return model.recurrent() ? kDefaultUbatch : std::min(kDefaultPromptBlock, model.max_program_rows());
 }
 
 void Engine::set_prefill_rows(int rows) {

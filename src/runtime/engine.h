@@ -15,16 +15,25 @@ namespace megakern {
 
 class ThreadPool;
 
-// Prompt positions per executor step that the commands use (for dense
-// models also the least block an Engine prefills with), measured for the
-// recurrent models:
-// on qwen3.8-bench (q4_0, fast, 256-token prompt, 2 cores) 8 rows gave
-// 13 tok/s, 32 rows 19 and 64 rows 25 (op-by-op 34) with the megakernel.
-// Plain and speculative generation must prefill with the same block size:
-// a recurrent model's chunked prompt pass equals the per-token form only
-// within a tolerance, which the fast mode's int8 grid can turn into a
-// different token.
+// Prompt positions per executor step of models with recurrent state,
+// measured on qwen3.8-bench (q4_0, fast, 256-token prompt, 2 cores): 8 rows
+// gave 13 tok/s, 32 rows 19 and 64 rows 25 (op-by-op 34) with the
+// megakernel. It is also their chunk: plain and speculative generation must
+// prefill with the same block size, as a recurrent model's chunked prompt
+// pass equals the per-token form only within a tolerance, which the fast
+// mode's int8 grid can turn into a different token. So it stays at 32.
 inline constexpr int kDefaultUbatch = 32;
+// Prompt positions per executor step of the other models, whose rows give
+// the same bits in any block: each weight tile decoded for a matrix product
+// serves the block's rows, so larger blocks pay it less often. Measured
+// (megakernel, 512-token prompt, 2 threads, two interleaved rounds, tok/s at
+// 32 / 64 / 128 rows): 0.6B Q4_0 fast 141-145 / 156-189 / 161-206, exact
+// 67-75 / 80-90 / 76-85; Q4_K_M fast 144-170 / 169-174 / 181-190; Q8_0 exact
+// 73-78 / 81-83 / 86-90; SmolLM2 fast 460-489 / 493-564 / 526-536.
+inline constexpr int kDefaultPromptBlock = 128;
+// The prompt block a model gets when none is asked for (no more than its
+// programs' most rows).
+int default_prompt_block(const Model& model);
 
 // Steps of one model's DecodeProgram on one executor, for any set of
 // sequences: the batching primitive under sessions, the server and
@@ -60,7 +69,8 @@ class Engine {
   // Positions per prefill step. By default max_rows for models with
   // recurrent state (their chunked prompt pass depends on the block size
   // within a tolerance, so every engine of a model must agree), and at least
-  // kDefaultUbatch for the others (whose rows do not depend on the block).
+  // kDefaultPromptBlock for the others (whose rows do not depend on the
+  // block).
   int prefill_rows() const { return prefill_rows_; }
   void set_prefill_rows(int rows);
 

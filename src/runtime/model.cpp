@@ -29,6 +29,7 @@ class RuntimeModel final : public Model {
     name_ = name;
     n_vocab_ = m_->n_vocab();
     train_ctx_ = m_->train_context();
+    max_program_rows_ = m_->max_program_rows();
     set_sequence_shape(m_->ring_block());
     const GGUFFile* file = m_->gguf();
     if (file && file->has("tokenizer.ggml.model")) {

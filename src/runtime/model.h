@@ -47,6 +47,8 @@ class Model {
   int train_context() const { return train_ctx_; }
   // Whether rows carry recurrent state (a sequence's state cannot be rewound).
   bool recurrent() const { return shape_.recurrent; }
+  // The most rows a program of this model can be built for.
+  int max_program_rows() const { return max_program_rows_; }
 
   // The model's decode program for steps of up to max_rows rows, in the
   // model's numerics mode.
@@ -96,6 +98,7 @@ class Model {
   std::string name_, description_;
   int n_vocab_ = 0;
   int train_ctx_ = 0;
+  int max_program_rows_ = 64;
   std::unique_ptr<Tokenizer> tokenizer_;
   ChatFormat chat_;
   bool chat_declared_ = false;

@@ -27,8 +27,9 @@ struct Generator::Owned {
 
 Generator::Generator(const Model& model, ThreadPool& pool, const GeneratorOptions& o) : owned_(new Owned) {
   Owned& w = *owned_;
+  const int ubatch = o.ubatch > 0 ? o.ubatch : default_prompt_block(model);
   if (o.drafter.empty()) {
-    w.session = std::make_unique<Session>(model, pool, o.n_ctx, o.executor, o.ubatch);
+    w.session = std::make_unique<Session>(model, pool, o.n_ctx, o.executor, ubatch);
     w.sampler = std::make_unique<Sampler>(o.sampling);
     session_ = w.session.get();
     sampler_ = w.sampler.get();
@@ -37,8 +38,11 @@ Generator::Generator(const Model& model, ThreadPool& pool, const GeneratorOption
   w.drafter = make_drafter(o.drafter, model, pool, o.n_ctx, o.sampling, w.draft_model, o.executor);
   // A verify block of draft + 1 rows, and the prompt in blocks of ubatch
   // positions as plain decoding computes it (a recurrent model's chunked
-  // prompt pass then gives the same state).
-  w.engine = std::make_unique<Engine>(model, pool, std::max(o.ubatch, o.draft + 1), o.executor);
+  // prompt pass then gives the same state; it goes through the full
+  // program, so that has ubatch rows at least).
+  w.engine = std::make_unique<Engine>(model, pool, model.recurrent() ? std::max(ubatch, o.draft + 1) : o.draft + 1,
+                                      o.executor);
+  if (!model.recurrent()) w.engine->set_prefill_rows(ubatch);
   w.seq = std::make_unique<SequenceState>(model.new_sequence(o.n_ctx));
   SpecOptions so;
   so.draft = o.draft;

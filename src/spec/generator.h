@@ -36,7 +36,7 @@ struct GenResult {
 struct GeneratorOptions {
   int n_ctx = 4096;
   std::string executor = "mega";
-  int ubatch = kDefaultUbatch;  // rows per prompt step (and at least draft + 1 rows per verify step)
+  int ubatch = 0;  // rows per prompt step (0: default_prompt_block of the model)
   SamplingParams sampling;      // one random stream over every generate() call
   std::string drafter;          // speculative decoding with it (make_drafter in spec/drafter.h); empty: plain
   int draft = 6;                // most draft tokens per verify step
