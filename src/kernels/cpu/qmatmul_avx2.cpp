@@ -531,6 +531,103 @@ inline void i16_row(const uint8_t* row, const QuantizedActs& A, int64_t t0, floa
   for (int t = 0; t < NT; ++t) Y[(t0 + t) * ldy + j] = hsum(acc[t]);
 }
 
+// One input against a Q4_K or Q6_K row, block by block: exactly the
+// arithmetic and order of i16_row<F, 1> (sub-blocks in pairs summed into
+// fresh vectors, each pair then added to the accumulator), with what the
+// generic loop redoes per sub-block done once per 256-block: the scales (and
+// Q4_K's mins) and their products with the inputs' scales are formed as
+// vectors and broadcast from memory, and bytes that several sub-blocks share
+// are loaded and widened once (Q4_K: the 32 bytes of a pair of sub-blocks;
+// Q6_K: the high bits of four and the low nibbles of two). The scale
+// products are the same single multiplications, so the bits are those of
+// i16_row<F, 1>.
+inline __m256 k_contrib(__m256i lo, __m256i hi, const int16_t* xq, const float* fac, __m256 acc) {
+  const __m256i xlo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
+  const __m256i xhi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 16));
+  const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(lo, xlo), _mm256_madd_epi16(hi, xhi));
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_broadcast_ss(fac), acc);
+}
+
+void i16_row1_q4k(const uint8_t* row, const QuantizedActs& A, int64_t t, float* Y, int64_t ldy, int64_t j) {
+  const int16_t* xq = A.q_row(t);
+  const float* xd = A.d_row(t);
+  const float* xs = A.s_row(t);
+  const __m256i m4 = _mm256_set1_epi16(0x0f);
+  __m256 acc = _mm256_setzero_ps();
+  Q4_K::State st;
+  alignas(32) float fac[8];
+  for (int64_t bi = 0; bi < A.nb / 8; ++bi) {
+    const uint8_t* b = row + bi * Q4_K::kBytes;
+    Q4_K::prepare(b, st);
+    _mm256_store_ps(fac, _mm256_mul_ps(_mm256_load_ps(st.sc), _mm256_loadu_ps(xd + 8 * bi)));
+    for (int h = 0; h < 2; ++h) {
+      const int64_t k = 8 * bi + 4 * h;
+      prefetch_ahead<Q4_K, 4>(row, k);
+      const uint8_t* q = b + 16 + 64 * h;  // pairs (4h, 4h + 1) and (4h + 2, 4h + 3)
+      auto wide = [](const uint8_t* p) { return _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); };
+      const __m256i l0 = wide(q), h0 = wide(q + 16), l1 = wide(q + 32), h1 = wide(q + 48);
+      auto sub = [&](__m256i lo, __m256i hi, int u, __m256 a) {
+        a = k_contrib(lo, hi, xq + 32 * (k + u), fac + 4 * h + u, a);
+        return _mm256_fmadd_ps(_mm256_broadcast_ss(st.mn + 4 * h + u), _mm256_loadu_ps(xs + 8 * (k + u)), a);
+      };
+      __m256 pair0 = sub(_mm256_and_si256(l0, m4), _mm256_and_si256(h0, m4), 0, _mm256_setzero_ps());
+      __m256 pair1 = sub(_mm256_and_si256(l1, m4), _mm256_and_si256(h1, m4), 2, _mm256_setzero_ps());
+      pair0 = sub(_mm256_srli_epi16(l0, 4), _mm256_srli_epi16(h0, 4), 1, pair0);
+      pair1 = sub(_mm256_srli_epi16(l1, 4), _mm256_srli_epi16(h1, 4), 3, pair1);
+      acc = _mm256_add_ps(_mm256_add_ps(acc, pair0), pair1);
+    }
+  }
+  Y[t * ldy + j] = hsum(acc);
+}
+
+void i16_row1_q6k(const uint8_t* row, const QuantizedActs& A, int64_t t, float* Y, int64_t ldy, int64_t j) {
+  const int16_t* xq = A.q_row(t);
+  const float* xd = A.d_row(t);
+  const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3), c32 = _mm256_set1_epi8(32);
+  const __m256i dup_lo = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3), dup_hi = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
+  __m256 acc = _mm256_setzero_ps();
+  alignas(32) float fac[16];  // [2 s + e]: scale of half e of sub-block s, times the input's scale
+  for (int64_t bi = 0; bi < A.nb / 8; ++bi) {
+    const uint8_t* b = row + bi * Q6_K::kBytes;
+    const __m256 d = _mm256_set1_ps(avx2::load_f16(b + 208));
+    const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192));
+    const __m256 sc_lo = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8)));
+    const __m256 sc_hi = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc8, 8))));
+    const __m256 dx = _mm256_loadu_ps(xd + 8 * bi);
+    _mm256_store_ps(fac, _mm256_mul_ps(sc_lo, _mm256_permutevar8x32_ps(dx, dup_lo)));
+    _mm256_store_ps(fac + 8, _mm256_mul_ps(sc_hi, _mm256_permutevar8x32_ps(dx, dup_hi)));
+    for (int h = 0; h < 2; ++h) {
+      const int64_t k = 8 * bi + 4 * h;
+      prefetch_ahead<Q6_K, 4>(row, k);
+      const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h));
+      const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h + 32));
+      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h));
+      // Sub-block 4h + u: low nibbles of ql(u % 2) (high nibbles for u >= 2),
+      // bits 2u, 2u + 1 of qh as bits 4, 5; minus 32; widened to int16.
+      auto sub = [&]<int u>(__m256 a) {
+        const __m256i ql = u % 2 ? ql1 : ql0;
+        const __m256i low = _mm256_and_si256(u >= 2 ? _mm256_srli_epi16(ql, 4) : ql, m4);
+        const __m256i high = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * u), m2);
+        const __m256i w = _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(high, 4)), c32);
+        const __m256i lo = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w));
+        const __m256i hi = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(w, 1));
+        const int16_t* x = xq + 32 * (k + u);
+        const __m256i xlo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+        const __m256i xhi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 16));
+        const float* f = fac + 2 * (4 * h + u);
+        a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(lo, xlo)), _mm256_broadcast_ss(f), a);
+        return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(hi, xhi)), _mm256_broadcast_ss(f + 1), a);
+      };
+      __m256 pair0 = sub.template operator()<0>(_mm256_setzero_ps());
+      __m256 pair1 = sub.template operator()<2>(_mm256_setzero_ps());
+      pair0 = sub.template operator()<1>(pair0);
+      pair1 = sub.template operator()<3>(pair1);
+      acc = _mm256_add_ps(_mm256_add_ps(acc, pair0), pair1);
+    }
+  }
+  Y[t * ldy + j] = hsum(acc);
+}
+
 // Many inputs: a panel of weight rows is decoded once into int16 codes and
 // scales (decode can cost more than the products it feeds: a Q4_K sub-block
 // unpacks scales, mins and nibbles), then every group of four inputs runs
@@ -687,7 +784,14 @@ void i16_rows(const MatView& W, const QuantizedActs& A, float* Y, int64_t ldy, i
       switch (A.n_x - t0) {
         case 3: i16_row<F, 3>(W.row(j), A, t0, Y, ldy, j); break;
         case 2: i16_row<F, 2>(W.row(j), A, t0, Y, ldy, j); break;
-        case 1: i16_row<F, 1>(W.row(j), A, t0, Y, ldy, j); break;
+        case 1:
+          if constexpr (std::is_same_v<F, Q4_K>)
+            i16_row1_q4k(W.row(j), A, t0, Y, ldy, j);
+          else if constexpr (std::is_same_v<F, Q6_K>)
+            i16_row1_q6k(W.row(j), A, t0, Y, ldy, j);
+          else
+            i16_row<F, 1>(W.row(j), A, t0, Y, ldy, j);
+          break;
         default: break;
       }
     }
