@@ -531,14 +531,16 @@ inline void i16_row(const uint8_t* row, const QuantizedActs& A, int64_t t0, floa
   for (int t = 0; t < NT; ++t) Y[(t0 + t) * ldy + j] = hsum(acc[t]);
 }
 
-// One input against a Q4_K or Q6_K row, block by block: exactly the
+// One input against a Q4_K, Q5_K or Q6_K row, block by block: exactly the
 // arithmetic and order of i16_row<F, 1> (sub-blocks in pairs summed into
 // fresh vectors, each pair then added to the accumulator), with what the
 // generic loop redoes per sub-block done once per 256-block: the scales (and
 // Q4_K's mins) and their products with the inputs' scales are formed as
 // vectors and broadcast from memory, and bytes that several sub-blocks share
 // are loaded and widened once (Q4_K: the 32 bytes of a pair of sub-blocks;
-// Q6_K: the high bits of four and the low nibbles of two). The scale
+// Q5_K: those and the fifth bits of all eight, in registers rather than
+// through Q5_K::State's stored codes; Q6_K: the high bits of four and the
+// low nibbles of two). The scale
 // products are the same single multiplications, so the bits are those of
 // i16_row<F, 1>.
 inline __m256 k_contrib(__m256i lo, __m256i hi, const int16_t* xq, const float* fac, __m256 acc) {
@@ -548,34 +550,59 @@ inline __m256 k_contrib(__m256i lo, __m256i hi, const int16_t* xq, const float* 
   return _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_broadcast_ss(fac), acc);
 }
 
-void i16_row1_q4k(const uint8_t* row, const QuantizedActs& A, int64_t t, float* Y, int64_t ldy, int64_t j) {
+// The order i16_row<F, 1> adds four sub-blocks u = 0..3 in: pairs (0, 1)
+// and (2, 3), each summed into a fresh vector, then both added to acc.
+template <class Sub>
+inline __m256 four_subs(__m256 acc, Sub&& sub) {
+  __m256 pair0 = sub.template operator()<0>(_mm256_setzero_ps());
+  __m256 pair1 = sub.template operator()<2>(_mm256_setzero_ps());
+  pair0 = sub.template operator()<1>(pair0);
+  pair1 = sub.template operator()<3>(pair1);
+  return _mm256_add_ps(_mm256_add_ps(acc, pair0), pair1);
+}
+
+// Q4_K, and Q5_K (kQ5: Q4_K's layout after 32 bytes of fifth bits, bit sb
+// of each byte for sub-block sb).
+template <bool kQ5>
+void i16_row1_q45k(const uint8_t* row, const QuantizedActs& A, int64_t t, float* Y, int64_t ldy, int64_t j) {
+  using F = std::conditional_t<kQ5, Q5_K, Q4_K>;
   const int16_t* xq = A.q_row(t);
   const float* xd = A.d_row(t);
   const float* xs = A.s_row(t);
-  const __m256i m4 = _mm256_set1_epi16(0x0f);
+  const __m256i m4 = _mm256_set1_epi16(0x0f), one = _mm256_set1_epi16(1);
+  auto wide = [](const uint8_t* p) { return _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); };
   __m256 acc = _mm256_setzero_ps();
   Q4_K::State st;
   alignas(32) float fac[8];
   for (int64_t bi = 0; bi < A.nb / 8; ++bi) {
-    const uint8_t* b = row + bi * Q4_K::kBytes;
+    const uint8_t* b = row + bi * F::kBytes;
     Q4_K::prepare(b, st);
     _mm256_store_ps(fac, _mm256_mul_ps(_mm256_load_ps(st.sc), _mm256_loadu_ps(xd + 8 * bi)));
-    for (int h = 0; h < 2; ++h) {
+    __m256i bits_lo = _mm256_setzero_si256(), bits_hi = bits_lo;  // Q5_K: fifth bits of elements 0..15, 16..31
+    if constexpr (kQ5) bits_lo = wide(b + 16), bits_hi = wide(b + 32);
+    auto half = [&]<int h>() {
       const int64_t k = 8 * bi + 4 * h;
-      prefetch_ahead<Q4_K, 4>(row, k);
-      const uint8_t* q = b + 16 + 64 * h;  // pairs (4h, 4h + 1) and (4h + 2, 4h + 3)
-      auto wide = [](const uint8_t* p) { return _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); };
+      prefetch_ahead<F, 4>(row, k);
+      const uint8_t* q = b + (kQ5 ? 48 : 16) + 64 * h;  // pairs (4h, 4h + 1) and (4h + 2, 4h + 3)
       const __m256i l0 = wide(q), h0 = wide(q + 16), l1 = wide(q + 32), h1 = wide(q + 48);
-      auto sub = [&](__m256i lo, __m256i hi, int u, __m256 a) {
+      // Sub-block 4h + u: low nibbles (u even) or high ones of pair u / 2
+      // (Q5_K: and bit 4h + u of the fifth bits, as 16).
+      auto sub = [&]<int u>(__m256 a) {
+        const __m256i l = u / 2 ? l1 : l0, hh = u / 2 ? h1 : h0;
+        __m256i lo = u % 2 ? _mm256_srli_epi16(l, 4) : _mm256_and_si256(l, m4);
+        __m256i hi = u % 2 ? _mm256_srli_epi16(hh, 4) : _mm256_and_si256(hh, m4);
+        if constexpr (kQ5) {
+          constexpr int sb = 4 * h + u;
+          lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(bits_lo, sb), one), 4));
+          hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(bits_hi, sb), one), 4));
+        }
         a = k_contrib(lo, hi, xq + 32 * (k + u), fac + 4 * h + u, a);
         return _mm256_fmadd_ps(_mm256_broadcast_ss(st.mn + 4 * h + u), _mm256_loadu_ps(xs + 8 * (k + u)), a);
       };
-      __m256 pair0 = sub(_mm256_and_si256(l0, m4), _mm256_and_si256(h0, m4), 0, _mm256_setzero_ps());
-      __m256 pair1 = sub(_mm256_and_si256(l1, m4), _mm256_and_si256(h1, m4), 2, _mm256_setzero_ps());
-      pair0 = sub(_mm256_srli_epi16(l0, 4), _mm256_srli_epi16(h0, 4), 1, pair0);
-      pair1 = sub(_mm256_srli_epi16(l1, 4), _mm256_srli_epi16(h1, 4), 3, pair1);
-      acc = _mm256_add_ps(_mm256_add_ps(acc, pair0), pair1);
-    }
+      acc = four_subs(acc, sub);
+    };
+    half.template operator()<0>();
+    half.template operator()<1>();
   }
   Y[t * ldy + j] = hsum(acc);
 }
@@ -618,11 +645,7 @@ void i16_row1_q6k(const uint8_t* row, const QuantizedActs& A, int64_t t, float* 
         a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(lo, xlo)), _mm256_broadcast_ss(f), a);
         return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(hi, xhi)), _mm256_broadcast_ss(f + 1), a);
       };
-      __m256 pair0 = sub.template operator()<0>(_mm256_setzero_ps());
-      __m256 pair1 = sub.template operator()<2>(_mm256_setzero_ps());
-      pair0 = sub.template operator()<1>(pair0);
-      pair1 = sub.template operator()<3>(pair1);
-      acc = _mm256_add_ps(_mm256_add_ps(acc, pair0), pair1);
+      acc = four_subs(acc, sub);
     }
   }
   Y[t * ldy + j] = hsum(acc);
@@ -786,7 +809,9 @@ void i16_rows(const MatView& W, const QuantizedActs& A, float* Y, int64_t ldy, i
         case 2: i16_row<F, 2>(W.row(j), A, t0, Y, ldy, j); break;
         case 1:
           if constexpr (std::is_same_v<F, Q4_K>)
-            i16_row1_q4k(W.row(j), A, t0, Y, ldy, j);
+            i16_row1_q45k<false>(W.row(j), A, t0, Y, ldy, j);
+          else if constexpr (std::is_same_v<F, Q5_K>)
+            i16_row1_q45k<true>(W.row(j), A, t0, Y, ldy, j);
           else if constexpr (std::is_same_v<F, Q6_K>)
             i16_row1_q6k(W.row(j), A, t0, Y, ldy, j);
           else
