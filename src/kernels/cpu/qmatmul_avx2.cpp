@@ -562,93 +562,144 @@ inline __m256 four_subs(__m256 acc, Sub&& sub) {
 }
 
 // Q4_K, and Q5_K (kQ5: Q4_K's layout after 32 bytes of fifth bits, bit sb
-// of each byte for sub-block sb).
-template <bool kQ5>
-void i16_row1_q45k(const uint8_t* row, const QuantizedActs& A, int64_t t, float* Y, int64_t ldy, int64_t j) {
+// of each byte for sub-block sb), against inputs t0 .. t0 + NT - 1: each
+// sub-block decoded once for all of them.
+template <bool kQ5, int NT>
+void i16_rows_q45k(const uint8_t* row, const QuantizedActs& A, int64_t t0, float* Y, int64_t ldy, int64_t j) {
   using F = std::conditional_t<kQ5, Q5_K, Q4_K>;
-  const int16_t* xq = A.q_row(t);
-  const float* xd = A.d_row(t);
-  const float* xs = A.s_row(t);
+  const int16_t* xq[NT];
+  const float* xd[NT];
+  const float* xs[NT];
+  __m256 acc[NT];
+  for (int t = 0; t < NT; ++t) {
+    xq[t] = A.q_row(t0 + t);
+    xd[t] = A.d_row(t0 + t);
+    xs[t] = A.s_row(t0 + t);
+    acc[t] = _mm256_setzero_ps();
+  }
   const __m256i m4 = _mm256_set1_epi16(0x0f), one = _mm256_set1_epi16(1);
   auto wide = [](const uint8_t* p) { return _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); };
-  __m256 acc = _mm256_setzero_ps();
   Q4_K::State st;
-  alignas(32) float fac[8];
+  alignas(32) float fac[NT][8];
   for (int64_t bi = 0; bi < A.nb / 8; ++bi) {
     const uint8_t* b = row + bi * F::kBytes;
     Q4_K::prepare(b, st);
-    _mm256_store_ps(fac, _mm256_mul_ps(_mm256_load_ps(st.sc), _mm256_loadu_ps(xd + 8 * bi)));
+    const __m256 sc = _mm256_load_ps(st.sc);
+    for (int t = 0; t < NT; ++t) _mm256_store_ps(fac[t], _mm256_mul_ps(sc, _mm256_loadu_ps(xd[t] + 8 * bi)));
     __m256i bits_lo = _mm256_setzero_si256(), bits_hi = bits_lo;  // Q5_K: fifth bits of elements 0..15, 16..31
     if constexpr (kQ5) bits_lo = wide(b + 16), bits_hi = wide(b + 32);
     auto half = [&]<int h>() {
       const int64_t k = 8 * bi + 4 * h;
-      prefetch_ahead<F, 4>(row, k);
+      if constexpr (NT == 1) prefetch_ahead<F, 4>(row, k);
       const uint8_t* q = b + (kQ5 ? 48 : 16) + 64 * h;  // pairs (4h, 4h + 1) and (4h + 2, 4h + 3)
       const __m256i l0 = wide(q), h0 = wide(q + 16), l1 = wide(q + 32), h1 = wide(q + 48);
       // Sub-block 4h + u: low nibbles (u even) or high ones of pair u / 2
       // (Q5_K: and bit 4h + u of the fifth bits, as 16).
-      auto sub = [&]<int u>(__m256 a) {
+      __m256i lo[4], hi[4];
+      auto codes = [&]<int u>() {
         const __m256i l = u / 2 ? l1 : l0, hh = u / 2 ? h1 : h0;
-        __m256i lo = u % 2 ? _mm256_srli_epi16(l, 4) : _mm256_and_si256(l, m4);
-        __m256i hi = u % 2 ? _mm256_srli_epi16(hh, 4) : _mm256_and_si256(hh, m4);
+        lo[u] = u % 2 ? _mm256_srli_epi16(l, 4) : _mm256_and_si256(l, m4);
+        hi[u] = u % 2 ? _mm256_srli_epi16(hh, 4) : _mm256_and_si256(hh, m4);
         if constexpr (kQ5) {
           constexpr int sb = 4 * h + u;
-          lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(bits_lo, sb), one), 4));
-          hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(bits_hi, sb), one), 4));
+          lo[u] = _mm256_or_si256(lo[u], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(bits_lo, sb), one), 4));
+          hi[u] = _mm256_or_si256(hi[u], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(bits_hi, sb), one), 4));
         }
-        a = k_contrib(lo, hi, xq + 32 * (k + u), fac + 4 * h + u, a);
-        return _mm256_fmadd_ps(_mm256_broadcast_ss(st.mn + 4 * h + u), _mm256_loadu_ps(xs + 8 * (k + u)), a);
       };
-      acc = four_subs(acc, sub);
+      codes.template operator()<0>();
+      codes.template operator()<1>();
+      codes.template operator()<2>();
+      codes.template operator()<3>();
+      for (int t = 0; t < NT; ++t) {
+        auto sub = [&]<int u>(__m256 a) {
+          a = k_contrib(lo[u], hi[u], xq[t] + 32 * (k + u), fac[t] + 4 * h + u, a);
+          return _mm256_fmadd_ps(_mm256_broadcast_ss(st.mn + 4 * h + u), _mm256_loadu_ps(xs[t] + 8 * (k + u)), a);
+        };
+        acc[t] = four_subs(acc[t], sub);
+      }
     };
     half.template operator()<0>();
     half.template operator()<1>();
   }
-  Y[t * ldy + j] = hsum(acc);
+  for (int t = 0; t < NT; ++t) Y[(t0 + t) * ldy + j] = hsum(acc[t]);
 }
 
-void i16_row1_q6k(const uint8_t* row, const QuantizedActs& A, int64_t t, float* Y, int64_t ldy, int64_t j) {
-  const int16_t* xq = A.q_row(t);
-  const float* xd = A.d_row(t);
+// Q6_K against inputs t0 .. t0 + NT - 1.
+template <int NT>
+void i16_rows_q6k(const uint8_t* row, const QuantizedActs& A, int64_t t0, float* Y, int64_t ldy, int64_t j) {
+  const int16_t* xq[NT];
+  const float* xd[NT];
+  __m256 acc[NT];
+  for (int t = 0; t < NT; ++t) {
+    xq[t] = A.q_row(t0 + t);
+    xd[t] = A.d_row(t0 + t);
+    acc[t] = _mm256_setzero_ps();
+  }
   const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3), c32 = _mm256_set1_epi8(32);
   const __m256i dup_lo = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3), dup_hi = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
-  __m256 acc = _mm256_setzero_ps();
-  alignas(32) float fac[16];  // [2 s + e]: scale of half e of sub-block s, times the input's scale
+  alignas(32) float fac[NT][16];  // [2 s + e]: scale of half e of sub-block s, times the input's scale
   for (int64_t bi = 0; bi < A.nb / 8; ++bi) {
     const uint8_t* b = row + bi * Q6_K::kBytes;
     const __m256 d = _mm256_set1_ps(avx2::load_f16(b + 208));
     const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192));
     const __m256 sc_lo = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8)));
     const __m256 sc_hi = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc8, 8))));
-    const __m256 dx = _mm256_loadu_ps(xd + 8 * bi);
-    _mm256_store_ps(fac, _mm256_mul_ps(sc_lo, _mm256_permutevar8x32_ps(dx, dup_lo)));
-    _mm256_store_ps(fac + 8, _mm256_mul_ps(sc_hi, _mm256_permutevar8x32_ps(dx, dup_hi)));
-    for (int h = 0; h < 2; ++h) {
+    for (int t = 0; t < NT; ++t) {
+      const __m256 dx = _mm256_loadu_ps(xd[t] + 8 * bi);
+      _mm256_store_ps(fac[t], _mm256_mul_ps(sc_lo, _mm256_permutevar8x32_ps(dx, dup_lo)));
+      _mm256_store_ps(fac[t] + 8, _mm256_mul_ps(sc_hi, _mm256_permutevar8x32_ps(dx, dup_hi)));
+    }
+    auto half = [&]<int h>() {
       const int64_t k = 8 * bi + 4 * h;
-      prefetch_ahead<Q6_K, 4>(row, k);
+      if constexpr (NT == 1) prefetch_ahead<Q6_K, 4>(row, k);
       const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h));
       const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h + 32));
       const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h));
       // Sub-block 4h + u: low nibbles of ql(u % 2) (high nibbles for u >= 2),
       // bits 2u, 2u + 1 of qh as bits 4, 5; minus 32; widened to int16.
-      auto sub = [&]<int u>(__m256 a) {
+      __m256i lo[4], hi[4];
+      auto codes = [&]<int u>() {
         const __m256i ql = u % 2 ? ql1 : ql0;
         const __m256i low = _mm256_and_si256(u >= 2 ? _mm256_srli_epi16(ql, 4) : ql, m4);
         const __m256i high = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * u), m2);
         const __m256i w = _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(high, 4)), c32);
-        const __m256i lo = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w));
-        const __m256i hi = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(w, 1));
-        const int16_t* x = xq + 32 * (k + u);
-        const __m256i xlo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
-        const __m256i xhi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 16));
-        const float* f = fac + 2 * (4 * h + u);
-        a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(lo, xlo)), _mm256_broadcast_ss(f), a);
-        return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(hi, xhi)), _mm256_broadcast_ss(f + 1), a);
+        lo[u] = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w));
+        hi[u] = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(w, 1));
       };
-      acc = four_subs(acc, sub);
-    }
+      codes.template operator()<0>();
+      codes.template operator()<1>();
+      codes.template operator()<2>();
+      codes.template operator()<3>();
+      for (int t = 0; t < NT; ++t) {
+        auto sub = [&]<int u>(__m256 a) {
+          const int16_t* x = xq[t] + 32 * (k + u);
+          const __m256i xlo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+          const __m256i xhi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 16));
+          const float* f = fac[t] + 2 * (4 * h + u);
+          a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(lo[u], xlo)), _mm256_broadcast_ss(f), a);
+          return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(hi[u], xhi)), _mm256_broadcast_ss(f + 1), a);
+        };
+        acc[t] = four_subs(acc[t], sub);
+      }
+    };
+    half.template operator()<0>();
+    half.template operator()<1>();
   }
-  Y[t * ldy + j] = hsum(acc);
+  for (int t = 0; t < NT; ++t) Y[(t0 + t) * ldy + j] = hsum(acc[t]);
+}
+
+// One weight row against inputs t0 .. t0 + NT - 1: the K-quants' own loops
+// above, the generic one otherwise.
+template <class F, int NT>
+inline void i16_row_any(const uint8_t* row, const QuantizedActs& A, int64_t t0, float* Y, int64_t ldy, int64_t j) {
+  if constexpr (std::is_same_v<F, Q4_K>)
+    i16_rows_q45k<false, NT>(row, A, t0, Y, ldy, j);
+  else if constexpr (std::is_same_v<F, Q5_K>)
+    i16_rows_q45k<true, NT>(row, A, t0, Y, ldy, j);
+  else if constexpr (std::is_same_v<F, Q6_K>)
+    i16_rows_q6k<NT>(row, A, t0, Y, ldy, j);
+  else
+    i16_row<F, NT>(row, A, t0, Y, ldy, j);
 }
 
 // Many inputs: a panel of weight rows is decoded once into int16 codes and
@@ -745,8 +796,8 @@ inline void panel_row(const Codes* codes, const float* scales, const float* fac,
 }
 
 // Inputs from which the decoded-panel path is taken: decoding once pays
-// sooner where it is dear (K-quants, IQ4_XS and Q3_K unpack scales and bits;
-// measured: from 5 inputs), and from 16 for the formats whose sub-blocks
+// sooner where it is dear (IQ4_XS and Q3_K unpack scales and bits;
+// measured: from 5 inputs; Q4_K, Q5_K and Q6_K: see below), and from 16 for the formats whose sub-blocks
 // decode in a few instructions (at 8 inputs the panel's extra stores and
 // loads cost more than a second decode). MEGAKERN_I16_PANEL_MIN overrides
 // both, for A/B runs; results are the same bits either way.
@@ -757,8 +808,12 @@ int64_t panel_min_inputs() {
     return e ? std::strtol(e, nullptr, 10) : 0L;
   }();
   if (env > 0) return env;
-  constexpr bool dear = std::is_same_v<F, Q4_K> || std::is_same_v<F, Q5_K> || std::is_same_v<F, Q6_K> ||
-                        std::is_same_v<F, Q3_K> || std::is_same_v<F, IQ4_XS>;
+  // Q4_K, Q5_K and Q6_K have their own row loops (i16_rows_q45k,
+  // i16_rows_q6k), faster than the panel up to 8 inputs (measured: 8 inputs,
+  // one thread, 20-25 against 18-20 GMAC/s); the panel wins from 16.
+  constexpr bool own_loop = std::is_same_v<F, Q4_K> || std::is_same_v<F, Q5_K> || std::is_same_v<F, Q6_K>;
+  if constexpr (own_loop) return 9;
+  constexpr bool dear = std::is_same_v<F, Q3_K> || std::is_same_v<F, IQ4_XS>;
   return dear ? 5 : 16;
 }
 
@@ -802,21 +857,12 @@ void i16_rows(const MatView& W, const QuantizedActs& A, float* Y, int64_t ldy, i
     const int64_t je = std::min(re, jb + tile);
     int64_t t0 = 0;
     for (; t0 + 4 <= A.n_x; t0 += 4)
-      for (int64_t j = jb; j < je; ++j) i16_row<F, 4>(W.row(j), A, t0, Y, ldy, j);
+      for (int64_t j = jb; j < je; ++j) i16_row_any<F, 4>(W.row(j), A, t0, Y, ldy, j);
     for (int64_t j = jb; j < je; ++j) {
       switch (A.n_x - t0) {
-        case 3: i16_row<F, 3>(W.row(j), A, t0, Y, ldy, j); break;
-        case 2: i16_row<F, 2>(W.row(j), A, t0, Y, ldy, j); break;
-        case 1:
-          if constexpr (std::is_same_v<F, Q4_K>)
-            i16_row1_q45k<false>(W.row(j), A, t0, Y, ldy, j);
-          else if constexpr (std::is_same_v<F, Q5_K>)
-            i16_row1_q45k<true>(W.row(j), A, t0, Y, ldy, j);
-          else if constexpr (std::is_same_v<F, Q6_K>)
-            i16_row1_q6k(W.row(j), A, t0, Y, ldy, j);
-          else
-            i16_row<F, 1>(W.row(j), A, t0, Y, ldy, j);
-          break;
+        case 3: i16_row_any<F, 3>(W.row(j), A, t0, Y, ldy, j); break;
+        case 2: i16_row_any<F, 2>(W.row(j), A, t0, Y, ldy, j); break;
+        case 1: i16_row_any<F, 1>(W.row(j), A, t0, Y, ldy, j); break;
         default: break;
       }
     }
