@@ -550,6 +550,17 @@ inline __m256 k_contrib(__m256i lo, __m256i hi, const int16_t* xq, const float* 
   return _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_broadcast_ss(fac), acc);
 }
 
+// Inputs t0 .. t0 + NT - 1's int16 values, block scales and sums.
+template <int NT>
+struct InputRows {
+  const int16_t* q[NT];
+  const float* d[NT];
+  const float* s[NT];
+  InputRows(const QuantizedActs& A, int64_t t0) {
+    for (int t = 0; t < NT; ++t) q[t] = A.q_row(t0 + t), d[t] = A.d_row(t0 + t), s[t] = A.s_row(t0 + t);
+  }
+};
+
 // The order i16_row<F, 1> adds four sub-blocks u = 0..3 in: pairs (0, 1)
 // and (2, 3), each summed into a fresh vector, then both added to acc.
 template <class Sub>
@@ -567,16 +578,12 @@ inline __m256 four_subs(__m256 acc, Sub&& sub) {
 template <bool kQ5, int NT>
 void i16_rows_q45k(const uint8_t* row, const QuantizedActs& A, int64_t t0, float* Y, int64_t ldy, int64_t j) {
   using F = std::conditional_t<kQ5, Q5_K, Q4_K>;
-  const int16_t* xq[NT];
-  const float* xd[NT];
-  const float* xs[NT];
+  const InputRows<NT> in(A, t0);
+  const int16_t* const* xq = in.q;
+  const float* const* xd = in.d;
+  const float* const* xs = in.s;
   __m256 acc[NT];
-  for (int t = 0; t < NT; ++t) {
-    xq[t] = A.q_row(t0 + t);
-    xd[t] = A.d_row(t0 + t);
-    xs[t] = A.s_row(t0 + t);
-    acc[t] = _mm256_setzero_ps();
-  }
+  for (auto& a : acc) a = _mm256_setzero_ps();
   const __m256i m4 = _mm256_set1_epi16(0x0f), one = _mm256_set1_epi16(1);
   auto wide = [](const uint8_t* p) { return _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); };
   Q4_K::State st;
@@ -627,14 +634,11 @@ void i16_rows_q45k(const uint8_t* row, const QuantizedActs& A, int64_t t0, float
 // Q6_K against inputs t0 .. t0 + NT - 1.
 template <int NT>
 void i16_rows_q6k(const uint8_t* row, const QuantizedActs& A, int64_t t0, float* Y, int64_t ldy, int64_t j) {
-  const int16_t* xq[NT];
-  const float* xd[NT];
+  const InputRows<NT> in(A, t0);
+  const int16_t* const* xq = in.q;
+  const float* const* xd = in.d;
   __m256 acc[NT];
-  for (int t = 0; t < NT; ++t) {
-    xq[t] = A.q_row(t0 + t);
-    xd[t] = A.d_row(t0 + t);
-    acc[t] = _mm256_setzero_ps();
-  }
+  for (auto& a : acc) a = _mm256_setzero_ps();
   const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3), c32 = _mm256_set1_epi8(32);
   const __m256i dup_lo = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3), dup_hi = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
   alignas(32) float fac[NT][16];  // [2 s + e]: scale of half e of sub-block s, times the input's scale
