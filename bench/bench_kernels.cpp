@@ -14,6 +14,13 @@
 //                                activation quantisation is part of each call.
 //                                GMAC/s = R x rows x 4096 multiply-adds per
 //                                call / time (also on BM_Matmul).
+//   BM_FmaPeak/threads:T         the compute roofline of f32 work: each
+//                                thread runs twelve independent chains of
+//                                256-bit FMAs (enough to cover their latency
+//                                on two FMA ports); GMAC/s = 8 multiply-adds
+//                                per FMA, all threads together. Against
+//                                BM_Matmul's GMAC/s it says how far a kernel
+//                                is from the FMA ports' limit.
 //   BM_Attention/ctx:N/threads:T one decode row attending over N cached
 //                                positions, 32 query / 8 KV heads of 128 (f32 K
 //                                and V read once: bytes = 2 N 8 128 4); tiles
@@ -55,6 +62,7 @@
 #include "core/thread_pool.h"
 #include "exec/op_kernels.h"
 #include "exec/recurrent_kernels.h"
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/qmatmul_fast.h"
@@ -135,6 +143,50 @@ void BM_ReadBandwidth(benchmark::State& state) {
   state.counters["bytes"] = (double)kProbeBytes;
   state.counters["GB/s"] =
       benchmark::Counter((double)kProbeBytes / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// --- compute roofline ---------------------------------------------------------
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+// n rounds of twelve independent FMA chains; returns a value that depends on
+// all of them.
+__attribute__((target("avx2,fma"))) float fma_chains(int64_t n) {
+  __m256 a0 = _mm256_set1_ps(1.f), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, a8 = a0,
+         a9 = a0, a10 = a0, a11 = a0;
+  const __m256 m = _mm256_set1_ps(0.9999999f), c = _mm256_set1_ps(1e-7f);
+  for (int64_t i = 0; i < n; ++i) {
+    a0 = _mm256_fmadd_ps(a0, m, c), a1 = _mm256_fmadd_ps(a1, m, c), a2 = _mm256_fmadd_ps(a2, m, c);
+    a3 = _mm256_fmadd_ps(a3, m, c), a4 = _mm256_fmadd_ps(a4, m, c), a5 = _mm256_fmadd_ps(a5, m, c);
+    a6 = _mm256_fmadd_ps(a6, m, c), a7 = _mm256_fmadd_ps(a7, m, c), a8 = _mm256_fmadd_ps(a8, m, c);
+    a9 = _mm256_fmadd_ps(a9, m, c), a10 = _mm256_fmadd_ps(a10, m, c), a11 = _mm256_fmadd_ps(a11, m, c);
+    // Keeps the twelve chains in registers and in this order.
+    __asm__("" : "+x"(a0), "+x"(a1), "+x"(a2), "+x"(a3), "+x"(a4), "+x"(a5), "+x"(a6), "+x"(a7), "+x"(a8), "+x"(a9),
+            "+x"(a10), "+x"(a11));
+  }
+  const __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
+                                 _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)));
+  return _mm256_cvtss_f32(_mm256_add_ps(s, _mm256_add_ps(_mm256_add_ps(a8, a9), _mm256_add_ps(a10, a11))));
+}
+#endif
+
+void BM_FmaPeak(benchmark::State& state) {
+#if defined(__x86_64__)
+  if (!use_avx2()) {
+    state.SkipWithError("no AVX2/FMA");
+    return;
+  }
+  const int threads = (int)state.range(0);
+  ThreadPool& p = pool(threads);
+  constexpr int64_t kRounds = 2'000'000;
+  std::vector<float> sink((size_t)threads);
+  for (auto _ : state) p.run([&](int w) { sink[(size_t)w] = fma_chains(kRounds); });
+  benchmark::DoNotOptimize(sink.data());
+  state.counters["GMAC/s"] = benchmark::Counter(12.0 * 8.0 * (double)kRounds * threads / 1e9,
+                                                benchmark::Counter::kIsIterationInvariantRate);
+#else
+  state.SkipWithError("x86-64 only");
+#endif
 }
 
 // --- matrix products --------------------------------------------------------
@@ -342,6 +394,13 @@ void register_all() {
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond)
         ->MinTime(0.5);
+  for (int threads : {1, 2})
+    benchmark::RegisterBenchmark("BM_FmaPeak", BM_FmaPeak)
+        ->Arg(threads)
+        ->ArgName("threads")
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond)
+        ->MinTime(0.3);
   size_t n = 0;
   const DType* all = all_dtypes(&n);
   for (size_t i = 0; i < n; ++i) {

@@ -24,7 +24,7 @@ python3 - "$json" <<'PY'
 import json, re, sys
 doc = json.load(open(sys.argv[1]))
 probe, table, fmts = {}, {}, []
-fast, ffmts = {}, []
+fast, ffmts, fma = {}, [], {}
 bench = doc["benchmarks"]
 # With --benchmark_repetitions, use the medians only.
 if any(b.get("run_type") == "aggregate" for b in bench):
@@ -34,6 +34,10 @@ for b in bench:
     m = re.match(r"BM_ReadBandwidth(_end)?/threads:(\d+)", name)
     if m:
         probe.setdefault(int(m.group(2)), []).append(b["GB/s"])
+        continue
+    m = re.match(r"BM_FmaPeak/threads:(\d+)", name)
+    if m:
+        fma[int(m.group(1))] = b["GMAC/s"]
         continue
     m = re.match(r"BM_MatmulFast/([^/]+)/rows:(\d+)/threads:(\d+)", name)
     if m:
@@ -46,6 +50,8 @@ for b in bench:
         f, r, t = m.group(1), int(m.group(2)), int(m.group(3))
         if f not in fmts: fmts.append(f)
         table[(f, r, t)] = (b["GB/s"], b["real_time"], b.get("pct_probe", 0))
+if fma:
+    print("f32 FMA peak (GMAC/s, all threads): " + ", ".join(f"{t} thread{'s' if t > 1 else ''}: {v:.1f}" for t, v in sorted(fma.items())))
 if probe:
     print("read-bandwidth probe (GB/s, start / end of run): " +
           ", ".join(f"{t} thread{'s' if t > 1 else ''}: " + " / ".join(f"{v:.1f}" for v in vs) for t, vs in sorted(probe.items())))
