@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "exec/exec_common.h"
 #include "exec/executor.h"
 #include "io/gguf.h"
 #include "model/dense.h"
@@ -295,6 +296,33 @@ TEST(Exec, ProgramVerifiesAndDumps) {
   for (auto& op : miswired.ops)
     if (op.kind == OpKind::Attention && op.layer == 2) op.in2 = 0;
   EXPECT_THROW(miswired.verify(), std::logic_error);
+}
+
+// The executors' slot arena holds every slot but the logits, which bind()
+// points at the caller's buffer: rows x vocabulary floats are never
+// allocated (at 128 rows and a 262144-token vocabulary that would be 134 MB).
+TEST(Exec, SlotArenaLeavesTheLogitsToTheCaller) {
+  TinySpec spec;
+  spec.arch = "gemma3";
+  const auto bytes = tiny_model(spec);
+  auto f = GGUFFile::parse(bytes.data(), bytes.size(), "tiny.gguf");
+  auto m = DenseModel::load(*f);
+  const DecodeProgram prog = build_dense_program(*m, 64);
+  ASSERT_GE(prog.logits_slot, 0);
+  size_t want = 16;
+  for (size_t s = 0; s < prog.slots.size(); ++s)
+    if (static_cast<int>(s) != prog.logits_slot) want += (static_cast<size_t>(prog.slots[s].width) * 64 + 15) / 16 * 16;
+  SlotArena arena(prog);
+  EXPECT_EQ(arena.storage.size(), want);
+  std::vector<float> logits(64 * static_cast<size_t>(prog.n_vocab));
+  StepContext ctx;
+  arena.bind(ctx, prog, logits.data());
+  EXPECT_EQ(ctx.slot[static_cast<size_t>(prog.logits_slot)], logits.data());
+  for (size_t s = 0; s < prog.slots.size(); ++s) {
+    if (static_cast<int>(s) == prog.logits_slot) continue;
+    EXPECT_GE(ctx.slot[s], arena.storage.data());
+    EXPECT_LE(ctx.slot[s] + static_cast<size_t>(prog.slots[s].width) * 64, arena.storage.data() + arena.storage.size());
+  }
 }
 
 TEST(Exec, RealSmolLM2MegaEqualsOpByOp) {

@@ -20,6 +20,10 @@ SlotArena::SlotArena(const DecodeProgram& p) {
   offsets.resize(p.slots.size());
   for (size_t s = 0; s < p.slots.size(); ++s) {
     offsets[s] = total;
+    // The logits slot is the caller's buffer (bind): nothing to hold here
+    // (it would be max_rows x n_vocab floats, 134 MB for a 262144-token
+    // vocabulary at 128 rows).
+    if (static_cast<int>(s) == p.logits_slot) continue;
     // Each slot starts on its own cache line so tiles of different ops never
     // share one.
     const size_t floats = static_cast<size_t>(p.slots[s].width) * static_cast<size_t>(p.max_rows);
