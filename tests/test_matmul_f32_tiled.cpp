@@ -18,30 +18,10 @@
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/matmul_f32_tiled.h"
 #include "kernels/cpu/vec.h"
+#include "weights_util.h"
 
 namespace megakern {
 namespace {
-
-struct Mat {
-  std::vector<uint8_t> buf;
-  MatView view;
-};
-
-Mat make_mat(DType t, int64_t rows, int64_t cols, uint32_t seed, size_t misalign) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> g(0.0f, 1.0f);
-  const size_t rb = row_bytes(t, cols);
-  Mat m;
-  m.buf.assign(rb * (size_t)rows + misalign + 64, 0);
-  std::vector<float> f((size_t)cols);
-  for (int64_t j = 0; j < rows; ++j) {
-    const float s = std::pow(10.0f, (float)((j % 7) - 3) * 0.5f);
-    for (auto& v : f) v = g(rng) * s;
-    dtype_traits(t).quantize(f.data(), m.buf.data() + misalign + rb * (size_t)j, cols);
-  }
-  m.view = MatView{t, cols, rows, m.buf.data() + misalign, rb};
-  return m;
-}
 
 std::vector<float> make_x(int64_t n_x, int64_t cols, uint32_t seed, size_t offset) {
   std::mt19937 rng(seed);
@@ -79,7 +59,7 @@ TEST(F32Tiled, MatchesRowwiseKernelBitForBit) {
   int compared = 0;
   for (const Case& c : cases()) {
     SCOPED_TRACE(std::string(dtype_traits(c.type).name) + " cols=" + std::to_string(c.cols));
-    const Mat W = make_mat(c.type, c.rows, c.cols, (uint32_t)(c.cols * 31 + c.rows), (size_t)(c.cols % 3));
+    const Weights W = make_weights(c.type, c.rows, c.cols, (uint32_t)(c.cols * 31 + c.rows), (size_t)(c.cols % 3));
     const auto xbuf = make_x(kMaxX, c.cols, (uint32_t)c.cols + 5, 1);
     const float* X = xbuf.data() + 1;
     std::vector<float> want((size_t)(kMaxX * c.rows));
@@ -122,7 +102,7 @@ TEST(F32Tiled, EqualsDotOfReferenceDequantisation) {
   for (const Case& c : cases()) {
     SCOPED_TRACE(std::string(dtype_traits(c.type).name) + " cols=" + std::to_string(c.cols));
     const int64_t rows = std::min<int64_t>(c.rows, 41), n_x = 11;
-    const Mat W = make_mat(c.type, rows, c.cols, (uint32_t)c.cols + 9, 3);
+    const Weights W = make_weights(c.type, rows, c.cols, (uint32_t)c.cols + 9, 3);
     const auto xbuf = make_x(n_x, c.cols, (uint32_t)c.cols + 2, 2);
     const float* X = xbuf.data() + 2;
     std::vector<float> got((size_t)(n_x * rows)), w((size_t)c.cols);
@@ -142,7 +122,7 @@ TEST(F32Tiled, EqualsDotOfReferenceDequantisation) {
 // kF32TiledMinInputs inputs on; the outputs stay those of one input alone.
 TEST(F32Tiled, MatmulRowsIndependentOfBatch) {
   const int64_t cols = 1027, rows = 29, n_x = kF32TiledMinInputs + 5;
-  const Mat W = make_mat(DType::F16, rows, cols, 4, 1);
+  const Weights W = make_weights(DType::F16, rows, cols, 4, 1);
   const auto xbuf = make_x(n_x, cols, 6, 0);
   std::vector<float> all((size_t)(n_x * rows)), one((size_t)rows);
   matmul_rows(W.view, xbuf.data(), n_x, all.data(), rows, 0, rows);
