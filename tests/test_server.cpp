@@ -11,6 +11,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <array>
 #include <set>
 #include <atomic>
@@ -27,6 +29,7 @@
 #include "runtime/model.h"
 #include "server/api.h"
 #include "server/bench_client.h"
+#include "server/http_guard.h"
 #include "server/http_server.h"
 #include "server/stop_matcher.h"
 #include "test_util.h"
@@ -733,6 +736,45 @@ TEST(ServerHttp, ShutdownCancelsInFlightAndRefusesNewRequests) {
 }
 
 // ---- Connection handling (hostile and careless clients) ---------------------------
+
+// A burst of clients connecting at once is queued by the kernel, not
+// dropped, while the accepting thread waits for a core: the listening socket
+// gets ConnectionLimits::listen_backlog (the HTTP library listens with 5).
+// Nothing accepts here, so every connection that completes its handshake is
+// one the backlog holds; with a backlog of 5 about six would.
+TEST(ServerHttp, ListenBacklogHoldsABurstOfConnections) {
+  server::GuardedServer g{server::ConnectionLimits{}};
+  const int port = g.bind_to_any_port("127.0.0.1");
+  ASSERT_GT(port, 0);
+  ASSERT_TRUE(g.apply_listen_backlog());
+  constexpr int kConns = 64;
+  std::vector<int> fds;
+  for (int i = 0; i < kConns; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    const int r = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    EXPECT_TRUE(r == 0 || errno == EINPROGRESS) << i;
+    fds.push_back(fd);
+  }
+  int connected = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+  for (int fd : fds) {
+    pollfd p{fd, POLLOUT, 0};
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (::poll(&p, 1, static_cast<int>(std::max<int64_t>(0, left.count()))) == 1) {
+      int err = 1;
+      socklen_t len = sizeof err;
+      ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+      connected += err == 0 ? 1 : 0;
+    }
+  }
+  for (int fd : fds) ::close(fd);
+  EXPECT_EQ(connected, kConns);
+}
 
 // A raw TCP connection to the test server, for what httplib's client will not
 // send: partial headers, pipelined requests, chunked bodies.

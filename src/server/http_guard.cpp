@@ -297,7 +297,10 @@ class GuardedServer::Stream : public httplib::Stream {
 };
 
 GuardedServer::GuardedServer(ConnectionLimits limits) : limits_(limits) {
-  set_socket_options(listening_socket_options);
+  set_socket_options([this](socket_t sock) {
+    listening_socket_options(sock);
+    listen_sock_ = sock;  // the last one offered is the one bound
+  });
   // Content-Length bodies over the limit are refused by httplib itself
   // (413) once setup (below) has made sure it will not read them.
   set_payload_max_length(limits_.max_body);
@@ -306,6 +309,12 @@ GuardedServer::GuardedServer(ConnectionLimits limits) : limits_(limits) {
 }
 
 GuardedServer::~GuardedServer() = default;
+
+bool GuardedServer::apply_listen_backlog() {
+  if (listen_sock_ == INVALID_SOCKET || !is_valid()) return false;
+  // listen() on a listening socket sets its backlog anew.
+  return ::listen(listen_sock_, std::max(1, limits_.listen_backlog)) == 0;
+}
 
 bool GuardedServer::overflow_request() { return t_mode == Mode::Overflow; }
 bool GuardedServer::body_too_large() { return t_request && t_request->too_large; }

@@ -44,6 +44,10 @@ struct ConnectionLimits {
   std::chrono::milliseconds overflow_timeout{500};    // a whole request on the overflow path
   size_t max_body = 16u << 20;                        // decoded request body bytes, any transfer encoding
   size_t max_requests_per_connection = 1000;
+  // Pending connections the kernel queues before accept (listen's backlog):
+  // a burst of clients connecting at once must not overflow it while the
+  // accepting thread waits for a core. The HTTP library listens with 5.
+  int listen_backlog = 1024;
 };
 
 class GuardedServer : public httplib::Server {
@@ -74,6 +78,11 @@ class GuardedServer : public httplib::Server {
   // Number of connections refused on the overflow path (for /metrics).
   uint64_t overflow_count() const { return overflowed_.load(); }
 
+  // After bind_to_port / bind_to_any_port: gives the listening socket
+  // limits().listen_backlog (the kernel caps it at net.core.somaxconn).
+  // False when no socket is bound or listen() fails.
+  bool apply_listen_backlog();
+
  private:
   class Queue;
   class Stream;
@@ -84,6 +93,7 @@ class GuardedServer : public httplib::Server {
   bool wait_next_request(Stream& strm, socket_t sock);
 
   ConnectionLimits limits_;
+  socket_t listen_sock_ = INVALID_SOCKET;  // the socket being bound (socket options callback)
   std::atomic<bool> aborting_{false};
   std::atomic<int> active_{0};
   std::atomic<uint64_t> overflowed_{0};

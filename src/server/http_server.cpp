@@ -140,6 +140,7 @@ int HttpServer::start() {
       fail("could not listen on {}:{}: {}", opts_.host, opts_.port, bind_failure(opts_.host, opts_.port));
     port_ = opts_.port;
   }
+  if (!http_->apply_listen_backlog()) fail("could not set the listen backlog on {}:{}", opts_.host, port_);
   listener_ = std::thread([this] {
     http_->listen_after_bind();
     listener_done_ = true;
