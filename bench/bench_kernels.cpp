@@ -386,21 +386,20 @@ void BM_GluAct(benchmark::State& state, GluKind k, bool vector) {
   state.SetItemsProcessed(state.iterations() * n);
 }
 
+// A benchmark whose only argument is the thread count, run with 1 and 2.
+void register_per_threads(const char* name, void (*fn)(benchmark::State&), double min_time) {
+  for (int threads : {1, 2})
+    benchmark::RegisterBenchmark(name, fn)
+        ->Arg(threads)
+        ->ArgName("threads")
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond)
+        ->MinTime(min_time);
+}
+
 void register_all() {
-  for (int threads : {1, 2})
-    benchmark::RegisterBenchmark("BM_ReadBandwidth", BM_ReadBandwidth)
-        ->Arg(threads)
-        ->ArgName("threads")
-        ->UseRealTime()
-        ->Unit(benchmark::kMillisecond)
-        ->MinTime(0.5);
-  for (int threads : {1, 2})
-    benchmark::RegisterBenchmark("BM_FmaPeak", BM_FmaPeak)
-        ->Arg(threads)
-        ->ArgName("threads")
-        ->UseRealTime()
-        ->Unit(benchmark::kMillisecond)
-        ->MinTime(0.3);
+  register_per_threads("BM_ReadBandwidth", BM_ReadBandwidth, 0.5);
+  register_per_threads("BM_FmaPeak", BM_FmaPeak, 0.3);
   size_t n = 0;
   const DType* all = all_dtypes(&n);
   for (size_t i = 0; i < n; ++i) {
@@ -443,13 +442,7 @@ void register_all() {
                                    [kind, vector](benchmark::State& s) { BM_GluAct(s, kind, vector); })
           ->MinTime(0.1);
   // The probe again at the end, to show drift in the machine's load.
-  for (int threads : {1, 2})
-    benchmark::RegisterBenchmark("BM_ReadBandwidth_end", BM_ReadBandwidth)
-        ->Arg(threads)
-        ->ArgName("threads")
-        ->UseRealTime()
-        ->Unit(benchmark::kMillisecond)
-        ->MinTime(0.5);
+  register_per_threads("BM_ReadBandwidth_end", BM_ReadBandwidth, 0.5);
 }
 
 }  // namespace
