@@ -84,57 +84,75 @@ void axpy_f32_rows_avx2(const float* w, const float* x, int64_t stride, int64_t 
     for (int64_t p = 0; p < rows; ++p) axpy_f32_avx2(w[p], x + p * stride + i, y + i, n - i);
 }
 
-void dot_f32_rows2_avx2(const float* a0, const float* a1, const float* x, int64_t stride, int64_t rows, int64_t n,
-                        float* out0, float* out1) {
-  if (n % 32 != 0 || n > 256) {
-    dot_f32_rows_avx2(a0, x, stride, rows, n, out0);
-    dot_f32_rows_avx2(a1, x, stride, rows, n, out1);
-    return;
+namespace {
+
+// Two queries against keys r[0..4) of CH 32-element chunks. dot_f32_avx2
+// keeps four accumulators, one per 8-element quarter c of each chunk, and
+// returns hsum((s0 + s1) + (s2 + s3)). Here each quarter is done for the
+// 2 x 4 products at once (eight chains, each key's quarter loaded once into
+// a register for both queries), and the quarters are combined as they
+// finish: t = s0 + s1 is kept while s2 and s3 are formed.
+template <int CH>
+__attribute__((always_inline)) inline void dot2x4(const float* a0, const float* a1, const float* const r[4], float* out0, float* out1) {
+  __m256 t[8], u[8];
+#pragma GCC unroll 4
+  for (int c = 0; c < 4; ++c) {
+    __m256 s[8];
+    for (auto& v : s) v = _mm256_setzero_ps();
+#pragma GCC unroll 8
+    for (int i = 0; i < CH; ++i) {
+      const int o = 32 * i + 8 * c;
+      const __m256 q0 = _mm256_loadu_ps(a0 + o), q1 = _mm256_loadu_ps(a1 + o);
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) {
+        __m256 k = _mm256_loadu_ps(r[j] + o);
+        __asm__("" : "+x"(k));  // one load of the key quarter for both queries
+        s[j] = _mm256_fmadd_ps(q0, k, s[j]);
+        s[4 + j] = _mm256_fmadd_ps(q1, k, s[4 + j]);
+      }
+    }
+    for (int j = 0; j < 8; ++j) {
+      if (c == 0) t[j] = s[j];
+      if (c == 1) t[j] = _mm256_add_ps(t[j], s[j]);
+      if (c == 2) u[j] = s[j];
+      if (c == 3) t[j] = _mm256_add_ps(t[j], _mm256_add_ps(u[j], s[j]));
+    }
   }
-  // Four rows at a time. dot_f32_avx2 keeps four accumulators, one per
-  // 8-element quarter c of each 32-element chunk, and adds them as
-  // (s0 + s1) + (s2 + s3) before its reduction; here each quarter is done
-  // for the 2 x 4 products at once (eight accumulators, each row's quarter
-  // loaded once for both queries) and kept until all four are done.
-  const int64_t chunks = n / 32;
+  const __m256 h = avx2::hsum8(t);
+  _mm_storeu_ps(out0, _mm256_castps256_ps128(h));
+  _mm_storeu_ps(out1, _mm256_extractf128_ps(h, 1));
+}
+
+template <int CH>
+void dot_rows2_chunks(const float* a0, const float* a1, const float* x, int64_t stride, int64_t rows, float* out0,
+                      float* out1) {
   int64_t p = 0;
   for (; p + 4 <= rows; p += 4) {
-    const float* r0 = x + p * stride;
-    const float* r1 = r0 + stride;
-    const float* r2 = r1 + stride;
-    const float* r3 = r2 + stride;
-    __m256 part[4][8];
-    for (int c = 0; c < 4; ++c) {
-      __m256 s[8];
-      for (auto& v : s) v = _mm256_setzero_ps();
-      for (int64_t i = 0; i < chunks; ++i) {
-        const int64_t o = 32 * i + 8 * c;
-        const __m256 q0 = _mm256_loadu_ps(a0 + o), q1 = _mm256_loadu_ps(a1 + o);
-        __m256 k = _mm256_loadu_ps(r0 + o);
-        s[0] = _mm256_fmadd_ps(q0, k, s[0]);
-        s[4] = _mm256_fmadd_ps(q1, k, s[4]);
-        k = _mm256_loadu_ps(r1 + o);
-        s[1] = _mm256_fmadd_ps(q0, k, s[1]);
-        s[5] = _mm256_fmadd_ps(q1, k, s[5]);
-        k = _mm256_loadu_ps(r2 + o);
-        s[2] = _mm256_fmadd_ps(q0, k, s[2]);
-        s[6] = _mm256_fmadd_ps(q1, k, s[6]);
-        k = _mm256_loadu_ps(r3 + o);
-        s[3] = _mm256_fmadd_ps(q0, k, s[3]);
-        s[7] = _mm256_fmadd_ps(q1, k, s[7]);
-      }
-      for (int j = 0; j < 8; ++j) part[c][j] = s[j];
-    }
-    __m256 v[8];
-    for (int j = 0; j < 8; ++j)
-      v[j] = _mm256_add_ps(_mm256_add_ps(part[0][j], part[1][j]), _mm256_add_ps(part[2][j], part[3][j]));
-    const __m256 r = avx2::hsum8(v);
-    _mm_storeu_ps(out0 + p, _mm256_castps256_ps128(r));
-    _mm_storeu_ps(out1 + p, _mm256_extractf128_ps(r, 1));
+    const float* r[4] = {x + p * stride, x + (p + 1) * stride, x + (p + 2) * stride, x + (p + 3) * stride};
+    dot2x4<CH>(a0, a1, r, out0 + p, out1 + p);
   }
   for (; p < rows; ++p) {
-    out0[p] = dot_f32_avx2(a0, x + p * stride, n);
-    out1[p] = dot_f32_avx2(a1, x + p * stride, n);
+    out0[p] = dot_f32_avx2(a0, x + p * stride, 32 * CH);
+    out1[p] = dot_f32_avx2(a1, x + p * stride, 32 * CH);
+  }
+}
+
+}  // namespace
+
+void dot_f32_rows2_avx2(const float* a0, const float* a1, const float* x, int64_t stride, int64_t rows, int64_t n,
+                        float* out0, float* out1) {
+  switch (n % 32 == 0 ? n / 32 : 0) {
+    case 1: return dot_rows2_chunks<1>(a0, a1, x, stride, rows, out0, out1);
+    case 2: return dot_rows2_chunks<2>(a0, a1, x, stride, rows, out0, out1);
+    case 3: return dot_rows2_chunks<3>(a0, a1, x, stride, rows, out0, out1);
+    case 4: return dot_rows2_chunks<4>(a0, a1, x, stride, rows, out0, out1);
+    case 5: return dot_rows2_chunks<5>(a0, a1, x, stride, rows, out0, out1);
+    case 6: return dot_rows2_chunks<6>(a0, a1, x, stride, rows, out0, out1);
+    case 7: return dot_rows2_chunks<7>(a0, a1, x, stride, rows, out0, out1);
+    case 8: return dot_rows2_chunks<8>(a0, a1, x, stride, rows, out0, out1);
+    default:
+      dot_f32_rows_avx2(a0, x, stride, rows, n, out0);
+      dot_f32_rows_avx2(a1, x, stride, rows, n, out1);
   }
 }
 
