@@ -807,7 +807,11 @@ void r8_rows(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t r
           rows[r] = W.row(r < n ? j0 + r : rb);
           ahead[r] = W.row(std::min<int64_t>(j0 + kRows + r, re - 1));
         }
-        for (int64_t t = 2 * tb0; t < 2 * tb1; ++t) acc[t] = _mm256_setzero_ps();
+        // (Only the accumulators in use: the K-quants' odd ones stay idle.)
+        if (two_chains)
+          for (int64_t t = 2 * tb0; t < 2 * tb1; ++t) acc[t] = _mm256_setzero_ps();
+        else
+          for (int64_t t = tb0; t < tb1; ++t) acc[2 * t] = _mm256_setzero_ps();
         for (int64_t k0 = 0; k0 < A.nb; k0 += chunk) {
           const int kn = (int)std::min<int64_t>(chunk, A.nb - k0);
           for (int c = 0; c < kn; ++c) decode(rows, k0 + c, T, c);
