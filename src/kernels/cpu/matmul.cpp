@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/matmul_f32_tiled.h"
 #include "kernels/cpu/qmatmul.h"
 #include "kernels/cpu/qmatmul_fast.h"
 #include "kernels/cpu/quant_rows.h"
@@ -103,6 +104,21 @@ void matmul_rows(const MatView& W, const float* X, int64_t n_x, float* Y, int64_
       made = Made{key, X, n_x, W.cols, 0};
     }
     rows_prepared(W, X, &acts, n_x, Y, ldy, row_begin, row_end);
+    return;
+  }
+  if (use_avx2() && f32_path_avx2_supports(W.type) && n_x >= kF32TiledMinInputs) {
+    // The tiled kernel's packed inputs, made once per key like the
+    // quantised ones above (the same bits as packing them per call).
+    thread_local TiledF32Inputs packed;
+    thread_local Made made;
+    thread_local DType made_type = DType::F32;
+    if (!made.same(key, X, n_x, W.cols, 0) || !tiled_f32_same_layout(made_type, W.type)) {
+      made = Made{};
+      pack_tiled_f32_inputs(W.type, X, n_x, W.cols, packed);
+      made = Made{key, X, n_x, W.cols, 0};
+      made_type = W.type;
+    }
+    matmul_rows_f32_tiled_avx2(W, X, n_x, Y, ldy, row_begin, row_end, &packed);
     return;
   }
   rows_prepared(W, X, nullptr, n_x, Y, ldy, row_begin, row_end);

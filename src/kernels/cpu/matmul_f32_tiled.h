@@ -24,15 +24,33 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
+#include "core/dtype.h"
 #include "core/mat_view.h"
 
 namespace megakern {
 
+// The n_x inputs X ([n_x][cols]) packed into the tiled kernel's input
+// layout, for weights of type t. A caller that runs several row ranges of
+// matrices with the same inputs (the megakernel's chunks of a matrix
+// product, or the matrices that read one slot) packs them once.
+struct TiledF32Inputs {
+  std::vector<float> buf;
+  const float* data = nullptr;  // 32-byte aligned, inside buf
+  int64_t n_x = 0, cols = 0;
+  bool any = false;  // the layout of F32 / F16 / BF16 (true) or FP8_E4M3 (whole 32-blocks only)
+};
+void pack_tiled_f32_inputs(DType t, const float* X, int64_t n_x, int64_t cols, TiledF32Inputs& out);
+// Whether inputs packed for type a serve weights of type b.
+bool tiled_f32_same_layout(DType a, DType b);
+
 // Rows [rb, re) of W (F32, F16, BF16 or FP8_E4M3) times the n_x inputs X
 // ([n_x][W.cols]) into Y ([n_x][ldy]). AVX2/FMA/F16C only (use_avx2()).
+// `packed`, when given, holds X packed for W (pack_tiled_f32_inputs);
+// otherwise the call packs X itself. Same bits either way.
 void matmul_rows_f32_tiled_avx2(const MatView& W, const float* X, int64_t n_x, float* Y, int64_t ldy, int64_t rb,
-                                int64_t re);
+                                int64_t re, const TiledF32Inputs* packed = nullptr);
 
 // The row-by-row kernel (one weight row, one or two inputs at a time), the
 // reference the tiled one must match (matmul_f32_avx2.cpp).

@@ -77,6 +77,13 @@ void pack_input(const float* x, const Shape& sh, float* dst) {
   for (int64_t u = 0; u < sh.g8; ++u) _mm256_store_ps(dst + (sh.m32 + u) * kXStep, _mm256_loadu_ps(x + 32 * sh.m32 + 8 * u));
 }
 
+// All n_x inputs, kInputs per block.
+void pack_inputs(const float* X, int64_t n_x, const Shape& sh, float* dst) {
+  const int64_t block_floats = sh.n8 * kInputs;
+  if (sh.n8 > 0)
+    for (int64_t t = 0; t < n_x; ++t) pack_input(X + t * sh.n, sh, dst + (t / kInputs) * block_floats + (t % kInputs) * 8);
+}
+
 // One chain for R rows x T inputs over `steps` packed steps: weights from pw
 // (kRows slots a step), inputs from px (kInputs slots a step). Each
 // accumulator is its own chain, in step order, as dot_f32_avx2 runs it.
@@ -169,7 +176,8 @@ struct Scratch {
 constexpr int64_t kSubGroups = 8;  // row groups sharing one pass over an input block's chain
 
 template <class F>
-void tiled_rows(const MatView& W, const float* X, int64_t n_x, float* Y, int64_t ldy, int64_t rb, int64_t re) {
+void tiled_rows(const MatView& W, const float* X, int64_t n_x, float* Y, int64_t ldy, int64_t rb, int64_t re,
+                const float* packed_x) {
   const Shape sh(W.cols, F::kAny);
   const int64_t n = W.cols;
   const int64_t group_floats = sh.n8 * kRows, block_floats = sh.n8 * kInputs;
@@ -180,12 +188,15 @@ void tiled_rows(const MatView& W, const float* X, int64_t n_x, float* Y, int64_t
 
   thread_local Scratch panel_buf, x_buf;
   float* pk = panel_buf.get((size_t)(panel / kRows * group_floats));
-  float* xp = x_buf.get((size_t)(n_blocks * block_floats));
   // Partial chains of a sub-panel: [group][chain][row q][input t], one vector each.
   alignas(32) __m256 part[kSubGroups * 4 * kRows * kInputs];
 
-  if (sh.n8 > 0)
-    for (int64_t t = 0; t < n_x; ++t) pack_input(X + t * n, sh, xp + (t / kInputs) * block_floats + (t % kInputs) * 8);
+  const float* xp = packed_x;
+  if (xp == nullptr) {
+    float* own = x_buf.get((size_t)(n_blocks * block_floats));
+    pack_inputs(X, n_x, sh, own);
+    xp = own;
+  }
 
   const int64_t n_sub = (panel + kSubGroups * kRows - 1) / (kSubGroups * kRows);
   for (int64_t j0 = rb; j0 < re; j0 += panel) {
@@ -267,14 +278,41 @@ void tiled_rows(const MatView& W, const float* X, int64_t n_x, float* Y, int64_t
 
 }  // namespace
 
+bool tiled_f32_same_layout(DType a, DType b) {
+  auto any = [](DType t) { return t != DType::FP8_E4M3; };
+  return any(a) == any(b);
+}
+
+void pack_tiled_f32_inputs(DType t, const float* X, int64_t n_x, int64_t cols, TiledF32Inputs& out) {
+  const bool any = t != DType::FP8_E4M3;
+  static_assert(F32D::kAny && F16D::kAny && BF16D::kAny && !FP8D::kAny);
+  const Shape sh(cols, any);
+  const size_t n = (size_t)((n_x + kInputs - 1) / kInputs * sh.n8 * kInputs);
+  if (out.buf.size() < n + 8) out.buf.resize(n + 8);
+  auto p = reinterpret_cast<uintptr_t>(out.buf.data());
+  float* dst = reinterpret_cast<float*>((p + 31) & ~uintptr_t{31});
+  pack_inputs(X, n_x, sh, dst);
+  out.data = dst;
+  out.n_x = n_x;
+  out.cols = cols;
+  out.any = any;
+}
+
 void matmul_rows_f32_tiled_avx2(const MatView& W, const float* X, int64_t n_x, float* Y, int64_t ldy, int64_t rb,
-                                int64_t re) {
+                                int64_t re, const TiledF32Inputs* packed) {
   if (n_x <= 0 || rb >= re) return;
+  const float* px = nullptr;
+  if (packed != nullptr) {
+    MK_CHECK(packed->n_x == n_x && packed->cols == W.cols && packed->any == (W.type != DType::FP8_E4M3),
+             "tiled f32 kernel: inputs packed for {} x {} (any {}), called with {} x {} of {}", packed->n_x,
+             packed->cols, packed->any, n_x, W.cols, dtype_traits(W.type).name);
+    px = packed->data;
+  }
   switch (W.type) {
-    case DType::F32: tiled_rows<F32D>(W, X, n_x, Y, ldy, rb, re); break;
-    case DType::F16: tiled_rows<F16D>(W, X, n_x, Y, ldy, rb, re); break;
-    case DType::BF16: tiled_rows<BF16D>(W, X, n_x, Y, ldy, rb, re); break;
-    case DType::FP8_E4M3: tiled_rows<FP8D>(W, X, n_x, Y, ldy, rb, re); break;
+    case DType::F32: tiled_rows<F32D>(W, X, n_x, Y, ldy, rb, re, px); break;
+    case DType::F16: tiled_rows<F16D>(W, X, n_x, Y, ldy, rb, re, px); break;
+    case DType::BF16: tiled_rows<BF16D>(W, X, n_x, Y, ldy, rb, re, px); break;
+    case DType::FP8_E4M3: tiled_rows<FP8D>(W, X, n_x, Y, ldy, rb, re, px); break;
     default: MK_CHECK(false, "the tiled f32 kernel does not take {} weights", dtype_traits(W.type).name);
   }
 }

@@ -27,11 +27,11 @@ using namespace i16fmt;
 
 // acc + the contribution of sub-block k (decoded in s) for input xq/xs, with
 // the scale products given: f0 = sc * dx (f1 = sc1 * dx, two-scale formats).
+// x: the input's 32 int16 values of the sub-block, xs8: its 8 lane sums.
 template <class F>
-inline __m256 contrib_f(const Sub& s, const int16_t* xq, const float* xs, int64_t k, __m256 f0, __m256 f1,
-                        __m256 acc) {
-  const __m256i xlo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32 * k));
-  const __m256i xhi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32 * k + 16));
+inline __m256 contrib_at(const Sub& s, const int16_t* x, const float* xs8, __m256 f0, __m256 f1, __m256 acc) {
+  const __m256i xlo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+  const __m256i xhi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 16));
   const __m256i plo = _mm256_madd_epi16(s.lo, xlo), phi = _mm256_madd_epi16(s.hi, xhi);
   if constexpr (F::kTwoScales) {
     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(plo), f0, acc);
@@ -40,8 +40,13 @@ inline __m256 contrib_f(const Sub& s, const int16_t* xq, const float* xs, int64_
     (void)f1;
     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(plo, phi)), f0, acc);
   }
-  if constexpr (F::kMin) acc = _mm256_fmadd_ps(_mm256_set1_ps(s.mn), _mm256_loadu_ps(xs + 8 * k), acc);
+  if constexpr (F::kMin) acc = _mm256_fmadd_ps(_mm256_set1_ps(s.mn), _mm256_loadu_ps(xs8), acc);
   return acc;
+}
+template <class F>
+inline __m256 contrib_f(const Sub& s, const int16_t* xq, const float* xs, int64_t k, __m256 f0, __m256 f1,
+                        __m256 acc) {
+  return contrib_at<F>(s, xq + 32 * k, xs + 8 * k, f0, f1, acc);
 }
 
 // The same, forming the scale products itself. kOne (a single input): sc * dx
@@ -363,37 +368,51 @@ inline void row_factors(const float* scales, const float* dxT, int64_t ldt, int6
   }
 }
 
-// i16_row's NT > 1 loop over a decoded row, scale products from fac.
-template <class F, int NT>
-inline void panel_row(const Codes* codes, const float* scales, const float* fac, const QuantizedActs& A, int64_t t0,
-                      float* Y, int64_t ldy, int64_t j) {
-  __m256 acc[NT];
-  const int16_t* xq[NT];
-  const float* xs[NT];
-  for (int t = 0; t < NT; ++t) {
-    acc[t] = _mm256_setzero_ps();
-    xq[t] = A.q_row(t0 + t);
-    xs[t] = A.s_row(t0 + t);
+// The inputs of a group of kGroup, interleaved for panel_row: sub-block k of
+// input t of the group at xg + (k * kGroup + t) * 32, its lane sums at
+// sg + (k * kGroup + t) * 8. One pointer then reaches every input of the
+// group (separate rows would need a register each, more than there are).
+void group_inputs(const QuantizedActs& A, int64_t t0, int nt, int16_t* xg, float* sg) {
+  for (int t = 0; t < nt; ++t) {
+    const int16_t* q = A.q_row(t0 + t);
+    const float* xs = A.s_row(t0 + t);
+    for (int64_t k = 0; k < A.nb; ++k) {
+      std::memcpy(xg + (k * kGroup + t) * 32, q + 32 * k, 64);
+      std::memcpy(sg + (k * kGroup + t) * 8, xs + 8 * k, 32);
+    }
   }
-  const int64_t nsub = A.nb;
+}
+
+// i16_row's NT > 1 loop over a decoded row, scale products from fac and the
+// inputs grouped (group_inputs).
+template <class F, int NT>
+inline void panel_row(const Codes* codes, const float* scales, const float* fac, const int16_t* xg, const float* sg,
+                      int64_t nsub, int64_t t0, float* Y, int64_t ldy, int64_t j) {
+  __m256 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
   int64_t k = 0;
   for (; k + 2 <= nsub; k += 2) {
     const Sub s0 = panel_sub<F>(codes, scales, k), s1 = panel_sub<F>(codes, scales, k + 1);
     const float* f0 = fac + 2 * kGroup * k;
     const float* f1 = f0 + 2 * kGroup;
+    const int16_t* x0 = xg + k * kGroup * 32;
+    const float* s0p = sg + k * kGroup * 8;
     for (int t = 0; t < NT; ++t) {
-      __m256 tmp = contrib_f<F>(s0, xq[t], xs[t], k, _mm256_broadcast_ss(f0 + t), _mm256_broadcast_ss(f0 + kGroup + t),
-                                _mm256_setzero_ps());
-      tmp = contrib_f<F>(s1, xq[t], xs[t], k + 1, _mm256_broadcast_ss(f1 + t), _mm256_broadcast_ss(f1 + kGroup + t),
-                         tmp);
+      __m256 tmp = contrib_at<F>(s0, x0 + 32 * t, s0p + 8 * t, _mm256_broadcast_ss(f0 + t),
+                                 _mm256_broadcast_ss(f0 + kGroup + t), _mm256_setzero_ps());
+      tmp = contrib_at<F>(s1, x0 + 32 * (kGroup + t), s0p + 8 * (kGroup + t), _mm256_broadcast_ss(f1 + t),
+                          _mm256_broadcast_ss(f1 + kGroup + t), tmp);
       acc[t] = _mm256_add_ps(acc[t], tmp);
     }
   }
   if (k < nsub) {
     const Sub s = panel_sub<F>(codes, scales, k);
     const float* f = fac + 2 * kGroup * k;
+    const int16_t* x0 = xg + k * kGroup * 32;
+    const float* s0p = sg + k * kGroup * 8;
     for (int t = 0; t < NT; ++t)
-      acc[t] = contrib_f<F>(s, xq[t], xs[t], k, _mm256_broadcast_ss(f + t), _mm256_broadcast_ss(f + kGroup + t), acc[t]);
+      acc[t] = contrib_at<F>(s, x0 + 32 * t, s0p + 8 * t, _mm256_broadcast_ss(f + t), _mm256_broadcast_ss(f + kGroup + t),
+                             acc[t]);
   }
   for (int t = 0; t < NT; ++t) Y[(t0 + t) * ldy + j] = hsum(acc[t]);
 }
@@ -423,12 +442,19 @@ int64_t panel_min_inputs() {
 template <class F>
 void i16_rows_panel(const MatView& W, const QuantizedActs& A, float* Y, int64_t ldy, int64_t rb, int64_t re) {
   thread_local Panel panel;
-  thread_local std::vector<float> dxT, fac;
+  thread_local std::vector<float> dxT, fac, sg;
+  thread_local std::vector<int16_t> xg;
   const int64_t nb = A.nb, ldt = A.n_x + kGroup;
   dxT.assign((size_t)(nb * ldt), 0.0f);
   for (int64_t t = 0; t < A.n_x; ++t)
     for (int64_t k = 0; k < nb; ++k) dxT[(size_t)(k * ldt + t)] = A.d_row(t)[k];
   fac.resize((size_t)(2 * kGroup * nb));
+  const int64_t n_groups = (A.n_x + kGroup - 1) / kGroup, group_subs = nb * kGroup;
+  xg.resize((size_t)(n_groups * group_subs * 32));
+  sg.resize((size_t)(n_groups * group_subs * 8));
+  for (int64_t g = 0; g < n_groups; ++g)
+    group_inputs(A, g * kGroup, (int)std::min<int64_t>(kGroup, A.n_x - g * kGroup), xg.data() + g * group_subs * 32,
+                 sg.data() + g * group_subs * 8);
   const int64_t rows = std::max<int64_t>(1, (int64_t)((128u << 10) / (size_t)(nb * 80)));
   for (int64_t jb = rb; jb < re; jb += rows) {
     const int64_t je = std::min(re, jb + rows);
@@ -439,7 +465,8 @@ void i16_rows_panel(const MatView& W, const QuantizedActs& A, float* Y, int64_t 
         const size_t base = (size_t)((j - jb) * nb);
         const float* sc = panel.scales.data() + 4 * base;
         row_factors<F>(sc, dxT.data(), ldt, t0, nb, fac.data());
-        panel_row<F, NT>(panel.codes.data() + base, sc, fac.data(), A, t0, Y, ldy, j);
+        panel_row<F, NT>(panel.codes.data() + base, sc, fac.data(), xg.data() + (t0 / kGroup) * group_subs * 32,
+                         sg.data() + (t0 / kGroup) * group_subs * 8, nb, t0, Y, ldy, j);
       }
     };
     for (; t0 + kGroup <= A.n_x; t0 += kGroup) run.template operator()<kGroup>();
