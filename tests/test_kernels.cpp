@@ -246,6 +246,35 @@ TEST(Kernels, MatchOracleBitExactlyAndReferenceWithinTolerance) {
   EXPECT_GT(checked, 300);
 }
 
+// Long rows through the decoded panel (many inputs), which takes a group of
+// inputs over a row in several passes of sub-blocks with the accumulators
+// kept in between: every output equals the one-input kernel's bit for bit
+// (rows of an odd and an even number of 32-element sub-blocks, input counts
+// that leave partial groups).
+TEST(Kernels, PanelOverLongRowsEqualsOneInputAtATime) {
+  for (DType t : all_types()) {
+    const DTypeTraits& tr = dtype_traits(t);
+    if (!uses_i16_acts(t)) continue;
+    SCOPED_TRACE(tr.name);
+    const int64_t block = std::max<int64_t>(tr.block_size, 32);
+    for (int64_t subs : {int64_t{97}, int64_t{112}}) {
+      const int64_t cols = (32 * subs + block - 1) / block * block;
+      const int64_t rows = 11;
+      const Weights W = make_weights(t, rows, cols, 91, 0);
+      for (int64_t n_x : {int64_t{19}, int64_t{24}}) {
+        const auto xbuf = make_inputs(n_x, cols, 92, 0);
+        std::vector<float> y((size_t)(n_x * rows), NAN), one((size_t)rows, NAN);
+        matmul_rows(W.view, xbuf.data(), n_x, y.data(), rows, 0, rows);
+        for (int64_t s = 0; s < n_x; ++s) {
+          matmul_rows(W.view, xbuf.data() + s * cols, 1, one.data(), rows, 0, rows);
+          ASSERT_EQ(std::memcmp(&y[(size_t)(s * rows)], one.data(), (size_t)rows * sizeof(float)), 0)
+              << "cols " << cols << " n_x " << n_x << " input " << s;
+        }
+      }
+    }
+  }
+}
+
 TEST(Kernels, OutputsDoNotDependOnBatchRowRangeOrThreads) {
   constexpr int64_t kMaxX = 64;
   ThreadPool pool1(1), pool2(2), pool3(3, /*oversubscribe=*/true);

@@ -359,8 +359,9 @@ inline Sub panel_sub(const Codes* codes, const float* scales, int64_t k) {
 // 31.2 -> 35.0 GMAC/s, Q4_K 24.6 -> 26.8, Q6_K 22.8 -> 24.7.
 constexpr int kGroup = 8;  // inputs per pass over a decoded row (at most 8: one vector of dx)
 template <class F>
-inline void row_factors(const float* scales, const float* dxT, int64_t ldt, int64_t t0, int64_t nb, float* fac) {
-  for (int64_t k = 0; k < nb; ++k) {
+inline void row_factors(const float* scales, const float* dxT, int64_t ldt, int64_t t0, int64_t kb, int64_t ke,
+                        float* fac) {
+  for (int64_t k = kb; k < ke; ++k) {
     const __m256 dx = _mm256_loadu_ps(dxT + k * ldt + t0);
     _mm256_storeu_ps(fac + 2 * kGroup * k, _mm256_mul_ps(_mm256_set1_ps(scales[4 * k]), dx));
     if constexpr (F::kTwoScales)
@@ -383,15 +384,19 @@ void group_inputs(const QuantizedActs& A, int64_t t0, int nt, int16_t* xg, float
   }
 }
 
-// i16_row's NT > 1 loop over a decoded row, scale products from fac and the
-// inputs grouped (group_inputs).
+// i16_row's NT > 1 loop over sub-blocks [kb, ke) of a decoded row, scale
+// products from fac and the inputs grouped (group_inputs). The accumulators
+// start at zero (kb = 0) or from state, and go back to state unless the row
+// is finished (ke = nsub), when their sums are the outputs. kb is even, so
+// the sub-blocks pair up as in one pass over the whole row.
 template <class F, int NT>
 inline void panel_row(const Codes* codes, const float* scales, const float* fac, const int16_t* xg, const float* sg,
-                      int64_t nsub, int64_t t0, float* Y, int64_t ldy, int64_t j) {
+                      int64_t kb, int64_t ke, int64_t nsub, float* state, int64_t t0, float* Y, int64_t ldy,
+                      int64_t j) {
   __m256 acc[NT];
-  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
-  int64_t k = 0;
-  for (; k + 2 <= nsub; k += 2) {
+  for (int t = 0; t < NT; ++t) acc[t] = kb == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(state + 8 * t);
+  int64_t k = kb;
+  for (; k + 2 <= ke; k += 2) {
     const Sub s0 = panel_sub<F>(codes, scales, k), s1 = panel_sub<F>(codes, scales, k + 1);
     const float* f0 = fac + 2 * kGroup * k;
     const float* f1 = f0 + 2 * kGroup;
@@ -405,7 +410,7 @@ inline void panel_row(const Codes* codes, const float* scales, const float* fac,
       acc[t] = _mm256_add_ps(acc[t], tmp);
     }
   }
-  if (k < nsub) {
+  if (k < ke) {  // the row's odd last sub-block
     const Sub s = panel_sub<F>(codes, scales, k);
     const float* f = fac + 2 * kGroup * k;
     const int16_t* x0 = xg + k * kGroup * 32;
@@ -414,7 +419,10 @@ inline void panel_row(const Codes* codes, const float* scales, const float* fac,
       acc[t] = contrib_at<F>(s, x0 + 32 * t, s0p + 8 * t, _mm256_broadcast_ss(f + t), _mm256_broadcast_ss(f + kGroup + t),
                              acc[t]);
   }
-  for (int t = 0; t < NT; ++t) Y[(t0 + t) * ldy + j] = hsum(acc[t]);
+  if (ke == nsub)
+    for (int t = 0; t < NT; ++t) Y[(t0 + t) * ldy + j] = hsum(acc[t]);
+  else
+    for (int t = 0; t < NT; ++t) _mm256_storeu_ps(state + 8 * t, acc[t]);
 }
 
 // Inputs from which the decoded-panel path is taken: decoding once pays
@@ -456,17 +464,29 @@ void i16_rows_panel(const MatView& W, const QuantizedActs& A, float* Y, int64_t 
     group_inputs(A, g * kGroup, (int)std::min<int64_t>(kGroup, A.n_x - g * kGroup), xg.data() + g * group_subs * 32,
                  sg.data() + g * group_subs * 8);
   const int64_t rows = std::max<int64_t>(1, (int64_t)((128u << 10) / (size_t)(nb * 80)));
+  // Sub-blocks per pass of a group over the panel's rows: a group's inputs
+  // for 32 sub-blocks are 16 KiB of values and 8 KiB of lane sums, which
+  // stay in L1 while the rows go by; whole rows of 3072 (96 sub-blocks)
+  // did not, and streamed them from L2 once per row.
+  const int64_t kc = nb <= 48 ? nb : 32;
+  thread_local std::vector<float> state;  // [row of the panel][input of the group][lane]
+  state.resize((size_t)(rows * kGroup * 8));
   for (int64_t jb = rb; jb < re; jb += rows) {
     const int64_t je = std::min(re, jb + rows);
     decode_panel<F>(W, nb, jb, je, panel);
     int64_t t0 = 0;
     auto run = [&]<int NT>() {
-      for (int64_t j = jb; j < je; ++j) {
-        const size_t base = (size_t)((j - jb) * nb);
-        const float* sc = panel.scales.data() + 4 * base;
-        row_factors<F>(sc, dxT.data(), ldt, t0, nb, fac.data());
-        panel_row<F, NT>(panel.codes.data() + base, sc, fac.data(), xg.data() + (t0 / kGroup) * group_subs * 32,
-                         sg.data() + (t0 / kGroup) * group_subs * 8, nb, t0, Y, ldy, j);
+      const int16_t* x = xg.data() + (t0 / kGroup) * group_subs * 32;
+      const float* xs = sg.data() + (t0 / kGroup) * group_subs * 8;
+      for (int64_t kb = 0; kb < nb; kb += kc) {
+        const int64_t ke = std::min(nb, kb + kc);
+        for (int64_t j = jb; j < je; ++j) {
+          const size_t base = (size_t)((j - jb) * nb);
+          const float* sc = panel.scales.data() + 4 * base;
+          row_factors<F>(sc, dxT.data(), ldt, t0, kb, ke, fac.data());
+          panel_row<F, NT>(panel.codes.data() + base, sc, fac.data(), x, xs, kb, ke, nb,
+                           state.data() + (j - jb) * kGroup * 8, t0, Y, ldy, j);
+        }
       }
     };
     for (; t0 + kGroup <= A.n_x; t0 += kGroup) run.template operator()<kGroup>();
