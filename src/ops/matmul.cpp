@@ -1,6 +1,7 @@
 #include "ops/matmul.h"
 
 #include <algorithm>
+#include <functional>
 
 #include "core/error.h"
 #include "kernels/cpu/matmul.h"
@@ -40,14 +41,31 @@ void embed_tile(const Op& op, const StepContext& ctx, int t, int) {
     for (int64_t i = 0; i < op.mat.cols; ++i) out[i] *= scale;
 }
 
+// The op that last wrote `op`'s input before it in program order (the
+// schedule orders a slot's readers after that writer and before the next
+// one), or op itself when none does.
+const Op* input_source(const DecodeProgram& p, const Op& op) {
+  const Op* first = p.ops.data();
+  const std::less<const Op*> before;
+  if (before(&op, first) || !before(&op, first + p.ops.size())) return &op;  // not one of p's ops
+  for (const Op* o = &op; o != first;) {
+    --o;
+    if (o->out == op.in) return o;
+  }
+  return &op;
+}
+
 template <class K>
 void matmul_tile(const Op& op, const StepContext& ctx, int t, int n_tiles) {
   int64_t b, e;
   matmul_tile_range(op, t, n_tiles, b, e);
-  // The op's tiles (and the megakernel's chunks of them) run by one thread
-  // in a step quantise the op's inputs once.
+  // The tiles (and the megakernel's chunks of them) one thread runs in a step
+  // quantise their inputs once, also across the products that read the same
+  // values (q, k and v of one norm; gate and up): the key names the op that
+  // wrote them.
   K::matmul(*ctx.program, op.mat, ctx.slot[static_cast<size_t>(op.in)], ctx.n_rows,
-            ctx.slot[static_cast<size_t>(op.out)], width_of(ctx, op.out), b, e, ActsKey{&op, ctx.step_id});
+            ctx.slot[static_cast<size_t>(op.out)], width_of(ctx, op.out), b, e,
+            ActsKey{input_source(*ctx.program, op), ctx.step_id});
 }
 
 }  // namespace
