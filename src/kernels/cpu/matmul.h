@@ -21,7 +21,9 @@ void matmul_rows(const MatView& W, const float* X, int64_t n_x, float* Y, int64_
                  int64_t row_end, Numerics numerics = Numerics::Exact);
 
 // Names one set of inputs across several matmul_rows calls (the row ranges
-// of one matrix product in one step, run by one thread): a call whose key
+// of the matrix products that read one slot's values in one step, run by
+// one thread; ops/matmul.cpp keys them by the op that wrote the slot, the
+// step's id as epoch): a call whose key
 // equals the same thread's previous keyed call, with the same X, n_x and
 // width, reuses the inputs it quantised instead of quantising them again.
 // The caller guarantees X is unchanged between such calls. epoch 0: no reuse.
