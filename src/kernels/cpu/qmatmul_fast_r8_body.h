@@ -438,6 +438,9 @@ struct Rows8 {
   const uint8_t* u8;     // q + 128 as unsigned bytes (kU8)
   const int16_t* sq;     // sums of 32 (Q4_K's mins)
   int64_t qs, ds, sqs;
+  // The row's first chunk: each accumulator's first block adds to zero
+  // rather than to memory (fma(x, y, 0), what a zeroed accumulator gave).
+  bool fresh;
 };
 
 template <class F, int NT>
@@ -467,7 +470,8 @@ void pass32(const Tile32& T, int kn, const Rows8 R, __m256* acc) {
       if constexpr (F::kOffset != 0) v = _mm256_sub_epi32(v, _mm256_set1_epi32(off[0]));
       __m256* a = acc + 2 * i + (c & 1);
       const __m256 dx = _mm256_set1_ps(R.d[i * R.ds + c]);
-      __m256 x = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_mul_ps(s0, dx), *a);
+      __m256 x = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_mul_ps(s0, dx),
+                                 R.fresh && c < 2 ? _mm256_setzero_ps() : *a);
       if constexpr (F::kTwo) {
         __m256i u = hi[i];
         if constexpr (F::kOffset != 0) u = _mm256_sub_epi32(u, _mm256_set1_epi32(off[1]));
@@ -748,7 +752,8 @@ void passK(const TileK& T, int kn, const Rows8 R, __m256* acc) {
     const __m256 d = _mm256_load_ps(T.d[c]);
     for (int i = 0; i < NT; ++i) {
       const __m256 dx = _mm256_set1_ps(R.d[i * R.ds + c]);
-      __m256 a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[i]), _mm256_mul_ps(d, dx), acc[2 * i]);
+      __m256 a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[i]), _mm256_mul_ps(d, dx),
+                                 R.fresh && c == 0 ? _mm256_setzero_ps() : acc[2 * i]);
       if constexpr (F::kMin) {
         const int16_t* s = R.sq + i * R.sqs + 8 * c;
         __m256i m = _mm256_madd_epi16(ld(T.mv[c][0]), bcast32(s));
@@ -807,11 +812,11 @@ void r8_rows(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t r
           rows[r] = W.row(r < n ? j0 + r : rb);
           ahead[r] = W.row(std::min<int64_t>(j0 + kRows + r, re - 1));
         }
-        // (Only the accumulators in use: the K-quants' odd ones stay idle.)
-        if (two_chains)
-          for (int64_t t = 2 * tb0; t < 2 * tb1; ++t) acc[t] = _mm256_setzero_ps();
-        else
-          for (int64_t t = tb0; t < tb1; ++t) acc[2 * t] = _mm256_setzero_ps();
+        // The first chunk's passes start the accumulators (Rows8::fresh);
+        // only a second chain that no block reaches (a one-block row) is
+        // zeroed here. The K-quants' odd accumulators stay idle.
+        if (two_chains && A.nb < 2)
+          for (int64_t t = tb0; t < tb1; ++t) acc[2 * t + 1] = _mm256_setzero_ps();
         for (int64_t k0 = 0; k0 < A.nb; k0 += chunk) {
           const int kn = (int)std::min<int64_t>(chunk, A.nb - k0);
           for (int c = 0; c < kn; ++c) decode(rows, k0 + c, T, c);
@@ -873,6 +878,7 @@ void r8_32(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t rb,
   const int32_t* o = off.data();
   r8_rows(W, A, Y, ldy, rb, re, kChunk, true, T, F::decode, [&](auto nt, int kn, int64_t k0, int64_t t0, __m256* acc) {
     Rows8 R{};
+    R.fresh = k0 == 0;
     R.q = A.q_row(t0) + 32 * k0;
     if constexpr (F::kSigned) {
       if (MK_R8_VNNI)
@@ -905,6 +911,7 @@ void r8_k(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t rb, 
   const int16_t* s = sq.data();
   r8_rows(W, A, Y, ldy, rb, re, kChunkK, false, T, F::decode, [&](auto nt, int kn, int64_t k0, int64_t t0, __m256* acc) {
     Rows8 R{};
+    R.fresh = k0 == 0;
     R.q = A.q_row(t0) + 256 * k0;
     R.d = A.d_row(t0) + k0;
     if constexpr (F::kU8) R.u8 = u8.data() + t0 * A.cols + 256 * k0;
