@@ -406,6 +406,43 @@ inline void isum_u8(const Tile32& T, int c, const uint8_t* const u[NT], __m256i 
   }
   for (int i = 0; i < NT; ++i) out[i] = acc[i];
 }
+
+// isum32 (unsigned codes) or isum_u8 (kSigned) for two tiles of eight rows
+// at once: each input's four bytes are broadcast once for both. The same
+// exact integer sums as one tile at a time.
+template <class F, int NT>
+inline void isum_pair(const Tile32& T0, const Tile32& T1, int c, const uint8_t* const x[NT], __m256i lo[2][NT],
+                      __m256i hi[2][NT]) {
+  __m256i acc[2][NT];
+  if constexpr (F::kSigned) {
+    const __m256i c0 = ld(T0.corr[c]), c1 = ld(T1.corr[c]);
+    for (int i = 0; i < NT; ++i) acc[0][i] = c0, acc[1][i] = c1;
+  }
+#pragma GCC unroll 8
+  for (int g = 0; g < 8; ++g) {
+    const __m256i w0 = ld(T0.w[c][g]), w1 = ld(T1.w[c][g]);
+    const bool start = !F::kSigned && (g == 0 || (F::kTwo && g == 4));
+    if constexpr (F::kTwo && !F::kSigned) {
+      if (g == 4)
+        for (int i = 0; i < NT; ++i) lo[0][i] = acc[0][i], lo[1][i] = acc[1][i];
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < NT; ++i) {
+      const __m256i b = bcast32(x[i] + 4 * g);
+      if constexpr (F::kSigned) {
+        acc[0][i] = _mm256_dpbusd_avx_epi32(acc[0][i], b, w0);
+        acc[1][i] = _mm256_dpbusd_avx_epi32(acc[1][i], b, w1);
+      } else {
+        acc[0][i] = _mm256_dpbusd_avx_epi32(start ? _mm256_setzero_si256() : acc[0][i], w0, b);
+        acc[1][i] = _mm256_dpbusd_avx_epi32(start ? _mm256_setzero_si256() : acc[1][i], w1, b);
+      }
+      MK_KEEP(acc[0][i]);
+      MK_KEEP(acc[1][i]);
+    }
+  }
+  for (int h = 0; h < 2; ++h)
+    for (int i = 0; i < NT; ++i) (F::kTwo && !F::kSigned ? hi : lo)[h][i] = acc[h][i];
+}
 #endif
 
 // The same for signed weights (store_signed): q[i] points at input i's
@@ -443,9 +480,32 @@ struct Rows8 {
   bool fresh;
 };
 
+// The scales of block c applied to the integer sums of eight rows (lo, and
+// hi with kTwo) for inputs t0 .. t0 + NT - 1, into their accumulators.
+template <class F, int NT>
+inline void finish32(const Tile32& T, int c, const Rows8& R, const __m256i lo[NT], const __m256i hi[NT], __m256* acc) {
+  constexpr int kOffs = F::kTwo ? 2 : 1;  // offset terms per block
+  const __m256 s0 = _mm256_load_ps(T.s0[c]);
+  for (int i = 0; i < NT; ++i) {
+    __m256i v = lo[i];
+    const int32_t* off = F::kOffset != 0 ? R.off + (i * R.ds + c) * kOffs : nullptr;
+    if constexpr (F::kOffset != 0) v = _mm256_sub_epi32(v, _mm256_set1_epi32(off[0]));
+    __m256* a = acc + 2 * i + (c & 1);
+    const __m256 dx = _mm256_set1_ps(R.d[i * R.ds + c]);
+    __m256 x = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_mul_ps(s0, dx),
+                               R.fresh && c < 2 ? _mm256_setzero_ps() : *a);
+    if constexpr (F::kTwo) {
+      __m256i u = hi[i];
+      if constexpr (F::kOffset != 0) u = _mm256_sub_epi32(u, _mm256_set1_epi32(off[1]));
+      x = _mm256_fmadd_ps(_mm256_cvtepi32_ps(u), _mm256_mul_ps(_mm256_load_ps(T.s1[c]), dx), x);
+    }
+    if constexpr (F::kMin) x = _mm256_fmadd_ps(_mm256_load_ps(T.mn[c]), _mm256_set1_ps(R.sx[i * R.ds + c]), x);
+    *a = x;
+  }
+}
+
 template <class F, int NT>
 void pass32(const Tile32& T, int kn, const Rows8 R, __m256* acc) {
-  constexpr int kOffs = F::kTwo ? 2 : 1;  // offset terms per block
   for (int c = 0; c < kn; ++c) {
     __m256i lo[NT], hi[NT];
     if constexpr (F::kSigned) {
@@ -463,25 +523,26 @@ void pass32(const Tile32& T, int kn, const Rows8 R, __m256* acc) {
       for (int i = 0; i < NT; ++i) q[i] = R.q + i * R.qs + 32 * c;
       isum32<F, NT>(T, c, q, lo, hi);
     }
-    const __m256 s0 = _mm256_load_ps(T.s0[c]);
-    for (int i = 0; i < NT; ++i) {
-      __m256i v = lo[i];
-      const int32_t* off = F::kOffset != 0 ? R.off + (i * R.ds + c) * kOffs : nullptr;
-      if constexpr (F::kOffset != 0) v = _mm256_sub_epi32(v, _mm256_set1_epi32(off[0]));
-      __m256* a = acc + 2 * i + (c & 1);
-      const __m256 dx = _mm256_set1_ps(R.d[i * R.ds + c]);
-      __m256 x = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_mul_ps(s0, dx),
-                                 R.fresh && c < 2 ? _mm256_setzero_ps() : *a);
-      if constexpr (F::kTwo) {
-        __m256i u = hi[i];
-        if constexpr (F::kOffset != 0) u = _mm256_sub_epi32(u, _mm256_set1_epi32(off[1]));
-        x = _mm256_fmadd_ps(_mm256_cvtepi32_ps(u), _mm256_mul_ps(_mm256_load_ps(T.s1[c]), dx), x);
-      }
-      if constexpr (F::kMin) x = _mm256_fmadd_ps(_mm256_load_ps(T.mn[c]), _mm256_set1_ps(R.sx[i * R.ds + c]), x);
-      *a = x;
-    }
+    finish32<F, NT>(T, c, R, lo, hi, acc);
   }
 }
+
+#if MK_R8_VNNI
+// pass32 for two tiles (rows j0 .. j0 + 15) into acc0 and acc1: each output
+// with pass32's operations.
+template <class F, int NT>
+void pass32_pair(const Tile32& T0, const Tile32& T1, int kn, const Rows8 R, __m256* acc0, __m256* acc1) {
+  for (int c = 0; c < kn; ++c) {
+    __m256i lo[2][NT], hi[2][NT];
+    const uint8_t* x[NT];
+    for (int i = 0; i < NT; ++i)
+      x[i] = (F::kSigned ? R.u8 : reinterpret_cast<const uint8_t*>(R.q)) + i * R.qs + 32 * c;
+    isum_pair<F, NT>(T0, T1, c, x, lo, hi);
+    finish32<F, NT>(T0, c, R, lo[0], hi[0], acc0);
+    finish32<F, NT>(T1, c, R, lo[1], hi[1], acc1);
+  }
+}
+#endif
 
 // ---------------------------------------------------------------------------
 // K-quants: 256-element blocks as eight 32-element sub-blocks.
@@ -783,16 +844,20 @@ inline void to_u8(const Q8Acts& A, std::vector<uint8_t>& u8) {
 
 // Rows [rb, re) in groups of eight (a last partial group repeats row rb and
 // stores only its valid outputs). Per input two accumulators of the eight
-// outputs (even and odd blocks; the K-quants use the first).
-template <class Tile, class Decode, class Pass>
+// outputs (even and odd blocks; the K-quants use the first). With T2 (and
+// pass2), two full groups of a panel go through pass2 together, which runs
+// both tiles against each input block once (pass32_pair).
+template <class Tile, class Decode, class Pass, class Pass2 = std::nullptr_t>
 void r8_rows(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t rb, int64_t re, int chunk,
-             bool two_chains, Tile& T, Decode&& decode, Pass&& pass) {
+             bool two_chains, Tile& T, Decode&& decode, Pass&& pass, Tile* T2 = nullptr, Pass2&& pass2 = nullptr) {
   struct alignas(32) Acc {
     float v[kRows];
   };
-  thread_local std::vector<Acc> store;
+  thread_local std::vector<Acc> store, store2;
   if (store.size() < (size_t)(2 * A.n_x)) store.resize((size_t)(2 * A.n_x));
+  if (T2 != nullptr && store2.size() < (size_t)(2 * A.n_x)) store2.resize((size_t)(2 * A.n_x));
   __m256* acc = reinterpret_cast<__m256*>(store.data());
+  __m256* acc2 = reinterpret_cast<__m256*>(store2.data());
   const size_t bytes = dtype_traits(W.type).block_bytes;
   const int64_t nbw = W.cols / dtype_traits(W.type).block_size;
   // Rows in panels of kPanel, inputs in blocks whose 8-bit activations stay
@@ -804,39 +869,59 @@ void r8_rows(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t r
     const int64_t p1 = std::min(re, p0 + kPanel);
     for (int64_t tb0 = 0; tb0 < A.n_x; tb0 += tb) {
       const int64_t tb1 = std::min(A.n_x, tb0 + tb);
-      for (int64_t j0 = p0; j0 < p1; j0 += kRows) {
+      for (int64_t j0 = p0; j0 < p1;) {
+        const bool pair = T2 != nullptr && j0 + 2 * kRows <= p1;
         const int n = (int)std::min<int64_t>(kRows, p1 - j0);
+        const int64_t step = pair ? 2 * kRows : kRows;
         const uint8_t* rows[kRows];
-        const uint8_t* ahead[kRows];
+        const uint8_t* rows2[kRows];
+        const uint8_t* ahead[2 * kRows];
         for (int r = 0; r < kRows; ++r) {
           rows[r] = W.row(r < n ? j0 + r : rb);
-          ahead[r] = W.row(std::min<int64_t>(j0 + kRows + r, re - 1));
+          rows2[r] = pair ? W.row(j0 + kRows + r) : rows[r];
         }
+        for (int r = 0; r < (int)step; ++r) ahead[r] = W.row(std::min<int64_t>(j0 + step + r, re - 1));
         // The first chunk's passes start the accumulators (Rows8::fresh);
         // only a second chain that no block reaches (a one-block row) is
         // zeroed here. The K-quants' odd accumulators stay idle.
         if (two_chains && A.nb < 2)
-          for (int64_t t = tb0; t < tb1; ++t) acc[2 * t + 1] = _mm256_setzero_ps();
+          for (int64_t t = tb0; t < tb1; ++t) {
+            acc[2 * t + 1] = _mm256_setzero_ps();
+            if (pair) acc2[2 * t + 1] = _mm256_setzero_ps();
+          }
         for (int64_t k0 = 0; k0 < A.nb; k0 += chunk) {
           const int kn = (int)std::min<int64_t>(chunk, A.nb - k0);
           for (int c = 0; c < kn; ++c) decode(rows, k0 + c, T, c);
+          if (pair)
+            for (int c = 0; c < kn; ++c) decode(rows2, k0 + c, *T2, c);
           // The next group's rows for this chunk, while the inputs run.
           const size_t pb = (size_t)(k0 * nbw / A.nb) * bytes, pe = (size_t)((k0 + kn) * nbw / A.nb) * bytes;
-          for (int r = 0; r < kRows; ++r)
+          for (int r = 0; r < (int)step; ++r)
             for (size_t o = pb; o < pe; o += 64) _mm_prefetch(reinterpret_cast<const char*>(ahead[r] + o), _MM_HINT_T1);
+          auto run = [&](auto nt, int64_t t) {
+            if constexpr (!std::is_same_v<std::decay_t<Pass2>, std::nullptr_t>) {
+              if (pair) return pass2(nt, kn, k0, t, acc, acc2);
+            }
+            pass(nt, kn, k0, t, acc);
+          };
           int64_t t = tb0;
-          for (; t + kNT <= tb1; t += kNT) pass(std::integral_constant<int, kNT>{}, kn, k0, t, acc);
+          for (; t + kNT <= tb1; t += kNT) run(std::integral_constant<int, kNT>{}, t);
           switch (tb1 - t) {
-            case 3: pass(std::integral_constant<int, 3>{}, kn, k0, t, acc); break;
-            case 2: pass(std::integral_constant<int, 2>{}, kn, k0, t, acc); break;
-            case 1: pass(std::integral_constant<int, 1>{}, kn, k0, t, acc); break;
+            case 3: run(std::integral_constant<int, 3>{}, t); break;
+            case 2: run(std::integral_constant<int, 2>{}, t); break;
+            case 1: run(std::integral_constant<int, 1>{}, t); break;
             default: break;
           }
         }
         for (int64_t t = tb0; t < tb1; ++t) {
           const __m256 y = two_chains ? _mm256_add_ps(acc[2 * t], acc[2 * t + 1]) : acc[2 * t];
           avx2::store_f32_first(Y + t * ldy + j0, y, n);
+          if (pair) {
+            const __m256 y2 = two_chains ? _mm256_add_ps(acc2[2 * t], acc2[2 * t + 1]) : acc2[2 * t];
+            _mm256_storeu_ps(Y + t * ldy + j0 + kRows, y2);
+          }
         }
+        j0 += step;
       }
     }
   }
@@ -876,7 +961,7 @@ void r8_32(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t rb,
     }
   }
   const int32_t* o = off.data();
-  r8_rows(W, A, Y, ldy, rb, re, kChunk, true, T, F::decode, [&](auto nt, int kn, int64_t k0, int64_t t0, __m256* acc) {
+  auto rows8 = [&](int64_t k0, int64_t t0) {
     Rows8 R{};
     R.fresh = k0 == 0;
     R.q = A.q_row(t0) + 32 * k0;
@@ -891,8 +976,23 @@ void r8_32(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t rb,
     if (o != nullptr) R.off = o + (t0 * A.nb + k0) * kOffs;
     R.qs = A.cols;
     R.ds = A.nb;
-    pass32<F, decltype(nt)::value>(T, kn, R, acc + 2 * t0);
-  });
+    return R;
+  };
+  auto pass = [&](auto nt, int kn, int64_t k0, int64_t t0, __m256* acc) {
+    pass32<F, decltype(nt)::value>(T, kn, rows8(k0, t0), acc + 2 * t0);
+  };
+#if MK_R8_VNNI
+  // Two tiles per pass: each input's bytes broadcast once for sixteen rows
+  // (kb, one thread, K = 1024, 128 inputs: see qmatmul_fast_r8_body.h's
+  // header).
+  thread_local Tile32 T2;
+  r8_rows(W, A, Y, ldy, rb, re, kChunk, true, T, F::decode, pass, &T2,
+          [&](auto nt, int kn, int64_t k0, int64_t t0, __m256* acc, __m256* acc2) {
+            pass32_pair<F, decltype(nt)::value>(T, T2, kn, rows8(k0, t0), acc + 2 * t0, acc2 + 2 * t0);
+          });
+#else
+  r8_rows(W, A, Y, ldy, rb, re, kChunk, true, T, F::decode, pass);
+#endif
 }
 
 template <class F>
