@@ -573,6 +573,9 @@ inline __m256i dup_hi16(__m256i v) {
 // kTwoScales: a scale per 16 elements.
 struct R8Q4_K {
   static constexpr bool kMin = true, kSigned = false, kU8 = false, kTwoScales = false;
+  // |sum of 16 code x input products| <= 16 * 15 * 127 < 2^15: the AVX-VNNI
+  // loop scales each half sub-block with one vpdpwssd (see passK).
+  static constexpr bool kHalf16 = true;
   static constexpr int kRun = 8;  // codes below 16
   // The scales and mins of the eight rows (shared with Q5_K).
   static void scales(const uint8_t* const p[8], TileK& T, int c) {
@@ -614,6 +617,7 @@ struct R8Q4_K {
 // j of byte i for element i of sub-block j).
 struct R8Q5_K {
   static constexpr bool kMin = true, kSigned = false, kU8 = false, kTwoScales = false;
+  static constexpr bool kHalf16 = false;  // codes to 31: a half sum reaches 2^15
   static constexpr int kRun = 4;
   static void decode(const uint8_t* const rows[8], int64_t k, TileK& T, int c) {
     const uint8_t* p[8];
@@ -642,6 +646,7 @@ struct R8Q5_K {
 // scales per 32 elements; no offset, no min.
 struct R8IQ4_XS {
   static constexpr bool kMin = false, kSigned = true, kU8 = false, kTwoScales = false;
+  static constexpr bool kHalf16 = false;
   static constexpr int kRun = 1;
   static void decode(const uint8_t* const rows[8], int64_t k, TileK& T, int c) {
     const uint8_t* p[8];
@@ -688,6 +693,7 @@ struct R8IQ4_XS {
 // offset then costs nothing per input (it was 16 operations per block).
 struct R8Q6_K {
   static constexpr bool kMin = false, kSigned = false, kU8 = true, kTwoScales = true;
+  static constexpr bool kHalf16 = false;  // unsigned inputs to 255
   static constexpr int kRun = 2;  // |w| <= 32 against u <= 255
   static void decode(const uint8_t* const rows[8], int64_t k, TileK& T, int c) {
     const uint8_t* p[8];
@@ -762,6 +768,28 @@ void passK(const TileK& T, int kn, const Rows8 R, __m256* acc) {
       // kTwoScales), multiplied by the rows' scales as int32: the same exact
       // integers as vpmaddwd by the scales below.
       for (int j = 0; j < 8; ++j) {
+        if constexpr (F::kHalf16) {
+          // Each half sub-block's sum fits int16, so the low int16 of its
+          // lane is that sum: vpdpwssd by (sc, 0) adds sum * sc, one
+          // operation for vpmulld's two and the add (the same integers).
+          const __m256i sc0 = _mm256_and_si256(ld(T.sc[c][j]), _mm256_set1_epi32(0xffff));
+          __m256i part[NT];
+#pragma GCC unroll 8
+          for (int g = 0; g < 8; ++g) {
+            const __m256i w = ld(T.w[c][j][g]);
+#pragma GCC unroll 4
+            for (int i = 0; i < NT; ++i) {
+              const __m256i x = bcast32(q[i] + 32 * j + 4 * g);
+              part[i] = _mm256_dpbusd_avx_epi32(g % 4 == 0 ? _mm256_setzero_si256() : part[i], w, x);
+              MK_KEEP(part[i]);
+              if (g % 4 == 3) {
+                is[i] = _mm256_dpwssd_avx_epi32(is[i], part[i], sc0);
+                MK_KEEP(is[i]);
+              }
+            }
+          }
+          continue;
+        }
         const __m256i sc = _mm256_srai_epi32(ld(T.sc[c][j]), 16);  // (sc, sc) as int16 -> sc as int32
         __m256i sc2 = sc;
         if constexpr (F::kTwoScales) sc2 = _mm256_srai_epi32(ld(T.sc2[c][j]), 16);
