@@ -39,9 +39,13 @@
 // offset is a weight-only term, R8Q6_K), IQ4_XS 32 (sign trick). Without a
 // dot-product instruction these are near the floor: a vpmaddubsw's int16
 // result needs one addition to be kept. With AVX-VNNI: 8 vpdpbusd for the
-// integer part of any 32-element block (12 with the float steps), Q4_K 11,
-// Q6_K 14 (a vpmulld by the scale per sub-block); IQ4_XS keeps the AVX2
-// sequence.
+// integer part of any 32-element block (12 with the float steps), Q4_K 10
+// (a vpdpwssd per half sub-block, whose sum fits int16), Q6_K 14 (a vpmulld
+// by the scale per sub-block); IQ4_XS keeps the AVX2 sequence. There the
+// loads become the other limit (a vpbroadcastd per vpdpbusd), so the
+// 32-element formats run two tiles of eight rows per pass (pass32_pair):
+// each broadcast serves sixteen rows. Without AVX-VNNI two tiles measured
+// no faster (the multiply ports are the limit) and are not used.
 #ifndef MK_R8_VNNI
 #error "define MK_R8_VNNI (0 or 1) before including this file"
 #endif
