@@ -506,11 +506,13 @@ void i16_rows_panel(const MatView& W, const QuantizedActs& A, float* Y, int64_t 
 template <class F>
 void i16_rows(const MatView& W, const QuantizedActs& A, float* Y, int64_t ldy, int64_t rb, int64_t re) {
   if (A.n_x >= panel_min_inputs<F>()) return i16_rows_panel<F>(W, A, Y, ldy, rb, re);
-  // Inputs per pass over a row: eight for Q5_K and Q6_K, whose sub-blocks
-  // cost the most to decode (8 inputs, one thread, K = 1024, best of 6-8
-  // interleaved runs: Q5_K 20.8 -> 22.3 GMAC/s, Q6_K 21.5 -> 23.4); Q4_K
-  // measured level (24.2 against 23.7), so it and the rest keep four.
-  constexpr int G = std::is_same_v<F, Q5_K> || std::is_same_v<F, Q6_K> ? 8 : 4;
+  // Inputs per pass over a row: eight, so each sub-block is decoded once for
+  // eight inputs (8 inputs, one thread, K = 1024, N = 3072, best of 4-8
+  // interleaved runs, four -> eight: Q5_K 20.8 -> 22.3 GMAC/s, Q6_K 21.5 ->
+  // 23.4, Q4_0 28.2 -> 30.9, Q4_1 23.9 -> 26.1, Q5_0 23.0 -> 26.2, IQ4_NL
+  // 28.6 -> 30.0, Q8_0 31.7 -> 32.4). Q4_K measured level (24.2 against
+  // 23.7) and keeps four.
+  constexpr int G = std::is_same_v<F, Q4_K> ? 4 : 8;
   const int64_t tile = A.n_x <= 4 ? re - rb : avx2::tile_rows(W.row_bytes);
   for (int64_t jb = rb; jb < re; jb += tile) {
     const int64_t je = std::min(re, jb + tile);
