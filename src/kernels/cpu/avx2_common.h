@@ -70,6 +70,22 @@ inline __m256i nibbles(const uint8_t* qs) {
   return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
 }
 
+// Sub-block sb (elements 32 sb .. 32 sb + 31) of the Q6_K block at b: its
+// 32 codes minus 32 (-32..31) as bytes in element order, and its two
+// 16-element scales (q6k_scales(b, sb)[0], [1]). Half h = sb / 4 of the
+// block; within it, quarter j = sb % 4 picks the nibble and the 2-bit field.
+inline __m256i q6k_codes(const uint8_t* b, int sb) {
+  const int h = sb / 4, j = sb % 4;
+  const __m256i lo4 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h + (j % 2) * 32));
+  const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h));
+  const __m256i low = _mm256_and_si256(j >= 2 ? _mm256_srli_epi16(lo4, 4) : lo4, _mm256_set1_epi8(0x0f));
+  const __m256i high = _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(2 * j)), _mm256_set1_epi8(3));
+  return _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(high, 4)), _mm256_set1_epi8(32));
+}
+inline const int8_t* q6k_scales(const uint8_t* b, int sb) {
+  return reinterpret_cast<const int8_t*>(b + 192) + 8 * (sb / 4) + 2 * (sb % 4);
+}
+
 // Stores the first n (1..8) floats of y at dst: one vector store when n is 8.
 inline void store_f32_first(float* dst, __m256 y, int64_t n) {
   if (n == 8) {

@@ -74,17 +74,21 @@ inline void nibble_halves16(const uint8_t* qs, __m256i& lo, __m256i& hi) {
 }
 inline __m128i e2m1_table128() { return _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12); }
 
+// 32 nibble codes at q minus 8 (Q4_0, INT4_G128), with the f16 scale at d
+// (followed by more of its block).
+inline void nibbles_minus8(const uint8_t* q, const uint8_t* d, Sub& s) {
+  __m256i lo, hi;
+  nibble_halves16(q, lo, hi);
+  const __m256i eight = _mm256_set1_epi16(8);
+  s.lo = _mm256_sub_epi16(lo, eight);
+  s.hi = _mm256_sub_epi16(hi, eight);
+  s.sc = avx2::load_f16_in_block(d);
+}
+
 struct Q4_0 {
   static constexpr int kBlock = 32, kBytes = 18;
   static constexpr bool kTwoScales = false, kMin = false;
-  static void decode(const uint8_t* b, int, Sub& s) {
-    __m256i lo, hi;
-    nibble_halves16(b + 2, lo, hi);
-    const __m256i eight = _mm256_set1_epi16(8);
-    s.lo = _mm256_sub_epi16(lo, eight);
-    s.hi = _mm256_sub_epi16(hi, eight);
-    s.sc = avx2::load_f16_in_block(b);
-  }
+  static void decode(const uint8_t* b, int, Sub& s) { nibbles_minus8(b + 2, b, s); }
 };
 struct Q4_1 {
   static constexpr int kBlock = 32, kBytes = 20;
@@ -153,16 +157,8 @@ struct Q6_K {
   static constexpr int kBlock = 256, kBytes = 210;
   static constexpr bool kTwoScales = true, kMin = false;
   static void decode(const uint8_t* b, int sb, Sub& s) {
-    const int h = sb / 4, j = sb % 4;
-    const uint8_t* ql = b + 64 * h + (j % 2) * 32;
-    const uint8_t* qh = b + 128 + 32 * h;
-    const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192) + 8 * h + 2 * j;
-    const __m256i lo4 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
-    const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh));
-    const __m256i low = _mm256_and_si256(j >= 2 ? _mm256_srli_epi16(lo4, 4) : lo4, _mm256_set1_epi8(0x0f));
-    const __m256i high =
-        _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(2 * j)), _mm256_set1_epi8(3));
-    widen_s8(_mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(high, 4)), _mm256_set1_epi8(32)), s);
+    const int8_t* sc = avx2::q6k_scales(b, sb);
+    widen_s8(avx2::q6k_codes(b, sb), s);
     const float d = avx2::load_f16(b + 208);
     s.sc = d * (float)sc[0];
     s.sc1 = d * (float)sc[1];
@@ -360,14 +356,7 @@ struct NVFP4 {
 struct INT4_G128 {
   static constexpr int kBlock = 128, kBytes = 66;
   static constexpr bool kTwoScales = false, kMin = false;
-  static void decode(const uint8_t* b, int sb, Sub& s) {
-    __m256i lo, hi;
-    nibble_halves16(b + 2 + 16 * sb, lo, hi);
-    const __m256i eight = _mm256_set1_epi16(8);
-    s.lo = _mm256_sub_epi16(lo, eight);
-    s.hi = _mm256_sub_epi16(hi, eight);
-    s.sc = avx2::load_f16_in_block(b);
-  }
+  static void decode(const uint8_t* b, int sb, Sub& s) { nibbles_minus8(b + 2 + 16 * sb, b, s); }
 };
 struct INT8_COL {
   static constexpr int kBlock = 128, kBytes = 132;

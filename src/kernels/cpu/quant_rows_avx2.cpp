@@ -16,6 +16,8 @@ namespace {
 
 using avx2::load_f16;
 using avx2::nibbles;
+using avx2::q6k_codes;
+using avx2::q6k_scales;
 
 // Four vectors of 8 floats from 32 signed bytes.
 inline void bytes_to_floats(__m256i q, __m256 v[4]) {
@@ -82,18 +84,8 @@ struct Q4_K {
 struct Q6_K {
   static constexpr int kBlock = 256, kBytes = 210;
   static void decode(const uint8_t* b, int sb, __m256 v[4]) {
-    // Sub-block sb covers elements 32*sb.. of the block: half h = sb / 4, and
-    // within the half, quarter j = sb % 4 selects which nibble / 2-bit field.
-    const int h = sb / 4, j = sb % 4;
-    const uint8_t* ql = b + 64 * h + (j % 2) * 32;
-    const uint8_t* qh = b + 128 + 32 * h;
-    const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192) + 8 * h + 2 * j;
-    const __m256i lo4 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
-    const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh));
-    const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3);
-    const __m256i low = _mm256_and_si256(j >= 2 ? _mm256_srli_epi16(lo4, 4) : lo4, m4);
-    const __m256i high = _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(2 * j)), m2);
-    const __m256i q = _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(high, 4)), _mm256_set1_epi8(32));
+    const int8_t* sc = q6k_scales(b, sb);
+    const __m256i q = q6k_codes(b, sb);
     bytes_to_floats(q, v);
     const float d = load_f16(b + 208);
     // The reference computes (d * scale) * q; elements 0-15 use sc[0], 16-31 sc[1].
