@@ -111,12 +111,11 @@ void matmul_rows(const MatView& W, const float* X, int64_t n_x, float* Y, int64_
     // quantised ones above (the same bits as packing them per call).
     thread_local TiledF32Inputs packed;
     thread_local Made made;
-    thread_local DType made_type = DType::F32;
-    if (!made.same(key, X, n_x, W.cols, 0) || !tiled_f32_same_layout(made_type, W.type)) {
+    const int64_t layout = tiled_f32_layout(W.type);  // in Made's block field
+    if (!made.same(key, X, n_x, W.cols, layout)) {
       made = Made{};
       pack_tiled_f32_inputs(W.type, X, n_x, W.cols, packed);
-      made = Made{key, X, n_x, W.cols, 0};
-      made_type = W.type;
+      made = Made{key, X, n_x, W.cols, layout};
     }
     matmul_rows_f32_tiled_avx2(W, X, n_x, Y, ldy, row_begin, row_end, &packed);
     return;

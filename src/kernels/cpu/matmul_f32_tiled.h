@@ -42,8 +42,9 @@ struct TiledF32Inputs {
   bool any = false;  // the layout of F32 / F16 / BF16 (true) or FP8_E4M3 (whole 32-blocks only)
 };
 void pack_tiled_f32_inputs(DType t, const float* X, int64_t n_x, int64_t cols, TiledF32Inputs& out);
-// Whether inputs packed for type a serve weights of type b.
-bool tiled_f32_same_layout(DType a, DType b);
+// The packed-input layout weights of type t take: inputs packed for one
+// type serve another of the same layout (1: F32 / F16 / BF16, 2: FP8_E4M3).
+int tiled_f32_layout(DType t);
 
 // Rows [rb, re) of W (F32, F16, BF16 or FP8_E4M3) times the n_x inputs X
 // ([n_x][W.cols]) into Y ([n_x][ldy]). AVX2/FMA/F16C only (use_avx2()).

@@ -278,10 +278,7 @@ void tiled_rows(const MatView& W, const float* X, int64_t n_x, float* Y, int64_t
 
 }  // namespace
 
-bool tiled_f32_same_layout(DType a, DType b) {
-  auto any = [](DType t) { return t != DType::FP8_E4M3; };
-  return any(a) == any(b);
-}
+int tiled_f32_layout(DType t) { return t == DType::FP8_E4M3 ? 2 : 1; }
 
 void pack_tiled_f32_inputs(DType t, const float* X, int64_t n_x, int64_t cols, TiledF32Inputs& out) {
   const bool any = t != DType::FP8_E4M3;
