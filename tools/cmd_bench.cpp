@@ -149,6 +149,31 @@ void write_svg(const std::string& path, const std::string& model, const std::vec
   out << s;
 }
 
+// Traces of several executors (trace_to_json's output each) into one file,
+// each executor a process of its own in the trace viewer.
+void write_merged_trace(const std::string& path, const std::vector<std::string>& names,
+                        const std::vector<std::string>& traces, const std::string& what) {
+  std::string merged = "{\"traceEvents\":[\n";
+  bool first = true;
+  for (size_t i = 0; i < traces.size(); ++i) {
+    // Strip the wrapper and renumber the process id.
+    const std::string& one = traces[i];
+    const size_t b = one.find('[') + 1, e = one.rfind(']');
+    std::string body = one.substr(b, e - b);
+    for (size_t pos = 0; (pos = body.find("\"pid\":1", pos)) != std::string::npos; pos += 6)
+      body.replace(pos, 7, fmt::format("\"pid\":{}", i + 1));
+    if (body.find_first_not_of(" \n") == std::string::npos) continue;
+    merged += (first ? "" : ",\n") + body;
+    first = false;
+    merged += fmt::format(",\n{{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":{},\"args\":{{\"name\":\"{} {}\"}}}}",
+                          i + 1, names[i], what);
+  }
+  merged += "\n]}\n";
+  std::ofstream out(path);
+  if (!out) fail("cannot write '{}'", path);
+  out << merged;
+}
+
 // --prompt N: prompt processing. Every (mode, executor) computes the same
 // N-token prompt from position 0 as the engine does it (executor steps of
 // --ubatch rows), the rounds alternating the order; the best time of each is
@@ -189,6 +214,26 @@ void bench_prompt(const BenchOptions& o, Model& M, ThreadPool& pool, const std::
       cases[i].engine->prefill(seq, tokens.data(), n, 0, logits.data());
       best[i] = std::min(best[i], ms_since(t0));
     }
+  }
+  if (!o.trace.empty()) {
+    // The prompt's last block (positions n - ub .. n - 1: all but its last
+    // row head-less, then that row with the output head) traced once per
+    // case.
+    std::vector<std::string> bodies, names;
+    for (auto& c : cases) {
+      M.set_numerics(c.mode);
+      SequenceState seq = M.new_sequence(n + 1);
+      const int head = std::max(0, n - ub);
+      if (head > 0) c.engine->prefill(seq, tokens.data(), head, 0, logits.data());
+      std::vector<TraceEvent> events;
+      c.engine->set_trace(&events);
+      c.engine->prefill(seq, tokens.data() + head, n - head, head, logits.data());
+      c.engine->set_trace(nullptr);
+      bodies.push_back(trace_to_json(c.engine->program(), events));
+      names.push_back(c.name);
+    }
+    write_merged_trace(o.trace, names, bodies, fmt::format("prompt block {}..{}", std::max(0, n - ub), n - 1));
+    fmt::print("trace of the prompt's last block per case written to {}\n", o.trace);
   }
   fmt::print("\n{:<16} {:>10} {:>10} {:>9}\n", "executor/mode", "ms", "tokens/s", "speedup");
   for (size_t i = 0; i < cases.size(); ++i)
@@ -325,30 +370,16 @@ void bench_cmd(const BenchOptions& o) {
     }
   }
   if (!o.trace.empty()) {
-    // One traced step per executor at the largest batch, each executor a
-    // process of its own in the trace viewer.
-    std::string merged = "{\"traceEvents\":[\n";
-    bool first = true;
+    // One traced step per executor at the largest batch.
+    std::vector<std::string> bodies;
     for (size_t i = 0; i < names.size(); ++i) {
       std::vector<TraceEvent> events;
       ex[i]->set_trace(&events);
       time_steps(M, *ex[i], max_b, 0, 1);
       ex[i]->set_trace(nullptr);
-      std::string one = trace_to_json(prog, events);
-      // Strip the wrapper and renumber the process id.
-      const size_t b = one.find('[') + 1, e = one.rfind(']');
-      std::string body = one.substr(b, e - b);
-      for (size_t pos = 0; (pos = body.find("\"pid\":1", pos)) != std::string::npos; pos += 6)
-        body.replace(pos, 7, fmt::format("\"pid\":{}", i + 1));
-      if (body.find_first_not_of(" \n") == std::string::npos) continue;
-      merged += (first ? "" : ",\n") + body;
-      first = false;
-      merged += fmt::format(",\n{{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":{},\"args\":{{\"name\":\"{} batch {}\"}}}}", i + 1, names[i], max_b);
+      bodies.push_back(trace_to_json(prog, events));
     }
-    merged += "\n]}\n";
-    std::ofstream out(o.trace);
-    if (!out) fail("cannot write '{}'", o.trace);
-    out << merged;
+    write_merged_trace(o.trace, names, bodies, fmt::format("batch {}", max_b));
     fmt::print("trace of one step per executor at batch {} written to {}\n", max_b, o.trace);
   }
   if (!o.svg.empty()) {
@@ -403,7 +434,7 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--ubatch", o->ubatch, "With --prompt: rows per executor step (default: the prompt block of megakern run)")
       ->check(CLI::Range(1, 512));
   cmd->add_option("--json", o->json, "Also write the results to this JSON file");
-  cmd->add_option("--trace", o->trace, "Write a Chrome/Perfetto trace of one step per executor (largest batch)");
+  cmd->add_option("--trace", o->trace, "Write a Chrome/Perfetto trace of one step per executor (largest batch; with --prompt, the prompt's last block)");
   cmd->add_option("--svg", o->svg, "Write a bar chart of tokens/s per batch size");
   o->spec.drafters.clear();
   add_spec_bench_options(cmd, o->spec, true);

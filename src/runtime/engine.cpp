@@ -54,8 +54,15 @@ void Engine::enable_taps(const std::vector<int>& layers) {
   exec_.reset();
   program_ = std::move(p);
   exec_ = make_executor(exec_kind_, program_, pool_);
+  exec_->set_trace(trace_);
   tap_layers_ = layers;
   headless_exec_.reset();
+}
+
+void Engine::set_trace(std::vector<TraceEvent>* sink) {
+  trace_ = sink;
+  exec_->set_trace(sink);
+  if (headless_exec_) headless_exec_->set_trace(sink);
 }
 
 void Engine::prefill(SequenceState& seq, const int32_t* tokens, int n, int pos0, float* logits, float* taps) {
@@ -85,6 +92,7 @@ void Engine::prefill(SequenceState& seq, const int32_t* tokens, int n, int pos0,
     DecodeProgram p = model_.build_program(block);
     headless_ = without_head(std::move(p));
     headless_exec_ = make_executor(exec_kind_, headless_, pool_);
+    headless_exec_->set_trace(trace_);
   }
   block_logits_.resize(static_cast<size_t>(std::max(block, 1)) * V);
   for (int i = 0; i < n; i += block) {

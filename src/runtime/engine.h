@@ -80,6 +80,9 @@ class Engine {
   // without a tap buffer behave as before.
   void enable_taps(const std::vector<int>& layers);
   const std::vector<int>& tap_layers() const { return tap_layers_; }
+  // Records every later step of the engine's executors (prefill's head-less
+  // blocks included) into sink, or stops when null (Executor::set_trace).
+  void set_trace(std::vector<TraceEvent>* sink);
   int tap_width() const { return program_.tap_width; }
 
  private:
@@ -95,6 +98,7 @@ class Engine {
   // executor (built on first use).
   DecodeProgram headless_;
   std::unique_ptr<Executor> headless_exec_;
+  std::vector<TraceEvent>* trace_ = nullptr;
 };
 
 }  // namespace megakern
