@@ -21,6 +21,18 @@
 //                                per FMA, all threads together. Against
 //                                BM_Matmul's GMAC/s it says how far a kernel
 //                                is from the FMA ports' limit.
+//   BM_LoopPeak/<loop>/threads:T the compute roofline of each integer
+//                                kernel family: its innermost pass's
+//                                instruction mix per multiply-add, operands
+//                                in L1 (fast_u4_avx2: 4-bit codes, vpmaddubsw;
+//                                fast_i16_avx2: signed 8-bit weights as int16,
+//                                vpmaddwd; fast_u4_vnni: vpdpbusd, two tiles;
+//                                exact_i16 / exact_i16_mins: the exact mode's
+//                                decoded panel, int16 products and an f32
+//                                step per 32 values, with mins as Q4_K / Q4_1).
+//                                Against BM_Matmul(Fast)'s GMAC/s at 64 rows
+//                                it says how far a kernel is from what its
+//                                instructions allow.
 //   BM_Attention/ctx:N/threads:T one decode row attending over N cached
 //                                positions, 32 query / 8 KV heads of 128 (f32 K
 //                                and V read once: bytes = 2 N 8 128 4); tiles
@@ -188,6 +200,211 @@ void BM_FmaPeak(benchmark::State& state) {
   state.SkipWithError("x86-64 only");
 #endif
 }
+
+#if defined(__x86_64__)
+// The integer kernels' inner loops without their memory: each loop below has
+// the operation mix per multiply-add of one kernel's innermost pass (the
+// operand vectors in L1, broadcasts of input bytes from memory as the
+// kernels load them, every chain independent), so its GMAC/s is what that
+// instruction sequence can reach on this core: the roofline a kernel of
+// that mix is measured against. MACs counted as weight x input products.
+namespace loops {
+
+constexpr int kNT = 4;  // inputs per pass, as the fast register-blocked kernel
+
+// Operands: a 32-element block of eight rows (vectors of four bytes per row
+// lane, or two int16) and the inputs' bytes, 4 KiB apart at most.
+struct alignas(64) Data {
+  uint8_t w[2][16][32];    // two tiles of eight rows: 16 vectors each
+  uint8_t x[kNT][64];      // input bytes / int16 per input
+  float sx[kNT][8];        // per-input scale
+  float s0[2][8];          // per-row scales of each tile
+};
+
+// Fast mode, AVX2, unsigned 4-bit codes (Q4_0 ...): per block and input, 8
+// vpbroadcastd + 8 vpmaddubsw + 7 vpaddw, 1 vpmaddwd, then vpsubd (offset),
+// vcvtdq2ps, vmulps, vfmadd. 32 x 8 x kNT MACs per block.
+__attribute__((target("avx2,fma"))) float fast_u4_avx2(const Data& d, int64_t blocks) {
+  __m256 acc[kNT];
+  for (auto& a : acc) a = _mm256_setzero_ps();
+  const __m256i ones = _mm256_set1_epi16(1), off = _mm256_set1_epi32(3);
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m256i s[kNT];
+#pragma GCC unroll 8
+    for (int g = 0; g < 8; ++g) {
+      const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(d.w[0][g]));
+#pragma GCC unroll 4
+      for (int i = 0; i < kNT; ++i) {
+        int32_t v;
+        std::memcpy(&v, d.x[i] + 4 * g, 4);
+        const __m256i p = _mm256_maddubs_epi16(w, _mm256_set1_epi32(v));
+        s[i] = g == 0 ? p : _mm256_add_epi16(s[i], p);
+        __asm__("" : "+x"(s[i]));  // the chain in program order, as the kernels keep it
+      }
+    }
+    const __m256 sc = _mm256_load_ps(d.s0[0]);
+#pragma GCC unroll 4
+    for (int i = 0; i < kNT; ++i) {
+      const __m256i v = _mm256_sub_epi32(_mm256_madd_epi16(s[i], ones), off);
+      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_mul_ps(sc, _mm256_broadcast_ss(d.sx[i])), acc[i]);
+    }
+    __asm__ volatile("" : "+x"(acc[0]), "+x"(acc[1]), "+x"(acc[2]), "+x"(acc[3]) : : "memory");
+  }
+  return _mm256_cvtss_f32(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+}
+
+// Fast mode, AVX2, signed 8-bit weights as int16 (Q8_0): per block and
+// input, 16 vpbroadcastd + 16 vpmaddwd + 15 vpaddd, then vcvtdq2ps, vmulps,
+// vfmadd.
+__attribute__((target("avx2,fma"))) float fast_i16_avx2(const Data& d, int64_t blocks) {
+  __m256 acc[kNT];
+  for (auto& a : acc) a = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m256i s[kNT];
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; ++j) {
+      const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(d.w[j / 8][(j % 8) * 2]));
+#pragma GCC unroll 4
+      for (int i = 0; i < kNT; ++i) {
+        int32_t v;
+        std::memcpy(&v, d.x[i] + 4 * j, 4);
+        const __m256i p = _mm256_madd_epi16(w, _mm256_set1_epi32(v));
+        s[i] = j == 0 ? p : _mm256_add_epi32(s[i], p);
+        __asm__("" : "+x"(s[i]));
+      }
+    }
+    const __m256 sc = _mm256_load_ps(d.s0[0]);
+#pragma GCC unroll 4
+    for (int i = 0; i < kNT; ++i)
+      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[i]), _mm256_mul_ps(sc, _mm256_broadcast_ss(d.sx[i])), acc[i]);
+    __asm__ volatile("" : "+x"(acc[0]), "+x"(acc[1]), "+x"(acc[2]), "+x"(acc[3]) : : "memory");
+  }
+  return _mm256_cvtss_f32(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+}
+
+// Fast mode, AVX-VNNI, 32-element formats with two tiles per pass: per block
+// and input, 8 vpbroadcastd and 16 vpdpbusd (8 per tile), then per tile
+// vpsubd, vcvtdq2ps, vmulps, vfmadd. 32 x 16 x kNT MACs per block.
+__attribute__((target("avx2,fma,avxvnni"))) float fast_u4_vnni(const Data& d, int64_t blocks) {
+  __m256 acc[2][kNT];
+  for (auto& t : acc)
+    for (auto& a : t) a = _mm256_setzero_ps();
+  const __m256i off = _mm256_set1_epi32(3);
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m256i s[2][kNT];
+    for (auto& t : s)
+      for (auto& v : t) v = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int g = 0; g < 8; ++g) {
+      const __m256i w0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(d.w[0][g]));
+      const __m256i w1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(d.w[1][g]));
+#pragma GCC unroll 4
+      for (int i = 0; i < kNT; ++i) {
+        int32_t v;
+        std::memcpy(&v, d.x[i] + 4 * g, 4);
+        const __m256i x = _mm256_set1_epi32(v);
+        s[0][i] = _mm256_dpbusd_avx_epi32(s[0][i], w0, x);
+        s[1][i] = _mm256_dpbusd_avx_epi32(s[1][i], w1, x);
+      }
+    }
+#pragma GCC unroll 2
+    for (int t = 0; t < 2; ++t) {
+      const __m256 sc = _mm256_load_ps(d.s0[t]);
+#pragma GCC unroll 4
+      for (int i = 0; i < kNT; ++i)
+        acc[t][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(s[t][i], off)),
+                                    _mm256_mul_ps(sc, _mm256_broadcast_ss(d.sx[i])), acc[t][i]);
+    }
+    __asm__ volatile("" : "+x"(acc[0][0]), "+x"(acc[0][1]), "+x"(acc[0][2]), "+x"(acc[0][3]), "+x"(acc[1][0]),
+                     "+x"(acc[1][1]), "+x"(acc[1][2]), "+x"(acc[1][3]) : : "memory");
+  }
+  __m256 r = _mm256_setzero_ps();
+  for (auto& t : acc)
+    for (auto& a : t) r = _mm256_add_ps(r, a);
+  return _mm256_cvtss_f32(r);
+}
+
+// Exact mode, the decoded panel: two 32-element sub-blocks of one row,
+// decoded to int16 (four vectors), against eight inputs. Per input and
+// sub-block: two int16 loads, 2 vpmaddwd, a vpaddd, vcvtdq2ps and a vfmadd by
+// the broadcast scale product (with kMins, one more vfmadd of the row's min
+// by the input's lane sums, as Q4_K / Q4_1), the pair summed from zero and
+// then added (vaddps). 2 x 32 x 8 MACs per pass.
+template <bool kMins>
+__attribute__((target("avx2,fma"))) float exact_i16(const Data& d, int64_t pairs) {
+  constexpr int kIn = 8;
+  __m256 acc[kIn];
+  for (auto& a : acc) a = _mm256_setzero_ps();
+  const auto* wv = reinterpret_cast<const __m256i*>(d.w[0]);
+  const __m256i c0 = _mm256_load_si256(wv), c1 = _mm256_load_si256(wv + 1), c2 = _mm256_load_si256(wv + 2),
+                c3 = _mm256_load_si256(wv + 3);
+  const __m256 mn = _mm256_set1_ps(0.125f);
+  const auto* xq = reinterpret_cast<const __m256i*>(d.w[1]);  // 16 vectors: the inputs' int16 values
+  const float* fac = &d.sx[0][0];                              // 32 scale products
+  for (int64_t k = 0; k < pairs; ++k) {
+#pragma GCC unroll 8
+    for (int i = 0; i < kIn; ++i) {
+      const __m256i* x = xq + 2 * (i % 4);
+      __m256 t = _mm256_fmadd_ps(
+          _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_madd_epi16(c0, _mm256_load_si256(x)),
+                                              _mm256_madd_epi16(c1, _mm256_load_si256(x + 1)))),
+          _mm256_broadcast_ss(fac + i), _mm256_setzero_ps());
+      if constexpr (kMins) t = _mm256_fmadd_ps(mn, _mm256_load_ps(d.s0[0]), t);
+      t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_madd_epi16(c2, _mm256_load_si256(x + 8)),
+                                                              _mm256_madd_epi16(c3, _mm256_load_si256(x + 9)))),
+                          _mm256_broadcast_ss(fac + 8 + i), t);
+      if constexpr (kMins) t = _mm256_fmadd_ps(mn, _mm256_load_ps(d.s0[1]), t);
+      acc[i] = _mm256_add_ps(acc[i], t);
+    }
+    __asm__ volatile("" : "+x"(acc[0]), "+x"(acc[1]), "+x"(acc[2]), "+x"(acc[3]), "+x"(acc[4]), "+x"(acc[5]),
+                     "+x"(acc[6]), "+x"(acc[7]) : : "memory");
+  }
+  __m256 r = _mm256_setzero_ps();
+  for (auto& a : acc) r = _mm256_add_ps(r, a);
+  return _mm256_cvtss_f32(r);
+}
+
+}  // namespace loops
+
+// BM_LoopPeak/<loop>/threads:T: one of the loops above on every thread of
+// the pool, GMAC/s of all threads together.
+void BM_LoopPeak(benchmark::State& state, int loop) {
+  const bool vnni = loop == 2;
+  if (!use_avx2() || (vnni && !cpu_features().avxvnni)) {
+    state.SkipWithError(vnni ? "no AVX-VNNI" : "no AVX2/FMA");
+    return;
+  }
+  const int threads = (int)state.range(0);
+  ThreadPool& p = pool(threads);
+  constexpr int64_t kReps = 1'000'000;
+  static loops::Data d = [] {
+    loops::Data x{};
+    for (size_t i = 0; i < sizeof(x.w); ++i) reinterpret_cast<uint8_t*>(x.w)[i] = (uint8_t)((i * 7) & 15);
+    for (size_t i = 0; i < sizeof(x.x); ++i) reinterpret_cast<uint8_t*>(x.x)[i] = (uint8_t)((i * 13) & 63);
+    for (auto& r : x.sx) std::fill(std::begin(r), std::end(r), 0.5f);
+    for (auto& r : x.s0) std::fill(std::begin(r), std::end(r), 0.25f);
+    return x;
+  }();
+  // MACs per repetition of each loop.
+  const double macs[] = {32.0 * 8 * loops::kNT, 32.0 * 8 * loops::kNT, 32.0 * 16 * loops::kNT, 2 * 32.0 * 8, 2 * 32.0 * 8};
+  std::vector<float> sink((size_t)threads);
+  for (auto _ : state)
+    p.run([&](int w) {
+      float r = 0;
+      switch (loop) {
+        case 0: r = loops::fast_u4_avx2(d, kReps); break;
+        case 1: r = loops::fast_i16_avx2(d, kReps); break;
+        case 2: r = loops::fast_u4_vnni(d, kReps); break;
+        case 3: r = loops::exact_i16<false>(d, kReps); break;
+        default: r = loops::exact_i16<true>(d, kReps); break;
+      }
+      sink[(size_t)w] = r;
+    });
+  benchmark::DoNotOptimize(sink.data());
+  state.counters["GMAC/s"] = benchmark::Counter(macs[loop] * (double)kReps * threads / 1e9,
+                                                benchmark::Counter::kIsIterationInvariantRate);
+}
+#endif
 
 // --- matrix products --------------------------------------------------------
 
@@ -400,6 +617,20 @@ void register_per_threads(const char* name, void (*fn)(benchmark::State&), doubl
 void register_all() {
   register_per_threads("BM_ReadBandwidth", BM_ReadBandwidth, 0.5);
   register_per_threads("BM_FmaPeak", BM_FmaPeak, 0.3);
+#if defined(__x86_64__)
+  {
+    const char* names[] = {"fast_u4_avx2", "fast_i16_avx2", "fast_u4_vnni", "exact_i16", "exact_i16_mins"};
+    for (int loop = 0; loop < 5; ++loop)
+      for (int threads : {1, 2})
+        benchmark::RegisterBenchmark((std::string("BM_LoopPeak/") + names[loop]).c_str(),
+                                     [loop](benchmark::State& s) { BM_LoopPeak(s, loop); })
+            ->Arg(threads)
+            ->ArgName("threads")
+            ->UseRealTime()
+            ->Unit(benchmark::kMillisecond)
+            ->MinTime(0.2);
+  }
+#endif
   size_t n = 0;
   const DType* all = all_dtypes(&n);
   for (size_t i = 0; i < n; ++i) {
