@@ -145,4 +145,9 @@ void matmul(ThreadPool& pool, const MatView& W, const float* X, int64_t n_x, flo
   pool.parallel_for(W.rows, 16, [&](int64_t b, int64_t e) { rows_prepared(W, X, A, n_x, Y, W.rows, b, e); });
 }
 
+WeightLookahead& weight_lookahead() {
+  thread_local WeightLookahead w;
+  return w;
+}
+
 }  // namespace megakern

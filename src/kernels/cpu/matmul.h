@@ -34,6 +34,20 @@ struct ActsKey {
 void matmul_rows(const MatView& W, const float* X, int64_t n_x, float* Y, int64_t ldy, int64_t row_begin,
                  int64_t row_end, Numerics numerics, const ActsKey& key);
 
+// Weights the calling thread reads right after its current matmul_rows
+// call, when its caller knows them: [begin, end) are the rows that follow
+// the call's row range in the same matrix. The megakernel, which runs a
+// product in chunks of rows one call each, names the chunk it runs next.
+// Kernels that prefetch the next panel of their range while computing one
+// (matmul_f32_tiled.h) then prefetch across the call's end into these
+// rows instead of starting the next call on cold weights. Thread-local,
+// empty unless set; never changes results.
+struct WeightLookahead {
+  const uint8_t* begin = nullptr;
+  const uint8_t* end = nullptr;
+};
+WeightLookahead& weight_lookahead();
+
 // The same over all rows, split across the pool's workers. Y is [n_x][W.rows].
 void matmul(ThreadPool& pool, const MatView& W, const float* X, int64_t n_x, float* Y,
             Numerics numerics = Numerics::Exact);

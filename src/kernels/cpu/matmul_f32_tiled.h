@@ -20,7 +20,8 @@
 // 12 FMAs. F32 / F16 / BF16 rows are decoded and packed by the first input
 // block's pass itself (their stores interleaved with its FMAs), FP8 rows
 // beforehand; the next panel's raw weights are prefetched while a panel is
-// used.
+// used, and during the last panel of a call the rows its caller runs next
+// (weight_lookahead() in matmul.h), when named.
 #pragma once
 
 #include <cstdint>

@@ -14,6 +14,7 @@
 #include "core/half.h"
 #include "kernels/cpu/avx2_common.h"
 #include "kernels/cpu/f32_decoders_avx2.h"
+#include "kernels/cpu/matmul.h"
 #include "kernels/cpu/matmul_f32_tiled.h"
 
 namespace megakern {
@@ -214,7 +215,12 @@ void tiled_rows(const MatView& W, const float* X, int64_t n_x, float* Y, int64_t
     // few lines per register block (not in bursts, which stall on the fill
     // buffers), so that packing it does not wait on memory.
     const uint8_t* pf = W.row(j0 + np);
-    const size_t pf_bytes = (size_t)std::min(panel, re - j0 - np) * W.row_bytes;
+    size_t pf_bytes = (size_t)std::min(panel, re - j0 - np) * W.row_bytes;
+    if (j0 + np >= re) {  // the last panel: the rows the caller runs next, if it named them
+      const WeightLookahead& next = weight_lookahead();
+      if (next.begin == pf && next.end > next.begin)
+        pf_bytes = std::min((size_t)(next.end - next.begin), (size_t)panel * W.row_bytes);
+    }
     const size_t pf_step = (pf_bytes / (size_t)(n_blocks * n_sub * 4 * kSubGroups) + 64) & ~size_t{63};
     size_t pf_done = 0;
 
