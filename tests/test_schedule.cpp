@@ -3,9 +3,11 @@
 // the reference executor, stopping after an op, and programs cut to N layers.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
+#include <vector>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -13,6 +15,7 @@
 #include "exec/exec_common.h"
 #include "exec/recurrent_kernels.h"
 #include "exec/schedule.h"
+#include "ir/expert_bank.h"
 #include "ops/matmul.h"
 #include "runtime/model.h"
 #include "test_util.h"
@@ -132,6 +135,50 @@ TEST(Schedule, SharedTilesAreMatrixProductsInNestedChunks) {
         EXPECT_EQ(at, e) << op.name << " tile " << t.tile;
       }
     EXPECT_EQ(cut > 0, share);
+  }
+}
+
+// A routed expert's down projection waits for the up projection of its own
+// expert slot (every output range of it) and for no other slot's: the
+// megakernel's workers then run a slot's two products without waiting for
+// each other's experts.
+TEST(Schedule, ExpertDownWaitsForItsOwnSlotOnly) {
+  for (const char* name : {"kimi-k3-mini", "muse-spark-mini"}) {
+    SCOPED_TRACE(name);
+    auto m = load_model(name);
+    const DecodeProgram p = m->build_program(8);
+    for (int n_rows : {1, 2, 5, 8}) {
+      const Schedule s = compile(p, n_rows, 2, {});
+      ASSERT_NO_THROW(check_schedule(p, s));
+      int checked = 0;
+      for (size_t j = 0; j < p.ops.size(); ++j) {
+        const Op& down = p.ops[j];
+        if (down.kind != OpKind::MoeDown) continue;
+        size_t i = j;
+        while (i > 0 && !(p.ops[i - 1].kind == OpKind::MoeGlu && p.ops[i - 1].out == down.in)) --i;
+        ASSERT_GT(i, 0u) << "no up projection before op " << j;
+        const size_t g = i - 1;
+        const auto& x = down.as<ops::MoeDown>();
+        const int slots = std::min(x.bank->n_expert, n_rows * x.top_k);
+        const int nd = s.op_tiles[j], ng = s.op_tiles[g];
+        ASSERT_EQ(nd % slots, 0);
+        ASSERT_EQ(ng % slots, 0);
+        for (const auto& list : s.worker_tasks)
+          for (const Task& t : list) {
+            if (t.op != static_cast<int>(j)) continue;
+            std::vector<int> glu;
+            for (uint32_t d = t.dep_begin; d < t.dep_end; ++d)
+              if (s.deps[d] >= s.op_flag[g] && s.deps[d] < s.op_flag[g] + ng) glu.push_back(s.deps[d] - s.op_flag[g]);
+            std::sort(glu.begin(), glu.end());
+            const int slot = t.tile / (nd / slots), per = ng / slots;
+            std::vector<int> want;
+            for (int c = 0; c < per; ++c) want.push_back(slot * per + c);
+            EXPECT_EQ(glu, want) << "op " << j << " tile " << t.tile << " of " << nd << ", " << n_rows << " rows";
+            ++checked;
+          }
+      }
+      EXPECT_GT(checked, 0);
+    }
   }
 }
 

@@ -25,7 +25,9 @@
 // tile will read and streams it in while the worker still computes the
 // shared expert and the other tiles before it.
 //
-// Shared tiles: a matrix product's tiles are cut into chunks (Task::shared).
+// Shared tiles: a matrix product's tiles are cut into chunks (Task::shared),
+// and a routed expert's tiles (uneven: an expert's rows vary with the
+// routing) are shared whole, as one chunk each.
 // A worker runs its own tile's chunks from the front; a worker whose next
 // tile waits, or whose list is done, takes chunks from the back of a tile
 // among the next few shared ones of another list whose dependencies are

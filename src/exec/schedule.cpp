@@ -14,7 +14,10 @@
 
 namespace megakern {
 
-bool op_tiles_shareable(const Op& op) { return op.kind == OpKind::MatMul; }
+bool op_tiles_shareable(const Op& op) {
+  return op.kind == OpKind::MatMul || op.kind == OpKind::MoeGlu || op.kind == OpKind::MoeDown;
+}
+bool op_tiles_chunkable(const Op& op) { return op.kind == OpKind::MatMul; }
 
 void run_task_chunk(const Op& op, const StepContext& ctx, const Task& t, int c) {
   if (t.chunks == 1)
@@ -126,7 +129,10 @@ Schedule compile(const DecodeProgram& p, int n_rows, int W, const CompileOptions
           for (int r = r0; r < r1; ++r) s.deps.push_back(flag_base[static_cast<size_t>(pr)] + r);
           continue;
         }
+        const OpInfo& info = op_info(op);
         for (int pt = 0; pt < n_tiles[static_cast<size_t>(pr)]; ++pt) {
+          if (info.reads_tile && !info.reads_tile(op, pop, n_rows, t, n_tiles[i], pt, n_tiles[static_cast<size_t>(pr)]))
+            continue;
           int p0 = 0, p1 = 0;
           if (!narrow || !tile_rows(pop, pt, n_tiles[static_cast<size_t>(pr)], n_rows, p0, p1) || (p0 < r1 && r0 < p1))
             s.deps.push_back(flag_base[static_cast<size_t>(pr)] + pt);
@@ -139,11 +145,13 @@ Schedule compile(const DecodeProgram& p, int n_rows, int W, const CompileOptions
       task.dep_end = static_cast<uint32_t>(s.deps.size());
       if (opts.share_matmuls && op_tiles_shareable(op)) {
         task.shared = true;
-        const size_t by_bytes = opts.chunk_bytes ? task.weight_bytes / opts.chunk_bytes : 1;
-        // (The megakernel counts a tile's chunks in 16 bits.)
-        const int64_t c = std::min<int64_t>(
-            {static_cast<int64_t>(by_bytes), opts.max_chunks, tile_units(op, t, n_tiles[i]), int64_t{0xffff}});
-        task.chunks = static_cast<int>(std::max<int64_t>(1, c));
+        if (op_tiles_chunkable(op)) {
+          const size_t by_bytes = opts.chunk_bytes ? task.weight_bytes / opts.chunk_bytes : 1;
+          // (The megakernel counts a tile's chunks in 16 bits.)
+          const int64_t c = std::min<int64_t>(
+              {static_cast<int64_t>(by_bytes), opts.max_chunks, tile_units(op, t, n_tiles[i]), int64_t{0xffff}});
+          task.chunks = static_cast<int>(std::max<int64_t>(1, c));
+        }
       }
       // Placement: matrix tiles one per worker (contiguous weight streams);
       // row-wise tiles by row, so a row's small ops stay on one core while
@@ -197,10 +205,13 @@ void check_schedule(const DecodeProgram& p, const Schedule& s) {
       if (t.flag <= prev) bad(fmt::format("worker {}: op {} tile {} is out of program order", w, t.op, t.tile));
       prev = t.flag;
       const Op& op = p.ops[static_cast<size_t>(t.op)];
-      if (t.chunks < 1 || ((t.shared || t.chunks > 1) && !op_tiles_shareable(op)) ||
+      if (t.chunks < 1 || (t.shared && !op_tiles_shareable(op)) || (t.chunks > 1 && !op_tiles_chunkable(op)) ||
           (t.chunks > 1 && t.chunks > tile_units(op, t.tile, t.n_tiles)))
         bad(fmt::format("op {} ('{}') tile {}: {} chunks{} on a kind whose tiles {}", t.op, op.name, t.tile, t.chunks,
-                        t.shared ? ", shared," : "", op_tiles_shareable(op) ? "have fewer 4-column units" : "cannot be shared"));
+                        t.shared ? ", shared," : "",
+                        !op_tiles_shareable(op) ? "cannot be shared"
+                        : !op_tiles_chunkable(op) ? "cannot be cut into chunks"
+                                                   : "have fewer 4-column units"));
       ++seen[static_cast<size_t>(t.flag)];
       task_of[static_cast<size_t>(t.flag)] = &t;
       for (uint32_t d = t.dep_begin; d < t.dep_end; ++d) {
@@ -251,14 +262,17 @@ void check_schedule(const DecodeProgram& p, const Schedule& s) {
       const Op& pr = p.ops[i];
       const std::vector<int> p_reads = pr.reads();
       auto has = [](const std::vector<int>& v, int x) { return x >= 0 && std::find(v.begin(), v.end(), x) != v.end(); };
-      const bool hazard = has(c_reads, pr.out) || (c.out >= 0 && c.out == pr.out) || has(p_reads, c.out);
+      const bool raw = has(c_reads, pr.out), hazard = raw || (c.out >= 0 && c.out == pr.out) || has(p_reads, c.out);
       if (!hazard) continue;
+      // Reading only, of a producer some of whose tiles it declares it reads.
+      const bool some_tiles = op_info(c).reads_tile && !(c.out >= 0 && c.out == pr.out) && !has(p_reads, c.out);
       for (int tc = 0; tc < s.op_tiles[j]; ++tc) {
         const int fc = s.op_flag[j] + tc;
         int r0 = 0, r1 = 0;
         const bool all = !tile_rows(c, tc, s.op_tiles[j], s.n_rows, r0, r1);
         for (int tp = 0; tp < s.op_tiles[i]; ++tp) {
           const int fp = s.op_flag[i] + tp;
+          if (some_tiles && !op_info(c).reads_tile(c, pr, s.n_rows, tc, s.op_tiles[j], tp, s.op_tiles[i])) continue;
           if (touches(fp, all, r0, r1) && !anc[static_cast<size_t>(fc)][static_cast<size_t>(fp)])
             bad(fmt::format("op {} ('{}' layer {}) tile {} does not wait for op {} ('{}') tile {}", j, c.name, c.layer,
                             tc, i, pr.name, tp));

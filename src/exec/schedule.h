@@ -65,9 +65,9 @@ struct CompileOptions {
   bool chained = false;
   // Routed-expert tiles join the prefetch plan once routing is done.
   bool prefetch_experts = true;
-  // Matrix-product tiles are shared (Task::shared), cut into chunks of about
-  // chunk_bytes of weights (at most max_chunks); false: every tile is its
-  // worker's alone.
+  // Matrix-product and routed-expert tiles are shared (Task::shared), the
+  // former cut into chunks of about chunk_bytes of weights (at most
+  // max_chunks); false: every tile is its worker's alone.
   bool share_matmuls = true;
   size_t chunk_bytes = size_t{256} << 10;
   int max_chunks = 64;
@@ -77,10 +77,15 @@ struct CompileOptions {
 // an idle worker looks at for a chunk to take.
 constexpr int kShareLookahead = 3;
 
-// Whether an op's tiles may be shared and cut into chunks: matrix products,
-// whose tile t of n is the output columns [matmul_tile_range), so tile
-// t * c + k of n * c lies inside tile t for every k < c.
+// Whether an op's tiles may be shared (run by whichever worker claims them):
+// matrix products, and routed experts' products, whose tiles are uneven
+// (an expert's rows vary with the step's routing) and would otherwise leave
+// the worker with the lighter slots waiting at the next op.
 bool op_tiles_shareable(const Op& op);
+// Whether they may also be cut into chunks: matrix products, whose tile t of
+// n is the output columns [matmul_tile_range), so tile t * c + k of n * c
+// lies inside tile t for every k < c. (A routed expert's tile is one chunk.)
+bool op_tiles_chunkable(const Op& op);
 
 // Runs chunk c of a task (the whole tile when it has one chunk).
 void run_task_chunk(const Op& op, const StepContext& ctx, const Task& t, int c);
@@ -95,8 +100,8 @@ Schedule compile(const DecodeProgram& p, int n_rows, int n_workers, const Compil
 // earlier tile of the same recurrent op), every tile waits (directly or
 // through other tiles) for each tile of an earlier op that touches one of its
 // rows and writes a slot it reads or writes, or reads a slot it writes, and
-// only tiles of shareable ops are shared or cut into chunks, never into more
-// chunks than the tile has 4-column units.
+// only tiles of shareable ops are shared and only those of chunkable ops cut
+// into chunks, never into more chunks than the tile has 4-column units.
 void check_schedule(const DecodeProgram& p, const Schedule& s);
 
 // Runs a schedule's tiles on the calling thread in an order its dependency

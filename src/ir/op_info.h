@@ -46,6 +46,11 @@ struct OpInfo {
   // The rows [r0, r1) tile t of n touches, for a kind whose tiles each touch
   // some rows only (null: row t when row_tiled, else every row).
   void (*tile_rows)(const Op& op, int t, int n_tiles, int n_rows, int& r0, int& r1) = nullptr;
+  // Whether tile t of n reads what tile pt of np of `producer` (an op whose
+  // output it reads) wrote, for a kind whose tiles read only some of a
+  // producer's tiles beyond rows (null: every tile, subject to tile_rows).
+  // The megakernel then waits for those tiles only.
+  bool (*reads_tile)(const Op& op, const Op& producer, int n_rows, int t, int n_tiles, int pt, int np) = nullptr;
   // The small f32 tensors it reads whole (norm weights, taps, masks): its
   // weight bytes and, on its first tile, its prefetch range by default.
   std::span<const float> (*small_weights)(const Op& op) = nullptr;

@@ -328,6 +328,14 @@ extern const OpInfo kMoeDownOp = {
     .name = "moe_down",
     .row_tiled = false,
     .tile_count = moe_tile_count,
+    // A slot's down projection reads the hidden values of its own expert's
+    // rows only: the up projection tiles of that slot (every output range).
+    .reads_tile = [](const Op& op, const Op& producer, int n_rows, int t, int n_tiles, int pt, int np) {
+      if (producer.kind != OpKind::MoeGlu || producer.out != op.in || producer.in2 != op.in2 ||
+          experts_of(producer).bank != experts_of(op).bank)
+        return true;
+      return tile_cut(op, n_rows, t, n_tiles).slot == tile_cut(producer, n_rows, pt, np).slot;
+    },
     .weight_bytes = [](const Op& op) {
       const auto& x = experts_of(op);
       return x.bank ? static_cast<size_t>(x.top_k) * x.bank->down_bytes(0) : 0;
