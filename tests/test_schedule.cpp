@@ -100,7 +100,7 @@ TEST(Schedule, InvariantsHoldOnEveryArchitecture) {
 
 // Shared tiles are the matrix products', cut by weight bytes into chunks
 // whose column ranges nest in their tile's and cover it, in order.
-TEST(Schedule, SharedTilesAreMatrixProductsInNestedChunks) {
+TEST(Schedule, SharedTilesAreMatrixProductsInNestedChunksAndAttention) {
   auto m = load_model("dense-mini");
   const DecodeProgram p = m->build_program(8);
   for (bool share : {true, false}) {
@@ -114,8 +114,11 @@ TEST(Schedule, SharedTilesAreMatrixProductsInNestedChunks) {
     for (const auto& list : s.worker_tasks)
       for (const Task& t : list) {
         const Op& op = p.ops[static_cast<size_t>(t.op)];
-        EXPECT_EQ(t.shared, share && op.kind == OpKind::MatMul) << op.name;
-        if (!t.shared) {
+        // Matrix products and attention (uneven tiles) are shared; only the
+        // products are cut into chunks.
+        const bool shareable = op.kind == OpKind::MatMul || op.kind == OpKind::Attention;
+        EXPECT_EQ(t.shared, share && shareable) << op.name;
+        if (!t.shared || op.kind != OpKind::MatMul) {
           EXPECT_EQ(t.chunks, 1) << op.name;
           continue;
         }

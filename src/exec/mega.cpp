@@ -26,8 +26,9 @@
 // shared expert and the other tiles before it.
 //
 // Shared tiles: a matrix product's tiles are cut into chunks (Task::shared),
-// and a routed expert's tiles (uneven: an expert's rows vary with the
-// routing) are shared whole, as one chunk each.
+// and the tiles of routed experts and attention (uneven: an expert's rows
+// vary with the routing, attention's cost with its rows' positions) are
+// shared whole, as one chunk each.
 // A worker runs its own tile's chunks from the front; a worker whose next
 // tile waits, or whose list is done, takes chunks from the back of a tile
 // among the next few shared ones of another list whose dependencies are

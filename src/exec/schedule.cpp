@@ -14,10 +14,8 @@
 
 namespace megakern {
 
-bool op_tiles_shareable(const Op& op) {
-  return op.kind == OpKind::MatMul || op.kind == OpKind::MoeGlu || op.kind == OpKind::MoeDown;
-}
-bool op_tiles_chunkable(const Op& op) { return op.kind == OpKind::MatMul; }
+bool op_tiles_shareable(const Op& op) { return op_info(op).shareable; }
+bool op_tiles_chunkable(const Op& op) { return op_info(op).shareable && op_info(op).chunkable; }
 
 void run_task_chunk(const Op& op, const StepContext& ctx, const Task& t, int c) {
   if (t.chunks == 1)

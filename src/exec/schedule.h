@@ -77,14 +77,17 @@ struct CompileOptions {
 // an idle worker looks at for a chunk to take.
 constexpr int kShareLookahead = 3;
 
-// Whether an op's tiles may be shared (run by whichever worker claims them):
-// matrix products, and routed experts' products, whose tiles are uneven
-// (an expert's rows vary with the step's routing) and would otherwise leave
-// the worker with the lighter slots waiting at the next op.
+// Whether an op's tiles may be shared, run by whichever worker claims them
+// (OpInfo::shareable): matrix products, and the kinds whose tiles are
+// uneven and would otherwise leave the worker with the lighter ones waiting
+// at the next op: routed experts' products (an expert's rows vary with the
+// step's routing) and attention (a tile's cost grows with its rows'
+// positions).
 bool op_tiles_shareable(const Op& op);
-// Whether they may also be cut into chunks: matrix products, whose tile t of
-// n is the output columns [matmul_tile_range), so tile t * c + k of n * c
-// lies inside tile t for every k < c. (A routed expert's tile is one chunk.)
+// Whether they may also be cut into chunks (OpInfo::chunkable): matrix
+// products, whose tile t of n is the output columns [matmul_tile_range), so
+// tile t * c + k of n * c lies inside tile t for every k < c. (The others'
+// shared tiles are one chunk each.)
 bool op_tiles_chunkable(const Op& op);
 
 // Runs chunk c of a task (the whole tile when it has one chunk).

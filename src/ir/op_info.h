@@ -39,6 +39,14 @@ struct OpInfo {
   bool recurrent = false;
   // Its effect (the KV cache) is read by every row of the sequence, not only its own.
   bool feeds_all_rows = false;
+  // Its tiles may be run by whichever worker claims them (the megakernel
+  // shares them between its workers at run time): kinds whose tiles are
+  // heavy or uneven, so that the worker with the lighter ones takes some of
+  // the other's instead of waiting at the next op.
+  bool shareable = false;
+  // And cut into chunks: tile t * c + k of n * c lies inside tile t for
+  // every k < c (matrix products, whose tiles are ranges of output columns).
+  bool chunkable = false;
   // Reads `out` too (read-modify-write).
   bool (*reads_out)(const Op& op) = nullptr;
   // Tiles for n_rows rows on n_workers workers (null: n_rows).

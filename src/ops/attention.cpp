@@ -150,6 +150,7 @@ extern const OpInfo kStoreKVOp = {
 extern const OpInfo kAttentionOp = {
     .name = "attention",
     .row_tiled = false,
+    .shareable = true,  // uneven: a tile's cost grows with its rows' positions
     .tile_count = [](const Op& op, int n_rows, int n_workers) {
       const int n_blocks = n_row_blocks(n_rows);
       return n_blocks * op.as<ops::Attention>().n_head_kv * attention_group_split(op, n_blocks, n_workers);

@@ -86,6 +86,8 @@ extern const OpInfo kEmbedOp = {
 extern const OpInfo kMatMulOp = {
     .name = "matmul",
     .row_tiled = false,
+    .shareable = true,
+    .chunkable = true,
     // One contiguous range per worker, but never ranges under 4 rows.
     .tile_count = [](const Op& op, int, int n_workers) {
       return static_cast<int>(std::min<int64_t>(n_workers, std::max<int64_t>(1, op.mat.rows / 4)));

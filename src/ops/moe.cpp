@@ -310,6 +310,7 @@ extern const OpInfo kMoeRouteOp = {
 extern const OpInfo kMoeGluOp = {
     .name = "moe_glu",
     .row_tiled = false,
+    .shareable = true,  // uneven: an expert's rows vary with the routing
     .tile_count = moe_tile_count,
     // What one row reads (top_k experts, sized as expert 0).
     .weight_bytes = [](const Op& op) {
@@ -327,6 +328,7 @@ extern const OpInfo kMoeGluOp = {
 extern const OpInfo kMoeDownOp = {
     .name = "moe_down",
     .row_tiled = false,
+    .shareable = true,  // uneven: an expert's rows vary with the routing
     .tile_count = moe_tile_count,
     // A slot's down projection reads the hidden values of its own expert's
     // rows only: the up projection tiles of that slot (every output range).
