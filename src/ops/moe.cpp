@@ -333,7 +333,10 @@ extern const OpInfo kMoeDownOp = {
     // A slot's down projection reads the hidden values of its own expert's
     // rows only: the up projection tiles of that slot (every output range).
     .reads_tile = [](const Op& op, const Op& producer, int n_rows, int t, int n_tiles, int pt, int np) {
+      // Only the read of the up projection's values is narrowed (not a
+      // write-after-read or write-after-write on the same pair of ops).
       if (producer.kind != OpKind::MoeGlu || producer.out != op.in || producer.in2 != op.in2 ||
+          producer.out == op.out || producer.in == op.out || producer.in2 == op.out ||
           experts_of(producer).bank != experts_of(op).bank)
         return true;
       return tile_cut(op, n_rows, t, n_tiles).slot == tile_cut(producer, n_rows, pt, np).slot;
