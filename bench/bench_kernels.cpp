@@ -221,6 +221,30 @@ struct alignas(64) Data {
   float s0[2][8];          // per-row scales of each tile
 };
 
+// kNT chains of one block's steps: step j multiplies weight vector j by the
+// broadcast of input i's four bytes 4j .. 4j + 3 and adds the product to
+// chain i, each chain in program order as the kernels keep them. kI16:
+// signed int16 weights (16 steps, vpmaddwd, int32 sums); otherwise 4-bit
+// codes (8 steps, vpmaddubsw, int16 sums).
+template <bool kI16>
+__attribute__((target("avx2,fma"), always_inline)) inline void int_run(const Data& d, __m256i (&s)[kNT]) {
+  constexpr int kSteps = kI16 ? 16 : 8;
+#pragma GCC unroll 16
+  for (int j = 0; j < kSteps; ++j) {
+    const uint8_t* wp = kI16 ? d.w[j / 8][(j % 8) * 2] : d.w[0][j];
+    const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(wp));
+#pragma GCC unroll 4
+    for (int i = 0; i < kNT; ++i) {
+      int32_t v;
+      std::memcpy(&v, d.x[i] + 4 * j, 4);
+      const __m256i x = _mm256_set1_epi32(v);
+      const __m256i p = kI16 ? _mm256_madd_epi16(w, x) : _mm256_maddubs_epi16(w, x);
+      s[i] = j == 0 ? p : kI16 ? _mm256_add_epi32(s[i], p) : _mm256_add_epi16(s[i], p);
+      __asm__("" : "+x"(s[i]));
+    }
+  }
+}
+
 // Fast mode, AVX2, unsigned 4-bit codes (Q4_0 ...): per block and input, 8
 // vpbroadcastd + 8 vpmaddubsw + 7 vpaddw, 1 vpmaddwd, then vpsubd (offset),
 // vcvtdq2ps, vmulps, vfmadd. 32 x 8 x kNT MACs per block.
@@ -230,18 +254,7 @@ __attribute__((target("avx2,fma"))) float fast_u4_avx2(const Data& d, int64_t bl
   const __m256i ones = _mm256_set1_epi16(1), off = _mm256_set1_epi32(3);
   for (int64_t b = 0; b < blocks; ++b) {
     __m256i s[kNT];
-#pragma GCC unroll 8
-    for (int g = 0; g < 8; ++g) {
-      const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(d.w[0][g]));
-#pragma GCC unroll 4
-      for (int i = 0; i < kNT; ++i) {
-        int32_t v;
-        std::memcpy(&v, d.x[i] + 4 * g, 4);
-        const __m256i p = _mm256_maddubs_epi16(w, _mm256_set1_epi32(v));
-        s[i] = g == 0 ? p : _mm256_add_epi16(s[i], p);
-        __asm__("" : "+x"(s[i]));  // the chain in program order, as the kernels keep it
-      }
-    }
+    int_run<false>(d, s);
     const __m256 sc = _mm256_load_ps(d.s0[0]);
 #pragma GCC unroll 4
     for (int i = 0; i < kNT; ++i) {
@@ -261,18 +274,7 @@ __attribute__((target("avx2,fma"))) float fast_i16_avx2(const Data& d, int64_t b
   for (auto& a : acc) a = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
     __m256i s[kNT];
-#pragma GCC unroll 16
-    for (int j = 0; j < 16; ++j) {
-      const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(d.w[j / 8][(j % 8) * 2]));
-#pragma GCC unroll 4
-      for (int i = 0; i < kNT; ++i) {
-        int32_t v;
-        std::memcpy(&v, d.x[i] + 4 * j, 4);
-        const __m256i p = _mm256_madd_epi16(w, _mm256_set1_epi32(v));
-        s[i] = j == 0 ? p : _mm256_add_epi32(s[i], p);
-        __asm__("" : "+x"(s[i]));
-      }
-    }
+    int_run<true>(d, s);
     const __m256 sc = _mm256_load_ps(d.s0[0]);
 #pragma GCC unroll 4
     for (int i = 0; i < kNT; ++i)
