@@ -24,7 +24,7 @@ python3 - "$json" <<'PY'
 import json, re, sys
 doc = json.load(open(sys.argv[1]))
 probe, table, fmts = {}, {}, []
-fast, ffmts, fma = {}, [], {}
+fast, ffmts, fma, loops = {}, [], {}, {}
 bench = doc["benchmarks"]
 # With --benchmark_repetitions, use the medians only.
 if any(b.get("run_type") == "aggregate" for b in bench):
@@ -39,6 +39,10 @@ for b in bench:
     if m:
         fma[int(m.group(1))] = b["GMAC/s"]
         continue
+    m = re.match(r"BM_LoopPeak/([^/]+)/threads:(\d+)", name)
+    if m:
+        loops.setdefault(m.group(1), {})[int(m.group(2))] = b["GMAC/s"]
+        continue
     m = re.match(r"BM_MatmulFast/([^/]+)/rows:(\d+)/threads:(\d+)", name)
     if m:
         f = m.group(1)
@@ -52,6 +56,9 @@ for b in bench:
         table[(f, r, t)] = (b["GB/s"], b["real_time"], b.get("pct_probe", 0))
 if fma:
     print("f32 FMA peak (GMAC/s, all threads): " + ", ".join(f"{t} thread{'s' if t > 1 else ''}: {v:.1f}" for t, v in sorted(fma.items())))
+if loops:
+    print("integer loop peaks (GMAC/s, 1 / 2 threads): " + ", ".join(
+        f"{k} " + " / ".join(f"{v[t]:.1f}" for t in sorted(v)) for k, v in loops.items()))
 if probe:
     print("read-bandwidth probe (GB/s, start / end of run): " +
           ", ".join(f"{t} thread{'s' if t > 1 else ''}: " + " / ".join(f"{v:.1f}" for v in vs) for t, vs in sorted(probe.items())))
