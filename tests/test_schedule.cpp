@@ -98,8 +98,9 @@ TEST(Schedule, InvariantsHoldOnEveryArchitecture) {
   }
 }
 
-// Shared tiles are the matrix products', cut by weight bytes into chunks
-// whose column ranges nest in their tile's and cover it, in order.
+// Shared tiles are the matrix products' and attention's; the products' are
+// cut by weight bytes into chunks whose column ranges nest in their tile's
+// and cover it, in order.
 TEST(Schedule, SharedTilesAreMatrixProductsInNestedChunksAndAttention) {
   auto m = load_model("dense-mini");
   const DecodeProgram p = m->build_program(8);

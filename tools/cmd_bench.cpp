@@ -220,10 +220,10 @@ void bench_prompt(const BenchOptions& o, Model& M, ThreadPool& pool, const std::
     // row head-less, then that row with the output head) traced once per
     // case.
     std::vector<std::string> bodies, names;
+    const int head = std::max(0, n - ub);
     for (auto& c : cases) {
       M.set_numerics(c.mode);
       SequenceState seq = M.new_sequence(n + 1);
-      const int head = std::max(0, n - ub);
       if (head > 0) c.engine->prefill(seq, tokens.data(), head, 0, logits.data());
       std::vector<TraceEvent> events;
       c.engine->set_trace(&events);
@@ -232,7 +232,7 @@ void bench_prompt(const BenchOptions& o, Model& M, ThreadPool& pool, const std::
       bodies.push_back(trace_to_json(c.engine->program(), events));
       names.push_back(c.name);
     }
-    write_merged_trace(o.trace, names, bodies, fmt::format("prompt block {}..{}", std::max(0, n - ub), n - 1));
+    write_merged_trace(o.trace, names, bodies, fmt::format("prompt block {}..{}", head, n - 1));
     fmt::print("trace of the prompt's last block per case written to {}\n", o.trace);
   }
   fmt::print("\n{:<16} {:>10} {:>10} {:>9}\n", "executor/mode", "ms", "tokens/s", "speedup");

@@ -306,8 +306,9 @@ class MegaExecutor final : public Executor {
   // next chunk is then most likely k + 1, named to the kernels as the rows
   // that follow (weight_lookahead), so that a kernel which prefetches its
   // next panel does so across the chunk's end rather than starting every
-  // chunk on cold weights. (Measured on qwen3.8-bench, bf16, batch 8: the
-  // megakernel at 0.88-0.90x of op-by-op without, see the tiled f32 kernel.)
+  // chunk on cold weights (the tiled f32 kernel; qwen3.8-bench, bf16, batch
+  // 8, one run: the megakernel at 0.88x of op-by-op without, 1.03x with;
+  // other runs on the same host put both within its run-to-run spread).
   void run_chunk(const Task& t, int k, const StepContext& ctx, int w, uint64_t epoch, std::vector<TraceEvent>* events,
                  bool front = false) {
     const Op& op = p_.ops[static_cast<size_t>(t.op)];

@@ -83,6 +83,7 @@ Schedule compile(const DecodeProgram& p, int n_rows, int W, const CompileOptions
   std::vector<std::vector<int>> readers_since(p.slots.size());
   for (size_t i = 0; i < n_ops; ++i) {
     const Op& op = p.ops[i];
+    const OpInfo& info = op_info(op);
     std::set<int> producers;
     for (int sl : op.reads())
       if (last_writer[static_cast<size_t>(sl)] >= 0) producers.insert(last_writer[static_cast<size_t>(sl)]);
@@ -106,7 +107,7 @@ Schedule compile(const DecodeProgram& p, int n_rows, int W, const CompileOptions
       task.n_tiles = n_tiles[i];
       task.flag = flag_base[i] + t;
       weight_region(op, t, n_tiles[i], task);
-      if (opts.prefetch_experts && op_info(op).routed_weights && last_writer[static_cast<size_t>(op.in2)] >= 0) {
+      if (opts.prefetch_experts && info.routed_weights && last_writer[static_cast<size_t>(op.in2)] >= 0) {
         const size_t route_op = static_cast<size_t>(last_writer[static_cast<size_t>(op.in2)]);
         task.routed = true;
         task.route_begin = flag_base[route_op];
@@ -127,7 +128,6 @@ Schedule compile(const DecodeProgram& p, int n_rows, int W, const CompileOptions
           for (int r = r0; r < r1; ++r) s.deps.push_back(flag_base[static_cast<size_t>(pr)] + r);
           continue;
         }
-        const OpInfo& info = op_info(op);
         for (int pt = 0; pt < n_tiles[static_cast<size_t>(pr)]; ++pt) {
           if (info.reads_tile && !info.reads_tile(op, pop, n_rows, t, n_tiles[i], pt, n_tiles[static_cast<size_t>(pr)]))
             continue;
@@ -260,10 +260,10 @@ void check_schedule(const DecodeProgram& p, const Schedule& s) {
       const Op& pr = p.ops[i];
       const std::vector<int> p_reads = pr.reads();
       auto has = [](const std::vector<int>& v, int x) { return x >= 0 && std::find(v.begin(), v.end(), x) != v.end(); };
-      const bool raw = has(c_reads, pr.out), hazard = raw || (c.out >= 0 && c.out == pr.out) || has(p_reads, c.out);
-      if (!hazard) continue;
+      const bool raw = has(c_reads, pr.out), waw = c.out >= 0 && c.out == pr.out, war = has(p_reads, c.out);
+      if (!raw && !waw && !war) continue;
       // Reading only, of a producer some of whose tiles it declares it reads.
-      const bool some_tiles = op_info(c).reads_tile && !(c.out >= 0 && c.out == pr.out) && !has(p_reads, c.out);
+      const bool some_tiles = op_info(c).reads_tile && !waw && !war;
       for (int tc = 0; tc < s.op_tiles[j]; ++tc) {
         const int fc = s.op_flag[j] + tc;
         int r0 = 0, r1 = 0;

@@ -65,9 +65,10 @@ struct CompileOptions {
   bool chained = false;
   // Routed-expert tiles join the prefetch plan once routing is done.
   bool prefetch_experts = true;
-  // Matrix-product and routed-expert tiles are shared (Task::shared), the
-  // former cut into chunks of about chunk_bytes of weights (at most
-  // max_chunks); false: every tile is its worker's alone.
+  // The tiles of shareable ops (op_tiles_shareable: matrix products, routed
+  // experts, attention) are shared (Task::shared), the matrix products' cut
+  // into chunks of about chunk_bytes of weights (at most max_chunks); false:
+  // every tile is its worker's alone.
   bool share_matmuls = true;
   size_t chunk_bytes = size_t{256} << 10;
   int max_chunks = 64;
