@@ -216,9 +216,10 @@ struct R8Q6_K {
 
 // Per input and block: the sums of q over the eight 32-element groups as
 // int16 (Q4_K's mins).
-template <class F, int NT>
+template <class F, int NT, bool kTrickle>
 void passK(const TileK& T, int kn, const Rows8 R, __m256* acc) {
   for (int c = 0; c < kn; ++c) {
+    if constexpr (kTrickle) R.pf->step();
     const int8_t* q[NT];  // kU8: the bytes of R.u8
     for (int i = 0; i < NT; ++i)
       q[i] = (F::kU8 ? reinterpret_cast<const int8_t*>(R.u8) : R.q) + i * R.qs + 256 * c;
