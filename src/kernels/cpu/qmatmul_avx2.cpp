@@ -141,7 +141,7 @@ inline void i16_row(const uint8_t* row, const QuantizedActs& A, int64_t t0, floa
       tmp = contrib<F, true>(s1, xq[0], xd[0], xs[0], k + 1, tmp);
       acc[0] = _mm256_add_ps(acc[0], tmp);
     } else {
-      alignas(32) float f[4][8];  // [sub-block of the pair][scale][input]
+      alignas(32) float f[4][8];  // [2 * sub-block of the pair + scale][input]
       group_factors<F>(s0, dxg + 8 * k, f[0], f[1]);
       group_factors<F>(s1, dxg + 8 * (k + 1), f[2], f[3]);
       for (int t = 0; t < NT; ++t) {

@@ -81,10 +81,10 @@ constexpr int64_t kTrickleInputs = 16;      // inputs up to which the next group
 // The next group's weights, prefetched a few lines per block of the
 // passes over the current group (step()) rather than all at once: a burst
 // of 40-90 prefetches waits on the core's few fill buffers, and the
-// weights then arrive late however far ahead they were asked for (Q4_1,
-// 576 columns, eight rows of 768 at eight inputs, weights from memory, one
-// thread: 48-50 GMAC/s with the burst one or two groups ahead, 55-56
-// spread; 61 with the weights in L2).
+// weights then arrive late however far ahead they were asked for. Eight
+// inputs, weights from memory, one thread: Q4_1 (576 x 768, AVX2) 48-50
+// GMAC/s with the burst one or two groups ahead, 55 trickled, 61 with the
+// weights in L2; Q4_0 and Q4_K (1024 x 1536, AVX-VNNI) 61-63 -> 74-75.
 struct Trickle {
   uintptr_t line = 0, end = 0;
   int per = 1;  // lines per step
@@ -633,8 +633,8 @@ void r8_rows(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t r
         // this group's passes run: up to kTrickleInputs inputs a few lines
         // per block of the passes (Trickle); for more, whose passes over a
         // group are long enough for a burst per chunk to drain, as a burst
-        // (the trickle measured 2-8% slower at 128 inputs, weights in L2;
-        // level in whole 512-token prompts).
+        // (trickling measured 2-8% slower than the burst at 128 inputs with
+        // the weights in L2).
         const bool trickle = tb1 - tb0 <= kTrickleInputs;
         const uint8_t* next_b = W.row(std::min(j0 + step, re));
         const uint8_t* next_e = W.row(std::min(j0 + 2 * step, re));
