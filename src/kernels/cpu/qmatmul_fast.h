@@ -90,5 +90,14 @@ void matmul_rows_fast_r8_avx2(const MatView& W, const Q8Acts& A, float* Y, int64
 // cpu_features().avxvnni; matmul_rows_fast_avx2 takes it there. Same bits.
 void matmul_rows_fast_r8_vnni(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t row_begin,
                               int64_t row_end);
+// The same two kernels built for few inputs (qmatmul_fast_r8_few_*.cpp:
+// the next weights trickle in over a group's passes rather than arriving
+// in bursts), which matmul_rows_fast_avx2 takes up to kFastR8FewInputs
+// inputs. Same bits.
+constexpr int64_t kFastR8FewInputs = 16;
+void matmul_rows_fast_r8_few_avx2(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t row_begin,
+                                  int64_t row_end);
+void matmul_rows_fast_r8_few_vnni(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t row_begin,
+                                  int64_t row_end);
 
 }  // namespace megakern

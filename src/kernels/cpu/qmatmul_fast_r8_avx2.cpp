@@ -1,5 +1,7 @@
-// The register-blocked fast-mode kernel for AVX2 (qmatmul_fast_r8_body.h).
+// The register-blocked fast-mode kernel for AVX2 (qmatmul_fast_r8_body.h),
+// many-input build.
 #define MK_R8_VNNI 0
+#define MK_R8_TRICKLE 0
 #include "kernels/cpu/qmatmul_fast_r8_body.h"
 
 namespace megakern {

@@ -47,8 +47,19 @@
 // 32-element formats run two tiles of eight rows per pass (pass32_pair):
 // each broadcast serves sixteen rows. Without AVX-VNNI two tiles measured
 // no faster (the multiply ports are the limit) and are not used.
+//
+// Few inputs (MK_R8_TRICKLE 1): the body is compiled a second time for up
+// to kTrickleInputs inputs (batches, verify steps), where a group's passes
+// are short and its weights come from memory: the next group's weights are
+// prefetched a few lines per block of the passes (Trickle) instead of as a
+// burst per chunk. The many-input build keeps the burst, and its code is
+// the same as without the trickle (compiled in, the trickle's branches and
+// pointers cost prompts 2-3%, weights in L2).
 #ifndef MK_R8_VNNI
 #error "define MK_R8_VNNI (0 or 1) before including this file"
+#endif
+#ifndef MK_R8_TRICKLE
+#error "define MK_R8_TRICKLE (0 or 1) before including this file"
 #endif
 #include <immintrin.h>
 
@@ -71,13 +82,13 @@ constexpr int kRows = 8;
 constexpr int kNT = 4;  // inputs per pass
 constexpr int64_t kActBytes = 128 * 1024;  // 8-bit activations per block of inputs
 constexpr int64_t kPanel = 64;              // weight rows per panel (a multiple of kRows)
-constexpr int64_t kTrickleInputs = 16;      // inputs up to which the next group's weights trickle in (Trickle)
 
 // Pins a running sum to a register in program order: without it the
 // compiler re-balances the chains of additions into trees, which keeps every
 // product alive at once and spills them.
 #define MK_KEEP(v) __asm__("" : "+x"(v))
 
+#if MK_R8_TRICKLE
 // The next group's weights, prefetched a few lines per block of the
 // passes over the current group (step()) rather than all at once: a burst
 // of 40-90 prefetches waits on the core's few fill buffers, and the
@@ -99,6 +110,8 @@ struct Trickle {
     for (int i = 0; i < per && line < end; ++i, line += 64) _mm_prefetch(reinterpret_cast<const char*>(line), _MM_HINT_T0);
   }
 };
+thread_local Trickle trickle;
+#endif
 
 inline __m256i ld(const void* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); }
 inline void st(void* p, __m256i v) { _mm256_store_si256(reinterpret_cast<__m256i*>(p), v); }
@@ -503,7 +516,6 @@ struct Rows8 {
   const uint8_t* u8;     // q + 128 as unsigned bytes (kU8)
   const int16_t* sq;     // sums of 32 (Q4_K's mins)
   int64_t qs, ds, sqs;
-  Trickle* pf;           // the next group's weights, a step per block
   // The row's first chunk: each accumulator's first block adds to zero
   // rather than to memory (fma(x, y, 0), what a zeroed accumulator gave).
   bool fresh;
@@ -533,10 +545,12 @@ inline void finish32(const Tile32& T, int c, const Rows8& R, const __m256i lo[NT
   }
 }
 
-template <class F, int NT, bool kTrickle>
+template <class F, int NT>
 void pass32(const Tile32& T, int kn, const Rows8 R, __m256* acc) {
   for (int c = 0; c < kn; ++c) {
-    if constexpr (kTrickle) R.pf->step();
+#if MK_R8_TRICKLE
+    trickle.step();
+#endif
     __m256i lo[NT], hi[NT];
     if constexpr (F::kSigned) {
 #if MK_R8_VNNI
@@ -560,10 +574,12 @@ void pass32(const Tile32& T, int kn, const Rows8 R, __m256* acc) {
 #if MK_R8_VNNI
 // pass32 for two tiles (rows j0 .. j0 + 15) into acc0 and acc1: each output
 // with pass32's operations.
-template <class F, int NT, bool kTrickle>
+template <class F, int NT>
 void pass32_pair(const Tile32& T0, const Tile32& T1, int kn, const Rows8 R, __m256* acc0, __m256* acc1) {
   for (int c = 0; c < kn; ++c) {
-    if constexpr (kTrickle) R.pf->step();
+#if MK_R8_TRICKLE
+    trickle.step();
+#endif
     __m256i lo[2][NT], hi[2][NT];
     const uint8_t* x[NT];
     for (int i = 0; i < NT; ++i)
@@ -605,15 +621,17 @@ void r8_rows(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t r
   if (T2 != nullptr && store2.size() < (size_t)(2 * A.n_x)) store2.resize((size_t)(2 * A.n_x));
   __m256* acc = reinterpret_cast<__m256*>(store.data());
   __m256* acc2 = reinterpret_cast<__m256*>(store2.data());
+#if MK_R8_TRICKLE
+  const WeightLookahead next = weight_lookahead();
+#else
+  const size_t bytes = dtype_traits(W.type).block_bytes;
+  const int64_t nbw = W.cols / dtype_traits(W.type).block_size;
+#endif
   // Rows in panels of kPanel, inputs in blocks whose 8-bit activations stay
   // in L2: a panel's weights come from memory once and stay in L2 while
   // every block of inputs meets them (a group's tile is decoded again for
   // each block of inputs, from L2).
   const int64_t tb = std::max<int64_t>(kNT, (kActBytes / std::max<int64_t>(A.cols, 1)) / kNT * kNT);
-  Trickle pf;
-  const WeightLookahead next = weight_lookahead();
-  const size_t bytes = dtype_traits(W.type).block_bytes;
-  const int64_t nbw = W.cols / dtype_traits(W.type).block_size;
   for (int64_t p0 = rb; p0 < re; p0 += kPanel) {
     const int64_t p1 = std::min(re, p0 + kPanel);
     for (int64_t tb0 = 0; tb0 < A.n_x; tb0 += tb) {
@@ -624,22 +642,26 @@ void r8_rows(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t r
         const int64_t step = pair ? 2 * kRows : kRows;
         const uint8_t* rows[kRows];
         const uint8_t* rows2[kRows];
+#if !MK_R8_TRICKLE
+        const uint8_t* ahead[2 * kRows];
+#endif
         for (int r = 0; r < kRows; ++r) {
           rows[r] = W.row(r < n ? j0 + r : rb);
           rows2[r] = pair ? W.row(j0 + kRows + r) : rows[r];
         }
-        // The next group's rows (past the range's end, the rows its caller
-        // runs next, when named: weight_lookahead()) are prefetched while
-        // this group's passes run: up to kTrickleInputs inputs a few lines
-        // per block of the passes (Trickle); for more, whose passes over a
-        // group are long enough for a burst per chunk to drain, as a burst
-        // (trickling measured 2-8% slower than the burst at 128 inputs with
-        // the weights in L2).
-        const bool trickle = tb1 - tb0 <= kTrickleInputs;
-        const uint8_t* next_b = W.row(std::min(j0 + step, re));
-        const uint8_t* next_e = W.row(std::min(j0 + 2 * step, re));
-        if (next_b == next_e && next.begin == next_b) next_e = std::min(next.end, next_b + step * W.row_bytes);
-        if (trickle) pf.start(next_b, next_e, A.nb * ((tb1 - tb0 + kNT - 1) / kNT));
+#if MK_R8_TRICKLE
+        // The next group's rows (past the range's end, the rows the caller
+        // runs next, when named: weight_lookahead()), a few lines per block
+        // of this group's passes.
+        {
+          const uint8_t* b = W.row(std::min(j0 + step, re));
+          const uint8_t* e = W.row(std::min(j0 + 2 * step, re));
+          if (b == e && next.begin == b) e = std::min(next.end, b + step * W.row_bytes);
+          trickle.start(b, e, A.nb * ((tb1 - tb0 + kNT - 1) / kNT));
+        }
+#else
+        for (int r = 0; r < (int)step; ++r) ahead[r] = W.row(std::min<int64_t>(j0 + step + r, re - 1));
+#endif
         // The first chunk's passes start the accumulators (Rows8::fresh);
         // only a second chain that no block reaches (a one-block row) is
         // zeroed here. The K-quants' odd accumulators stay idle.
@@ -653,22 +675,17 @@ void r8_rows(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t r
           for (int c = 0; c < kn; ++c) decode(rows, k0 + c, T, c);
           if (pair)
             for (int c = 0; c < kn; ++c) decode(rows2, k0 + c, *T2, c);
-          if (!trickle) {  // this chunk's bytes of the next group's rows
-            const size_t pb = (size_t)(k0 * nbw / A.nb) * bytes, pe = (size_t)((k0 + kn) * nbw / A.nb) * bytes;
-            for (const uint8_t* r = next_b; r < next_e; r += W.row_bytes)
-              for (size_t o = pb; o < pe; o += 64) _mm_prefetch(reinterpret_cast<const char*>(r + o), _MM_HINT_T1);
-          }
-          auto run_as = [&](auto nt, auto trick, int64_t t) {
-            if constexpr (!std::is_same_v<std::decay_t<Pass2>, std::nullptr_t>) {
-              if (pair) return pass2(nt, trick, kn, k0, t, acc, acc2, &pf);
-            }
-            pass(nt, trick, kn, k0, t, acc, &pf);
-          };
+#if !MK_R8_TRICKLE
+          // The next group's rows for this chunk, while the inputs run.
+          const size_t pb = (size_t)(k0 * nbw / A.nb) * bytes, pe = (size_t)((k0 + kn) * nbw / A.nb) * bytes;
+          for (int r = 0; r < (int)step; ++r)
+            for (size_t o = pb; o < pe; o += 64) _mm_prefetch(reinterpret_cast<const char*>(ahead[r] + o), _MM_HINT_T1);
+#endif
           auto run = [&](auto nt, int64_t t) {
-            if (trickle)
-              run_as(nt, std::true_type{}, t);
-            else
-              run_as(nt, std::false_type{}, t);
+            if constexpr (!std::is_same_v<std::decay_t<Pass2>, std::nullptr_t>) {
+              if (pair) return pass2(nt, kn, k0, t, acc, acc2);
+            }
+            pass(nt, kn, k0, t, acc);
           };
           int64_t t = tb0;
           for (; t + kNT <= tb1; t += kNT) run(std::integral_constant<int, kNT>{}, t);
@@ -727,9 +744,8 @@ void r8_32(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t rb,
     }
   }
   const int32_t* o = off.data();
-  auto rows8 = [&](int64_t k0, int64_t t0, Trickle* pf) {
+  auto rows8 = [&](int64_t k0, int64_t t0) {
     Rows8 R{};
-    R.pf = pf;
     R.fresh = k0 == 0;
     R.q = A.q_row(t0) + 32 * k0;
     if constexpr (F::kSigned) {
@@ -745,8 +761,8 @@ void r8_32(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t rb,
     R.ds = A.nb;
     return R;
   };
-  auto pass = [&](auto nt, auto trick, int kn, int64_t k0, int64_t t0, __m256* acc, Trickle* pf) {
-    pass32<F, decltype(nt)::value, decltype(trick)::value>(T, kn, rows8(k0, t0, pf), acc + 2 * t0);
+  auto pass = [&](auto nt, int kn, int64_t k0, int64_t t0, __m256* acc) {
+    pass32<F, decltype(nt)::value>(T, kn, rows8(k0, t0), acc + 2 * t0);
   };
 #if MK_R8_VNNI
   // Two tiles per pass: each input's bytes broadcast once for sixteen rows
@@ -754,8 +770,8 @@ void r8_32(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t rb,
   // runs: Q4_0 80.6 -> 93.2 GMAC/s, Q4_1 79.5 -> 95.1, Q8_0 99.9 -> 110.8).
   thread_local Tile32 T2;
   r8_rows(W, A, Y, ldy, rb, re, kChunk, true, T, F::decode, pass, &T2,
-          [&](auto nt, auto trick, int kn, int64_t k0, int64_t t0, __m256* acc, __m256* acc2, Trickle* pf) {
-            pass32_pair<F, decltype(nt)::value, decltype(trick)::value>(T, T2, kn, rows8(k0, t0, pf), acc + 2 * t0, acc2 + 2 * t0);
+          [&](auto nt, int kn, int64_t k0, int64_t t0, __m256* acc, __m256* acc2) {
+            pass32_pair<F, decltype(nt)::value>(T, T2, kn, rows8(k0, t0), acc + 2 * t0, acc2 + 2 * t0);
           });
 #else
   r8_rows(W, A, Y, ldy, rb, re, kChunk, true, T, F::decode, pass);
@@ -776,10 +792,8 @@ void r8_k(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t rb, 
   thread_local std::vector<uint8_t> u8;
   if constexpr (F::kU8) to_u8(A, u8);
   const int16_t* s = sq.data();
-  r8_rows(W, A, Y, ldy, rb, re, kChunkK, false, T, F::decode,
-          [&](auto nt, auto trick, int kn, int64_t k0, int64_t t0, __m256* acc, Trickle* pf) {
+  r8_rows(W, A, Y, ldy, rb, re, kChunkK, false, T, F::decode, [&](auto nt, int kn, int64_t k0, int64_t t0, __m256* acc) {
     Rows8 R{};
-    R.pf = pf;
     R.fresh = k0 == 0;
     R.q = A.q_row(t0) + 256 * k0;
     R.d = A.d_row(t0) + k0;
@@ -788,7 +802,7 @@ void r8_k(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t rb, 
     R.qs = A.cols;
     R.ds = A.nb;
     R.sqs = A.nb * 8;
-    passK<F, decltype(nt)::value, decltype(trick)::value>(T, kn, R, acc + 2 * t0);
+    passK<F, decltype(nt)::value>(T, kn, R, acc + 2 * t0);
   });
 }
 

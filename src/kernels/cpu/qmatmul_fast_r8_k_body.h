@@ -216,10 +216,12 @@ struct R8Q6_K {
 
 // Per input and block: the sums of q over the eight 32-element groups as
 // int16 (Q4_K's mins).
-template <class F, int NT, bool kTrickle>
+template <class F, int NT>
 void passK(const TileK& T, int kn, const Rows8 R, __m256* acc) {
   for (int c = 0; c < kn; ++c) {
-    if constexpr (kTrickle) R.pf->step();
+#if MK_R8_TRICKLE
+    trickle.step();
+#endif
     const int8_t* q[NT];  // kU8: the bytes of R.u8
     for (int i = 0; i < NT; ++i)
       q[i] = (F::kU8 ? reinterpret_cast<const int8_t*>(R.u8) : R.q) + i * R.qs + 256 * c;

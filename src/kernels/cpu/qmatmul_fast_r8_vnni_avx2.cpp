@@ -1,5 +1,5 @@
 // The register-blocked fast-mode kernel for AVX2 with AVX-VNNI
-// (qmatmul_fast_r8_body.h). The file is compiled for AVX2 like every
+// (qmatmul_fast_r8_body.h), many-input build. The file is compiled for AVX2 like every
 // *_avx2.cpp; the kernel's own functions, below the headers, are compiled
 // for AVX-VNNI as well and are reached only on CPUs that report it
 // (cpu_features().avxvnni).
@@ -20,6 +20,7 @@
 #pragma GCC push_options
 #pragma GCC target("avxvnni")
 #define MK_R8_VNNI 1
+#define MK_R8_TRICKLE 0
 #include "kernels/cpu/qmatmul_fast_r8_body.h"
 
 namespace megakern {

@@ -1,0 +1,34 @@
+// The register-blocked fast-mode kernel for AVX2 with AVX-VNNI
+// (qmatmul_fast_r8_body.h), few-input build (MK_R8_TRICKLE: batches and
+// verify steps). The file is compiled for AVX2 like every
+// *_avx2.cpp; the kernel's own functions, below the headers, are compiled
+// for AVX-VNNI as well and are reached only on CPUs that report it
+// (cpu_features().avxvnni).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/half.h"
+#include "kernels/cpu/avx2_common.h"
+#include "kernels/cpu/qmatmul_fast.h"
+#include "kernels/cpu/qmatmul_fast_formats_avx2.h"
+
+#pragma GCC push_options
+#pragma GCC target("avxvnni")
+#define MK_R8_VNNI 1
+#define MK_R8_TRICKLE 1
+#include "kernels/cpu/qmatmul_fast_r8_body.h"
+
+namespace megakern {
+
+void matmul_rows_fast_r8_few_vnni(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t rb, int64_t re) {
+  r8_dispatch(W, A, Y, ldy, rb, re);
+}
+
+}  // namespace megakern
+#pragma GCC pop_options
