@@ -2,6 +2,7 @@
 // many-input build.
 #define MK_R8_VNNI 0
 #define MK_R8_TRICKLE 0
+#define MK_R8_ENTRY matmul_rows_fast_r8_avx2
 #include "kernels/cpu/qmatmul_fast_r8_body.h"
 
 namespace megakern {
@@ -26,10 +27,6 @@ bool fast_r8_supports(DType t) {
     default:
       return false;
   }
-}
-
-void matmul_rows_fast_r8_avx2(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t rb, int64_t re) {
-  r8_dispatch(W, A, Y, ldy, rb, re);
 }
 
 }  // namespace megakern

@@ -828,3 +828,12 @@ void r8_dispatch(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64
 
 }  // namespace
 }  // namespace megakern
+
+// The build's entry point (MK_R8_ENTRY, named by the including file).
+#ifdef MK_R8_ENTRY
+namespace megakern {
+void MK_R8_ENTRY(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t rb, int64_t re) {
+  r8_dispatch(W, A, Y, ldy, rb, re);
+}
+}  // namespace megakern
+#endif

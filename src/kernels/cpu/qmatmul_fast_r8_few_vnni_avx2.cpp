@@ -22,13 +22,6 @@
 #pragma GCC target("avxvnni")
 #define MK_R8_VNNI 1
 #define MK_R8_TRICKLE 1
+#define MK_R8_ENTRY matmul_rows_fast_r8_few_vnni
 #include "kernels/cpu/qmatmul_fast_r8_body.h"
-
-namespace megakern {
-
-void matmul_rows_fast_r8_few_vnni(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t rb, int64_t re) {
-  r8_dispatch(W, A, Y, ldy, rb, re);
-}
-
-}  // namespace megakern
 #pragma GCC pop_options
