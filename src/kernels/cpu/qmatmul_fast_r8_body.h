@@ -49,12 +49,12 @@
 // no faster (the multiply ports are the limit) and are not used.
 //
 // Few inputs (MK_R8_TRICKLE 1): the body is compiled a second time for up
-// to kTrickleInputs inputs (batches, verify steps), where a group's passes
-// are short and its weights come from memory: the next group's weights are
-// prefetched a few lines per block of the passes (Trickle) instead of as a
-// burst per chunk. The many-input build keeps the burst, and its code is
-// the same as without the trickle (compiled in, the trickle's branches and
-// pointers cost prompts 2-3%, weights in L2).
+// to kFastR8FewInputs inputs (batches, verify steps; qmatmul_fast.h), where
+// a group's passes are short and its weights come from memory: the next
+// group's weights are prefetched a few lines per block of the passes
+// (Trickle) instead of as a burst per chunk. The many-input build keeps the
+// burst and is the code it was: with both in one body, 128-input passes
+// ran 2-3% slower (weights in L2), and so did whole prompts.
 #ifndef MK_R8_VNNI
 #error "define MK_R8_VNNI (0 or 1) before including this file"
 #endif

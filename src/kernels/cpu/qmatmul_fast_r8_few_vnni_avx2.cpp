@@ -1,9 +1,6 @@
 // The register-blocked fast-mode kernel for AVX2 with AVX-VNNI
 // (qmatmul_fast_r8_body.h), few-input build (MK_R8_TRICKLE: batches and
-// verify steps). The file is compiled for AVX2 like every
-// *_avx2.cpp; the kernel's own functions, below the headers, are compiled
-// for AVX-VNNI as well and are reached only on CPUs that report it
-// (cpu_features().avxvnni).
+// verify steps), compiled as qmatmul_fast_r8_vnni_avx2.cpp is.
 #include <immintrin.h>
 
 #include <algorithm>

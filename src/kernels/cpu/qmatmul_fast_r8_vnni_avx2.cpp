@@ -1,8 +1,8 @@
 // The register-blocked fast-mode kernel for AVX2 with AVX-VNNI
-// (qmatmul_fast_r8_body.h), many-input build. The file is compiled for AVX2 like every
-// *_avx2.cpp; the kernel's own functions, below the headers, are compiled
-// for AVX-VNNI as well and are reached only on CPUs that report it
-// (cpu_features().avxvnni).
+// (qmatmul_fast_r8_body.h), many-input build. The file is compiled for
+// AVX2 like every *_avx2.cpp; the kernel's own functions, below the
+// headers, are compiled for AVX-VNNI as well and are reached only on CPUs
+// that report it (cpu_features().avxvnni).
 #include <immintrin.h>
 
 #include <algorithm>
