@@ -2,7 +2,8 @@
 // under its MK_R8_VNNI): the K-quants' tiles (256-element blocks as eight
 // 32-element sub-blocks with their own scales), their decoders (Q4_K, Q5_K,
 // IQ4_XS, Q6_K) and their pass (passK). The body holds the shared layout,
-// the 32-element formats, the row driver and the dispatch.
+// the row driver and the dispatch; the 32-element formats are in
+// qmatmul_fast_r8_32_body.h.
 #pragma once
 #ifndef MK_R8_VNNI
 #error "include only from qmatmul_fast_r8_body.h"
