@@ -331,8 +331,12 @@ void i16_rows_q6k(const uint8_t* row, const QuantizedActs& A, int64_t t0, float*
   for (int t = 0; t < NT; ++t) Y[(t0 + t) * ldy + j] = hsum(acc[t]);
 }
 
+// Formats with their own row loops above (the others take i16_row).
+template <class F>
+constexpr bool kOwnRowLoop = std::is_same_v<F, Q4_K> || std::is_same_v<F, Q5_K> || std::is_same_v<F, Q6_K>;
+
 // One weight row against inputs t0 .. t0 + NT - 1: the K-quants' own loops
-// above, the generic one otherwise.
+// above, the generic one otherwise (dxg: i16_row's, null for one input).
 template <class F, int NT>
 inline void i16_row_any(const uint8_t* row, const QuantizedActs& A, int64_t t0, float* Y, int64_t ldy, int64_t j,
                         bool pf, const float* dxg) {
@@ -483,8 +487,7 @@ int64_t panel_min_inputs() {
   // Q4_K, Q5_K and Q6_K have their own row loops (i16_rows_q45k,
   // i16_rows_q6k), faster than the panel up to 8 inputs (measured: 8 inputs,
   // one thread, 20-25 against 18-20 GMAC/s); the panel wins from 16.
-  constexpr bool own_loop = std::is_same_v<F, Q4_K> || std::is_same_v<F, Q5_K> || std::is_same_v<F, Q6_K>;
-  if constexpr (own_loop) return 9;
+  if constexpr (kOwnRowLoop<F>) return 9;
   constexpr bool dear = std::is_same_v<F, Q3_K> || std::is_same_v<F, IQ4_XS>;
   return dear ? 5 : 16;
 }
@@ -555,17 +558,19 @@ void i16_rows(const MatView& W, const QuantizedActs& A, float* Y, int64_t ldy, i
   // 28.6 -> 30.0, Q8_0 31.7 -> 32.4). Q4_K measured level (24.2 against
   // 23.7) and keeps four.
   constexpr int G = std::is_same_v<F, Q4_K> ? 4 : 8;
+  static_assert(kOwnRowLoop<F> || G == 8, "i16_row's groups of inputs start at multiples of 8 (dxg)");
   const int64_t tile = A.n_x <= 4 ? re - rb : avx2::tile_rows(W.row_bytes);
-  // The inputs' dx by group of eight, transposed: dxg[(t / 8) nb 8 + 8 k + t % 8]
-  // (i16_row's scale products), zero past the last input.
+  // For i16_row with several inputs: their dx by group of eight (G = 8, so
+  // every group starts at a multiple of 8), transposed, dxg[(t / 8) nb 8 +
+  // 8 k + t % 8], zero past the last input.
   thread_local std::vector<float> dxg;
-  const int64_t n_groups = (A.n_x + 7) / 8;
-  if (A.n_x > 1) {
-    dxg.assign((size_t)(n_groups * A.nb * 8 + 8), 0.0f);  // (+ 8: a group starting mid-vector reads on)
+  const bool grouped = !kOwnRowLoop<F> && A.n_x > 1;
+  if (grouped) {
+    dxg.assign((size_t)((A.n_x + 7) / 8 * A.nb * 8), 0.0f);
     for (int64_t t = 0; t < A.n_x; ++t)
       for (int64_t k = 0; k < A.nb; ++k) dxg[(size_t)(((t / 8) * A.nb + k) * 8 + t % 8)] = A.d_row(t)[k];
   }
-  auto group_dx = [&](int64_t t0) { return A.n_x > 1 ? dxg.data() + (t0 / 8) * A.nb * 8 + t0 % 8 : nullptr; };
+  auto group_dx = [&](int64_t t0) { return grouped ? dxg.data() + (t0 / 8) * A.nb * 8 : nullptr; };
   for (int64_t jb = rb; jb < re; jb += tile) {
     const int64_t je = std::min(re, jb + tile);
     int64_t t0 = 0;
