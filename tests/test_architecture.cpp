@@ -46,6 +46,7 @@ TEST(SequenceState, Qwen38StateIsSizedFromItsProgram) {
   EXPECT_EQ(s.cache.n_layer, c.n_full_attention_layers());
   EXPECT_EQ(s.cache.kv_dim, c.n_head_kv * c.head_dim);
   EXPECT_EQ(s.cache.k.size(), static_cast<size_t>(c.n_full_attention_layers()) * 16 * c.n_head_kv * c.head_dim);
+  EXPECT_EQ(s.cache.heads, c.n_head_kv);  // head-major: a head's positions contiguous
   ASSERT_TRUE(s.recurrent);
   EXPECT_EQ(s.state.n_layer, c.n_deltanet_layers());
   EXPECT_EQ(s.state.conv_dim, static_cast<int>(c.la_conv_dim()));
@@ -62,6 +63,7 @@ TEST(SequenceState, KimiCacheHoldsTheMlaLayersWithNarrowerValues) {
   EXPECT_EQ(s.cache.kv_dim, static_cast<int>(c.mla_n_head * c.mla_k_dim()));
   EXPECT_EQ(s.cache.v_dim, c.mla_n_head * c.v_head_dim);
   EXPECT_EQ(s.cache.v.size(), static_cast<size_t>(c.n_mla_layers()) * 8 * c.mla_n_head * c.v_head_dim);
+  EXPECT_EQ(s.cache.heads, c.mla_n_head);
   ASSERT_TRUE(s.recurrent);
   EXPECT_EQ(s.state.n_layer, c.n_kda_layers());
   EXPECT_EQ(s.state.conv_dim, static_cast<int>(c.kda_conv_dim()));
@@ -89,6 +91,21 @@ TEST(SequenceState, DenseCacheKeepsEveryPositionAndBadSizesAreRefused) {
   EXPECT_TRUE(s.cache.ring.empty());
   const SequenceShape shape = sequence_shape(m->build_program(1));
   EXPECT_EQ(s.cache.k.size(), static_cast<size_t>(shape.kv_layers) * 32 * shape.kv_dim);
+  // Head-major: head h's key of position p is the slice h of the row that
+  // store() was given, and load() gives the row back.
+  KVCache c = s.cache;
+  ASSERT_GT(c.heads, 1);
+  std::vector<float> kr(static_cast<size_t>(c.kv_dim)), vr(static_cast<size_t>(c.v_width()));
+  for (size_t i = 0; i < kr.size(); ++i) kr[i] = static_cast<float>(i) + 0.5f;
+  for (size_t i = 0; i < vr.size(); ++i) vr[i] = -static_cast<float>(i);
+  c.store(1, 7, kr.data(), vr.data());
+  EXPECT_EQ(c.k_at(1, 1, 7)[0], kr[static_cast<size_t>(c.head_k())]);
+  EXPECT_EQ(c.k_at(1, 1, 7), c.k_head(1, 1) + 7 * c.head_k());
+  EXPECT_EQ(c.v_at(1, c.heads - 1, 7)[c.head_v() - 1], vr.back());
+  std::vector<float> kb(kr.size()), vb(vr.size());
+  c.load(1, 7, kb.data(), vb.data());
+  EXPECT_EQ(kb, kr);
+  EXPECT_EQ(vb, vr);
   EXPECT_THROW(m->new_sequence(0), Error);
   EXPECT_THROW(make_sequence_state(shape, 16, -1), Error);
 }

@@ -2,7 +2,9 @@
 // definition, one row and one head at a time, bit for bit: odd head sizes,
 // GQA groups of 1 to 8, windows smaller and larger than the block, blocks
 // starting mid-cache, values narrower or wider than keys (MLA), and
-// ring-buffer layers whose slots wrap inside the block's history. Then
+// ring-buffer layers whose slots wrap inside the block's history; keys and
+// values in a position-major cache (packed per tile) and in a head-major one
+// (read in place). Then
 // through the executors: a row of a sequence gives the same logits whether
 // it is computed alone, in a step of 8 rows or in a chunk of 64.
 #include <gtest/gtest.h>
@@ -73,6 +75,26 @@ void check_case(const Case& c, bool scalar) {
       ASSERT_EQ(0, std::memcmp(&tiled[o], &ref[o], sizeof(float) * static_cast<size_t>(c.v_dim)))
           << "row " << i << " head " << j << ": " << tiled[o] << " vs " << ref[o];
     }
+  // The same keys and values in a head-major cache (KVCache's layout: the
+  // head's positions contiguous, stride = the head's width), read in place
+  // rather than packed: the same bits.
+  {
+    std::vector<float> kh(static_cast<size_t>(slots * c.head_dim)), vh(static_cast<size_t>(slots * c.v_dim));
+    const size_t kb = sizeof(float) * static_cast<size_t>(c.head_dim), vb = sizeof(float) * static_cast<size_t>(c.v_dim);
+    for (int s = 0; s < slots; ++s) {
+      std::memcpy(&kh[static_cast<size_t>(s * c.head_dim)], kv.k + s * ks, kb);
+      std::memcpy(&vh[static_cast<size_t>(s * c.v_dim)], kv.v + s * vs, vb);
+    }
+    KvHeadView hm = kv;
+    hm.k = kh.data();
+    hm.v = vh.data();
+    hm.k_stride = c.head_dim;
+    hm.v_stride = c.v_dim;
+    std::vector<float> head_major(tiled.size(), -7.f);
+    a.out = head_major.data();
+    attention_block(a, hm, scalar);
+    ASSERT_EQ(0, std::memcmp(head_major.data(), tiled.data(), sizeof(float) * tiled.size())) << "head-major cache";
+  }
   // Padding between heads' outputs is left alone.
   for (int i = 0; i < c.n_rows; ++i) ASSERT_EQ(tiled[static_cast<size_t>(i * os + os - 1)], -7.f);
   // Each row alone (a block of one at its position) gives the same bits.

@@ -81,19 +81,18 @@ void expect_second_turn_reuses_the_cache(const Model& m, const std::string& exec
   KVCache& kv = s.sequence().cache;
   for (int l = 0; l < kv.n_layer; ++l) {
     ASSERT_EQ(kv.ring_len(l), 0) << "layer " << l << " keeps a ring; this check needs every position";
-    for (size_t p = 0; p < common; ++p) {
-      std::fill_n(kv.k_at(l, static_cast<int>(p)), kv.kv_dim, kSentinel);
-      std::fill_n(kv.v_at(l, static_cast<int>(p)), kv.v_width(), kSentinel);
-    }
+    const std::vector<float> ks(static_cast<size_t>(kv.kv_dim), kSentinel);
+    const std::vector<float> vs(static_cast<size_t>(kv.v_width()), kSentinel);
+    for (size_t p = 0; p < common; ++p) kv.store(l, static_cast<int>(p), ks.data(), vs.data());
   }
   s.set_tokens(conv);
   size_t recomputed = 0, not_computed = 0;
   for (int l = 0; l < kv.n_layer; ++l) {
+    std::vector<float> k(static_cast<size_t>(kv.kv_dim)), v(static_cast<size_t>(kv.v_width()));
     for (size_t p = 0; p < conv.size(); ++p) {
-      const float* k = kv.k_at(l, static_cast<int>(p));
-      const float* v = kv.v_at(l, static_cast<int>(p));
-      const bool k_sent = std::all_of(k, k + kv.kv_dim, [](float x) { return x == kSentinel; });
-      const bool v_sent = std::all_of(v, v + kv.v_width(), [](float x) { return x == kSentinel; });
+      kv.load(l, static_cast<int>(p), k.data(), v.data());
+      const bool k_sent = std::all_of(k.begin(), k.end(), [](float x) { return x == kSentinel; });
+      const bool v_sent = std::all_of(v.begin(), v.end(), [](float x) { return x == kSentinel; });
       if (p < common)
         recomputed += !(k_sent && v_sent);
       else

@@ -144,11 +144,12 @@ TEST(VecRows, ManyRowsEqualOneRowAtATimeBitForBit) {
 
 // Two queries (or two weight vectors) against the same rows, as attention
 // pairs the heads of a group: each output is the one-query function's, bit
-// for bit (rows of 4 and the rest, the 32-multiple fast shapes and others).
+// for bit (rows of 4 and the rest, the 32-multiple fast shapes and others;
+// value sums in blocks of 48 and 32 elements and a tail).
 TEST(VecRows, PairsEqualOneQueryAtATimeBitForBit) {
   std::mt19937 rng(12);
   std::normal_distribution<float> g(0.f, 1.f);
-  for (int64_t n : {8, 37, 64, 72, 128, 256, 288}) {
+  for (int64_t n : {8, 37, 48, 64, 72, 80, 96, 128, 192, 256, 288}) {
     for (int64_t rows : {1, 3, 4, 5, 9, 33}) {
       const int64_t stride = n + 24;
       std::vector<float> a0(static_cast<size_t>(n)), a1(a0.size()), x(static_cast<size_t>(stride * rows)),

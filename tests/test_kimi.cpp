@@ -409,8 +409,13 @@ Agreement against_numpy(const KimiModel& m, Executor& ex) {
     const auto Vv = flatten(ref["mla_v"][i]);
     EXPECT_EQ(K.size(), tokens.size() * static_cast<size_t>(s.cache.kv_dim));
     EXPECT_EQ(Vv.size(), tokens.size() * static_cast<size_t>(s.cache.v_width()));
-    a.k = std::max(a.k, rel_diff(s.cache.k_at(L.cache_index, 0), K.data(), K.size()));
-    a.v = std::max(a.v, rel_diff(s.cache.v_at(L.cache_index, 0), Vv.data(), Vv.size()));
+    // The cache as [position][K or V row] (it is stored head-major).
+    std::vector<float> k_rows(K.size()), v_rows(Vv.size());
+    for (size_t p = 0; p < tokens.size(); ++p)
+      s.cache.load(L.cache_index, static_cast<int>(p), k_rows.data() + p * static_cast<size_t>(s.cache.kv_dim),
+                   v_rows.data() + p * static_cast<size_t>(s.cache.v_width()));
+    a.k = std::max(a.k, rel_diff(k_rows.data(), K.data(), K.size()));
+    a.v = std::max(a.v, rel_diff(v_rows.data(), Vv.data(), Vv.size()));
   }
   fmt::print("  {:<10} vs NumPy: logits {:.2e}, KDA S {:.2e}, conv {:.2e}, MLA K {:.2e}, V {:.2e}\n", ex.name(),
              a.logits, a.state, a.conv, a.k, a.v);

@@ -162,9 +162,11 @@ TEST(Qwen38Model, ExecutorsMatchTransformers) {
     const double ds = rel_diff(r.state.S.data(), ref_state.data(), ref_state.size());
     const double dc = rel_diff(r.state.conv.data(), ref_conv.data(), ref_conv.size());
     std::vector<float> k, v;
+    std::vector<float> krow(static_cast<size_t>(prog.kv_dim)), vrow(static_cast<size_t>(prog.kv_dim));
     for (int pos : kv_pos) {
-      k.insert(k.end(), r.cache.k_at(0, pos), r.cache.k_at(0, pos) + prog.kv_dim);
-      v.insert(v.end(), r.cache.v_at(0, pos), r.cache.v_at(0, pos) + prog.kv_dim);
+      r.cache.load(0, pos, krow.data(), vrow.data());
+      k.insert(k.end(), krow.begin(), krow.end());
+      v.insert(v.end(), vrow.begin(), vrow.end());
     }
     const double dk = rel_diff(k.data(), ref_k.data(), ref_k.size());
     const double dv = rel_diff(v.data(), ref_v.data(), ref_v.size());

@@ -1,5 +1,7 @@
 #include "ir/sequence_state.h"
 
+#include <cstring>
+
 #include "core/error.h"
 #include "core/units.h"
 #include "ir/program.h"
@@ -17,6 +19,23 @@ void KVCache::init_rings(const std::vector<int>& ring_lens) {
   }
   k.assign(layer_offset.back(), 0.f);
   v.assign(v_offset(layer_offset.back()), 0.f);
+}
+
+void KVCache::store(int layer, int pos, const float* k_row, const float* v_row) {
+  const size_t hk = static_cast<size_t>(head_k()), hv = static_cast<size_t>(head_v());
+  for (int h = 0; h < heads; ++h) {
+    std::memcpy(k_at(layer, h, pos), k_row + h * hk, sizeof(float) * hk);
+    std::memcpy(v_at(layer, h, pos), v_row + h * hv, sizeof(float) * hv);
+  }
+}
+
+void KVCache::load(int layer, int pos, float* k_row, float* v_row) const {
+  auto& c = const_cast<KVCache&>(*this);  // the accessors only compute addresses
+  const size_t hk = static_cast<size_t>(head_k()), hv = static_cast<size_t>(head_v());
+  for (int h = 0; h < heads; ++h) {
+    std::memcpy(k_row + h * hk, c.k_at(layer, h, pos), sizeof(float) * hk);
+    std::memcpy(v_row + h * hv, c.v_at(layer, h, pos), sizeof(float) * hv);
+  }
 }
 
 RecurrentState::RecurrentState(int n_layer_, int conv_dim_, int conv_hist_, int n_v_heads_, int v_dim_, int k_dim_)
@@ -42,6 +61,7 @@ SequenceShape sequence_shape(const DecodeProgram& p) {
            value, field);
     field = value;
   };
+  bool heads_seen = false, mixed = false;
   for (const Op& op : p.ops) {
     const int l = op.cache_layer();
     if (op.kind == OpKind::StoreKV) {
@@ -49,6 +69,12 @@ SequenceShape sequence_shape(const DecodeProgram& p) {
     } else if (op.kind == OpKind::Attention) {
       if (static_cast<int>(s.window.size()) <= l) s.window.resize(static_cast<size_t>(l) + 1, 0);
       s.window[static_cast<size_t>(l)] = op.as<ops::Attention>().window;
+      // Attention ops that disagree on the KV heads share the
+      // position-major layout (heads = 1), which serves any split.
+      const int heads = op.as<ops::Attention>().n_head_kv;
+      mixed = mixed || (heads_seen && heads != s.kv_heads);
+      s.kv_heads = mixed ? 1 : heads;
+      heads_seen = true;
     } else if (op.kind == OpKind::CausalConvSilu) {
       s.rec_layers = std::max(s.rec_layers, l + 1);
       const int C = width(op.out);
@@ -66,6 +92,9 @@ SequenceShape sequence_shape(const DecodeProgram& p) {
     }
   }
   s.window.resize(static_cast<size_t>(s.kv_layers), 0);
+  if (s.kv_heads <= 0 || s.kv_dim % s.kv_heads != 0 || (s.v_dim > 0 ? s.v_dim : s.kv_dim) % s.kv_heads != 0)
+    fail("{}: {} KV heads do not divide the cache widths K {} / V {}", p.model_name, s.kv_heads, s.kv_dim,
+         s.v_dim > 0 ? s.v_dim : s.kv_dim);
   s.recurrent = p.recurrent;
   return s;
 }
@@ -79,6 +108,7 @@ SequenceState make_sequence_state(const SequenceShape& shape, int n_ctx, int rin
   kv.n_layer = shape.kv_layers;
   kv.kv_dim = shape.kv_dim;
   kv.v_dim = shape.v_dim;
+  kv.heads = shape.kv_heads;
   std::vector<int> lens(static_cast<size_t>(shape.kv_layers), 0);
   bool rings = false;
   if (ring_block > 0)

@@ -17,10 +17,14 @@ namespace megakern {
 
 struct DecodeProgram;
 
-// Keys and values of one sequence: [n_layer][n_ctx][kv_dim] each (n_layer
-// counts the attention layers, the ops' cache_index). V may be narrower than K
-// (MLA): v_dim floats per position then (0: kv_dim), laid out as K with v_dim
-// in place of kv_dim.
+// Keys and values of one sequence, for n_layer attention layers (the ops'
+// cache_index). Each layer is stored head-major: `heads` KV heads, each the
+// run of its positions, [heads][positions][kv_dim / heads] for K and
+// [heads][positions][v_width() / heads] for V (MLA: V may be narrower than K,
+// v_dim floats per position; 0: kv_dim). A head's keys of consecutive
+// positions are then contiguous, which the attention kernel reads in tiles
+// without gathering them first. heads = 1 is the position-major layout
+// [positions][kv_dim] (caches made by hand in tests).
 //
 // Optionally some layers are ring buffers (sliding-window attention): when
 // `ring` is non-empty, layer l keeps only its last ring[l] positions
@@ -31,24 +35,41 @@ struct KVCache {
   int n_layer = 0;
   int kv_dim = 0;
   int v_dim = 0;
+  int heads = 1;  // KV heads; divides kv_dim and v_width()
   // Zeroed, committed as positions are written (see ZeroedBuffer).
   ZeroedBuffer<float> k, v;
   int v_width() const { return v_dim > 0 ? v_dim : kv_dim; }
+  int head_k() const { return kv_dim / heads; }     // floats of one head's key
+  int head_v() const { return v_width() / heads; }  // floats of one head's value
   std::vector<int> ring;             // [n_layer] or empty
   std::vector<size_t> layer_offset;  // [n_layer + 1] when ring is set
-  float* k_at(int layer, int pos) { return k.data() + offset(layer, pos); }
-  float* v_at(int layer, int pos) { return v.data() + v_offset(offset(layer, pos)); }
+  // Positions kept by a layer's ring (0 when the layer keeps all of them).
+  int ring_len(int layer) const { return ring.empty() ? 0 : ring[static_cast<size_t>(layer)]; }
+  // Positions a layer holds, and the slot of position pos in it.
+  int kept(int layer) const { return ring_len(layer) > 0 ? ring_len(layer) : n_ctx; }
+  int slot(int layer, int pos) const { return ring_len(layer) > 0 ? pos % ring_len(layer) : pos; }
+  // First float of a layer's K (a multiple of kv_dim).
+  size_t layer_base(int layer) const {
+    return ring.empty() ? static_cast<size_t>(layer) * n_ctx * kv_dim : layer_offset[static_cast<size_t>(layer)];
+  }
   // A K offset (a multiple of kv_dim) as the matching V offset.
   size_t v_offset(size_t k_offset) const {
     return v_dim > 0 ? k_offset / static_cast<size_t>(kv_dim) * static_cast<size_t>(v_dim) : k_offset;
   }
-  size_t offset(int layer, int pos) const {
-    if (ring.empty()) return (static_cast<size_t>(layer) * n_ctx + pos) * kv_dim;
-    const int len = ring[static_cast<size_t>(layer)];
-    return layer_offset[static_cast<size_t>(layer)] + static_cast<size_t>(len > 0 ? pos % len : pos) * kv_dim;
+  // Head h's keys (values) of a layer: slot s at + s * head_k() (head_v()).
+  float* k_head(int layer, int h) {
+    return k.data() + layer_base(layer) + static_cast<size_t>(h) * kept(layer) * head_k();
   }
-  // Positions kept by a layer's ring (0 when the layer keeps all of them).
-  int ring_len(int layer) const { return ring.empty() ? 0 : ring[static_cast<size_t>(layer)]; }
+  float* v_head(int layer, int h) {
+    return v.data() + v_offset(layer_base(layer)) + static_cast<size_t>(h) * kept(layer) * head_v();
+  }
+  // Head h's key (value) of position pos.
+  float* k_at(int layer, int h, int pos) { return k_head(layer, h) + static_cast<size_t>(slot(layer, pos)) * head_k(); }
+  float* v_at(int layer, int h, int pos) { return v_head(layer, h) + static_cast<size_t>(slot(layer, pos)) * head_v(); }
+  // Writes (reads) position pos of a layer from (to) whole rows: kv_dim
+  // floats of K, v_width() of V, heads one after another.
+  void store(int layer, int pos, const float* k_row, const float* v_row);
+  void load(int layer, int pos, float* k_row, float* v_row) const;
   // Floats of k that layers [0, n) occupy (of v: v_offset of it).
   size_t floats_for(int n) const {
     if (ring.empty()) return static_cast<size_t>(n) * static_cast<size_t>(n_ctx) * static_cast<size_t>(kv_dim);
@@ -93,9 +114,10 @@ struct RecurrentState {
 
 // What a program needs of a sequence's state, independent of its length.
 struct SequenceShape {
-  // KV cache: attention layers (StoreKV ops), their K and V widths, and the
-  // sliding window of each (0: attends to every position).
-  int kv_layers = 0, kv_dim = 0, v_dim = 0;
+  // KV cache: attention layers (StoreKV ops), their K and V widths, the KV
+  // heads their attention reads (1: none named), and the sliding window of
+  // each (0: attends to every position).
+  int kv_layers = 0, kv_dim = 0, v_dim = 0, kv_heads = 1;
   std::vector<int> window;  // [kv_layers]
   // Recurrent state (0 layers: none).
   int rec_layers = 0, conv_dim = 0, conv_hist = 0, n_v_heads = 0, rec_v_dim = 0, rec_k_dim = 0;

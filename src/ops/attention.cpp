@@ -45,11 +45,7 @@ void head_norm_rope_tile(const Op& op, const StepContext& ctx, int t, int) {
 }
 
 void store_kv_tile(const Op& op, const StepContext& ctx, int t, int) {
-  const DecodeProgram& p = *ctx.program;
-  KVCache& c = *ctx.rows[t].cache;
-  const int pos = ctx.rows[t].pos;
-  std::memcpy(c.k_at(op.cache_layer(), pos), row_of(ctx, op.in, t), sizeof(float) * static_cast<size_t>(p.kv_dim));
-  std::memcpy(c.v_at(op.cache_layer(), pos), row_of(ctx, op.in2, t), sizeof(float) * static_cast<size_t>(p.v_width()));
+  ctx.rows[t].cache->store(op.cache_layer(), ctx.rows[t].pos, row_of(ctx, op.in, t), row_of(ctx, op.in2, t));
 }
 
 // Attention of step rows [r0, r1) for the query heads of part `part` of KV
@@ -80,11 +76,21 @@ void attention_tile(const Op& op_, const StepContext& ctx, int r0, int r1, int g
     a.v_dim = vd;
     a.window = op.window;
     a.scale = op.scale;
+    // KV head g's positions: their own contiguous run in a head-major cache,
+    // else every kv_dim floats of a position-major one (heads = 1).
     KvHeadView kv;
-    kv.k = cache.k_at(layer, 0) + static_cast<size_t>(g) * hd;
-    kv.v = cache.v_at(layer, 0) + static_cast<size_t>(g) * vd;
-    kv.k_stride = cache.kv_dim;
-    kv.v_stride = cache.v_width();
+    if (cache.heads == op.n_head_kv) {
+      kv.k = cache.k_head(layer, g);
+      kv.v = cache.v_head(layer, g);
+      kv.k_stride = hd;
+      kv.v_stride = vd;
+    } else {
+      MK_CHECK(cache.heads == 1, "attention over {} KV heads: the cache is laid out for {}", op.n_head_kv, cache.heads);
+      kv.k = cache.k_head(layer, 0) + static_cast<size_t>(g) * hd;
+      kv.v = cache.v_head(layer, 0) + static_cast<size_t>(g) * vd;
+      kv.k_stride = cache.kv_dim;
+      kv.v_stride = cache.v_width();
+    }
     kv.ring = cache.ring_len(layer);
     attention_block(a, kv, ctx.scalar);
     r = e;

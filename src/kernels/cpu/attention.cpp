@@ -71,14 +71,16 @@ void attention_block(const AttentionBlock& a, const KvHeadView& kv, bool scalar)
     }
   };
 
-  // A tile's keys (then values) are copied into a packed buffer first. In
-  // the cache a head's key of one position is a short run every stride
-  // floats, and strides of 4 KiB (8 KV heads of 128) put every position of
-  // the tile in the same few L1 sets, so that the rows and heads of the block
-  // would each fetch the tile again from L2. Packed, the tile stays in L1 for
-  // all of them. The values are the same floats; the bits do not change.
+  // A head-major cache (attention.h's KvHeadView: stride = the head's
+  // width) holds a tile as one contiguous run, read where it is. In a
+  // position-major one a head's key of one position is a short run every
+  // stride floats, and strides of 4 KiB (8 KV heads of 128) put every
+  // position of the tile in the same few L1 sets, so that the rows and heads
+  // of the block would each fetch the tile again from L2: there a tile's keys
+  // (then values) are first copied into a packed buffer, which stays in L1
+  // for all of them. The values are the same floats; the bits do not change.
   // A single row reads its tile once, straight from the cache.
-  const bool packing = R > 1;
+  const bool packing = R > 1 && (kv.k_stride != hd || kv.v_stride != vd);
   const int64_t ks = packing ? hd : kv.k_stride, vs = packing ? vd : kv.v_stride;
   thread_local std::vector<float> packed;
   if (packing) packed.resize(static_cast<size_t>(T) * static_cast<size_t>(std::max(hd, vd)));

@@ -10,10 +10,11 @@
 // attention_block() works through the history in tiles of positions small
 // enough for L1: every row of the block and every query head of the group
 // uses a tile's keys (then its values) before the next tile is loaded, so the
-// cache is read once per block rather than once per row and head; with
-// several rows the tile is first copied into a packed buffer (a head's rows
-// in the cache lie a KV width apart, 4 KiB in common models, which maps a
-// whole tile onto a few L1 sets). The heads of a group go two at a time
+// cache is read once per block rather than once per row and head. A
+// head-major cache (KVCache's layout: a head's positions contiguous) is read
+// in place; from a position-major one (a head's keys a KV width apart, 4 KiB
+// in common models, which maps a whole tile onto a few L1 sets) a tile used
+// by several rows is first copied into a packed buffer. The heads of a group go two at a time
 // against each tile and the softmaxes four at a time. Each
 // output is nevertheless computed exactly as attention_rows_reference()
 // computes it one row and one head at a time: the same dot product per
@@ -29,7 +30,7 @@ namespace megakern {
 
 // Where one KV head's keys and values of one layer are.
 struct KvHeadView {
-  const float* k = nullptr;  // key of slot s: k + s * k_stride (head_dim floats)
+  const float* k = nullptr;  // key of slot s: k + s * k_stride (head_dim floats; head-major cache: stride = head_dim)
   const float* v = nullptr;  // value of slot s: v + s * v_stride (v_dim floats)
   int64_t k_stride = 0, v_stride = 0;
   int ring = 0;  // 0: position p is slot p; else slot p % ring (the layer keeps `ring` positions)

@@ -156,26 +156,43 @@ void dot_f32_rows2_avx2(const float* a0, const float* a1, const float* x, int64_
   }
 }
 
+namespace {
+
+// NV vectors (8 NV elements) of both outputs from element i on, over all
+// rows: 2 NV accumulators, each row's vectors loaded once for both.
+template <int NV>
+__attribute__((always_inline)) inline void axpy2_block(const float* w0, const float* w1, const float* x, int64_t stride,
+                                                       int64_t rows, float* y0, float* y1) {
+  __m256 a[NV], b[NV];
+  for (int k = 0; k < NV; ++k) a[k] = _mm256_loadu_ps(y0 + 8 * k), b[k] = _mm256_loadu_ps(y1 + 8 * k);
+  for (int64_t p = 0; p < rows; ++p) {
+    const __m256 u = _mm256_set1_ps(w0[p]), v = _mm256_set1_ps(w1[p]);
+    const float* xp = x + p * stride;
+    for (int k = 0; k < NV; ++k) {
+      const __m256 e = _mm256_loadu_ps(xp + 8 * k);
+      a[k] = _mm256_fmadd_ps(u, e, a[k]);
+      b[k] = _mm256_fmadd_ps(v, e, b[k]);
+    }
+  }
+  for (int k = 0; k < NV; ++k) _mm256_storeu_ps(y0 + 8 * k, a[k]), _mm256_storeu_ps(y1 + 8 * k, b[k]);
+}
+
+}  // namespace
+
 void axpy_f32_rows2_avx2(const float* w0, const float* w1, const float* x, int64_t stride, int64_t rows, float* y0,
                          float* y1, int64_t n) {
-  // 32 elements of both outputs in registers; each row's 32 elements are
-  // loaded once for both. Per element, the same fused multiply-adds in the
-  // same order as axpy_f32_rows_avx2 (and repeated axpy_f32_avx2).
+  // Both outputs' elements in registers, 48 at a time (twelve accumulators:
+  // each gets one FMA per row, so eight of them, 32 elements, left the FMA
+  // units waiting on their latency) or 32. Per element, the same fused
+  // multiply-adds in the same order as axpy_f32_rows_avx2 (and repeated
+  // axpy_f32_avx2).
+  // As many 48-element blocks as leave a multiple of 32 (128: 48 + 48 +
+  // 32; 64: 32 + 32), so no element falls to the one-row tail loop.
+  int64_t n48 = n / 48;
+  while (n48 > 0 && (n - 48 * n48) % 32 != 0) --n48;
   int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    __m256 a[4], b[4];
-    for (int k = 0; k < 4; ++k) a[k] = _mm256_loadu_ps(y0 + i + 8 * k), b[k] = _mm256_loadu_ps(y1 + i + 8 * k);
-    for (int64_t p = 0; p < rows; ++p) {
-      const __m256 u = _mm256_set1_ps(w0[p]), v = _mm256_set1_ps(w1[p]);
-      const float* xp = x + p * stride + i;
-      for (int k = 0; k < 4; ++k) {
-        const __m256 e = _mm256_loadu_ps(xp + 8 * k);
-        a[k] = _mm256_fmadd_ps(u, e, a[k]);
-        b[k] = _mm256_fmadd_ps(v, e, b[k]);
-      }
-    }
-    for (int k = 0; k < 4; ++k) _mm256_storeu_ps(y0 + i + 8 * k, a[k]), _mm256_storeu_ps(y1 + i + 8 * k, b[k]);
-  }
+  for (; i < 48 * n48; i += 48) axpy2_block<6>(w0, w1, x + i, stride, rows, y0 + i, y1 + i);
+  for (; i + 32 <= n; i += 32) axpy2_block<4>(w0, w1, x + i, stride, rows, y0 + i, y1 + i);
   if (i < n) {
     for (int64_t p = 0; p < rows; ++p) axpy_f32_avx2(w0[p], x + p * stride + i, y0 + i, n - i);
     for (int64_t p = 0; p < rows; ++p) axpy_f32_avx2(w1[p], x + p * stride + i, y1 + i, n - i);
