@@ -119,16 +119,20 @@ TEST(F32Tiled, EqualsDotOfReferenceDequantisation) {
 }
 
 // Through the public entry point: matmul_rows picks the tiled kernel from
-// kF32TiledMinInputs inputs on; the outputs stay those of one input alone.
+// f32_tiled_min_inputs() inputs on (counts below, at and above it); the
+// outputs stay those of one input alone.
 TEST(F32Tiled, MatmulRowsIndependentOfBatch) {
-  const int64_t cols = 1027, rows = 29, n_x = kF32TiledMinInputs + 5;
+  const int64_t cols = 1027, rows = 29, m = f32_tiled_min_inputs();
   const Weights W = make_weights(DType::F16, rows, cols, 4, 1);
-  const auto xbuf = make_x(n_x, cols, 6, 0);
-  std::vector<float> all((size_t)(n_x * rows)), one((size_t)rows);
-  matmul_rows(W.view, xbuf.data(), n_x, all.data(), rows, 0, rows);
-  for (int64_t t = 0; t < n_x; ++t) {
-    matmul_rows(W.view, xbuf.data() + t * cols, 1, one.data(), rows, 0, rows);
-    ASSERT_EQ(std::memcmp(one.data(), all.data() + t * rows, sizeof(float) * (size_t)rows), 0) << "input " << t;
+  for (int64_t n_x : {std::max<int64_t>(1, m - 1), m, m + 1, m + 5}) {
+    const auto xbuf = make_x(n_x, cols, 6, 0);
+    std::vector<float> all((size_t)(n_x * rows)), one((size_t)rows);
+    matmul_rows(W.view, xbuf.data(), n_x, all.data(), rows, 0, rows);
+    for (int64_t t = 0; t < n_x; ++t) {
+      matmul_rows(W.view, xbuf.data() + t * cols, 1, one.data(), rows, 0, rows);
+      ASSERT_EQ(std::memcmp(one.data(), all.data() + t * rows, sizeof(float) * (size_t)rows), 0)
+          << n_x << " inputs, input " << t;
+    }
   }
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <vector>
 
 #include "core/error.h"
@@ -61,6 +62,18 @@ void rows_fast(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t
 
 }  // namespace
 
+int64_t f32_tiled_min_inputs() {
+  static const int64_t n = [] {
+    const char* e = std::getenv("MEGAKERN_F32_TILED_MIN");
+    if (e == nullptr || *e == 0) return kF32TiledMinInputs;
+    char* end = nullptr;
+    const long v = std::strtol(e, &end, 10);
+    MK_CHECK(*end == 0 && v >= 1 && v <= (1L << 30), "MEGAKERN_F32_TILED_MIN must be a positive integer, got '{}'", e);
+    return static_cast<int64_t>(v);
+  }();
+  return n;
+}
+
 void dequantize_row(const MatView& W, int64_t j, float* dst) {
   dequantize_row_fast(W.type, W.row(j), dst, W.cols);
 }
@@ -106,7 +119,7 @@ void matmul_rows(const MatView& W, const float* X, int64_t n_x, float* Y, int64_
     rows_prepared(W, X, &acts, n_x, Y, ldy, row_begin, row_end);
     return;
   }
-  if (use_avx2() && f32_path_avx2_supports(W.type) && n_x >= kF32TiledMinInputs) {
+  if (use_avx2() && f32_path_avx2_supports(W.type) && n_x >= f32_tiled_min_inputs()) {
     // The tiled kernel's packed inputs, made once per key like the
     // quantised ones above (the same bits as packing them per call).
     thread_local TiledF32Inputs packed;

@@ -79,7 +79,7 @@ bool f32_path_avx2_supports(DType t) {
 
 void matmul_rows_f32_avx2(const MatView& W, const float* X, int64_t n_x, float* Y, int64_t ldy, int64_t rb,
                           int64_t re) {
-  if (n_x >= kF32TiledMinInputs)  // same bits, register-blocked (matmul_f32_tiled.h)
+  if (n_x >= f32_tiled_min_inputs())  // same bits, register-blocked (matmul_f32_tiled.h)
     matmul_rows_f32_tiled_avx2(W, X, n_x, Y, ldy, rb, re);
   else
     matmul_rows_f32_rowwise_avx2(W, X, n_x, Y, ldy, rb, re);

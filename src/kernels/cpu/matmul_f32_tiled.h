@@ -59,10 +59,17 @@ void matmul_rows_f32_tiled_avx2(const MatView& W, const float* X, int64_t n_x, f
 void matmul_rows_f32_rowwise_avx2(const MatView& W, const float* X, int64_t n_x, float* Y, int64_t ldy, int64_t rb,
                                   int64_t re);
 
-// matmul_rows_f32_avx2 uses the tiled kernel from this many inputs on. Below
-// it the panel's packing is shared by too few inputs: against the row-by-row
-// kernel (F16, 1024-4096 columns, one thread, weights in L3) the tiled one
-// was level at 4 inputs, 1.05-1.4x at 8, 1.5x at 12.
-constexpr int64_t kF32TiledMinInputs = 8;
+// matmul_rows_f32_avx2 uses the tiled kernel from this many inputs on. The
+// row-by-row kernel goes over a tile of rows once per pair of inputs,
+// decoding it again each time; the tiled one decodes it once. One thread,
+// weights in L3, best of 3-5 (ms per matrix, row-by-row -> tiled): BF16
+// 1024 x 1024, 3 inputs 0.337 -> 0.217, 4: 0.344 -> 0.226, 7: 0.474 ->
+// 0.299; BF16 2048 x 2048, 3: 1.25 -> 0.96; F16 2048 x 4096, 3: 2.16 ->
+// 2.15, 4: 2.36 -> 2.19. At 2 inputs neither wins everywhere (F16 1024
+// columns: 0.235 -> 0.209; 4096 columns: 1.82 -> 2.21).
+constexpr int64_t kF32TiledMinInputs = 3;
+// The threshold in use: kF32TiledMinInputs, or MEGAKERN_F32_TILED_MIN when
+// set (A/B runs and tests; the bits are the same either way).
+int64_t f32_tiled_min_inputs();
 
 }  // namespace megakern
