@@ -28,7 +28,7 @@ void rows_prepared(const MatView& W, const float* X, const QuantizedActs* A, int
                    int64_t row_begin, int64_t row_end) {
   if (A != nullptr) {
     if (use_avx2())
-      matmul_rows_i16_avx2(W, *A, Y, ldy, row_begin, row_end);
+      (cpu_features().avxvnni ? matmul_rows_i16_vnni : matmul_rows_i16_avx2)(W, *A, Y, ldy, row_begin, row_end);
     else
       matmul_rows_i16_ref(W, *A, Y, ldy, row_begin, row_end);
     return;
