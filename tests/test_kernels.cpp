@@ -1103,21 +1103,23 @@ TEST(Kernels, ActsKeyReusesQuantisedInputsOnlyForTheSameKey) {
 }
 
 TEST(FastKernels, ActivationQuantisation) {
-  for (int64_t block : {32, 256}) {
-    const int64_t cols = 512;
+  // 512 columns: whole groups of eight 32-blocks (the AVX2 version's
+  // vectorised path); 544: one more block, taken alone.
+  for (const auto& [block, cols] : {std::pair<int64_t, int64_t>{32, 512}, {32, 544}, {256, 512}}) {
     auto x = make_inputs(3, cols, 19, 0);
     for (int i = 0; i < 32; ++i) x[(size_t)(32 + i)] = 0.0f;              // a zero 32-block
     for (int i = 0; i < 32; ++i) x[(size_t)(64 + i)] = 1e-40f * (float)i;  // subnormals
     for (int i = 0; i < 32; ++i) x[(size_t)(cols + 96 + i)] = 3e37f * (float)(i - 16);
     x[(size_t)(2 * cols + 300)] = NAN;
+    x[(size_t)(2 * cols - 10)] = INFINITY;  // row 1's last block (544 columns: the block taken alone)
     Q8Acts a, b;
     quantize_q8_acts_scalar(x.data(), 3, cols, block, a);
     if (use_avx2()) {
       quantize_q8_acts_avx2(x.data(), 3, cols, block, b);
-      ASSERT_EQ(std::memcmp(a.q.data(), b.q.data(), (size_t)(3 * cols)), 0) << block;
-      ASSERT_EQ(std::memcmp(a.d.data(), b.d.data(), (size_t)(3 * a.nb) * 4), 0) << block;
-      ASSERT_EQ(std::memcmp(a.sx.data(), b.sx.data(), (size_t)(3 * a.nb) * 4), 0) << block;
-      ASSERT_EQ(std::memcmp(a.s16.data(), b.s16.data(), (size_t)(3 * cols / 16) * 2), 0) << block;
+      ASSERT_EQ(std::memcmp(a.q.data(), b.q.data(), (size_t)(3 * cols)), 0) << block << " " << cols;
+      ASSERT_EQ(std::memcmp(a.d.data(), b.d.data(), (size_t)(3 * a.nb) * 4), 0) << block << " " << cols;
+      ASSERT_EQ(std::memcmp(a.sx.data(), b.sx.data(), (size_t)(3 * a.nb) * 4), 0) << block << " " << cols;
+      ASSERT_EQ(std::memcmp(a.s16.data(), b.s16.data(), (size_t)(3 * cols / 16) * 2), 0) << block << " " << cols;
     }
     // Independent checks of the scalar version: the grid, the rounding, the sums.
     for (int64_t t = 0; t < 3; ++t) {

@@ -433,61 +433,137 @@ void fastk_rows(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_
 
 }  // namespace
 
+namespace {
+
+// The codes of a block of `block` values at x: round-to-nearest-even of x
+// times idv (1 / d, as quantize_q8_acts_scalar computes it), as int8.
+inline void q8_block_values(const float* x, int64_t block, __m256 idv, int8_t* q) {
+  for (int64_t i = 0; i < block; i += 32) {
+    __m256i qi[4];
+    for (int u = 0; u < 4; ++u) qi[u] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i + 8 * u), idv));
+    // packs interleave 128-bit lanes; the permute restores element order.
+    const __m256i w01 = _mm256_packs_epi32(qi[0], qi[1]), w23 = _mm256_packs_epi32(qi[2], qi[3]);
+    const __m256i b = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w01, w23), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + i), b);
+  }
+}
+
+// The eight sums of four of a 32-byte group of codes (lanes 0..3: elements
+// 0..15, lanes 4..7: 16..31), by vpmaddubsw (1 * q) and vpmaddwd, in-lane.
+inline __m256i q8_sums4(const int8_t* q) {
+  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), b), _mm256_set1_epi16(1));
+}
+
+// Absolute maximum and finiteness of a block.
+inline float q8_block_amax(const float* x, int64_t block, bool& finite) {
+  const __m256 sign = _mm256_set1_ps(-0.0f), inf = _mm256_set1_ps(INFINITY);
+  __m256 m = _mm256_setzero_ps();
+  int ok = 0xff;
+  for (int64_t i = 0; i < block; i += 8) {
+    const __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i));
+    ok &= _mm256_movemask_ps(_mm256_cmp_ps(a, inf, _CMP_LT_OQ));
+    m = _mm256_max_ps(m, a);
+  }
+  finite = ok == 0xff;
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+  return _mm_cvtss_f32(m4);  // max is exact: any order gives the same value
+}
+
+// Block k of row t, one at a time (256-element blocks, and the 32-element
+// blocks left after the groups of eight).
+void q8_one_block(const float* x, int64_t block, int8_t* q, int16_t* s16, float& d_out, float& sx_out) {
+  bool finite;
+  const float amax = q8_block_amax(x, block, finite);
+  float d = amax / 127.0f;
+  float id = d != 0.0f ? 1.0f / d : 0.0f;
+  if (std::isinf(id)) d = id = 0.0f;
+  if (!finite) {
+    std::memset(q, 0, (size_t)block);
+    std::memset(s16, 0, sizeof(int16_t) * (size_t)(block / 16));
+    d_out = NAN;
+    sx_out = NAN;  // NaN * 0
+    return;
+  }
+  q8_block_values(x, block, _mm256_set1_ps(id), q);
+  int32_t total = 0;
+  for (int64_t i = 0; i < block; i += 32) {
+    alignas(32) int32_t s4[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(s4), q8_sums4(q + i));
+    const int32_t lo = (s4[0] + s4[1]) + (s4[2] + s4[3]), hi = (s4[4] + s4[5]) + (s4[6] + s4[7]);
+    s16[i / 16] = (int16_t)lo;
+    s16[i / 16 + 1] = (int16_t)hi;
+    total += lo + hi;
+  }
+  d_out = d;
+  sx_out = d * (float)total;
+}
+
+}  // namespace
+
 // Same arithmetic as quantize_q8_acts_scalar (qmatmul_fast.cpp), vectorised.
+// 32-element blocks go eight at a time: their scales and inverses are one
+// vector division each (exactly rounded, as the scalar ones), and their sums
+// of 16 come out of a tree of vphaddd over four blocks. Integer sums are
+// exact in any order; everything else is the scalar code's operation.
 void quantize_q8_acts_avx2(const float* X, int64_t n_x, int64_t cols, int64_t block, Q8Acts& A) {
   prepare_q8_acts(n_x, cols, block, A);
-  const __m256 sign = _mm256_set1_ps(-0.0f), inf = _mm256_set1_ps(INFINITY);
-  const __m256i ones8 = _mm256_set1_epi8(1);
-  const __m256i ones16 = _mm256_set1_epi16(1);
-  const int64_t nv = block / 8;
+  const int64_t groups = block == 32 ? A.nb / 8 : 0;
+  const __m256 zero = _mm256_setzero_ps(), inf = _mm256_set1_ps(INFINITY), c127 = _mm256_set1_ps(127.0f);
   for (int64_t t = 0; t < n_x; ++t) {
-    for (int64_t k = 0; k < A.nb; ++k) {
-      const float* x = X + t * cols + block * k;
-      int8_t* q = A.q.data() + t * cols + block * k;
-      int16_t* s16 = A.s16.data() + (t * cols + block * k) / 16;
-      __m256 m = _mm256_setzero_ps();
-      int finite = 0xff;
-      for (int64_t i = 0; i < nv; ++i) {
-        const __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(x + 8 * i));
-        finite &= _mm256_movemask_ps(_mm256_cmp_ps(a, inf, _CMP_LT_OQ));
-        m = _mm256_max_ps(m, a);
+    const float* xr = X + t * cols;
+    int8_t* qr = A.q.data() + t * cols;
+    int16_t* sr = A.s16.data() + t * cols / 16;
+    float* dr = A.d.data() + t * A.nb;
+    float* sxr = A.sx.data() + t * A.nb;
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t k0 = 8 * g;
+      alignas(32) float amax[8];
+      int finite = 0;
+      for (int b = 0; b < 8; ++b) {
+        bool ok;
+        amax[b] = q8_block_amax(xr + 32 * (k0 + b), 32, ok);
+        finite |= ok ? 1 << b : 0;
       }
-      __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-      m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-      m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-      const float amax = _mm_cvtss_f32(m4);
-      float d = amax / 127.0f;
-      float id = d != 0.0f ? 1.0f / d : 0.0f;
-      if (std::isinf(id)) d = id = 0.0f;
-      const size_t kb = (size_t)(t * A.nb + k);
-      if (finite != 0xff) {
-        std::memset(q, 0, (size_t)block);
-        std::memset(s16, 0, sizeof(int16_t) * (size_t)(block / 16));
-        A.d[kb] = NAN;
-        A.sx[kb] = NAN;  // NaN * 0
-        continue;
+      __m256 d = _mm256_div_ps(_mm256_load_ps(amax), c127);
+      __m256 id = _mm256_and_ps(_mm256_cmp_ps(d, zero, _CMP_NEQ_OQ), _mm256_div_ps(_mm256_set1_ps(1.0f), d));
+      const __m256 tiny = _mm256_cmp_ps(id, inf, _CMP_EQ_OQ);  // 1 / d overflowed: the block is zeros
+      d = _mm256_andnot_ps(tiny, d);
+      id = _mm256_andnot_ps(tiny, id);
+      alignas(32) float idb[8];
+      _mm256_store_ps(idb, id);
+      for (int b = 0; b < 8; ++b) q8_block_values(xr + 32 * (k0 + b), 32, _mm256_set1_ps(idb[b]), qr + 32 * (k0 + b));
+      // Sums of 16 and totals, four blocks at a time: after two rounds of
+      // vphaddd, lanes hold [A0..15, B0..15, C0..15, D0..15 | A16..31, ...].
+      alignas(32) int32_t tot[8];
+      for (int h = 0; h < 2; ++h) {
+        const int8_t* q = qr + 32 * (k0 + 4 * h);
+        const __m256i ab = _mm256_hadd_epi32(q8_sums4(q), q8_sums4(q + 32));
+        const __m256i cd = _mm256_hadd_epi32(q8_sums4(q + 64), q8_sums4(q + 96));
+        const __m256i s = _mm256_hadd_epi32(ab, cd);
+        // [A lo, A hi, B lo, B hi, ...] as int16 (each sum of 16 fits).
+        const __m256i pairs = _mm256_permutevar8x32_epi32(s, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        const __m128i p16 = _mm_packs_epi32(_mm256_castsi256_si128(pairs), _mm256_extracti128_si256(pairs, 1));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(sr + 2 * (k0 + 4 * h)), p16);
+        _mm_store_si128(reinterpret_cast<__m128i*>(tot + 4 * h),
+                        _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1)));
       }
-      const __m256 idv = _mm256_set1_ps(id);
-      __m128i total = _mm_setzero_si128();
-      for (int64_t i = 0; i < block; i += 32) {
-        __m256i qi[4];
-        for (int u = 0; u < 4; ++u) qi[u] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i + 8 * u), idv));
-        // packs interleave 128-bit lanes; the permutes restore element order.
-        const __m256i w01 = _mm256_packs_epi32(qi[0], qi[1]), w23 = _mm256_packs_epi32(qi[2], qi[3]);
-        const __m256i b = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w01, w23), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + i), b);
-        // Sums of 16: pairs by vpmaddubsw (1 * q), then vpmaddwd, in-lane.
-        const __m256i s4 = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, b), ones16);  // 8 sums of 4
-        const __m128i s8 = _mm_hadd_epi32(_mm256_castsi256_si128(s4), _mm256_extracti128_si256(s4, 1));  // 4 of 8
-        const __m128i s16v = _mm_hadd_epi32(s8, s8);  // sums of 16: elements 0..15, 16..31 (twice)
-        s16[i / 16] = (int16_t)_mm_cvtsi128_si32(s16v);
-        s16[i / 16 + 1] = (int16_t)_mm_extract_epi32(s16v, 1);
-        total = _mm_add_epi32(total, s16v);
-      }
-      A.d[kb] = d;
-      const int32_t tot = _mm_cvtsi128_si32(total) + _mm_extract_epi32(total, 1);
-      A.sx[kb] = d * (float)tot;
+      const __m256 sx = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(tot))));
+      _mm256_storeu_ps(dr + k0, d);
+      _mm256_storeu_ps(sxr + k0, sx);
+      if (finite != 0xff)  // blocks holding inf or NaN, as the scalar code leaves them
+        for (int b = 0; b < 8; ++b)
+          if (!(finite >> b & 1)) {
+            std::memset(qr + 32 * (k0 + b), 0, 32);
+            std::memset(sr + 2 * (k0 + b), 0, 4);
+            dr[k0 + b] = NAN;
+            sxr[k0 + b] = NAN;
+          }
     }
+    for (int64_t k = 8 * groups; k < A.nb; ++k)
+      q8_one_block(xr + block * k, block, qr + block * k, sr + block * k / 16, dr[k], sxr[k]);
   }
 }
 
