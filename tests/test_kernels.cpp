@@ -528,20 +528,24 @@ TEST(Kernels, ActivationQuantisation) {
 
 TEST(Kernels, ActivationQuantisationIsaIndependent) {
   if (!use_avx2()) GTEST_SKIP() << "no AVX2";
-  const int64_t cols = 32 * 40;
-  auto x = make_inputs(3, cols, 21, 0);
-  for (int i = 0; i < 32; ++i) x[(size_t)(32 + i)] = 0.0f;              // zero block
-  for (int i = 0; i < 32; ++i) x[(size_t)(64 + i)] = 1e-40f * (float)i;  // subnormals
-  for (int i = 0; i < 32; ++i) x[(size_t)(96 + i)] = 3e37f * (float)(i - 16);
-  x[200] = -INFINITY;
-  x[300] = NAN;
-  x[400] = 0.5f * 32767.0f / 32767.0f;  // a value on a rounding tie is possible; compare bits anyway
-  QuantizedActs a, b;
-  quantize_acts_scalar(x.data(), 3, cols, a);
-  quantize_acts_avx2(x.data(), 3, cols, b);
-  ASSERT_EQ(std::memcmp(a.q.data(), b.q.data(), (size_t)(3 * cols) * 2), 0);
-  ASSERT_EQ(std::memcmp(a.d.data(), b.d.data(), (size_t)(3 * a.nb) * 4), 0);
-  ASSERT_EQ(std::memcmp(a.s.data(), b.s.data(), (size_t)(3 * a.nb * 8) * 4), 0);
+  // 40 blocks a row: whole groups of eight for the AVX2 version; 43: a
+  // group of three at the end.
+  for (const int64_t cols : {int64_t{32 * 40}, int64_t{32 * 43}}) {
+    auto x = make_inputs(3, cols, 21, 0);
+    for (int i = 0; i < 32; ++i) x[(size_t)(32 + i)] = 0.0f;              // zero block
+    for (int i = 0; i < 32; ++i) x[(size_t)(64 + i)] = 1e-40f * (float)i;  // subnormals
+    for (int i = 0; i < 32; ++i) x[(size_t)(96 + i)] = 3e37f * (float)(i - 16);
+    x[200] = -INFINITY;
+    x[300] = NAN;
+    x[(size_t)(cols - 5)] = INFINITY;  // the last group's last block
+    x[400] = 0.5f * 32767.0f / 32767.0f;  // a value on a rounding tie is possible; compare bits anyway
+    QuantizedActs a, b;
+    quantize_acts_scalar(x.data(), 3, cols, a);
+    quantize_acts_avx2(x.data(), 3, cols, b);
+    ASSERT_EQ(std::memcmp(a.q.data(), b.q.data(), (size_t)(3 * cols) * 2), 0);
+    ASSERT_EQ(std::memcmp(a.d.data(), b.d.data(), (size_t)(3 * a.nb) * 4), 0);
+    ASSERT_EQ(std::memcmp(a.s.data(), b.s.data(), (size_t)(3 * a.nb * 8) * 4), 0);
+  }
 }
 
 // The vector GLU activations against the C library formulas: within

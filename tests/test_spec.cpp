@@ -155,24 +155,53 @@ TEST(SpecNgram, GradesByTheWholeMatchAndRepeatsAShortPeriod) {
 }
 
 // The plain definition of what NgramDrafter proposes: the longest suffix of
-// n = max_n..min_n tokens found earlier, its most recent occurrence, the
-// continuation copied on (periodically) to k tokens.
+// n = max_n..min_n tokens found earlier, its most recent occurrence (for a
+// max_n suffix: of its last 8 occurrences, the one agreeing furthest back
+// with the context's end), the continuation copied on (periodically) to k
+// tokens.
 Draft ngram_by_search(const std::vector<int32_t>& c, int max_n, int min_n, int k) {
   Draft out;
   const int L = static_cast<int>(c.size());
-  for (int n = std::min(max_n, L - 1); n >= min_n; --n)
+  auto agreement = [&](int p, int n) {
+    int match = n;
+    while (match < Draft::kMaxMatch && p - match >= 0 && c[static_cast<size_t>(p - match)] == c[static_cast<size_t>(L - 1 - match)])
+      ++match;
+    return match;
+  };
+  for (int n = std::min(max_n, L - 1); n >= min_n; --n) {
+    // Occurrences of the n-token suffix, most recent first; a full-length
+    // (max_n) suffix takes the one of its last 8 that agrees furthest back.
+    int best = -1, best_match = 0, seen = 0;
     for (int p = L - 2; p >= n - 1; --p) {
       if (!std::equal(c.end() - n, c.end(), c.begin() + (p - n + 1))) continue;
-      int match = n;
-      while (match < Draft::kMaxMatch && p - match >= 0 && c[static_cast<size_t>(p - match)] == c[static_cast<size_t>(L - 1 - match)])
-        ++match;
-      out.match = match;
-      std::vector<int32_t> ext = c;
-      for (int i = 0; i < k; ++i) ext.push_back(ext[static_cast<size_t>(p + 1 + i)]);
-      out.tokens.assign(ext.begin() + L, ext.end());
-      return out;
+      const int match = agreement(p, n);
+      if (match > best_match) best = p, best_match = match;
+      if (n < max_n || ++seen == 8) break;
     }
+    if (best < 0) continue;
+    out.match = best_match;
+    std::vector<int32_t> ext = c;
+    for (int i = 0; i < k; ++i) ext.push_back(ext[static_cast<size_t>(best + 1 + i)]);
+    out.tokens.assign(ext.begin() + L, ext.end());
+    return out;
+  }
   return out;
+}
+
+// Of several occurrences of the last max_n tokens, the proposal follows the
+// one whose preceding text agrees longest with the context's, not simply the
+// most recent: here "5 1 2 3" earlier and "9 1 2 3" later, context ending "5
+// 1 2 3".
+TEST(SpecNgram, FollowsTheOccurrenceThatAgreesFurthestBack) {
+  NgramDrafter d(3, 1);
+  Draft out;
+  d.propose({5, 1, 2, 3, 40, 41, 9, 1, 2, 3, 50, 51, 7, 5, 1, 2, 3}, 2, out);
+  EXPECT_EQ(out.tokens, (std::vector<int32_t>{40, 41}));
+  EXPECT_EQ(out.match, 4);
+  // Equal agreement: the most recent.
+  d.propose({8, 1, 2, 3, 40, 41, 9, 1, 2, 3, 50, 51, 7, 6, 1, 2, 3}, 2, out);
+  EXPECT_EQ(out.tokens, (std::vector<int32_t>{50, 51}));
+  EXPECT_EQ(out.match, 3);
 }
 
 // The incremental index proposes what a search of the whole context would,

@@ -52,6 +52,7 @@ void NgramDrafter::reset() {
   seen_.clear();
   indexed_ = 0;
   last_end_.clear();
+  prev_end_.clear();
 }
 
 void NgramDrafter::index(const std::vector<int32_t>& context) {
@@ -62,11 +63,19 @@ void NgramDrafter::index(const std::vector<int32_t>& context) {
   if (seen_.size() > context.size() || !std::equal(seen_.begin(), seen_.end(), context.begin())) reset();
   seen_.insert(seen_.end(), context.begin() + static_cast<std::ptrdiff_t>(seen_.size()), context.end());
   // n-grams ending at p <= L - 2 have a token after them to propose.
+  prev_end_.resize(static_cast<size_t>(std::max(L - 1, 0)), -1);
   for (int p = indexed_; p <= L - 2; ++p) {
     uint64_t h = kSeed;
     for (int n = 1; n <= max_n_ && n <= p + 1; ++n) {
       h = mix(h, context[static_cast<size_t>(p - n + 1)]);
-      if (n >= min_n_) last_end_[h] = p;  // later positions overwrite: the most recent is kept
+      if (n < min_n_) continue;
+      // Later positions overwrite: the most recent is kept; for max_n-grams
+      // the one it replaces is chained behind it.
+      auto [it, fresh] = last_end_.try_emplace(h, p);
+      if (!fresh) {
+        if (n == max_n_) prev_end_[static_cast<size_t>(p)] = it->second;
+        it->second = p;
+      }
     }
   }
   indexed_ = std::max(indexed_, L - 1);
@@ -86,13 +95,26 @@ void NgramDrafter::propose(const std::vector<int32_t>& context, int k, Draft& ou
   // text is repeating than a match of fewer. The index holds the most recent
   // occurrence (text being copied tends to be the latest).
   const int32_t* ctx = context.data();
+  // How far back the context's end and the text ending at p agree (0: not
+  // even the n-gram, a hash collision).
+  auto agreement = [&](int p, int n) {
+    if (p - n + 1 < 0 || !std::equal(ctx + (L - n), ctx + L, ctx + (p - n + 1))) return 0;
+    int match = n;
+    while (match < Draft::kMaxMatch && p - match >= 0 && ctx[p - match] == ctx[L - 1 - match]) ++match;
+    return match;
+  };
   for (int n = top; n >= min_n_; --n) {
     const auto it = last_end_.find(hashes[n]);
     if (it == last_end_.end()) continue;
-    const int p = it->second;  // the occurrence ends at p < L - 1
-    if (p - n + 1 < 0 || !std::equal(ctx + (L - n), ctx + L, ctx + (p - n + 1))) continue;  // a hash collision
-    int match = n;
-    while (match < Draft::kMaxMatch && p - match >= 0 && ctx[p - match] == ctx[L - 1 - match]) ++match;
+    int p = it->second;  // the occurrence ends at p < L - 1
+    int match = agreement(p, n);
+    // Full-length n-grams: of the last kCandidates occurrences, the one that
+    // agrees furthest back (the most recent among equals).
+    if (n == max_n_)
+      for (int q = prev_end_[static_cast<size_t>(p)], c = 1; q >= 0 && c < kCandidates;
+           q = prev_end_[static_cast<size_t>(q)], ++c)
+        if (const int m = agreement(q, n); m > match) p = q, match = m;
+    if (match == 0) continue;
     out.match = match;
     // Copy what followed the occurrence; past the context's end the copy
     // reads the proposal itself (position L + i is proposal token i).

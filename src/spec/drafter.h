@@ -111,8 +111,9 @@ class Drafter {
 // sequence) is indexed afresh.
 //
 // A proposal continues the longest suffix of the context (n = max_n first)
-// found earlier in it, at its most recent occurrence: the tokens that
-// followed that occurrence, up to k. When they run into the end of the
+// found earlier in it: at the most recent occurrence, or for a max_n-gram at
+// the one of its last kCandidates occurrences that agrees furthest back with
+// the context's end; the tokens that followed that occurrence, up to k. When they run into the end of the
 // context the copy goes on from the proposal itself (the text repeating with
 // the period the match implies). Draft::match is the length of the agreement
 // between the context's end and the occurrence, counted back past max_n (up
@@ -135,6 +136,10 @@ class NgramDrafter final : public Drafter {
   std::vector<int32_t> seen_;  // the context the index was built from
   int indexed_ = 0;            // n-grams ending before this position are indexed
   std::unordered_map<uint64_t, int32_t> last_end_;  // hash of (n, n-gram) -> most recent end position
+  // For positions p where a max_n-gram ends: the previous end of the same
+  // max_n-gram (or of one with the same hash), -1 if none.
+  std::vector<int32_t> prev_end_;
+  static constexpr int kCandidates = 8;  // occurrences of a max_n-gram compared per proposal
 };
 
 // The program a self-drafter runs: `program` with the ops of every layer l

@@ -8,49 +8,68 @@
 
 namespace megakern {
 
-// Same arithmetic as quantize_acts_scalar (qmatmul.cpp), vectorised.
+// Same arithmetic as quantize_acts_scalar (qmatmul.cpp), vectorised. The
+// blocks of a row go eight at a time: their scales and inverses are one
+// vector division each (exactly rounded, as the scalar ones) rather than two
+// scalar divisions per block.
 void quantize_acts_avx2(const float* X, int64_t n_x, int64_t cols, QuantizedActs& A) {
   prepare_acts(n_x, cols, A);
-  const __m256 sign = _mm256_set1_ps(-0.0f), inf = _mm256_set1_ps(INFINITY);
+  const __m256 sign = _mm256_set1_ps(-0.0f), inf = _mm256_set1_ps(INFINITY), zero = _mm256_setzero_ps();
+  const __m256 c32767 = _mm256_set1_ps(32767.0f);
   const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t t = 0; t < n_x; ++t) {
-    for (int64_t k = 0; k < A.nb; ++k) {
-      const float* x = X + t * cols + 32 * k;
-      __m256 v[4], a[4];
-      int finite = 0xff;
-      for (int i = 0; i < 4; ++i) {
-        v[i] = _mm256_loadu_ps(x + 8 * i);
-        a[i] = _mm256_andnot_ps(sign, v[i]);
-        finite &= _mm256_movemask_ps(_mm256_cmp_ps(a[i], inf, _CMP_LT_OQ));
+    for (int64_t k0 = 0; k0 < A.nb; k0 += 8) {
+      const int nblk = (int)std::min<int64_t>(8, A.nb - k0);
+      alignas(32) float amax[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      int finite = 0;
+      for (int b = 0; b < nblk; ++b) {
+        const float* x = X + t * cols + 32 * (k0 + b);
+        __m256 m = zero;
+        int ok = 0xff;
+        for (int i = 0; i < 4; ++i) {
+          const __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(x + 8 * i));
+          ok &= _mm256_movemask_ps(_mm256_cmp_ps(a, inf, _CMP_LT_OQ));
+          m = _mm256_max_ps(m, a);
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        amax[b] = _mm_cvtss_f32(m4);  // max is exact: any order gives the same value
+        finite |= ok == 0xff ? 1 << b : 0;
       }
-      __m256 m = _mm256_max_ps(_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3]));
-      __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-      m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-      m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-      const float amax = _mm_cvtss_f32(m4);
-      float d = amax / 32767.0f;
-      float id = d != 0.0f ? 1.0f / d : 0.0f;
-      if (std::isinf(id)) d = id = 0.0f;  // as the scalar version
-      int16_t* q = A.q.data() + t * cols + 32 * k;
-      float* s = A.s.data() + (t * A.nb + k) * 8;
-      if (finite != 0xff) {
-        d = NAN;
-        std::memset(q, 0, 64);
-        _mm256_storeu_ps(s, _mm256_set1_ps(NAN));  // d * 0
-        A.d[(size_t)(t * A.nb + k)] = d;
-        continue;
+      // d = amax / 32767, id = 1 / d (0 for a zero block); a block whose
+      // inverse overflows (below ~1e-38) is zeros: d = id = 0.
+      __m256 d = _mm256_div_ps(_mm256_load_ps(amax), c32767);
+      __m256 id = _mm256_and_ps(_mm256_cmp_ps(d, zero, _CMP_NEQ_OQ), _mm256_div_ps(_mm256_set1_ps(1.0f), d));
+      const __m256 tiny = _mm256_cmp_ps(id, inf, _CMP_EQ_OQ);
+      d = _mm256_andnot_ps(tiny, d);
+      id = _mm256_andnot_ps(tiny, id);
+      alignas(32) float db[8], idb[8];
+      _mm256_store_ps(db, d);
+      _mm256_store_ps(idb, id);
+      for (int b = 0; b < nblk; ++b) {
+        const int64_t k = k0 + b;
+        const float* x = X + t * cols + 32 * k;
+        int16_t* q = A.q.data() + t * cols + 32 * k;
+        float* s = A.s.data() + (t * A.nb + k) * 8;
+        if (!(finite >> b & 1)) {
+          std::memset(q, 0, 64);
+          _mm256_storeu_ps(s, _mm256_set1_ps(NAN));  // d * 0
+          A.d[(size_t)(t * A.nb + k)] = NAN;
+          continue;
+        }
+        const __m256 idv = _mm256_set1_ps(idb[b]);
+        __m256i qi[4];
+        for (int i = 0; i < 4; ++i) qi[i] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * i), idv));
+        // packs interleaves 128-bit lanes; the permute restores element order.
+        const __m256i lo = _mm256_permute4x64_epi64(_mm256_packs_epi32(qi[0], qi[1]), 0xd8);
+        const __m256i hi = _mm256_permute4x64_epi64(_mm256_packs_epi32(qi[2], qi[3]), 0xd8);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), lo);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 16), hi);
+        const __m256i lanes = _mm256_add_epi32(_mm256_madd_epi16(lo, ones), _mm256_madd_epi16(hi, ones));
+        _mm256_storeu_ps(s, _mm256_mul_ps(_mm256_set1_ps(db[b]), _mm256_cvtepi32_ps(lanes)));
+        A.d[(size_t)(t * A.nb + k)] = db[b];
       }
-      const __m256 idv = _mm256_set1_ps(id);
-      __m256i qi[4];
-      for (int i = 0; i < 4; ++i) qi[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], idv));
-      // packs interleaves 128-bit lanes; the permute restores element order.
-      const __m256i lo = _mm256_permute4x64_epi64(_mm256_packs_epi32(qi[0], qi[1]), 0xd8);
-      const __m256i hi = _mm256_permute4x64_epi64(_mm256_packs_epi32(qi[2], qi[3]), 0xd8);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), lo);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 16), hi);
-      const __m256i lanes = _mm256_add_epi32(_mm256_madd_epi16(lo, ones), _mm256_madd_epi16(hi, ones));
-      _mm256_storeu_ps(s, _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes)));
-      A.d[(size_t)(t * A.nb + k)] = d;
     }
   }
 }
