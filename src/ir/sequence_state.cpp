@@ -30,11 +30,11 @@ void KVCache::store(int layer, int pos, const float* k_row, const float* v_row) 
 }
 
 void KVCache::load(int layer, int pos, float* k_row, float* v_row) const {
-  auto& c = const_cast<KVCache&>(*this);  // the accessors only compute addresses
   const size_t hk = static_cast<size_t>(head_k()), hv = static_cast<size_t>(head_v());
+  const size_t s = static_cast<size_t>(slot(layer, pos));
   for (int h = 0; h < heads; ++h) {
-    std::memcpy(k_row + h * hk, c.k_at(layer, h, pos), sizeof(float) * hk);
-    std::memcpy(v_row + h * hv, c.v_at(layer, h, pos), sizeof(float) * hv);
+    std::memcpy(k_row + h * hk, k.data() + k_head_offset(layer, h) + s * hk, sizeof(float) * hk);
+    std::memcpy(v_row + h * hv, v.data() + v_head_offset(layer, h) + s * hv, sizeof(float) * hv);
   }
 }
 

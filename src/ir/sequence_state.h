@@ -57,12 +57,14 @@ struct KVCache {
     return v_dim > 0 ? k_offset / static_cast<size_t>(kv_dim) * static_cast<size_t>(v_dim) : k_offset;
   }
   // Head h's keys (values) of a layer: slot s at + s * head_k() (head_v()).
-  float* k_head(int layer, int h) {
-    return k.data() + layer_base(layer) + static_cast<size_t>(h) * kept(layer) * head_k();
+  size_t k_head_offset(int layer, int h) const {
+    return layer_base(layer) + static_cast<size_t>(h) * kept(layer) * head_k();
   }
-  float* v_head(int layer, int h) {
-    return v.data() + v_offset(layer_base(layer)) + static_cast<size_t>(h) * kept(layer) * head_v();
+  size_t v_head_offset(int layer, int h) const {
+    return v_offset(layer_base(layer)) + static_cast<size_t>(h) * kept(layer) * head_v();
   }
+  float* k_head(int layer, int h) { return k.data() + k_head_offset(layer, h); }
+  float* v_head(int layer, int h) { return v.data() + v_head_offset(layer, h); }
   // Head h's key (value) of position pos.
   float* k_at(int layer, int h, int pos) { return k_head(layer, h) + static_cast<size_t>(slot(layer, pos)) * head_k(); }
   float* v_at(int layer, int h, int pos) { return v_head(layer, h) + static_cast<size_t>(slot(layer, pos)) * head_v(); }
