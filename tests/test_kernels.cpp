@@ -1106,6 +1106,69 @@ TEST(Kernels, ActsKeyReusesQuantisedInputsOnlyForTheSameKey) {
   }
 }
 
+// Kernels keep what they derive from the inputs (re-encoded codes, offsets,
+// grouped values and scales) for later calls on the same quantisation (its
+// id): a product run in chunks of rows. The same activations object
+// quantised again from other inputs must not see the old tables: a call on
+// part of the rows with inputs X1, then the same object re-quantised from
+// X2 and called on the rest and on all rows, against the oracle of X2.
+TEST(FastKernels, DerivedInputTablesFollowEachQuantisation) {
+  for (DType t : fast_types()) {
+    SCOPED_TRACE(dtype_traits(t).name);
+    const int64_t unit = std::max<int64_t>(dtype_traits(t).block_size, fast_act_block(t));
+    const int64_t cols = 3 * unit, rows = 24;
+    const Weights W = make_weights(t, rows, cols, 31, 0);
+    for (int64_t n_x : {8, 32}) {
+      const auto x1 = make_inputs(n_x, cols, 5, 0), x2 = make_inputs(n_x, cols, 6, 0);
+      const std::vector<float> O = fast_oracle(W.view, x2.data(), n_x);
+      for (const R8Kernel& k : r8_kernels()) {
+        SCOPED_TRACE(k.name);
+        Q8Acts A;
+        std::vector<float> Y((size_t)(n_x * rows), -1.0f);
+        quantize_q8_acts(x1.data(), n_x, cols, fast_act_block(t), A);
+        k.fn(W.view, A, Y.data(), rows, 0, rows / 2);
+        quantize_q8_acts(x2.data(), n_x, cols, fast_act_block(t), A);
+        k.fn(W.view, A, Y.data(), rows, rows / 2, rows);
+        for (int64_t s = 0; s < n_x; ++s)
+          ASSERT_EQ(std::memcmp(&Y[(size_t)(s * rows + rows / 2)], &O[(size_t)(s * rows + rows / 2)],
+                                (size_t)(rows - rows / 2) * sizeof(float)),
+                    0)
+              << "n_x " << n_x << " input " << s;
+        std::fill(Y.begin(), Y.end(), -1.0f);
+        k.fn(W.view, A, Y.data(), rows, 0, rows);
+        ASSERT_EQ(std::memcmp(Y.data(), O.data(), Y.size() * sizeof(float)), 0) << "n_x " << n_x;
+      }
+    }
+  }
+  // The exact mode's grouped inputs (row loops from 2 inputs, decoded panel
+  // from 9 or 16), the same way, in each build this CPU runs.
+  if (!use_avx2()) return;
+  using I16Fn = void (*)(const MatView&, const QuantizedActs&, float*, int64_t, int64_t, int64_t);
+  std::vector<I16Fn> builds = {matmul_rows_i16_avx2};
+  if (cpu_features().avxvnni) builds.push_back(matmul_rows_i16_vnni);
+  for (DType t : {DType::Q4_0, DType::Q4_K, DType::Q6_K}) {
+    SCOPED_TRACE(dtype_traits(t).name);
+    const int64_t cols = 512, rows = 24;
+    const Weights W = make_weights(t, rows, cols, 33, 0);
+    for (int64_t n_x : {8, 32}) {
+      const auto x1 = make_inputs(n_x, cols, 7, 0), x2 = make_inputs(n_x, cols, 8, 0);
+      QuantizedActs A;
+      quantize_acts(x2.data(), n_x, cols, A);
+      std::vector<float> O((size_t)(n_x * rows));
+      matmul_rows_i16_ref(W.view, A, O.data(), rows, 0, rows);
+      for (I16Fn fn : builds) {
+        std::vector<float> Y((size_t)(n_x * rows), -1.0f);
+        quantize_acts(x1.data(), n_x, cols, A);
+        fn(W.view, A, Y.data(), rows, 0, rows / 2);
+        quantize_acts(x2.data(), n_x, cols, A);
+        fn(W.view, A, Y.data(), rows, rows / 2, rows);
+        fn(W.view, A, Y.data(), rows, 0, rows / 2);
+        ASSERT_EQ(std::memcmp(Y.data(), O.data(), Y.size() * sizeof(float)), 0) << "n_x " << n_x;
+      }
+    }
+  }
+}
+
 TEST(FastKernels, ActivationQuantisation) {
   // 512 columns: whole groups of eight 32-blocks (the AVX2 version's
   // vectorised path); 544: one more block, taken alone.

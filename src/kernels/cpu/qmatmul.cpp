@@ -1,5 +1,6 @@
 #include "kernels/cpu/qmatmul.h"
 
+#include <atomic>
 #include <cmath>
 #include <limits>
 
@@ -34,6 +35,8 @@ bool uses_i16_acts(DType t) {
 // multiplication are exactly rounded, so the AVX2 version reproduces this.
 void prepare_acts(int64_t n_x, int64_t cols, QuantizedActs& A) {
   MK_CHECK(cols % 32 == 0, "integer activations need a multiple of 32 columns, got {}", cols);
+  static std::atomic<uint64_t> next_id{1};
+  A.id = next_id.fetch_add(1, std::memory_order_relaxed);
   A.n_x = n_x;
   A.cols = cols;
   A.nb = cols / 32;

@@ -53,6 +53,9 @@ struct QuantizedActs {
   std::vector<int16_t> q;             // [n_x][cols], each in -32767..32767
   std::vector<float> d;               // [n_x][nb]: dx (NaN if the block holds inf/NaN)
   std::vector<float> s;               // [n_x][nb][8]: xs_l, see above
+  // Unique to one quantisation (set by prepare_acts; 0: not known): kernels
+  // keep what they derive from the inputs for the next call on the same id.
+  uint64_t id = 0;
   const int16_t* q_row(int64_t t) const { return q.data() + t * cols; }
   const float* d_row(int64_t t) const { return d.data() + t * nb; }
   const float* s_row(int64_t t) const { return s.data() + t * nb * 8; }

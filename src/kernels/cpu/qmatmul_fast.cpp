@@ -1,6 +1,7 @@
 #include "kernels/cpu/qmatmul_fast.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -74,6 +75,8 @@ int fast_r8_min_inputs(DType t, bool vnni) {
 }
 
 void prepare_q8_acts(int64_t n_x, int64_t cols, int64_t block, Q8Acts& A) {
+  static std::atomic<uint64_t> next_id{1};
+  A.id = next_id.fetch_add(1, std::memory_order_relaxed);
   MK_CHECK(block == 32 || block == 256, "activation block {} is neither 32 nor 256", block);
   MK_CHECK(cols % block == 0, "8-bit activations in blocks of {} need a multiple of {} columns, got {}", block,
            block, cols);

@@ -55,6 +55,12 @@ int fast_act_block(DType t);
 
 struct Q8Acts {
   int64_t n_x = 0, cols = 0, block = 32, nb = 0;  // nb = cols / block
+  // Unique to one quantisation (set by prepare_q8_acts, so by every
+  // quantiser; 0: not known). Kernels that derive tables from the
+  // activations (offsets, re-encoded codes) keep them for the next call on
+  // the same id: a product run in chunks of rows, one call each, derives
+  // them once.
+  uint64_t id = 0;
   std::vector<int8_t> q;    // [n_x][cols]
   std::vector<float> d;     // [n_x][nb] dx
   std::vector<float> sx;    // [n_x][nb] dx * sum of the block's q (block 32 only)

@@ -321,12 +321,24 @@ void r8_rows(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t r
   }
 }
 
+// Whether the tables a kernel instantiation derived from the inputs (its
+// thread_local `made`, the id they came from) must be made again for A.
+inline bool remake(uint64_t& made, uint64_t id) {
+  if (id != 0 && id == made) return false;
+  made = 0;  // invalid until the caller has made them (an error leaves it so)
+  return true;
+}
+
 template <class F>
 void r8_32(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t rb, int64_t re) {
   thread_local Tile32 T;
   thread_local std::vector<int32_t> off;
+  thread_local std::vector<int16_t> q16;
+  thread_local std::vector<uint8_t> u8;
+  thread_local uint64_t made = 0;
   constexpr int kOffs = F::kTwo ? 2 : 1;
-  if constexpr (F::kOffset != 0) {
+  const bool tables = remake(made, A.id);
+  if constexpr (F::kOffset != 0) if (tables) {
     // kOffset * (sum of q over each block, or over each half with kTwo): the
     // unsigned codes' offset.
     if (off.size() < (size_t)(A.n_x * A.nb * kOffs)) off.resize((size_t)(A.n_x * A.nb * kOffs));
@@ -343,9 +355,7 @@ void r8_32(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t rb,
       }
     }
   }
-  thread_local std::vector<int16_t> q16;
-  thread_local std::vector<uint8_t> u8;
-  if constexpr (F::kSigned) {
+  if constexpr (F::kSigned) if (tables) {
     if (MK_R8_VNNI) {
       to_u8(A, u8);
     } else {
@@ -354,6 +364,7 @@ void r8_32(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t rb,
         for (int64_t k = 0; k < A.nb; ++k) to_q16(A.q_row(t) + 32 * k, q16.data() + t * A.cols + 32 * k);
     }
   }
+  made = A.id;
   const int32_t* o = off.data();
   auto rows8 = [&](int64_t k0, int64_t t0) {
     Rows8 R{};
@@ -393,15 +404,18 @@ template <class F>
 void r8_k(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t rb, int64_t re) {
   thread_local TileK T;
   thread_local std::vector<int16_t> sq;
-  if constexpr (F::kMin) {
+  thread_local std::vector<uint8_t> u8;
+  thread_local uint64_t made = 0;
+  const bool tables = remake(made, A.id);
+  if constexpr (F::kMin) if (tables) {
     if (sq.size() < (size_t)(A.n_x * A.nb * 8)) sq.resize((size_t)(A.n_x * A.nb * 8));
     for (int64_t t = 0; t < A.n_x; ++t) {
       const int16_t* s = A.s16_row(t);
       for (int64_t g = 0; g < A.nb * 8; ++g) sq[(size_t)(t * A.nb * 8 + g)] = (int16_t)(s[2 * g] + s[2 * g + 1]);
     }
   }
-  thread_local std::vector<uint8_t> u8;
-  if constexpr (F::kU8) to_u8(A, u8);
+  if constexpr (F::kU8) if (tables) to_u8(A, u8);
+  made = A.id;
   const int16_t* s = sq.data();
   r8_rows(W, A, Y, ldy, rb, re, kChunkK, false, T, F::decode, [&](auto nt, int kn, int64_t k0, int64_t t0, __m256* acc) {
     Rows8 R{};

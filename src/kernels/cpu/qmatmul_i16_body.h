@@ -523,17 +523,25 @@ void i16_rows_panel(const MatView& W, const QuantizedActs& A, float* Y, int64_t 
   thread_local Panel panel;
   thread_local std::vector<float> dxT, fac, sg;
   thread_local std::vector<int16_t> xg;
+  // The inputs' transposed scales and grouped values depend on A alone:
+  // made once per quantisation (A.id), not once per call (the megakernel
+  // runs a product in chunks of rows, a call each).
+  thread_local uint64_t made = 0;
   const int64_t nb = A.nb, ldt = A.n_x + kGroup;
-  dxT.assign((size_t)(nb * ldt), 0.0f);
-  for (int64_t t = 0; t < A.n_x; ++t)
-    for (int64_t k = 0; k < nb; ++k) dxT[(size_t)(k * ldt + t)] = A.d_row(t)[k];
-  fac.resize((size_t)(2 * kGroup * nb));
   const int64_t n_groups = (A.n_x + kGroup - 1) / kGroup, group_subs = nb * kGroup;
-  xg.resize((size_t)(n_groups * group_subs * 32));
-  sg.resize((size_t)(n_groups * group_subs * 8));
-  for (int64_t g = 0; g < n_groups; ++g)
-    group_inputs(A, g * kGroup, (int)std::min<int64_t>(kGroup, A.n_x - g * kGroup), xg.data() + g * group_subs * 32,
-                 sg.data() + g * group_subs * 8);
+  if (A.id == 0 || A.id != made) {
+    made = 0;
+    dxT.assign((size_t)(nb * ldt), 0.0f);
+    for (int64_t t = 0; t < A.n_x; ++t)
+      for (int64_t k = 0; k < nb; ++k) dxT[(size_t)(k * ldt + t)] = A.d_row(t)[k];
+    xg.resize((size_t)(n_groups * group_subs * 32));
+    sg.resize((size_t)(n_groups * group_subs * 8));
+    for (int64_t g = 0; g < n_groups; ++g)
+      group_inputs(A, g * kGroup, (int)std::min<int64_t>(kGroup, A.n_x - g * kGroup),
+                   xg.data() + g * group_subs * 32, sg.data() + g * group_subs * 8);
+    made = A.id;
+  }
+  fac.resize((size_t)(2 * kGroup * nb));
   const int64_t rows = std::max<int64_t>(1, (int64_t)((128u << 10) / (size_t)(nb * 80)));
   // Sub-blocks per pass of a group over the panel's rows: a group's inputs
   // for 32 sub-blocks are 16 KiB of values and 8 KiB of lane sums, which
@@ -590,11 +598,14 @@ void i16_rows(const MatView& W, const QuantizedActs& A, float* Y, int64_t ldy, i
   // every group starts at a multiple of 8), transposed, dxg[(t / 8) nb 8 +
   // 8 k + t % 8], zero past the last input.
   thread_local std::vector<float> dxg;
+  thread_local uint64_t made = 0;  // the quantisation dxg was made from (as in i16_rows_panel)
   const bool grouped = !kOwnRowLoop<F> && A.n_x > 1;
-  if (grouped) {
+  if (grouped && (A.id == 0 || A.id != made)) {
+    made = 0;
     dxg.assign((size_t)((A.n_x + 7) / 8 * A.nb * 8), 0.0f);
     for (int64_t t = 0; t < A.n_x; ++t)
       for (int64_t k = 0; k < A.nb; ++k) dxg[(size_t)(((t / 8) * A.nb + k) * 8 + t % 8)] = A.d_row(t)[k];
+    made = A.id;
   }
   auto group_dx = [&](int64_t t0) { return grouped ? dxg.data() + (t0 / 8) * A.nb * 8 : nullptr; };
   for (int64_t jb = rb; jb < re; jb += tile) {
