@@ -4,6 +4,7 @@
 
 #include <immintrin.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -31,6 +32,37 @@ inline __m256 hsum8(const __m256 v[8]) {
   // their sum: lanes hold v0, v2, v4, v6 | v1, v3, v5, v7
   const __m256 r = _mm256_add_ps(_mm256_shuffle_ps(m0, m1, 0x88), _mm256_shuffle_ps(m0, m1, 0xdd));
   return _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+// The largest |x[i]| of n floats (n a multiple of 8), and whether all are
+// finite. max is exact, so the value is a scalar loop's whatever the order.
+inline float abs_max(const float* x, int64_t n, bool& finite) {
+  const __m256 sign = _mm256_set1_ps(-0.0f), inf = _mm256_set1_ps(INFINITY);
+  __m256 m = _mm256_setzero_ps();
+  int ok = 0xff;
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i));
+    ok &= _mm256_movemask_ps(_mm256_cmp_ps(a, inf, _CMP_LT_OQ));
+    m = _mm256_max_ps(m, a);
+  }
+  finite = ok == 0xff;
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+  return _mm_cvtss_f32(m4);
+}
+
+// The scales of eight blocks of an activation quantiser whose codes reach
+// qmax, from their absolute maxima: d = amax / qmax and id = 1 / d (0 for a
+// zero block), both 0 where 1 / d overflows (a block below ~1e-38, taken as
+// zeros). One vector division each, exactly rounded as the scalar
+// quantisers' divisions.
+inline void block_scales8(__m256 amax, float qmax, __m256& d, __m256& id) {
+  d = _mm256_div_ps(amax, _mm256_set1_ps(qmax));
+  id = _mm256_and_ps(_mm256_cmp_ps(d, _mm256_setzero_ps(), _CMP_NEQ_OQ), _mm256_div_ps(_mm256_set1_ps(1.0f), d));
+  const __m256 tiny = _mm256_cmp_ps(id, _mm256_set1_ps(INFINITY), _CMP_EQ_OQ);
+  d = _mm256_andnot_ps(tiny, d);
+  id = _mm256_andnot_ps(tiny, id);
 }
 
 // An unaligned little-endian IEEE half at p, widened exactly to f32.

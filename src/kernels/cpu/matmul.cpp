@@ -62,16 +62,18 @@ void rows_fast(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t
 
 }  // namespace
 
+int64_t threshold_from_env(const char* name) {
+  const char* e = std::getenv(name);
+  if (e == nullptr || *e == 0) return 0;
+  char* end = nullptr;
+  const long v = std::strtol(e, &end, 10);
+  MK_CHECK(*end == 0 && v >= 1 && v <= (1L << 30), "{} must be a positive integer, got '{}'", name, e);
+  return static_cast<int64_t>(v);
+}
+
 int64_t f32_tiled_min_inputs() {
-  static const int64_t n = [] {
-    const char* e = std::getenv("MEGAKERN_F32_TILED_MIN");
-    if (e == nullptr || *e == 0) return kF32TiledMinInputs;
-    char* end = nullptr;
-    const long v = std::strtol(e, &end, 10);
-    MK_CHECK(*end == 0 && v >= 1 && v <= (1L << 30), "MEGAKERN_F32_TILED_MIN must be a positive integer, got '{}'", e);
-    return static_cast<int64_t>(v);
-  }();
-  return n;
+  static const int64_t forced = threshold_from_env("MEGAKERN_F32_TILED_MIN");
+  return forced > 0 ? forced : kF32TiledMinInputs;
 }
 
 void dequantize_row(const MatView& W, int64_t j, float* dst) {

@@ -48,6 +48,24 @@ struct WeightLookahead {
 };
 WeightLookahead& weight_lookahead();
 
+// A kernel threshold's override from the environment (MEGAKERN_FAST_R8_MIN,
+// MEGAKERN_F32_TILED_MIN: A/B and tuning knobs whose results are the same
+// bits either way): the variable's positive integer value, 0 when it is
+// unset or empty; any other value fails, naming the variable.
+int64_t threshold_from_env(const char* name);
+
+// Kernels that derive tables from their quantised inputs (re-encoded codes,
+// offsets, grouped values) keep them, per thread, for the next call on the
+// same quantisation: `made` is the id (Q8Acts::id, QuantizedActs::id) the
+// tables were made from. True when they must be made (again) for `id`, then
+// `made` reads 0 until the caller sets it to id after making them (an error
+// on the way leaves it so); id 0 (not known) always remakes.
+inline bool remake_input_tables(uint64_t& made, uint64_t id) {
+  if (id != 0 && id == made) return false;
+  made = 0;
+  return true;
+}
+
 // The same over all rows, split across the pool's workers. Y is [n_x][W.rows].
 void matmul(ThreadPool& pool, const MatView& W, const float* X, int64_t n_x, float* Y,
             Numerics numerics = Numerics::Exact);

@@ -14,8 +14,6 @@ namespace megakern {
 // scalar divisions per block.
 void quantize_acts_avx2(const float* X, int64_t n_x, int64_t cols, QuantizedActs& A) {
   prepare_acts(n_x, cols, A);
-  const __m256 sign = _mm256_set1_ps(-0.0f), inf = _mm256_set1_ps(INFINITY), zero = _mm256_setzero_ps();
-  const __m256 c32767 = _mm256_set1_ps(32767.0f);
   const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t t = 0; t < n_x; ++t) {
     for (int64_t k0 = 0; k0 < A.nb; k0 += 8) {
@@ -23,27 +21,12 @@ void quantize_acts_avx2(const float* X, int64_t n_x, int64_t cols, QuantizedActs
       alignas(32) float amax[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       int finite = 0;
       for (int b = 0; b < nblk; ++b) {
-        const float* x = X + t * cols + 32 * (k0 + b);
-        __m256 m = zero;
-        int ok = 0xff;
-        for (int i = 0; i < 4; ++i) {
-          const __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(x + 8 * i));
-          ok &= _mm256_movemask_ps(_mm256_cmp_ps(a, inf, _CMP_LT_OQ));
-          m = _mm256_max_ps(m, a);
-        }
-        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-        amax[b] = _mm_cvtss_f32(m4);  // max is exact: any order gives the same value
-        finite |= ok == 0xff ? 1 << b : 0;
+        bool ok;
+        amax[b] = avx2::abs_max(X + t * cols + 32 * (k0 + b), 32, ok);
+        finite |= ok ? 1 << b : 0;
       }
-      // d = amax / 32767, id = 1 / d (0 for a zero block); a block whose
-      // inverse overflows (below ~1e-38) is zeros: d = id = 0.
-      __m256 d = _mm256_div_ps(_mm256_load_ps(amax), c32767);
-      __m256 id = _mm256_and_ps(_mm256_cmp_ps(d, zero, _CMP_NEQ_OQ), _mm256_div_ps(_mm256_set1_ps(1.0f), d));
-      const __m256 tiny = _mm256_cmp_ps(id, inf, _CMP_EQ_OQ);
-      d = _mm256_andnot_ps(tiny, d);
-      id = _mm256_andnot_ps(tiny, id);
+      __m256 d, id;
+      avx2::block_scales8(_mm256_load_ps(amax), 32767.0f, d, id);
       alignas(32) float db[8], idb[8];
       _mm256_store_ps(db, d);
       _mm256_store_ps(idb, id);

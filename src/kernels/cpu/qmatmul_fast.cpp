@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <cstdlib>
 #include <limits>
 
 #include "core/error.h"
@@ -45,14 +44,7 @@ int fast_act_block(DType t) {
 // MEGAKERN_FAST_R8_MIN overrides it for every format (tuning and tests;
 // results are the same either way).
 int fast_r8_min_inputs(DType t, bool vnni) {
-  static const int forced = [] {
-    const char* e = std::getenv("MEGAKERN_FAST_R8_MIN");
-    if (e == nullptr || *e == 0) return 0;
-    char* end = nullptr;
-    const long v = std::strtol(e, &end, 10);
-    MK_CHECK(*end == 0 && v >= 1 && v <= (1L << 30), "MEGAKERN_FAST_R8_MIN must be a positive integer, got '{}'", e);
-    return (int)v;
-  }();
+  static const int forced = (int)threshold_from_env("MEGAKERN_FAST_R8_MIN");
   if (forced > 0) return forced;
   switch (t) {
     case DType::Q4_0:

@@ -455,28 +455,11 @@ inline __m256i q8_sums4(const int8_t* q) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), b), _mm256_set1_epi16(1));
 }
 
-// Absolute maximum and finiteness of a block.
-inline float q8_block_amax(const float* x, int64_t block, bool& finite) {
-  const __m256 sign = _mm256_set1_ps(-0.0f), inf = _mm256_set1_ps(INFINITY);
-  __m256 m = _mm256_setzero_ps();
-  int ok = 0xff;
-  for (int64_t i = 0; i < block; i += 8) {
-    const __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i));
-    ok &= _mm256_movemask_ps(_mm256_cmp_ps(a, inf, _CMP_LT_OQ));
-    m = _mm256_max_ps(m, a);
-  }
-  finite = ok == 0xff;
-  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-  return _mm_cvtss_f32(m4);  // max is exact: any order gives the same value
-}
-
 // Block k of row t, one at a time (256-element blocks, and the 32-element
 // blocks left after the groups of eight).
 void q8_one_block(const float* x, int64_t block, int8_t* q, int16_t* s16, float& d_out, float& sx_out) {
   bool finite;
-  const float amax = q8_block_amax(x, block, finite);
+  const float amax = avx2::abs_max(x, block, finite);
   float d = amax / 127.0f;
   float id = d != 0.0f ? 1.0f / d : 0.0f;
   if (std::isinf(id)) d = id = 0.0f;
@@ -511,7 +494,6 @@ void q8_one_block(const float* x, int64_t block, int8_t* q, int16_t* s16, float&
 void quantize_q8_acts_avx2(const float* X, int64_t n_x, int64_t cols, int64_t block, Q8Acts& A) {
   prepare_q8_acts(n_x, cols, block, A);
   const int64_t groups = block == 32 ? A.nb / 8 : 0;
-  const __m256 zero = _mm256_setzero_ps(), inf = _mm256_set1_ps(INFINITY), c127 = _mm256_set1_ps(127.0f);
   for (int64_t t = 0; t < n_x; ++t) {
     const float* xr = X + t * cols;
     int8_t* qr = A.q.data() + t * cols;
@@ -524,14 +506,11 @@ void quantize_q8_acts_avx2(const float* X, int64_t n_x, int64_t cols, int64_t bl
       int finite = 0;
       for (int b = 0; b < 8; ++b) {
         bool ok;
-        amax[b] = q8_block_amax(xr + 32 * (k0 + b), 32, ok);
+        amax[b] = avx2::abs_max(xr + 32 * (k0 + b), 32, ok);
         finite |= ok ? 1 << b : 0;
       }
-      __m256 d = _mm256_div_ps(_mm256_load_ps(amax), c127);
-      __m256 id = _mm256_and_ps(_mm256_cmp_ps(d, zero, _CMP_NEQ_OQ), _mm256_div_ps(_mm256_set1_ps(1.0f), d));
-      const __m256 tiny = _mm256_cmp_ps(id, inf, _CMP_EQ_OQ);  // 1 / d overflowed: the block is zeros
-      d = _mm256_andnot_ps(tiny, d);
-      id = _mm256_andnot_ps(tiny, id);
+      __m256 d, id;
+      avx2::block_scales8(_mm256_load_ps(amax), 127.0f, d, id);
       alignas(32) float idb[8];
       _mm256_store_ps(idb, id);
       for (int b = 0; b < 8; ++b) q8_block_values(xr + 32 * (k0 + b), 32, _mm256_set1_ps(idb[b]), qr + 32 * (k0 + b));

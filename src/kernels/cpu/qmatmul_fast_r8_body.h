@@ -321,14 +321,6 @@ void r8_rows(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t r
   }
 }
 
-// Whether the tables a kernel instantiation derived from the inputs (its
-// thread_local `made`, the id they came from) must be made again for A.
-inline bool remake(uint64_t& made, uint64_t id) {
-  if (id != 0 && id == made) return false;
-  made = 0;  // invalid until the caller has made them (an error leaves it so)
-  return true;
-}
-
 template <class F>
 void r8_32(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t rb, int64_t re) {
   thread_local Tile32 T;
@@ -337,7 +329,7 @@ void r8_32(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t rb,
   thread_local std::vector<uint8_t> u8;
   thread_local uint64_t made = 0;
   constexpr int kOffs = F::kTwo ? 2 : 1;
-  const bool tables = remake(made, A.id);
+  const bool tables = remake_input_tables(made, A.id);
   if constexpr (F::kOffset != 0) if (tables) {
     // kOffset * (sum of q over each block, or over each half with kTwo): the
     // unsigned codes' offset.
@@ -406,7 +398,7 @@ void r8_k(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t rb, 
   thread_local std::vector<int16_t> sq;
   thread_local std::vector<uint8_t> u8;
   thread_local uint64_t made = 0;
-  const bool tables = remake(made, A.id);
+  const bool tables = remake_input_tables(made, A.id);
   if constexpr (F::kMin) if (tables) {
     if (sq.size() < (size_t)(A.n_x * A.nb * 8)) sq.resize((size_t)(A.n_x * A.nb * 8));
     for (int64_t t = 0; t < A.n_x; ++t) {

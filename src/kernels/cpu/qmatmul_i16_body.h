@@ -529,8 +529,7 @@ void i16_rows_panel(const MatView& W, const QuantizedActs& A, float* Y, int64_t 
   thread_local uint64_t made = 0;
   const int64_t nb = A.nb, ldt = A.n_x + kGroup;
   const int64_t n_groups = (A.n_x + kGroup - 1) / kGroup, group_subs = nb * kGroup;
-  if (A.id == 0 || A.id != made) {
-    made = 0;
+  if (remake_input_tables(made, A.id)) {
     dxT.assign((size_t)(nb * ldt), 0.0f);
     for (int64_t t = 0; t < A.n_x; ++t)
       for (int64_t k = 0; k < nb; ++k) dxT[(size_t)(k * ldt + t)] = A.d_row(t)[k];
@@ -598,10 +597,9 @@ void i16_rows(const MatView& W, const QuantizedActs& A, float* Y, int64_t ldy, i
   // every group starts at a multiple of 8), transposed, dxg[(t / 8) nb 8 +
   // 8 k + t % 8], zero past the last input.
   thread_local std::vector<float> dxg;
-  thread_local uint64_t made = 0;  // the quantisation dxg was made from (as in i16_rows_panel)
+  thread_local uint64_t made = 0;  // the quantisation dxg was made from
   const bool grouped = !kOwnRowLoop<F> && A.n_x > 1;
-  if (grouped && (A.id == 0 || A.id != made)) {
-    made = 0;
+  if (grouped && remake_input_tables(made, A.id)) {
     dxg.assign((size_t)((A.n_x + 7) / 8 * A.nb * 8), 0.0f);
     for (int64_t t = 0; t < A.n_x; ++t)
       for (int64_t k = 0; k < A.nb; ++k) dxg[(size_t)(((t / 8) * A.nb + k) * 8 + t % 8)] = A.d_row(t)[k];
