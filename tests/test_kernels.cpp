@@ -513,10 +513,13 @@ TEST(Kernels, ActivationQuantisation) {
         lane[(i % 16) / 2] += q;
       }
       for (int l = 0; l < 8; ++l) EXPECT_EQ(A.s_row(t)[8 * k + l], dx * (float)lane[l]);
+      int32_t total = 0;
+      for (int i = 0; i < 32; ++i) total += A.q_row(t)[32 * k + i];
+      EXPECT_EQ(A.sum_row(t)[k], dx * (float)total);
     }
   }
   // A non-finite input poisons its outputs rather than vanishing.
-  for (DType t : {DType::Q4_0, DType::Q8_0, DType::Q4_K}) {
+  for (DType t : {DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q6_K, DType::Q3_K}) {
     const Weights W = make_weights(t, 2, 256, 3, 0);
     auto xin = make_inputs(1, 256, 4, 0);
     xin[100] = INFINITY;
@@ -545,6 +548,52 @@ TEST(Kernels, ActivationQuantisationIsaIndependent) {
     ASSERT_EQ(std::memcmp(a.q.data(), b.q.data(), (size_t)(3 * cols) * 2), 0);
     ASSERT_EQ(std::memcmp(a.d.data(), b.d.data(), (size_t)(3 * a.nb) * 4), 0);
     ASSERT_EQ(std::memcmp(a.s.data(), b.s.data(), (size_t)(3 * a.nb * 8) * 4), 0);
+    ASSERT_EQ(std::memcmp(a.sum.data(), b.sum.data(), (size_t)(3 * a.nb) * 4), 0);
+  }
+}
+
+// The largest premultiplied codes (qmatmul.h): Q6_K's scale -128 times code
+// -32 (4096) and Q3_K's -32 times -4, against inputs at full int16 scale,
+// so every lane sum is near 2^29 (Q6_K): no overflow, and the result within
+// the stated tolerance of the f64 product, with 1, 8 and 16 inputs (row
+// loops and the decoded panel).
+TEST(Kernels, PremultipliedScalesAtTheirLimits) {
+  const int64_t cols = 512, rows = 3;
+  for (DType t : {DType::Q6_K, DType::Q3_K}) {
+    const auto& tr = dtype_traits(t);
+    const size_t rb = (size_t)(cols / tr.block_size) * tr.block_bytes;
+    std::vector<uint8_t> bytes(rb * rows, 0);
+    for (int64_t j = 0; j < rows; ++j)
+      for (int64_t b = 0; b < cols / 256; ++b) {
+        uint8_t* blk = bytes.data() + j * rb + b * tr.block_bytes;
+        const uint16_t one = f32_to_f16(j == 2 ? -1.0f : 1.0f);
+        if (t == DType::Q6_K) {
+          std::memset(blk + 192, 0x80, 16);  // scales -128; codes 0 - 32
+          if (j == 1) std::memset(blk, 0xff, 192);  // codes 63 - 32 = 31
+          std::memcpy(blk + 208, &one, 2);
+        } else {
+          // scale bytes 0 -> 0 - 32; hmask 0 and low bits 0 -> quant -4
+          std::memcpy(blk + 108, &one, 2);
+          if (j == 1) std::memset(blk, 0xff, 96);  // quant 3
+        }
+      }
+    const MatView W{t, cols, rows, bytes.data(), rb};
+    for (const int64_t n_x : {int64_t{1}, int64_t{8}, int64_t{16}}) {
+      std::vector<float> x((size_t)(n_x * cols));
+      for (size_t i = 0; i < x.size(); ++i) x[i] = i % 5 == 0 ? -1.0f : 1.0f;
+      std::vector<float> Y((size_t)(n_x * rows));
+      matmul_rows(W, x.data(), n_x, Y.data(), rows, 0, rows);
+      std::vector<float> w((size_t)cols);
+      for (int64_t j = 0; j < rows; ++j) {
+        tr.dequantize(W.row(j), w.data(), cols);
+        for (int64_t s = 0; s < n_x; ++s) {
+          double want = 0;
+          for (int64_t i = 0; i < cols; ++i) want += (double)w[(size_t)i] * x[(size_t)(s * cols + i)];
+          EXPECT_NEAR(Y[(size_t)(s * rows + j)], want, tolerance(t, w.data(), x.data() + s * cols, cols))
+              << tr.name << " row " << j << " inputs " << n_x;
+        }
+      }
+    }
   }
 }
 
@@ -743,9 +792,9 @@ uint64_t pinned_hash(DType t) {
 TEST(Kernels, Int16KernelOutputsArePinned) {
   const std::pair<DType, uint64_t> want[] = {
       {DType::Q4_0, 0xe8d54d85ae7be735ull}, {DType::Q4_1, 0xbb4e6f91305d0448ull}, {DType::Q5_0, 0x9dc302b955ddcbaaull}, {DType::Q8_0, 0x30a8e62811c90f31ull},
-      {DType::Q4_K, 0xa2961b15d548d53full}, {DType::Q6_K, 0xbe586531222501a5ull}, {DType::MXFP4, 0x1f27978feae754deull}, {DType::NVFP4, 0xeccbb9d7efdfc963ull},
+      {DType::Q4_K, 0x358bcc574d447d5eull}, {DType::Q6_K, 0x4f109e17088a1543ull}, {DType::MXFP4, 0x1f27978feae754deull}, {DType::NVFP4, 0xeccbb9d7efdfc963ull},
       {DType::INT4_G128, 0x5ef9b9e230a3ecebull}, {DType::INT8_COL, 0x985683d327d2cc2full},
-      {DType::Q3_K, 0x0811277f4c81a994ull}, {DType::Q5_K, 0x4418ce19e25217e8ull}, {DType::IQ4_NL, 0xe0b52f2c98cb6138ull}, {DType::IQ4_XS, 0x33a22a52520e26c7ull},
+      {DType::Q3_K, 0x30bce47c99b35c51ull}, {DType::Q5_K, 0x9b0a94689b48e973ull}, {DType::IQ4_NL, 0xe0b52f2c98cb6138ull}, {DType::IQ4_XS, 0x33a22a52520e26c7ull},
   };
   for (const auto& [t, h] : want) {
     const uint64_t got = pinned_hash(t);

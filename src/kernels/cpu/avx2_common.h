@@ -19,6 +19,14 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(lo);
 }
 
+// Sum of 8 int32 lanes (exact while it fits).
+inline int32_t hsum_epi32(__m256i v) {
+  __m128i x = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  x = _mm_add_epi32(x, _mm_unpackhi_epi64(x, x));
+  x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0x01));
+  return _mm_cvtsi128_si32(x);
+}
+
 // hsum of each of v[0..8) as lane i, with hsum's association:
 // ((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7)) over each vector's lanes.
 inline __m256 hsum8(const __m256 v[8]) {

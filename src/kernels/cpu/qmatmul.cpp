@@ -44,6 +44,7 @@ void prepare_acts(int64_t n_x, int64_t cols, QuantizedActs& A) {
   if (A.q.size() < total) A.q.resize(total);
   if (A.d.size() < (size_t)(n_x * A.nb)) A.d.resize((size_t)(n_x * A.nb));
   if (A.s.size() < (size_t)(n_x * A.nb * 8)) A.s.resize((size_t)(n_x * A.nb * 8));
+  if (A.sum.size() < (size_t)(n_x * A.nb)) A.sum.resize((size_t)(n_x * A.nb));
 }
 
 void quantize_acts(const float* X, int64_t n_x, int64_t cols, QuantizedActs& A) {
@@ -77,7 +78,9 @@ void quantize_acts_scalar(const float* X, int64_t n_x, int64_t cols, QuantizedAc
       }
       A.d[(size_t)(t * A.nb + k)] = d;
       float* s = A.s.data() + (t * A.nb + k) * 8;
-      for (int l = 0; l < 8; ++l) s[l] = d * (float)lane[l];
+      int32_t total = 0;
+      for (int l = 0; l < 8; ++l) s[l] = d * (float)lane[l], total += lane[l];
+      A.sum[(size_t)(t * A.nb + k)] = d * (float)total;
     }
   }
 }

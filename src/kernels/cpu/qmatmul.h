@@ -12,24 +12,32 @@
 //    int16 is ~256x finer for the same instruction count per input, using
 //    vpmaddwd instead of vpmaddubsw.) A 32-element weight sub-block decodes
 //    to 32 small integers w (signed, or the unsigned code for Q4_1/Q4_K/Q5_K),
-//    a scale per 16 elements and, for Q4_1/Q4_K/Q5_K, an additive min. For output
-//    (t, j) and sub-block k there are eight lanes l; lane l covers elements
-//    {2l, 2l+1} of the first half ("lo") and {16+2l, 17+2l} of the second:
+//    a scale per 16 elements and, for Q4_1/Q4_K/Q5_K, an additive min. Where
+//    the per-16 scales are integers times a block factor (Q3_K, Q6_K: sc_h
+//    = d * isc_h), w is premultiplied: w_i = isc_h * q_i (|w| <= 4096), and
+//    the sub-block has the one scale d. For output (t, j) and sub-block k
+//    there are eight lanes l; lane l covers elements {2l, 2l+1} of the first
+//    half ("lo") and {16+2l, 17+2l} of the second:
 //        lo_l, hi_l = sums of w * xq over the lane's two pairs (exact int32)
 //        one scale:  acc_l = fma((float)(lo_l + hi_l), sc * dx, acc_l)
-//        per-16 scales (Q3_K, Q6_K, NVFP4):
+//        per-16 scales (NVFP4):
 //                    acc_l = fma((float)lo_l, sc0 * dx, acc_l)
 //                    acc_l = fma((float)hi_l, sc1 * dx, acc_l)
-//        min formats: acc_l = fma(mn, xs_l, acc_l), xs_l = dx * (float)(sum of
-//                    xq over the lane's four elements), precomputed
+//        Q4_1's min: acc_l = fma(mn, xs_l, acc_l), xs_l = dx * (float)(sum
+//                    of xq over the lane's four elements), precomputed
 //    Sub-blocks are taken in pairs (0,1), (2,3), ...: a pair's contributions
 //    are applied as above to a zero vector, which is then added to acc (this
 //    halves the accumulator's dependency chain); an odd last sub-block is
-//    applied to acc directly. Finally
-//    Y = ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7)). |w| <= 128 and |xq| <=
-//    32767 keep every lane sum below 2^24, so the int -> float conversion is
-//    exact. The AVX2 kernel computes exactly this and so does the scalar code
-//    in kernels/ref/i16_ref.h, which is the portable path: both ISAs give the
+//    applied to acc directly. The K-quants' mins (Q4_K, Q5_K) are applied
+//    once per 256-block, after its four pairs, lane l taking sub-block l of
+//    the block: acc_l = fma(mn_l, S_l, acc_l), S = dx * (float)(sum of the
+//    sub-block's 32 xq), precomputed (one multiply-add per block and input
+//    instead of one per sub-block). Finally
+//    Y = ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7)). Every integer sum is exact
+//    (below 2^30); its conversion to float rounds to nearest (exact below
+//    2^24, i.e. always but for the premultiplied formats). The AVX2 kernel
+//    computes exactly this and so does the scalar code in
+//    kernels/ref/i16_ref.h, which is the portable path: both ISAs give the
 //    same bits for these formats.
 //
 //  * f32 activations: F32, F16, BF16, FP8_E4M3. The row is decoded to the
@@ -53,12 +61,14 @@ struct QuantizedActs {
   std::vector<int16_t> q;             // [n_x][cols], each in -32767..32767
   std::vector<float> d;               // [n_x][nb]: dx (NaN if the block holds inf/NaN)
   std::vector<float> s;               // [n_x][nb][8]: xs_l, see above
+  std::vector<float> sum;             // [n_x][nb]: S, dx * the sub-block's sum of xq
   // Unique to one quantisation (set by prepare_acts; 0: not known): kernels
   // keep what they derive from the inputs for the next call on the same id.
   uint64_t id = 0;
   const int16_t* q_row(int64_t t) const { return q.data() + t * cols; }
   const float* d_row(int64_t t) const { return d.data() + t * nb; }
   const float* s_row(int64_t t) const { return s.data() + t * nb * 8; }
+  const float* sum_row(int64_t t) const { return sum.data() + t * nb; }
 };
 
 // X is [n_x][cols], cols a multiple of 32. q = round-half-even(x * (1/dx)).

@@ -131,6 +131,7 @@ inline void prefetch_ahead(const uint8_t* row, int64_t k) {
 template <class F, int NT>
 inline void i16_row(const uint8_t* row, const QuantizedActs& A, int64_t t0, float* Y, int64_t ldy, int64_t j,
                     bool pf, const float* dxg) {
+  static_assert(!kBlockMins<F>, "block mins: i16_rows_q45k");
   __m256 acc[NT];
   const int16_t* xq[NT];
   const float* xd[NT];
@@ -214,14 +215,14 @@ inline __m256 k_contrib(__m256i lo, __m256i hi, const int16_t* xq, const float* 
   return _mm256_fmadd_ps(_mm256_cvtepi32_ps(lane_sums(lo, xlo, hi, xhi)), _mm256_broadcast_ss(fac), acc);
 }
 
-// Inputs t0 .. t0 + NT - 1's int16 values, block scales and sums.
+// Inputs t0 .. t0 + NT - 1's int16 values, block scales and sub-block sums.
 template <int NT>
 struct InputRows {
   const int16_t* q[NT];
   const float* d[NT];
-  const float* s[NT];
+  const float* sum[NT];
   InputRows(const QuantizedActs& A, int64_t t0) {
-    for (int t = 0; t < NT; ++t) q[t] = A.q_row(t0 + t), d[t] = A.d_row(t0 + t), s[t] = A.s_row(t0 + t);
+    for (int t = 0; t < NT; ++t) q[t] = A.q_row(t0 + t), d[t] = A.d_row(t0 + t), sum[t] = A.sum_row(t0 + t);
   }
 };
 
@@ -245,7 +246,8 @@ inline __m256 four_subs(__m256 acc, Sub&& sub) {
 
 // Q4_K, and Q5_K (kQ5: Q4_K's layout after 32 bytes of fifth bits, bit sb
 // of each byte for sub-block sb), against inputs t0 .. t0 + NT - 1: each
-// sub-block decoded once for all of them.
+// sub-block decoded once for all of them; the block's mins after its
+// sub-blocks, lane l taking sub-block l (qmatmul.h).
 template <bool kQ5, int NT>
 void i16_rows_q45k(const uint8_t* row, const QuantizedActs& A, int64_t t0, float* Y, int64_t ldy, int64_t j,
                    bool pf) {
@@ -253,7 +255,6 @@ void i16_rows_q45k(const uint8_t* row, const QuantizedActs& A, int64_t t0, float
   const InputRows<NT> in(A, t0);
   const int16_t* const* xq = in.q;
   const float* const* xd = in.d;
-  const float* const* xs = in.s;
   __m256 acc[NT];
   for (auto& a : acc) a = _mm256_setzero_ps();
   const __m256i m4 = _mm256_set1_epi16(0x0f), one = _mm256_set1_epi16(1);
@@ -287,19 +288,19 @@ void i16_rows_q45k(const uint8_t* row, const QuantizedActs& A, int64_t t0, float
       };
       unrolled<4>(codes);
       for (int t = 0; t < NT; ++t) {
-        auto sub = [&]<int u>(__m256 a) {
-          a = k_contrib(lo[u], hi[u], xq[t] + 32 * (k + u), fac[t] + 4 * h + u, a);
-          return _mm256_fmadd_ps(_mm256_broadcast_ss(st.mn + 4 * h + u), _mm256_loadu_ps(xs[t] + 8 * (k + u)), a);
-        };
+        auto sub = [&]<int u>(__m256 a) { return k_contrib(lo[u], hi[u], xq[t] + 32 * (k + u), fac[t] + 4 * h + u, a); };
         acc[t] = four_subs(acc[t], sub);
       }
     };
     unrolled<2>(half);
+    const __m256 mn = _mm256_load_ps(st.mn);
+    for (int t = 0; t < NT; ++t) acc[t] = _mm256_fmadd_ps(mn, _mm256_loadu_ps(in.sum[t] + 8 * bi), acc[t]);
   }
   for (int t = 0; t < NT; ++t) Y[(t0 + t) * ldy + j] = hsum(acc[t]);
 }
 
-// Q6_K against inputs t0 .. t0 + NT - 1.
+// Q6_K against inputs t0 .. t0 + NT - 1: codes premultiplied by their
+// 16-element scales, one scale d * dx per sub-block (qmatmul.h).
 template <int NT>
 void i16_rows_q6k(const uint8_t* row, const QuantizedActs& A, int64_t t0, float* Y, int64_t ldy, int64_t j,
                   bool pf) {
@@ -309,19 +310,14 @@ void i16_rows_q6k(const uint8_t* row, const QuantizedActs& A, int64_t t0, float*
   __m256 acc[NT];
   for (auto& a : acc) a = _mm256_setzero_ps();
   const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3), c32 = _mm256_set1_epi8(32);
-  const __m256i dup_lo = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3), dup_hi = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
-  alignas(32) float fac[NT][16];  // [2 s + e]: scale of half e of sub-block s, times the input's scale
+  alignas(32) float fac[NT][8];  // d times the input's scale, per sub-block
+  alignas(32) int16_t isc[16];   // the block's 16-element scales
   for (int64_t bi = 0; bi < A.nb / 8; ++bi) {
     const uint8_t* b = row + bi * Q6_K::kBytes;
     const __m256 d = _mm256_set1_ps(avx2::load_f16(b + 208));
-    const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192));
-    const __m256 sc_lo = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8)));
-    const __m256 sc_hi = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc8, 8))));
-    for (int t = 0; t < NT; ++t) {
-      const __m256 dx = _mm256_loadu_ps(xd[t] + 8 * bi);
-      _mm256_store_ps(fac[t], _mm256_mul_ps(sc_lo, _mm256_permutevar8x32_ps(dx, dup_lo)));
-      _mm256_store_ps(fac[t] + 8, _mm256_mul_ps(sc_hi, _mm256_permutevar8x32_ps(dx, dup_hi)));
-    }
+    _mm256_store_si256(reinterpret_cast<__m256i*>(isc),
+                       _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192))));
+    for (int t = 0; t < NT; ++t) _mm256_store_ps(fac[t], _mm256_mul_ps(d, _mm256_loadu_ps(xd[t] + 8 * bi)));
     auto half = [&]<int h>() {
       const int64_t k = 8 * bi + 4 * h;
       if (NT == 1 || pf) prefetch_ahead<Q6_K, 4>(row, k);
@@ -329,26 +325,21 @@ void i16_rows_q6k(const uint8_t* row, const QuantizedActs& A, int64_t t0, float*
       const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h + 32));
       const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h));
       // Sub-block 4h + u: low nibbles of ql(u % 2) (high nibbles for u >= 2),
-      // bits 2u, 2u + 1 of qh as bits 4, 5; minus 32; widened to int16.
+      // bits 2u, 2u + 1 of qh as bits 4, 5; minus 32; widened to int16 and
+      // multiplied by the scales of its halves.
       __m256i lo[4], hi[4];
       auto codes = [&]<int u>() {
         const __m256i ql = u % 2 ? ql1 : ql0;
         const __m256i low = _mm256_and_si256(u >= 2 ? _mm256_srli_epi16(ql, 4) : ql, m4);
         const __m256i high = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * u), m2);
         const __m256i w = _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(high, 4)), c32);
-        lo[u] = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w));
-        hi[u] = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(w, 1));
+        constexpr int sc = 8 * h + 2 * u;  // avx2::q6k_scales
+        lo[u] = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(w)), _mm256_set1_epi16(isc[sc]));
+        hi[u] = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(w, 1)), _mm256_set1_epi16(isc[sc + 1]));
       };
       unrolled<4>(codes);
       for (int t = 0; t < NT; ++t) {
-        auto sub = [&]<int u>(__m256 a) {
-          const int16_t* x = xq[t] + 32 * (k + u);
-          const __m256i xlo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
-          const __m256i xhi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 16));
-          const float* f = fac[t] + 2 * (4 * h + u);
-          a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(lo[u], xlo)), _mm256_broadcast_ss(f), a);
-          return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(hi[u], xhi)), _mm256_broadcast_ss(f + 1), a);
-        };
+        auto sub = [&]<int u>(__m256 a) { return k_contrib(lo[u], hi[u], xq[t] + 32 * (k + u), fac[t] + 4 * h + u, a); };
         acc[t] = four_subs(acc[t], sub);
       }
     };
@@ -387,6 +378,7 @@ struct Codes {
 struct Panel {
   std::vector<Codes> codes;    // [row][sub-block]
   std::vector<float> scales;   // [row][sub-block][sc, sc1, mn, -]
+  std::vector<float> mins;     // kBlockMins: [row][sub-block], the mins again, contiguous
 };
 
 template <class F>
@@ -394,6 +386,7 @@ void decode_panel(const MatView& W, int64_t nb, int64_t jb, int64_t je, Panel& p
   const size_t n = (size_t)((je - jb) * nb);
   if (p.codes.size() < n) p.codes.resize(n);
   if (p.scales.size() < 4 * n) p.scales.resize(4 * n);
+  if (kBlockMins<F> && p.mins.size() < n) p.mins.resize(n);
   for (int64_t j = jb; j < je; ++j) {
     const uint8_t* row = W.row(j);
     int64_t cur = -1;
@@ -408,6 +401,7 @@ void decode_panel(const MatView& W, int64_t nb, int64_t jb, int64_t je, Panel& p
       sc[0] = s.sc;
       sc[1] = s.sc1;
       sc[2] = s.mn;
+      if constexpr (kBlockMins<F>) p.mins[base + k] = s.mn;
     }
   }
 }
@@ -457,14 +451,16 @@ void group_inputs(const QuantizedActs& A, int64_t t0, int nt, int16_t* xg, float
 }
 
 // i16_row's NT > 1 loop over sub-blocks [kb, ke) of a decoded row, scale
-// products from fac and the inputs grouped (group_inputs). The accumulators
+// products from fac and the inputs grouped (group_inputs); for kBlockMins
+// formats the mins of each 256-block after its sub-blocks (mins: the row's,
+// sums: the group's sub-block sums, [block][input][8]). The accumulators
 // start at zero (kb = 0) or from state, and go back to state unless the row
 // is finished (ke = nsub), when their sums are the outputs. kb is even, so
 // the sub-blocks pair up as in one pass over the whole row.
 template <class F, int NT>
-inline void panel_row(const Codes* codes, const float* scales, const float* fac, const int16_t* xg, const float* sg,
-                      int64_t kb, int64_t ke, int64_t nsub, float* state, int64_t t0, float* Y, int64_t ldy,
-                      int64_t j) {
+inline void panel_row(const Codes* codes, const float* scales, const float* mins, const float* fac,
+                      const int16_t* xg, const float* sg, const float* sums, int64_t kb, int64_t ke, int64_t nsub,
+                      float* state, int64_t t0, float* Y, int64_t ldy, int64_t j) {
   __m256 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = kb == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(state + 8 * t);
   int64_t k = kb;
@@ -480,6 +476,14 @@ inline void panel_row(const Codes* codes, const float* scales, const float* fac,
       tmp = contrib_at<F>(s1, x0 + 32 * (kGroup + t), s0p + 8 * (kGroup + t), _mm256_broadcast_ss(f1 + t),
                           _mm256_broadcast_ss(f1 + kGroup + t), tmp);
       acc[t] = _mm256_add_ps(acc[t], tmp);
+    }
+    if constexpr (kBlockMins<F>) {
+      if ((k + 2) % 8 == 0) {
+        const int64_t blk = (k + 2) / 8 - 1;
+        const __m256 mn = _mm256_loadu_ps(mins + 8 * blk);
+        const float* sb = sums + blk * kGroup * 8;
+        for (int t = 0; t < NT; ++t) acc[t] = _mm256_fmadd_ps(mn, _mm256_loadu_ps(sb + 8 * t), acc[t]);
+      }
     }
   }
   if (k < ke) {  // the row's odd last sub-block
@@ -521,7 +525,7 @@ int64_t panel_min_inputs() {
 template <class F>
 void i16_rows_panel(const MatView& W, const QuantizedActs& A, float* Y, int64_t ldy, int64_t rb, int64_t re) {
   thread_local Panel panel;
-  thread_local std::vector<float> dxT, fac, sg;
+  thread_local std::vector<float> dxT, fac, sg, sumg;
   thread_local std::vector<int16_t> xg;
   // The inputs' transposed scales and grouped values depend on A alone:
   // made once per quantisation (A.id), not once per call (the megakernel
@@ -538,6 +542,13 @@ void i16_rows_panel(const MatView& W, const QuantizedActs& A, float* Y, int64_t 
     for (int64_t g = 0; g < n_groups; ++g)
       group_inputs(A, g * kGroup, (int)std::min<int64_t>(kGroup, A.n_x - g * kGroup),
                    xg.data() + g * group_subs * 32, sg.data() + g * group_subs * 8);
+    if constexpr (kBlockMins<F>) {  // sums [group][block][input of the group][8]
+      sumg.assign((size_t)(n_groups * group_subs), 0.0f);
+      for (int64_t t = 0; t < A.n_x; ++t)
+        for (int64_t blk = 0; blk < nb / 8; ++blk)
+          std::memcpy(sumg.data() + (t / kGroup) * group_subs + (blk * kGroup + t % kGroup) * 8,
+                      A.sum_row(t) + 8 * blk, 32);
+    }
     made = A.id;
   }
   fac.resize((size_t)(2 * kGroup * nb));
@@ -556,14 +567,15 @@ void i16_rows_panel(const MatView& W, const QuantizedActs& A, float* Y, int64_t 
     auto run = [&]<int NT>() {
       const int16_t* x = xg.data() + (t0 / kGroup) * group_subs * 32;
       const float* xs = sg.data() + (t0 / kGroup) * group_subs * 8;
+      const float* sums = kBlockMins<F> ? sumg.data() + (t0 / kGroup) * group_subs : nullptr;
       for (int64_t kb = 0; kb < nb; kb += kc) {
         const int64_t ke = std::min(nb, kb + kc);
         for (int64_t j = jb; j < je; ++j) {
           const size_t base = (size_t)((j - jb) * nb);
           const float* sc = panel.scales.data() + 4 * base;
           row_factors<F>(sc, dxT.data(), ldt, t0, kb, ke, fac.data());
-          panel_row<F, NT>(panel.codes.data() + base, sc, fac.data(), x, xs, kb, ke, nb,
-                           state.data() + (j - jb) * kGroup * 8, t0, Y, ldy, j);
+          panel_row<F, NT>(panel.codes.data() + base, sc, kBlockMins<F> ? panel.mins.data() + base : nullptr,
+                           fac.data(), x, xs, sums, kb, ke, nb, state.data() + (j - jb) * kGroup * 8, t0, Y, ldy, j);
         }
       }
     };

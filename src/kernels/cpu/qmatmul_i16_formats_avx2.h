@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "core/half.h"
 #include "kernels/cpu/avx2_common.h"
@@ -118,9 +119,11 @@ struct Q8_0 {
     s.sc = avx2::load_f16_in_block(b);
   }
 };
+// Q4_K and Q5_K: kMin is false because their mins are applied per 256-block
+// (kBlockMins, qmatmul.h), not per sub-block.
 struct Q4_K {
   static constexpr int kBlock = 256, kBytes = 144;
-  static constexpr bool kTwoScales = false, kMin = true;
+  static constexpr bool kTwoScales = false, kMin = false;
   // Per 256-block: the eight sub-block scales d * sc and mins -(dmin * m),
   // unpacked with 32-bit masks (GGML's utmp trick) and converted together.
   struct State {
@@ -153,15 +156,17 @@ struct Q4_K {
     s.mn = st.mn[sb];
   }
 };
+// Q6_K: the codes premultiplied by their 16-element integer scales (|w| <=
+// 4096), one scale d per sub-block (qmatmul.h).
 struct Q6_K {
   static constexpr int kBlock = 256, kBytes = 210;
-  static constexpr bool kTwoScales = true, kMin = false;
+  static constexpr bool kTwoScales = false, kMin = false;
   static void decode(const uint8_t* b, int sb, Sub& s) {
     const int8_t* sc = avx2::q6k_scales(b, sb);
     widen_s8(avx2::q6k_codes(b, sb), s);
-    const float d = avx2::load_f16(b + 208);
-    s.sc = d * (float)sc[0];
-    s.sc1 = d * (float)sc[1];
+    s.lo = _mm256_mullo_epi16(s.lo, _mm256_set1_epi16(sc[0]));
+    s.hi = _mm256_mullo_epi16(s.hi, _mm256_set1_epi16(sc[1]));
+    s.sc = avx2::load_f16(b + 208);
   }
 };
 // Q4_K's low nibbles and scales plus a fifth bit per element: element l of
@@ -170,7 +175,7 @@ struct Q6_K {
 // shift counts) into int16 codes 0..31 beside Q4_K's scales and mins.
 struct Q5_K {
   static constexpr int kBlock = 256, kBytes = 176;
-  static constexpr bool kTwoScales = false, kMin = true;
+  static constexpr bool kTwoScales = false, kMin = false;
   struct State {
     Q4_K::State k;  // the same d, dmin and 12 scale bytes at 0..15
     alignas(32) int16_t w[256];
@@ -206,18 +211,21 @@ struct Q5_K {
     s.mn = st.k.mn[sb];
   }
 };
+template <class F>
+inline constexpr bool kBlockMins = std::is_same_v<F, Q4_K> || std::is_same_v<F, Q5_K>;
 // Quants -4..3 from two bits of qs and one of hmask; a signed 6-bit scale per
 // 16 elements. prepare decodes the whole 256-block at once (the 32 hmask
 // bytes serve all eight sub-blocks and each 32 qs bytes four, with constant
-// shift counts) into int16 quants and the sixteen scales d * (s - 32), the
-// scales unpacked with 32-bit masks (exact: f16 times a 6-bit integer);
+// shift counts) into int16 quants premultiplied by their 16-element scales
+// s - 32 (unpacked with 32-bit masks), the sub-block's one scale being d;
 // decode then only loads a sub-block.
 struct Q3_K {
   static constexpr int kBlock = 256, kBytes = 110;
-  static constexpr bool kTwoScales = true, kMin = false;
+  static constexpr bool kTwoScales = false, kMin = false;
   struct State {
-    alignas(32) int16_t w[256];
-    alignas(32) float sc[16];
+    alignas(32) int16_t w[256];  // quants times their integer scale (qmatmul.h)
+    alignas(16) int8_t isc[16];
+    float d;
   };
   template <int H, int J>
   static void quants(__m256i qs, __m256i hm, State& st) {
@@ -225,9 +233,12 @@ struct Q3_K {
     const __m256i high = _mm256_and_si256(_mm256_srli_epi16(hm, 4 * H + J), _mm256_set1_epi8(1));
     // low | high << 2 is the code 0..7; minus 4 gives the quant.
     const __m256i q = _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(high, 2)), _mm256_set1_epi8(4));
-    int16_t* w = st.w + 32 * (4 * H + J);
-    _mm256_store_si256(reinterpret_cast<__m256i*>(w), _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q)));
-    _mm256_store_si256(reinterpret_cast<__m256i*>(w + 16), _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1)));
+    constexpr int sb = 4 * H + J;
+    int16_t* w = st.w + 32 * sb;
+    const __m256i lo = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(q)), _mm256_set1_epi16(st.isc[2 * sb]));
+    const __m256i hi = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1)), _mm256_set1_epi16(st.isc[2 * sb + 1]));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(w), lo);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(w + 16), hi);
   }
   static void prepare(const uint8_t* b, State& st) {
     uint32_t a[3], u[4];
@@ -237,10 +248,9 @@ struct Q3_K {
     u[1] = (a[1] & kLow4) | (((a[2] >> 2) & kTop2) << 4);  // 4..7
     u[2] = ((a[0] >> 4) & kLow4) | (((a[2] >> 4) & kTop2) << 4);  // 8..11
     u[3] = ((a[1] >> 4) & kLow4) | (((a[2] >> 6) & kTop2) << 4);  // 12..15
-    const __m128i bytes = _mm_sub_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(u)), _mm_set1_epi8(32));
-    const __m256 d = _mm256_set1_ps(avx2::load_f16(b + 108));
-    _mm256_store_ps(st.sc, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes))));
-    _mm256_store_ps(st.sc + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(bytes, 8)))));
+    _mm_store_si128(reinterpret_cast<__m128i*>(st.isc),
+                    _mm_sub_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(u)), _mm_set1_epi8(32)));
+    st.d = avx2::load_f16(b + 108);
     const __m256i hm = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b));
     const __m256i qs0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 32));
     const __m256i qs1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64));
@@ -256,8 +266,7 @@ struct Q3_K {
   static void decode(const uint8_t*, int sb, const State& st, Sub& s) {
     s.lo = _mm256_load_si256(reinterpret_cast<const __m256i*>(st.w + 32 * sb));
     s.hi = _mm256_load_si256(reinterpret_cast<const __m256i*>(st.w + 32 * sb + 16));
-    s.sc = st.sc[2 * sb];
-    s.sc1 = st.sc[2 * sb + 1];
+    s.sc = st.d;
   }
 };
 // GGML's kvalues_iq4nl as a byte-shuffle table.

@@ -47,6 +47,7 @@ void split_nibbles(const uint8_t* qs, uint8_t code[32]) {
 void decode_i16_sub(DType t, const uint8_t* row, int64_t k, I16Sub& o) {
   o.mn = 0.0f;
   o.has_min = false;
+  o.int_scales = false;
   uint8_t code[32];
   switch (t) {
     case DType::Q4_0: {
@@ -107,6 +108,10 @@ void decode_i16_sub(DType t, const uint8_t* row, int64_t k, I16Sub& o) {
       const float d = f16_at(b + 208);
       o.sc[0] = d * (float)sc[0];
       o.sc[1] = d * (float)sc[1];
+      o.int_scales = true;
+      o.isc[0] = sc[0];
+      o.isc[1] = sc[1];
+      o.d = d;
       break;
     }
     case DType::Q3_K: {
@@ -124,8 +129,11 @@ void decode_i16_sub(DType t, const uint8_t* row, int64_t k, I16Sub& o) {
         const int idx = 2 * sb + half;
         const int lo = idx < 8 ? s[idx] & 0x0f : s[idx - 8] >> 4;
         const int hi = (s[8 + idx % 4] >> (2 * (idx / 4))) & 3;
-        o.sc[half] = d * (float)((lo | (hi << 4)) - 32);
+        o.isc[half] = (int8_t)((lo | (hi << 4)) - 32);
+        o.sc[half] = d * (float)o.isc[half];
       }
+      o.int_scales = true;
+      o.d = d;
       break;
     }
     case DType::Q5_K: {
@@ -206,6 +214,9 @@ void decode_i16_sub(DType t, const uint8_t* row, int64_t k, I16Sub& o) {
 
 namespace {
 
+// Whether the format's mins are applied once per 256-block (qmatmul.h).
+bool block_mins(DType t) { return t == DType::Q4_K || t == DType::Q5_K; }
+
 // acc + the contribution of sub-block k, lane by lane (see qmatmul.h). The
 // integer sums come first in their own loop (which the compiler vectorises),
 // then the eight lanes' f32 steps.
@@ -217,15 +228,21 @@ void contrib(DType t, const I16Sub& sub, const int16_t* xq, const float* xd, con
     lo[l] = (int32_t)sub.w[2 * l] * x[2 * l] + (int32_t)sub.w[2 * l + 1] * x[2 * l + 1];
     hi[l] = (int32_t)sub.w[16 + 2 * l] * x[16 + 2 * l] + (int32_t)sub.w[17 + 2 * l] * x[17 + 2 * l];
   }
+  if (sub.int_scales) {
+    // The premultiplied codes isc * w: their lane sums are isc0 * lo + isc1 * hi.
+    const float s0 = sub.d * xd[k];
+    for (int l = 0; l < 8; ++l) acc[l] = std::fma((float)(sub.isc[0] * lo[l] + sub.isc[1] * hi[l]), s0, acc[l]);
+    return;
+  }
   const float s0 = sub.sc[0] * xd[k];
-  if (t == DType::Q6_K || t == DType::NVFP4 || t == DType::Q3_K) {
+  if (t == DType::NVFP4) {
     const float s1 = sub.sc[1] * xd[k];
     for (int l = 0; l < 8; ++l) acc[l] = std::fma((float)lo[l], s0, acc[l]);
     for (int l = 0; l < 8; ++l) acc[l] = std::fma((float)hi[l], s1, acc[l]);
   } else {
     for (int l = 0; l < 8; ++l) acc[l] = std::fma((float)(lo[l] + hi[l]), s0, acc[l]);
   }
-  if (sub.has_min)
+  if (sub.has_min && !block_mins(t))
     for (int l = 0; l < 8; ++l) acc[l] = std::fma(sub.mn, xs[8 * k + l], acc[l]);
 }
 
@@ -247,6 +264,11 @@ float dot_decoded(DType t, const I16Sub* subs, const QuantizedActs& A, int64_t t
     contrib(t, subs[k], xq, xd, xs, k, tmp);
     contrib(t, subs[k + 1], xq, xd, xs, k + 1, tmp);
     for (int l = 0; l < 8; ++l) acc[l] += tmp[l];
+    if (block_mins(t) && (k + 2) % 8 == 0) {  // a 256-block's mins, lane l its sub-block l
+      const int64_t k0 = k + 2 - 8;
+      const float* S = A.sum_row(ti) + k0;
+      for (int l = 0; l < 8; ++l) acc[l] = std::fma(subs[k0 + l].mn, S[l], acc[l]);
+    }
   }
   if (k < A.nb) contrib(t, subs[k], xq, xd, xs, k, acc);
   return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));

@@ -16,6 +16,11 @@ struct I16Sub {
   float sc[2];
   float mn;       // 0 unless has_min
   bool has_min;   // Q4_1, Q4_K (code 0..15) and Q5_K (0..31): w holds the unsigned code
+  // Q3_K and Q6_K: sc[h] = d * isc[h] (d the block's factor), which the
+  // int16 kernel folds into the codes (qmatmul.h).
+  bool int_scales;
+  int8_t isc[2];
+  float d;
 };
 
 // Decodes sub-block k (elements 32k..32k+31) of a row of type t.
