@@ -504,17 +504,14 @@ TEST(Kernels, ActivationQuantisation) {
       float amax = 0;
       for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[(size_t)(t * cols + 32 * k + i)]));
       EXPECT_EQ(dx, amax / 32767.0f);
-      int32_t lane[8] = {};
+      int32_t total = 0;
       for (int i = 0; i < 32; ++i) {
         const int q = A.q_row(t)[32 * k + i];
         const float xv = x[(size_t)(t * cols + 32 * k + i)];
         EXPECT_LE(std::abs(q), 32767);
         EXPECT_LE(std::fabs((double)q * dx - xv), 0.5001 * dx + 1e-30);
-        lane[(i % 16) / 2] += q;
+        total += q;
       }
-      for (int l = 0; l < 8; ++l) EXPECT_EQ(A.s_row(t)[8 * k + l], dx * (float)lane[l]);
-      int32_t total = 0;
-      for (int i = 0; i < 32; ++i) total += A.q_row(t)[32 * k + i];
       EXPECT_EQ(A.sum_row(t)[k], dx * (float)total);
     }
   }
@@ -547,7 +544,6 @@ TEST(Kernels, ActivationQuantisationIsaIndependent) {
     quantize_acts_avx2(x.data(), 3, cols, b);
     ASSERT_EQ(std::memcmp(a.q.data(), b.q.data(), (size_t)(3 * cols) * 2), 0);
     ASSERT_EQ(std::memcmp(a.d.data(), b.d.data(), (size_t)(3 * a.nb) * 4), 0);
-    ASSERT_EQ(std::memcmp(a.s.data(), b.s.data(), (size_t)(3 * a.nb * 8) * 4), 0);
     ASSERT_EQ(std::memcmp(a.sum.data(), b.sum.data(), (size_t)(3 * a.nb) * 4), 0);
   }
 }
@@ -791,7 +787,7 @@ uint64_t pinned_hash(DType t) {
 
 TEST(Kernels, Int16KernelOutputsArePinned) {
   const std::pair<DType, uint64_t> want[] = {
-      {DType::Q4_0, 0xe8d54d85ae7be735ull}, {DType::Q4_1, 0xbb4e6f91305d0448ull}, {DType::Q5_0, 0x9dc302b955ddcbaaull}, {DType::Q8_0, 0x30a8e62811c90f31ull},
+      {DType::Q4_0, 0xe8d54d85ae7be735ull}, {DType::Q4_1, 0xee73a395b9ee6dffull}, {DType::Q5_0, 0x9dc302b955ddcbaaull}, {DType::Q8_0, 0x30a8e62811c90f31ull},
       {DType::Q4_K, 0x358bcc574d447d5eull}, {DType::Q6_K, 0x4f109e17088a1543ull}, {DType::MXFP4, 0x1f27978feae754deull}, {DType::NVFP4, 0xeccbb9d7efdfc963ull},
       {DType::INT4_G128, 0x5ef9b9e230a3ecebull}, {DType::INT8_COL, 0x985683d327d2cc2full},
       {DType::Q3_K, 0x30bce47c99b35c51ull}, {DType::Q5_K, 0x9b0a94689b48e973ull}, {DType::IQ4_NL, 0xe0b52f2c98cb6138ull}, {DType::IQ4_XS, 0x33a22a52520e26c7ull},

@@ -43,7 +43,6 @@ void prepare_acts(int64_t n_x, int64_t cols, QuantizedActs& A) {
   const size_t total = (size_t)(n_x * cols);
   if (A.q.size() < total) A.q.resize(total);
   if (A.d.size() < (size_t)(n_x * A.nb)) A.d.resize((size_t)(n_x * A.nb));
-  if (A.s.size() < (size_t)(n_x * A.nb * 8)) A.s.resize((size_t)(n_x * A.nb * 8));
   if (A.sum.size() < (size_t)(n_x * A.nb)) A.sum.resize((size_t)(n_x * A.nb));
 }
 
@@ -70,16 +69,13 @@ void quantize_acts_scalar(const float* X, int64_t n_x, int64_t cols, QuantizedAc
       float id = d != 0.0f ? 1.0f / d : 0.0f;
       if (std::isinf(id)) d = id = 0.0f;  // block below ~1e-38: treated as zeros
       if (!finite) d = std::numeric_limits<float>::quiet_NaN();  // poison the outputs, as f32 would
-      int32_t lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      int32_t total = 0;
       for (int i = 0; i < 32; ++i) {
         const int v = finite ? (int)std::nearbyint(x[i] * id) : 0;
         q[i] = (int16_t)v;
-        lane[(i % 16) / 2] += v;  // lane l: elements 2l, 2l+1, 16+2l, 17+2l
+        total += v;
       }
       A.d[(size_t)(t * A.nb + k)] = d;
-      float* s = A.s.data() + (t * A.nb + k) * 8;
-      int32_t total = 0;
-      for (int l = 0; l < 8; ++l) s[l] = d * (float)lane[l], total += lane[l];
       A.sum[(size_t)(t * A.nb + k)] = d * (float)total;
     }
   }

@@ -23,16 +23,16 @@
 //        per-16 scales (NVFP4):
 //                    acc_l = fma((float)lo_l, sc0 * dx, acc_l)
 //                    acc_l = fma((float)hi_l, sc1 * dx, acc_l)
-//        Q4_1's min: acc_l = fma(mn, xs_l, acc_l), xs_l = dx * (float)(sum
-//                    of xq over the lane's four elements), precomputed
 //    Sub-blocks are taken in pairs (0,1), (2,3), ...: a pair's contributions
 //    are applied as above to a zero vector, which is then added to acc (this
 //    halves the accumulator's dependency chain); an odd last sub-block is
-//    applied to acc directly. The K-quants' mins (Q4_K, Q5_K) are applied
-//    once per 256-block, after its four pairs, lane l taking sub-block l of
-//    the block: acc_l = fma(mn_l, S_l, acc_l), S = dx * (float)(sum of the
-//    sub-block's 32 xq), precomputed (one multiply-add per block and input
-//    instead of one per sub-block). Finally
+//    applied to acc directly. The mins (Q4_1, Q4_K, Q5_K) are applied once
+//    per group of eight sub-blocks (0..7, 8..15, ...: the K-quants'
+//    256-blocks), after the group's sub-blocks, lane l taking sub-block l of
+//    the group: acc_l = fma(mn_l, S_l, acc_l), S = dx * (float)(sum of the
+//    sub-block's 32 xq), precomputed (one multiply-add per group and input
+//    instead of one per sub-block); a row's last group may be shorter, and
+//    its other lanes take nothing. Finally
 //    Y = ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7)). Every integer sum is exact
 //    (below 2^30); its conversion to float rounds to nearest (exact below
 //    2^24, i.e. always but for the premultiplied formats). The AVX2 kernel
@@ -60,14 +60,12 @@ struct QuantizedActs {
   int64_t n_x = 0, cols = 0, nb = 0;  // nb = cols / 32
   std::vector<int16_t> q;             // [n_x][cols], each in -32767..32767
   std::vector<float> d;               // [n_x][nb]: dx (NaN if the block holds inf/NaN)
-  std::vector<float> s;               // [n_x][nb][8]: xs_l, see above
-  std::vector<float> sum;             // [n_x][nb]: S, dx * the sub-block's sum of xq
+  std::vector<float> sum;             // [n_x][nb]: S, dx * the sub-block's sum of xq (see above)
   // Unique to one quantisation (set by prepare_acts; 0: not known): kernels
   // keep what they derive from the inputs for the next call on the same id.
   uint64_t id = 0;
   const int16_t* q_row(int64_t t) const { return q.data() + t * cols; }
   const float* d_row(int64_t t) const { return d.data() + t * nb; }
-  const float* s_row(int64_t t) const { return s.data() + t * nb * 8; }
   const float* sum_row(int64_t t) const { return sum.data() + t * nb; }
 };
 

@@ -34,12 +34,10 @@ void quantize_acts_avx2(const float* X, int64_t n_x, int64_t cols, QuantizedActs
         const int64_t k = k0 + b;
         const float* x = X + t * cols + 32 * k;
         int16_t* q = A.q.data() + t * cols + 32 * k;
-        float* s = A.s.data() + (t * A.nb + k) * 8;
         if (!(finite >> b & 1)) {
           std::memset(q, 0, 64);
-          _mm256_storeu_ps(s, _mm256_set1_ps(NAN));  // d * 0
           A.d[(size_t)(t * A.nb + k)] = NAN;
-          A.sum[(size_t)(t * A.nb + k)] = NAN;
+          A.sum[(size_t)(t * A.nb + k)] = NAN;  // d * 0
           continue;
         }
         const __m256 idv = _mm256_set1_ps(idb[b]);
@@ -51,7 +49,6 @@ void quantize_acts_avx2(const float* X, int64_t n_x, int64_t cols, QuantizedActs
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), lo);
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 16), hi);
         const __m256i lanes = _mm256_add_epi32(_mm256_madd_epi16(lo, ones), _mm256_madd_epi16(hi, ones));
-        _mm256_storeu_ps(s, _mm256_mul_ps(_mm256_set1_ps(db[b]), _mm256_cvtepi32_ps(lanes)));
         A.d[(size_t)(t * A.nb + k)] = db[b];
         A.sum[(size_t)(t * A.nb + k)] = db[b] * (float)avx2::hsum_epi32(lanes);
       }

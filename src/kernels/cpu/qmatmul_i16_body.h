@@ -53,11 +53,12 @@ inline __m256i lane_sums(__m256i lo, __m256i xlo, __m256i hi, __m256i xhi) {
 #endif
 }
 
-// acc + the contribution of sub-block k (decoded in s) for input xq/xs, with
+// acc + the contribution of sub-block k (decoded in s) for input xq, with
 // the scale products given: f0 = sc * dx (f1 = sc1 * dx, two-scale formats).
-// x: the input's 32 int16 values of the sub-block, xs8: its 8 lane sums.
+// x: the input's 32 int16 values of the sub-block. Mins are not included
+// (group_mins).
 template <class F>
-inline __m256 contrib_at(const Sub& s, const int16_t* x, const float* xs8, __m256 f0, __m256 f1, __m256 acc) {
+inline __m256 contrib_at(const Sub& s, const int16_t* x, __m256 f0, __m256 f1, __m256 acc) {
   const __m256i xlo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
   const __m256i xhi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 16));
   if constexpr (F::kTwoScales) {
@@ -67,13 +68,11 @@ inline __m256 contrib_at(const Sub& s, const int16_t* x, const float* xs8, __m25
     (void)f1;
     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lane_sums(s.lo, xlo, s.hi, xhi)), f0, acc);
   }
-  if constexpr (F::kMin) acc = _mm256_fmadd_ps(_mm256_set1_ps(s.mn), _mm256_loadu_ps(xs8), acc);
   return acc;
 }
 template <class F>
-inline __m256 contrib_f(const Sub& s, const int16_t* xq, const float* xs, int64_t k, __m256 f0, __m256 f1,
-                        __m256 acc) {
-  return contrib_at<F>(s, xq + 32 * k, xs + 8 * k, f0, f1, acc);
+inline __m256 contrib_f(const Sub& s, const int16_t* xq, int64_t k, __m256 f0, __m256 f1, __m256 acc) {
+  return contrib_at<F>(s, xq + 32 * k, f0, f1, acc);
 }
 
 // The same, forming the scale products itself. kOne (a single input): sc * dx
@@ -81,14 +80,30 @@ inline __m256 contrib_f(const Sub& s, const int16_t* xq, const float* xs, int64_
 // shared by the inputs and multiplied by each broadcast dx. Either way the
 // same product.
 template <class F, bool kOne>
-inline __m256 contrib(const Sub& s, const int16_t* xq, const float* xd, const float* xs, int64_t k, __m256 acc) {
+inline __m256 contrib(const Sub& s, const int16_t* xq, const float* xd, int64_t k, __m256 acc) {
   auto factor = [&](float sc) {
     if constexpr (kOne) return _mm256_set1_ps(sc * xd[k]);
     return _mm256_mul_ps(_mm256_set1_ps(sc), _mm256_broadcast_ss(xd + k));
   };
   const __m256 f0 = factor(s.sc);
-  if constexpr (F::kTwoScales) return contrib_f<F>(s, xq, xs, k, f0, factor(s.sc1), acc);
-  return contrib_f<F>(s, xq, xs, k, f0, f0, acc);
+  if constexpr (F::kTwoScales) return contrib_f<F>(s, xq, k, f0, factor(s.sc1), acc);
+  return contrib_f<F>(s, xq, k, f0, f0, acc);
+}
+
+// The mins of sub-blocks k0 .. k0 + n - 1 (a group of eight, or the row's
+// last, shorter one, n < 8), mn (F::mins: zero past n), for inputs with
+// sub-block sums sum[t]: acc[t] lane l += mn[l] * S of sub-block k0 + l
+// (qmatmul.h). A shorter group's other lanes add nothing (zeros: the lanes
+// are never -0, so adding +0 leaves them as they are).
+template <int NT>
+inline void group_mins(__m256 mn, const float* const* sum, int64_t k0, __m256* acc, int64_t n = 8) {
+  if (n == 8) {
+    for (int t = 0; t < NT; ++t) acc[t] = _mm256_fmadd_ps(mn, _mm256_loadu_ps(sum[t] + k0), acc[t]);
+    return;
+  }
+  // The first n sums, zero past them (a masked load: no read past the row).
+  const __m256i first = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  for (int t = 0; t < NT; ++t) acc[t] = _mm256_fmadd_ps(mn, _mm256_maskload_ps(sum[t] + k0, first), acc[t]);
 }
 
 // The scale products of sub-block s for a group of up to eight inputs whose
@@ -119,6 +134,11 @@ inline void prefetch_ahead(const uint8_t* row, int64_t k) {
   for (int o = 0; o < kSpan; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
 }
 
+// Formats with their own row loops (i16_rows_q45k, i16_rows_q6k; the others
+// take i16_row).
+template <class F>
+constexpr bool kOwnRowLoop = std::is_same_v<F, Q4_K> || std::is_same_v<F, Q5_K> || std::is_same_v<F, Q6_K>;
+
 // Outputs (t0 .. t0+NT-1, j): one pass over weight row j. Sub-blocks go in
 // pairs: each pair's contributions are summed into a fresh zero vector and
 // that is added to the accumulator, which halves the accumulator's
@@ -131,16 +151,16 @@ inline void prefetch_ahead(const uint8_t* row, int64_t k) {
 template <class F, int NT>
 inline void i16_row(const uint8_t* row, const QuantizedActs& A, int64_t t0, float* Y, int64_t ldy, int64_t j,
                     bool pf, const float* dxg) {
-  static_assert(!kBlockMins<F>, "block mins: i16_rows_q45k");
+  static_assert(!kOwnRowLoop<F>, "K-quants: their own row loops");
   __m256 acc[NT];
   const int16_t* xq[NT];
   const float* xd[NT];
-  const float* xs[NT];
+  const float* sum[NT];
   for (int t = 0; t < NT; ++t) {
     acc[t] = _mm256_setzero_ps();
     xq[t] = A.q_row(t0 + t);
     xd[t] = A.d_row(t0 + t);
-    xs[t] = A.s_row(t0 + t);
+    sum[t] = A.sum_row(t0 + t);
   }
   const int64_t nsub = A.nb;
   int64_t k = 0, cur = -1;
@@ -152,11 +172,13 @@ inline void i16_row(const uint8_t* row, const QuantizedActs& A, int64_t t0, floa
       prefetch_ahead<F, 4>(row, k);
       Sub sb[4];
       decode4<F>(row, k, cur, st, sb);
-      __m256 pair0 = contrib<F, true>(sb[0], xq[0], xd[0], xs[0], k, _mm256_setzero_ps());
-      __m256 pair1 = contrib<F, true>(sb[2], xq[0], xd[0], xs[0], k + 2, _mm256_setzero_ps());
-      pair0 = contrib<F, true>(sb[1], xq[0], xd[0], xs[0], k + 1, pair0);
-      pair1 = contrib<F, true>(sb[3], xq[0], xd[0], xs[0], k + 3, pair1);
+      __m256 pair0 = contrib<F, true>(sb[0], xq[0], xd[0], k, _mm256_setzero_ps());
+      __m256 pair1 = contrib<F, true>(sb[2], xq[0], xd[0], k + 2, _mm256_setzero_ps());
+      pair0 = contrib<F, true>(sb[1], xq[0], xd[0], k + 1, pair0);
+      pair1 = contrib<F, true>(sb[3], xq[0], xd[0], k + 3, pair1);
       acc[0] = _mm256_add_ps(_mm256_add_ps(acc[0], pair0), pair1);
+      if constexpr (kGroupMins<F>)
+        if ((k + 4) % 8 == 0) group_mins<NT>(F::mins(row, k - 4), sum, k - 4, acc);
     }
   }
   for (; k + 2 <= nsub; k += 2) {
@@ -165,35 +187,39 @@ inline void i16_row(const uint8_t* row, const QuantizedActs& A, int64_t t0, floa
     decode_sub<F>(row, k, cur, st, s0);
     decode_sub<F>(row, k + 1, cur, st, s1);
     if constexpr (NT == 1) {
-      __m256 tmp = contrib<F, true>(s0, xq[0], xd[0], xs[0], k, _mm256_setzero_ps());
-      tmp = contrib<F, true>(s1, xq[0], xd[0], xs[0], k + 1, tmp);
+      __m256 tmp = contrib<F, true>(s0, xq[0], xd[0], k, _mm256_setzero_ps());
+      tmp = contrib<F, true>(s1, xq[0], xd[0], k + 1, tmp);
       acc[0] = _mm256_add_ps(acc[0], tmp);
     } else {
       alignas(32) float f[4][8];  // [2 * sub-block of the pair + scale][input]
       group_factors<F>(s0, dxg + 8 * k, f[0], f[1]);
       group_factors<F>(s1, dxg + 8 * (k + 1), f[2], f[3]);
       for (int t = 0; t < NT; ++t) {
-        __m256 tmp = contrib_f<F>(s0, xq[t], xs[t], k, _mm256_broadcast_ss(&f[0][t]),
+        __m256 tmp = contrib_f<F>(s0, xq[t], k, _mm256_broadcast_ss(&f[0][t]),
                                   _mm256_broadcast_ss(&f[F::kTwoScales ? 1 : 0][t]), _mm256_setzero_ps());
-        tmp = contrib_f<F>(s1, xq[t], xs[t], k + 1, _mm256_broadcast_ss(&f[2][t]),
+        tmp = contrib_f<F>(s1, xq[t], k + 1, _mm256_broadcast_ss(&f[2][t]),
                            _mm256_broadcast_ss(&f[F::kTwoScales ? 3 : 2][t]), tmp);
         acc[t] = _mm256_add_ps(acc[t], tmp);
       }
     }
+    if constexpr (kGroupMins<F>)
+      if ((k + 2) % 8 == 0) group_mins<NT>(F::mins(row, k - 6), sum, k - 6, acc);
   }
   if (k < nsub) {
     Sub s;
     decode_sub<F>(row, k, cur, st, s);
     if constexpr (NT == 1) {
-      acc[0] = contrib<F, true>(s, xq[0], xd[0], xs[0], k, acc[0]);
+      acc[0] = contrib<F, true>(s, xq[0], xd[0], k, acc[0]);
     } else {
       alignas(32) float f[2][8];
       group_factors<F>(s, dxg + 8 * k, f[0], f[1]);
       for (int t = 0; t < NT; ++t)
-        acc[t] = contrib_f<F>(s, xq[t], xs[t], k, _mm256_broadcast_ss(&f[0][t]),
+        acc[t] = contrib_f<F>(s, xq[t], k, _mm256_broadcast_ss(&f[0][t]),
                               _mm256_broadcast_ss(&f[F::kTwoScales ? 1 : 0][t]), acc[t]);
     }
   }
+  if constexpr (kGroupMins<F>)
+    if (nsub % 8 != 0) group_mins<NT>(F::mins(row, nsub - nsub % 8, nsub % 8), sum, nsub - nsub % 8, acc, nsub % 8);
   for (int t = 0; t < NT; ++t) Y[(t0 + t) * ldy + j] = hsum(acc[t]);
 }
 
@@ -348,10 +374,6 @@ void i16_rows_q6k(const uint8_t* row, const QuantizedActs& A, int64_t t0, float*
   for (int t = 0; t < NT; ++t) Y[(t0 + t) * ldy + j] = hsum(acc[t]);
 }
 
-// Formats with their own row loops above (the others take i16_row).
-template <class F>
-constexpr bool kOwnRowLoop = std::is_same_v<F, Q4_K> || std::is_same_v<F, Q5_K> || std::is_same_v<F, Q6_K>;
-
 // One weight row against inputs t0 .. t0 + NT - 1: the K-quants' own loops
 // above, the generic one otherwise (dxg: i16_row's, null for one input).
 template <class F, int NT>
@@ -378,15 +400,18 @@ struct Codes {
 struct Panel {
   std::vector<Codes> codes;    // [row][sub-block]
   std::vector<float> scales;   // [row][sub-block][sc, sc1, mn, -]
-  std::vector<float> mins;     // kBlockMins: [row][sub-block], the mins again, contiguous
+  std::vector<float> mins;     // kGroupMins: [row][group of 8][8], the mins again, zero-padded
 };
+
+// Sub-blocks rounded up to whole groups of eight (group_mins).
+inline int64_t padded_subs(int64_t nb) { return (nb + 7) / 8 * 8; }
 
 template <class F>
 void decode_panel(const MatView& W, int64_t nb, int64_t jb, int64_t je, Panel& p) {
   const size_t n = (size_t)((je - jb) * nb);
   if (p.codes.size() < n) p.codes.resize(n);
   if (p.scales.size() < 4 * n) p.scales.resize(4 * n);
-  if (kBlockMins<F> && p.mins.size() < n) p.mins.resize(n);
+  if (kGroupMins<F>) p.mins.assign((size_t)((je - jb) * padded_subs(nb)), 0.0f);
   for (int64_t j = jb; j < je; ++j) {
     const uint8_t* row = W.row(j);
     int64_t cur = -1;
@@ -401,7 +426,7 @@ void decode_panel(const MatView& W, int64_t nb, int64_t jb, int64_t je, Panel& p
       sc[0] = s.sc;
       sc[1] = s.sc1;
       sc[2] = s.mn;
-      if constexpr (kBlockMins<F>) p.mins[base + k] = s.mn;
+      if constexpr (kGroupMins<F>) p.mins[(size_t)((j - jb) * padded_subs(nb) + k)] = s.mn;
     }
   }
 }
@@ -436,31 +461,35 @@ inline void row_factors(const float* scales, const float* dxT, int64_t ldt, int6
 }
 
 // The inputs of a group of kGroup, interleaved for panel_row: sub-block k of
-// input t of the group at xg + (k * kGroup + t) * 32, its lane sums at
-// sg + (k * kGroup + t) * 8. One pointer then reaches every input of the
+// input t of the group at xg + (k * kGroup + t) * 32; with sg (kGroupMins
+// formats), the sub-block sums of group of eight g at sg + (g * kGroup + t)
+// * 8, zero past the row's end. One pointer then reaches every input of the
 // group (separate rows would need a register each, more than there are).
 void group_inputs(const QuantizedActs& A, int64_t t0, int nt, int16_t* xg, float* sg) {
   for (int t = 0; t < nt; ++t) {
     const int16_t* q = A.q_row(t0 + t);
-    const float* xs = A.s_row(t0 + t);
-    for (int64_t k = 0; k < A.nb; ++k) {
-      std::memcpy(xg + (k * kGroup + t) * 32, q + 32 * k, 64);
-      std::memcpy(sg + (k * kGroup + t) * 8, xs + 8 * k, 32);
-    }
+    for (int64_t k = 0; k < A.nb; ++k) std::memcpy(xg + (k * kGroup + t) * 32, q + 32 * k, 64);
+    if (sg == nullptr) continue;
+    for (int64_t k = 0; k < A.nb; ++k) sg[((k / 8) * kGroup + t) * 8 + k % 8] = A.sum_row(t0 + t)[k];
   }
 }
 
 // i16_row's NT > 1 loop over sub-blocks [kb, ke) of a decoded row, scale
-// products from fac and the inputs grouped (group_inputs); for kBlockMins
-// formats the mins of each 256-block after its sub-blocks (mins: the row's,
-// sums: the group's sub-block sums, [block][input][8]). The accumulators
+// products from fac and the inputs grouped (group_inputs); for kGroupMins
+// formats the mins of each group of eight after its sub-blocks (mins: the
+// row's, zero-padded; sums: the inputs', grouped). The accumulators
 // start at zero (kb = 0) or from state, and go back to state unless the row
 // is finished (ke = nsub), when their sums are the outputs. kb is even, so
 // the sub-blocks pair up as in one pass over the whole row.
 template <class F, int NT>
 inline void panel_row(const Codes* codes, const float* scales, const float* mins, const float* fac,
-                      const int16_t* xg, const float* sg, const float* sums, int64_t kb, int64_t ke, int64_t nsub,
-                      float* state, int64_t t0, float* Y, int64_t ldy, int64_t j) {
+                      const int16_t* xg, const float* sums, int64_t kb, int64_t ke, int64_t nsub, float* state,
+                      int64_t t0, float* Y, int64_t ldy, int64_t j) {
+  auto group_mins = [&](int64_t g, __m256* acc) {  // zero-padded: a shorter last group as a whole one
+    const __m256 mn = _mm256_loadu_ps(mins + 8 * g);
+    const float* sb = sums + g * kGroup * 8;
+    for (int t = 0; t < NT; ++t) acc[t] = _mm256_fmadd_ps(mn, _mm256_loadu_ps(sb + 8 * t), acc[t]);
+  };
   __m256 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = kb == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(state + 8 * t);
   int64_t k = kb;
@@ -469,32 +498,25 @@ inline void panel_row(const Codes* codes, const float* scales, const float* mins
     const float* f0 = fac + 2 * kGroup * k;
     const float* f1 = f0 + 2 * kGroup;
     const int16_t* x0 = xg + k * kGroup * 32;
-    const float* s0p = sg + k * kGroup * 8;
     for (int t = 0; t < NT; ++t) {
-      __m256 tmp = contrib_at<F>(s0, x0 + 32 * t, s0p + 8 * t, _mm256_broadcast_ss(f0 + t),
-                                 _mm256_broadcast_ss(f0 + kGroup + t), _mm256_setzero_ps());
-      tmp = contrib_at<F>(s1, x0 + 32 * (kGroup + t), s0p + 8 * (kGroup + t), _mm256_broadcast_ss(f1 + t),
+      __m256 tmp = contrib_at<F>(s0, x0 + 32 * t, _mm256_broadcast_ss(f0 + t), _mm256_broadcast_ss(f0 + kGroup + t),
+                                 _mm256_setzero_ps());
+      tmp = contrib_at<F>(s1, x0 + 32 * (kGroup + t), _mm256_broadcast_ss(f1 + t),
                           _mm256_broadcast_ss(f1 + kGroup + t), tmp);
       acc[t] = _mm256_add_ps(acc[t], tmp);
     }
-    if constexpr (kBlockMins<F>) {
-      if ((k + 2) % 8 == 0) {
-        const int64_t blk = (k + 2) / 8 - 1;
-        const __m256 mn = _mm256_loadu_ps(mins + 8 * blk);
-        const float* sb = sums + blk * kGroup * 8;
-        for (int t = 0; t < NT; ++t) acc[t] = _mm256_fmadd_ps(mn, _mm256_loadu_ps(sb + 8 * t), acc[t]);
-      }
-    }
+    if constexpr (kGroupMins<F>)
+      if ((k + 2) % 8 == 0) group_mins((k + 2) / 8 - 1, acc);
   }
   if (k < ke) {  // the row's odd last sub-block
     const Sub s = panel_sub<F>(codes, scales, k);
     const float* f = fac + 2 * kGroup * k;
     const int16_t* x0 = xg + k * kGroup * 32;
-    const float* s0p = sg + k * kGroup * 8;
     for (int t = 0; t < NT; ++t)
-      acc[t] = contrib_at<F>(s, x0 + 32 * t, s0p + 8 * t, _mm256_broadcast_ss(f + t), _mm256_broadcast_ss(f + kGroup + t),
-                             acc[t]);
+      acc[t] = contrib_at<F>(s, x0 + 32 * t, _mm256_broadcast_ss(f + t), _mm256_broadcast_ss(f + kGroup + t), acc[t]);
   }
+  if constexpr (kGroupMins<F>)
+    if (ke == nsub && nsub % 8 != 0) group_mins(nsub / 8, acc);
   if (ke == nsub)
     for (int t = 0; t < NT; ++t) Y[(t0 + t) * ldy + j] = hsum(acc[t]);
   else
@@ -525,7 +547,7 @@ int64_t panel_min_inputs() {
 template <class F>
 void i16_rows_panel(const MatView& W, const QuantizedActs& A, float* Y, int64_t ldy, int64_t rb, int64_t re) {
   thread_local Panel panel;
-  thread_local std::vector<float> dxT, fac, sg, sumg;
+  thread_local std::vector<float> dxT, fac, sg;
   thread_local std::vector<int16_t> xg;
   // The inputs' transposed scales and grouped values depend on A alone:
   // made once per quantisation (A.id), not once per call (the megakernel
@@ -533,30 +555,24 @@ void i16_rows_panel(const MatView& W, const QuantizedActs& A, float* Y, int64_t 
   thread_local uint64_t made = 0;
   const int64_t nb = A.nb, ldt = A.n_x + kGroup;
   const int64_t n_groups = (A.n_x + kGroup - 1) / kGroup, group_subs = nb * kGroup;
+  const int64_t sum_floats = padded_subs(nb) * kGroup;  // a group's sub-block sums (group_inputs)
   if (remake_input_tables(made, A.id)) {
     dxT.assign((size_t)(nb * ldt), 0.0f);
     for (int64_t t = 0; t < A.n_x; ++t)
       for (int64_t k = 0; k < nb; ++k) dxT[(size_t)(k * ldt + t)] = A.d_row(t)[k];
     xg.resize((size_t)(n_groups * group_subs * 32));
-    sg.resize((size_t)(n_groups * group_subs * 8));
+    if constexpr (kGroupMins<F>) sg.assign((size_t)(n_groups * sum_floats), 0.0f);
     for (int64_t g = 0; g < n_groups; ++g)
       group_inputs(A, g * kGroup, (int)std::min<int64_t>(kGroup, A.n_x - g * kGroup),
-                   xg.data() + g * group_subs * 32, sg.data() + g * group_subs * 8);
-    if constexpr (kBlockMins<F>) {  // sums [group][block][input of the group][8]
-      sumg.assign((size_t)(n_groups * group_subs), 0.0f);
-      for (int64_t t = 0; t < A.n_x; ++t)
-        for (int64_t blk = 0; blk < nb / 8; ++blk)
-          std::memcpy(sumg.data() + (t / kGroup) * group_subs + (blk * kGroup + t % kGroup) * 8,
-                      A.sum_row(t) + 8 * blk, 32);
-    }
+                   xg.data() + g * group_subs * 32, kGroupMins<F> ? sg.data() + g * sum_floats : nullptr);
     made = A.id;
   }
   fac.resize((size_t)(2 * kGroup * nb));
   const int64_t rows = std::max<int64_t>(1, (int64_t)((128u << 10) / (size_t)(nb * 80)));
   // Sub-blocks per pass of a group over the panel's rows: a group's inputs
-  // for 32 sub-blocks are 16 KiB of values and 8 KiB of lane sums, which
-  // stay in L1 while the rows go by; whole rows of 3072 (96 sub-blocks)
-  // did not, and streamed them from L2 once per row.
+  // for 32 sub-blocks are 16 KiB of values, which stay in L1 while the rows
+  // go by; whole rows of 3072 (96 sub-blocks) did not, and streamed them
+  // from L2 once per row.
   const int64_t kc = nb <= 48 ? nb : 32;
   thread_local std::vector<float> state;  // [row of the panel][input of the group][lane]
   state.resize((size_t)(rows * kGroup * 8));
@@ -566,16 +582,16 @@ void i16_rows_panel(const MatView& W, const QuantizedActs& A, float* Y, int64_t 
     int64_t t0 = 0;
     auto run = [&]<int NT>() {
       const int16_t* x = xg.data() + (t0 / kGroup) * group_subs * 32;
-      const float* xs = sg.data() + (t0 / kGroup) * group_subs * 8;
-      const float* sums = kBlockMins<F> ? sumg.data() + (t0 / kGroup) * group_subs : nullptr;
+      const float* sums = kGroupMins<F> ? sg.data() + (t0 / kGroup) * sum_floats : nullptr;
       for (int64_t kb = 0; kb < nb; kb += kc) {
         const int64_t ke = std::min(nb, kb + kc);
         for (int64_t j = jb; j < je; ++j) {
           const size_t base = (size_t)((j - jb) * nb);
           const float* sc = panel.scales.data() + 4 * base;
           row_factors<F>(sc, dxT.data(), ldt, t0, kb, ke, fac.data());
-          panel_row<F, NT>(panel.codes.data() + base, sc, kBlockMins<F> ? panel.mins.data() + base : nullptr,
-                           fac.data(), x, xs, sums, kb, ke, nb, state.data() + (j - jb) * kGroup * 8, t0, Y, ldy, j);
+          const float* mins = kGroupMins<F> ? panel.mins.data() + (j - jb) * padded_subs(nb) : nullptr;
+          panel_row<F, NT>(panel.codes.data() + base, sc, mins, fac.data(), x, sums, kb, ke, nb,
+                           state.data() + (j - jb) * kGroup * 8, t0, Y, ldy, j);
         }
       }
     };

@@ -100,6 +100,30 @@ struct Q4_1 {
     s.sc = _mm_cvtss_f32(v);
     s.mn = _mm_cvtss_f32(_mm_movehdup_ps(v));
   }
+  // The mins of sub-blocks k0 .. k0 + n - 1 (n <= 8) as floats, zero past n:
+  // the halves at byte 2 of each block, gathered in a register.
+  static __m256 mins(const uint8_t* row, int64_t k0, int n = 8) {
+    auto h = [&](int i) {
+      uint16_t v;
+      std::memcpy(&v, row + (k0 + i) * kBytes + 2, 2);
+      return (int)v;
+    };
+    __m128i v = _mm_cvtsi32_si128(h(0));
+    if (n == 8) {
+      v = _mm_insert_epi16(v, h(1), 1);
+      v = _mm_insert_epi16(v, h(2), 2);
+      v = _mm_insert_epi16(v, h(3), 3);
+      v = _mm_insert_epi16(v, h(4), 4);
+      v = _mm_insert_epi16(v, h(5), 5);
+      v = _mm_insert_epi16(v, h(6), 6);
+      v = _mm_insert_epi16(v, h(7), 7);
+    } else {  // packed in general registers (stores and a vector load would stall)
+      uint64_t w[2] = {0, 0};
+      for (int i = 0; i < n; ++i) w[i / 4] |= (uint64_t)h(i) << (16 * (i % 4));
+      v = _mm_set_epi64x((long long)w[1], (long long)w[0]);
+    }
+    return _mm256_cvtph_ps(v);
+  }
 };
 struct Q5_0 {
   static constexpr int kBlock = 32, kBytes = 22;
@@ -119,11 +143,9 @@ struct Q8_0 {
     s.sc = avx2::load_f16_in_block(b);
   }
 };
-// Q4_K and Q5_K: kMin is false because their mins are applied per 256-block
-// (kBlockMins, qmatmul.h), not per sub-block.
 struct Q4_K {
   static constexpr int kBlock = 256, kBytes = 144;
-  static constexpr bool kTwoScales = false, kMin = false;
+  static constexpr bool kTwoScales = false, kMin = true;
   // Per 256-block: the eight sub-block scales d * sc and mins -(dmin * m),
   // unpacked with 32-bit masks (GGML's utmp trick) and converted together.
   struct State {
@@ -175,7 +197,7 @@ struct Q6_K {
 // shift counts) into int16 codes 0..31 beside Q4_K's scales and mins.
 struct Q5_K {
   static constexpr int kBlock = 256, kBytes = 176;
-  static constexpr bool kTwoScales = false, kMin = false;
+  static constexpr bool kTwoScales = false, kMin = true;
   struct State {
     Q4_K::State k;  // the same d, dmin and 12 scale bytes at 0..15
     alignas(32) int16_t w[256];
@@ -211,8 +233,10 @@ struct Q5_K {
     s.mn = st.k.mn[sb];
   }
 };
+// Formats with an additive min: applied once per group of eight sub-blocks
+// (for the K-quants, a 256-block), qmatmul.h.
 template <class F>
-inline constexpr bool kBlockMins = std::is_same_v<F, Q4_K> || std::is_same_v<F, Q5_K>;
+inline constexpr bool kGroupMins = F::kMin;
 // Quants -4..3 from two bits of qs and one of hmask; a signed 6-bit scale per
 // 16 elements. prepare decodes the whole 256-block at once (the 32 hmask
 // bytes serve all eight sub-blocks and each 32 qs bytes four, with constant

@@ -214,14 +214,10 @@ void decode_i16_sub(DType t, const uint8_t* row, int64_t k, I16Sub& o) {
 
 namespace {
 
-// Whether the format's mins are applied once per 256-block (qmatmul.h).
-bool block_mins(DType t) { return t == DType::Q4_K || t == DType::Q5_K; }
-
 // acc + the contribution of sub-block k, lane by lane (see qmatmul.h). The
 // integer sums come first in their own loop (which the compiler vectorises),
 // then the eight lanes' f32 steps.
-void contrib(DType t, const I16Sub& sub, const int16_t* xq, const float* xd, const float* xs, int64_t k,
-             float acc[8]) {
+void contrib(DType t, const I16Sub& sub, const int16_t* xq, const float* xd, int64_t k, float acc[8]) {
   const int16_t* x = xq + 32 * k;
   int32_t lo[8], hi[8];
   for (int l = 0; l < 8; ++l) {
@@ -242,8 +238,6 @@ void contrib(DType t, const I16Sub& sub, const int16_t* xq, const float* xd, con
   } else {
     for (int l = 0; l < 8; ++l) acc[l] = std::fma((float)(lo[l] + hi[l]), s0, acc[l]);
   }
-  if (sub.has_min && !block_mins(t))
-    for (int l = 0; l < 8; ++l) acc[l] = std::fma(sub.mn, xs[8 * k + l], acc[l]);
 }
 
 }  // namespace
@@ -254,23 +248,25 @@ namespace {
 float dot_decoded(DType t, const I16Sub* subs, const QuantizedActs& A, int64_t ti) {
   const int16_t* xq = A.q_row(ti);
   const float* xd = A.d_row(ti);
-  const float* xs = A.s_row(ti);
   float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  // The mins of the group of sub-blocks k0 .. k0 + n - 1, lane l taking
+  // sub-block k0 + l (qmatmul.h).
+  const bool mins = subs[0].has_min;
+  auto group_mins = [&](int64_t k0, int64_t n) {
+    for (int64_t l = 0; l < n; ++l) acc[l] = std::fma(subs[k0 + l].mn, A.sum_row(ti)[k0 + l], acc[l]);
+  };
   int64_t k = 0;
   // Sub-blocks in pairs: a pair is summed from zero, then added (as the AVX2
   // kernel does to shorten its dependency chain); an odd last one directly.
   for (; k + 2 <= A.nb; k += 2) {
     float tmp[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    contrib(t, subs[k], xq, xd, xs, k, tmp);
-    contrib(t, subs[k + 1], xq, xd, xs, k + 1, tmp);
+    contrib(t, subs[k], xq, xd, k, tmp);
+    contrib(t, subs[k + 1], xq, xd, k + 1, tmp);
     for (int l = 0; l < 8; ++l) acc[l] += tmp[l];
-    if (block_mins(t) && (k + 2) % 8 == 0) {  // a 256-block's mins, lane l its sub-block l
-      const int64_t k0 = k + 2 - 8;
-      const float* S = A.sum_row(ti) + k0;
-      for (int l = 0; l < 8; ++l) acc[l] = std::fma(subs[k0 + l].mn, S[l], acc[l]);
-    }
+    if (mins && (k + 2) % 8 == 0) group_mins(k + 2 - 8, 8);
   }
-  if (k < A.nb) contrib(t, subs[k], xq, xd, xs, k, acc);
+  if (k < A.nb) contrib(t, subs[k], xq, xd, k, acc);
+  if (mins && A.nb % 8 != 0) group_mins(A.nb - A.nb % 8, A.nb % 8);
   return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
 }
 
