@@ -147,7 +147,7 @@ void kda_block(const Op& op, const StepContext& ctx, int r0, int T, int h) {
   const int H = dr(op).n_head, Dv = dr(op).head_dim;
   const int Dk = key_dim_of(op, width_of(ctx, op.in));
   const size_t uT = static_cast<size_t>(T), uDk = static_cast<size_t>(Dk), uDv = static_cast<size_t>(Dv);
-  thread_local std::vector<float> Q, K, G, A, B, beta, P, U;
+  thread_local std::vector<float> Q, K, G, A, B, beta, P, U, wk, wq;
   Q.resize(uT * uDk);
   K.resize(uT * uDk);
   G.resize(uT * uDk);
@@ -184,14 +184,16 @@ void kda_block(const Op& op, const StepContext& ctx, int r0, int T, int h) {
     }
   RecurrentState& st = *ctx.rows[r0].state;
   float* S = st.S_at(op.cache_layer(), h);
-  for (int c = 0; c < Dk; ++c) {
-    const float* Sc = S + static_cast<size_t>(c) * uDv;
-    for (int t = 0; t < T; ++t) {
-      const float e = std::exp(G[t * uDk + c]);
-      axpy(e * K[t * uDk + c], Sc, &P[t * uDv], Dv);
-      axpy(e * Q[t * uDk + c], Sc, &U[t * uDv], Dv);
-    }
+  // P_t = sum_c (e^{G_tc} k_tc) S_c and U_t likewise with q, the rows of S
+  // in order for every element (the outputs kept in registers across them).
+  wk.resize(uT * uDk);
+  wq.resize(uT * uDk);
+  for (size_t tc = 0; tc < uT * uDk; ++tc) {
+    const float e = std::exp(G[tc]);
+    wk[tc] = e * K[tc];
+    wq[tc] = e * Q[tc];
   }
+  for (int t = 0; t < T; ++t) Kn::axpy_rows2(&wk[t * uDk], &wq[t * uDk], S, Dv, Dk, &P[t * uDv], &U[t * uDv], Dv);
   for (int t = 0; t < T; ++t) {
     const int r = r0 + t;
     const float* v = row_of(ctx, op.in, r) + static_cast<size_t>(2 * H) * Dk + static_cast<size_t>(h) * Dv;
@@ -202,13 +204,24 @@ void kda_block(const Op& op, const StepContext& ctx, int r0, int T, int h) {
     std::copy_n(&U[t * uDv], Dv, o);
     for (int j = 0; j <= t; ++j) axpy(B[t * uT + j], &P[j * uDv], o, Dv);
   }
+  // S_c = e^{G_c} S_0c + sum_t (e^{G_c - G_tc} k_tc) u_t, two rows of S at a
+  // time, each element's updates in token order.
   const size_t last = (uT - 1) * uDk;
-  for (int c = 0; c < Dk; ++c) {
+  wk.resize(2 * uT);
+  for (int c = 0; c < Dk; c += 2) {
+    const int n = std::min(2, Dk - c);
+    for (int m = 0; m < n; ++m) {
+      float* Sc = S + static_cast<size_t>(c + m) * uDv;
+      const float keep = std::exp(G[last + c + m]);
+      for (int i = 0; i < Dv; ++i) Sc[i] *= keep;
+      for (int t = 0; t < T; ++t)
+        wk[m * uT + t] = std::exp(G[last + c + m] - G[t * uDk + c + m]) * K[t * uDk + c + m];
+    }
     float* Sc = S + static_cast<size_t>(c) * uDv;
-    const float keep = std::exp(G[last + c]);
-    for (int i = 0; i < Dv; ++i) Sc[i] *= keep;
-    for (int t = 0; t < T; ++t)
-      axpy(std::exp(G[last + c] - G[t * uDk + c]) * K[t * uDk + c], &P[t * uDv], Sc, Dv);
+    if (n == 2)
+      Kn::axpy_rows2(wk.data(), wk.data() + uT, P.data(), Dv, T, Sc, Sc + uDv, Dv);
+    else
+      for (int t = 0; t < T; ++t) axpy(wk[static_cast<size_t>(t)], &P[t * uDv], Sc, Dv);
   }
 }
 
@@ -255,10 +268,11 @@ template <class Kn>
 void delta_rule_block(const Op& op, const StepContext& ctx, int r0, int T, int h, int Dk) {
   const int Dv = dr(op).head_dim;
   const size_t uT = static_cast<size_t>(T), uDk = static_cast<size_t>(Dk), uDv = static_cast<size_t>(Dv);
-  thread_local std::vector<float> Q, K, A, B, G, beta, SK, SQ, coef;
+  thread_local std::vector<float> KQ, A, B, G, beta, SK, SQ, coef, d0, d1, w0, w1;
   thread_local std::vector<const float*> V;
-  Q.resize(uT * uDk);
-  K.resize(uT * uDk);
+  KQ.resize(2 * uT * uDk);  // the T keys, then the T queries
+  float* const K = KQ.data();
+  float* const Q = KQ.data() + uT * uDk;
   A.assign(uT * uT, 0.f);
   B.assign(uT * uT, 0.f);
   G.resize(uT);
@@ -286,8 +300,20 @@ void delta_rule_block(const Op& op, const StepContext& ctx, int r0, int T, int h
   const float tail = G[uT - 1];
   for (int t = 0; t < T; ++t) coef[static_cast<size_t>(t)] = std::exp(tail - G[static_cast<size_t>(t)]);
   float* S = ctx.rows[r0].state->S_at(op.cache_layer(), h);
-  // S_0 k_t and S_0 q_t for every token: one pass over S_0.
-  for (int i = 0; i < Dv; ++i) {
+  // S_0 k_t and S_0 q_t for every token: one pass over S_0, two of its rows
+  // at a time against the 2T keys and queries (the bits of one dot each).
+  d0.resize(2 * uT);
+  d1.resize(2 * uT);
+  int i = 0;
+  for (; i + 2 <= Dv; i += 2) {
+    const float* Si = S + static_cast<size_t>(i) * uDk;
+    Kn::dot_rows2(Si, Si + uDk, KQ.data(), Dk, 2 * T, Dk, d0.data(), d1.data());
+    for (int t = 0; t < T; ++t) {
+      SK[t * uDv + i] = d0[static_cast<size_t>(t)], SQ[t * uDv + i] = d0[uT + t];
+      SK[t * uDv + i + 1] = d1[static_cast<size_t>(t)], SQ[t * uDv + i + 1] = d1[uT + t];
+    }
+  }
+  for (; i < Dv; ++i) {
     const float* Si = S + static_cast<size_t>(i) * uDk;
     for (int t = 0; t < T; ++t) {
       SK[t * uDv + i] = dot(Si, &K[t * uDk], Dk);
@@ -307,9 +333,21 @@ void delta_rule_block(const Op& op, const StepContext& ctx, int r0, int T, int h
     for (int i = 0; i < Dv; ++i) o[i] = e * SQ[t * uDv + i];
     for (int j = 0; j <= t; ++j) axpy(B[t * uT + j], &SK[j * uDv], o, Dv);
   }
-  // S = e^{G_T} S_0 + sum_t e^{G_T - G_t} u_t k_t^T, row by row.
+  // S = e^{G_T} S_0 + sum_t e^{G_T - G_t} u_t k_t^T, row by row (two rows
+  // at a time, each element's updates in token order).
   const float keep = std::exp(tail);
-  for (int i = 0; i < Dv; ++i) {
+  w0.resize(uT);
+  w1.resize(uT);
+  for (i = 0; i + 2 <= Dv; i += 2) {
+    float* Si = S + static_cast<size_t>(i) * uDk;
+    for (size_t j = 0; j < 2 * uDk; ++j) Si[j] *= keep;
+    for (int t = 0; t < T; ++t) {
+      w0[static_cast<size_t>(t)] = coef[static_cast<size_t>(t)] * SK[t * uDv + i];
+      w1[static_cast<size_t>(t)] = coef[static_cast<size_t>(t)] * SK[t * uDv + i + 1];
+    }
+    Kn::axpy_rows2(w0.data(), w1.data(), K, Dk, T, Si, Si + uDk, Dk);
+  }
+  for (; i < Dv; ++i) {
     float* Si = S + static_cast<size_t>(i) * uDk;
     for (int j = 0; j < Dk; ++j) Si[j] *= keep;
     for (int t = 0; t < T; ++t) axpy(coef[static_cast<size_t>(t)] * SK[t * uDv + i], &K[t * uDk], Si, Dk);

@@ -54,6 +54,18 @@ struct RefKernels {
   static constexpr bool kRef = true;
   static float dot(const float* a, const float* b, int64_t n) { return dot_f32_scalar(a, b, n); }
   static void axpy(float a, const float* x, float* y, int64_t n) { axpy_f32_scalar(a, x, y, n); }
+  // Two vectors against the same rows x + p * stride (vec.h's *_rows2): the
+  // bits of dot and axpy one row at a time.
+  static void dot_rows2(const float* a0, const float* a1, const float* x, int64_t stride, int64_t rows, int64_t n,
+                        float* out0, float* out1) {
+    for (int64_t p = 0; p < rows; ++p)
+      out0[p] = dot_f32_scalar(a0, x + p * stride, n), out1[p] = dot_f32_scalar(a1, x + p * stride, n);
+  }
+  static void axpy_rows2(const float* w0, const float* w1, const float* x, int64_t stride, int64_t rows, float* y0,
+                         float* y1, int64_t n) {
+    for (int64_t p = 0; p < rows; ++p)
+      axpy_f32_scalar(w0[p], x + p * stride, y0, n), axpy_f32_scalar(w1[p], x + p * stride, y1, n);
+  }
   static void softmax(float* x, int64_t n) { softmax_inplace_scalar(x, n); }
   static void glu(GluKind k, const float* g, const float* u, float gs, float us, float* o, int64_t n) {
     glu_act_scalar(k, g, u, gs, us, o, n);
@@ -67,6 +79,14 @@ struct FastKernels {
   static constexpr bool kRef = false;
   static float dot(const float* a, const float* b, int64_t n) { return dot_f32(a, b, n); }
   static void axpy(float a, const float* x, float* y, int64_t n) { axpy_f32(a, x, y, n); }
+  static void dot_rows2(const float* a0, const float* a1, const float* x, int64_t stride, int64_t rows, int64_t n,
+                        float* out0, float* out1) {
+    dot_f32_rows2(a0, a1, x, stride, rows, n, out0, out1);
+  }
+  static void axpy_rows2(const float* w0, const float* w1, const float* x, int64_t stride, int64_t rows, float* y0,
+                         float* y1, int64_t n) {
+    axpy_f32_rows2(w0, w1, x, stride, rows, y0, y1, n);
+  }
   static void softmax(float* x, int64_t n) { softmax_inplace(x, n); }
   static void glu(GluKind k, const float* g, const float* u, float gs, float us, float* o, int64_t n) {
     glu_act(k, g, u, gs, us, o, n);
