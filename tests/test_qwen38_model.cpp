@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <unistd.h>
+#include <xmmintrin.h>
 
 #include <algorithm>
 #include <cmath>
@@ -264,6 +265,53 @@ TEST(Qwen38Model, ChunkedPrefillMatchesStepByStep) {
     ASSERT_EQ(o.size(), 3u * V);
     EXPECT_EQ(0, std::memcmp(o.data(), alone.data(), sizeof(float) * o.size())) << kind;
   }
+}
+
+// Strong gates: A_log raised so that each token decays the state by about
+// e^-40, so that within a block the chunked form's decay factors fall through
+// the subnormal range (e^-88 .. e^-103) and below; the delta rule runs with
+// subnormals as zero (recurrent.cpp). The chunked prompt pass still matches
+// step-by-step decoding, every executor's state stays finite, and the
+// floating-point mode of the calling thread and of the pool's workers is as
+// it was before.
+TEST(Qwen38Model, StrongGatesChunkedMatchesStepByStepAndLeavesTheFpModeAlone) {
+  const Qwen38Model& m = mini();
+  const int V = m.config().vocab;
+  DecodeProgram prog = build_qwen38_program(m, 16);
+  std::vector<std::vector<float>> strong;
+  for (Op& op : prog.ops)
+    if (op.kind == OpKind::DeltaRule) {
+      auto& d = op.as<ops::DeltaRule>();
+      strong.emplace_back(d.a_log.size(), 4.0f);  // exp(4) ~ 55 times softplus(...)
+      d.a_log = strong.back();
+    }
+  ASSERT_FALSE(strong.empty());
+  ThreadPool pool(2);
+  auto mxcsr = [&] {
+    std::vector<unsigned> v(1 + static_cast<size_t>(pool.size()));
+    v[0] = _mm_getcsr();
+    pool.run([&](int w) { v[1 + static_cast<size_t>(w)] = _mm_getcsr(); });
+    return v;
+  };
+  const std::vector<unsigned> before = mxcsr();
+  const auto tokens = ref_tokens();
+  auto step_ex = make_executor("opbyop", prog, pool);
+  const DecodeRun stepwise = decode(m, *step_ex, tokens);
+  for (const char* kind : {"reference", "opbyop", "mega"}) {
+    auto ex = make_executor(kind, prog, pool);
+    DecodeRun r{{}, make_cache(m, 64), make_state(m)};
+    r.logits.resize(tokens.size() * static_cast<size_t>(V));
+    for (size_t t = 0; t < tokens.size(); t += 16) {
+      std::vector<RowInput> rows;
+      for (size_t i = t; i < std::min(tokens.size(), t + 16); ++i)
+        rows.push_back({tokens[i], static_cast<int32_t>(i), &r.cache, &r.state});
+      ex->step(rows, &r.logits[t * static_cast<size_t>(V)]);
+    }
+    EXPECT_TRUE(std::all_of(r.state.S.begin(), r.state.S.end(), [](float x) { return std::isfinite(x); })) << kind;
+    EXPECT_LT(rel_diff(r.logits.data(), stepwise.logits.data(), stepwise.logits.size()), 1e-4) << kind;
+    EXPECT_LT(rel_diff(r.state.S.data(), stepwise.state.S.data(), stepwise.state.S.size()), 1e-4) << kind;
+  }
+  EXPECT_EQ(mxcsr(), before);
 }
 
 // Rows of different sequences in one step: each row's logits and state are

@@ -1,6 +1,10 @@
 #include <algorithm>
 #include <cmath>
 
+#if defined(__SSE__)
+#include <xmmintrin.h>
+#endif
+
 #include "core/error.h"
 #include "ops/registry.h"
 
@@ -384,8 +388,31 @@ void delta_rule_tile(const Op& op, const StepContext& ctx, int r, int h) {
 }
 
 
+// While a delta-rule tile runs, subnormal inputs and results count as zero
+// (x86's DAZ and FTZ modes, the previous mode restored after). Under strong
+// gates the chunked forms' decay factors e^{G_t - G_j} underflow within a
+// block, and arithmetic on subnormals runs at a small fraction of the normal
+// speed: a qwen3.8-bench prompt spent 15% of its time in the delta rule, 3%
+// with them flushed. A subnormal is below 2^-126, so only values themselves
+// near that range change. Both the reference and the fast tiles run under
+// it, so they still agree.
+class SubnormalsAsZero {
+#if defined(__SSE__)
+ public:
+  SubnormalsAsZero() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | kDazFtz); }
+  ~SubnormalsAsZero() { _mm_setcsr(saved_); }
+  SubnormalsAsZero(const SubnormalsAsZero&) = delete;
+  SubnormalsAsZero& operator=(const SubnormalsAsZero&) = delete;
+
+ private:
+  static constexpr unsigned kDazFtz = 0x8040;
+  unsigned saved_;
+#endif
+};
+
 template <class Kn>
 void delta_rule_op_tile(const Op& op, const StepContext& ctx, int t, int) {
+  const SubnormalsAsZero flush;
   delta_rule_tile<Kn>(op, ctx, t / dr(op).n_head, t % dr(op).n_head);
 }
 
