@@ -705,6 +705,38 @@ TEST(Kernels, SoftmaxMatchesTheScalarVersion) {
   }
 }
 
+// Scores spread far apart (a peaked attention head): a weight the exponential
+// puts below 2^-125 (a gap of more than 87) is exactly 0, never a subnormal,
+// in the vector softmax and softmax_rows; the others as the scalar
+// version's.
+TEST(Kernels, FarBelowTheMaximumIsZeroNotSubnormal) {
+  if (!use_avx2()) GTEST_SKIP() << "no AVX2";
+  std::vector<float> x;
+  for (int i = 0; i < 67; ++i) x.push_back(-1.5f * static_cast<float>(i));  // gaps 0 .. 99
+  for (int i = 0; i < 40; ++i) x.push_back(-87.f - 0.025f * static_cast<float>(i));  // 87 .. 88, e^-x near 2^-126
+  x.push_back(-INFINITY);
+  std::vector<float> ref = x, fast = x, rows = x;
+  const int64_t n = static_cast<int64_t>(x.size());
+  softmax_inplace_scalar(ref.data(), n);
+  softmax_inplace_avx2(fast.data(), n);
+  float* rp[1] = {rows.data()};
+  softmax_rows(rp, &n, 1);
+  for (size_t i = 0; i < x.size(); ++i) {
+    EXPECT_NE(std::fpclassify(fast[i]), FP_SUBNORMAL) << i;
+    if (-x[i] > 87.f) {
+      EXPECT_EQ(fast[i], 0.f) << i;
+    } else {
+      EXPECT_LE(std::fabs(fast[i] - ref[i]), 1e-6f * ref[i]) << i;
+    }
+  }
+  EXPECT_EQ(0, std::memcmp(fast.data(), rows.data(), sizeof(float) * x.size()));
+  // sigmoid of a large input: 1 / (1 + e^-x), e^-x now 0 rather than a
+  // subnormal added to 1.
+  std::vector<float> g = {100.f, 90.f, 87.5f, 86.f}, u(4, 1.f), o(4);
+  glu_act(GluKind::Sigmoid, g.data(), u.data(), 1.f, 1.f, o.data(), 4);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(o[static_cast<size_t>(i)], 1.f) << i;
+}
+
 // The int16-activation kernels' outputs pinned bit for bit: FNV-1a hashes of
 // Y over raw random blocks (every code and sub-scale byte; only the f16/f32/
 // e8m0 super-scales kept finite) for sub-block counts around the kernels'
