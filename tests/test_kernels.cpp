@@ -96,6 +96,21 @@ double tolerance(DType t, const float* w, const float* x, int64_t n) {
   return 1.0001 * q + 2.0 * ((double)n / 32 * 3 + 8) * 0x1p-24 * mag + 1e-30;
 }
 
+// Every output Y[s * ldy + j] within tolerance() of the f64 product of the
+// reference dequantiser's row j of W and input s of X ([n_x][W.cols]).
+void expect_near_f64_product(const MatView& W, const float* X, int64_t n_x, const float* Y, int64_t ldy) {
+  std::vector<float> w((size_t)W.cols);
+  for (int64_t j = 0; j < W.rows; ++j) {
+    dtype_traits(W.type).dequantize(W.row(j), w.data(), W.cols);
+    for (int64_t s = 0; s < n_x; ++s) {
+      const float* x = X + s * W.cols;
+      double exact = 0;
+      for (int64_t i = 0; i < W.cols; ++i) exact += (double)w[(size_t)i] * x[i];
+      EXPECT_NEAR(Y[(size_t)(s * ldy + j)], exact, tolerance(W.type, w.data(), x, W.cols)) << "row " << j << " input " << s;
+    }
+  }
+}
+
 // Raw random blocks keep every code and sub-block scale byte, but their
 // f16 / f32 / e8m0 super-scales are set to sane values so no inf/NaN arises
 // (NVFP4's scale bytes are all finite already).
@@ -355,15 +370,7 @@ TEST(Kernels, RandomBitPatternsMatchOracle) {
     for (float v : O) ASSERT_TRUE(std::isfinite(v));
     EXPECT_EQ(std::memcmp(Y.data(), O.data(), Y.size() * sizeof(float)), 0);
     // And the oracle agrees with the reference dequantiser within tolerance.
-    std::vector<float> w((size_t)cols);
-    for (int64_t j = 0; j < rows; ++j) {
-      tr.dequantize(W.row(j), w.data(), cols);
-      for (int64_t s = 0; s < n_x; ++s) {
-        double exact = 0;
-        for (int64_t i = 0; i < cols; ++i) exact += (double)w[(size_t)i] * x[(size_t)(s * cols + i)];
-        ASSERT_NEAR(O[(size_t)(s * rows + j)], exact, tolerance(t, w.data(), x.data() + s * cols, cols)) << j;
-      }
-    }
+    expect_near_f64_product(W, x.data(), n_x, O.data(), rows);
   }
 }
 
@@ -579,16 +586,8 @@ TEST(Kernels, PremultipliedScalesAtTheirLimits) {
       for (size_t i = 0; i < x.size(); ++i) x[i] = i % 5 == 0 ? -1.0f : 1.0f;
       std::vector<float> Y((size_t)(n_x * rows));
       matmul_rows(W, x.data(), n_x, Y.data(), rows, 0, rows);
-      std::vector<float> w((size_t)cols);
-      for (int64_t j = 0; j < rows; ++j) {
-        tr.dequantize(W.row(j), w.data(), cols);
-        for (int64_t s = 0; s < n_x; ++s) {
-          double want = 0;
-          for (int64_t i = 0; i < cols; ++i) want += (double)w[(size_t)i] * x[(size_t)(s * cols + i)];
-          EXPECT_NEAR(Y[(size_t)(s * rows + j)], want, tolerance(t, w.data(), x.data() + s * cols, cols))
-              << tr.name << " row " << j << " inputs " << n_x;
-        }
-      }
+      SCOPED_TRACE(tr.name + std::string(" inputs ") + std::to_string(n_x));
+      expect_near_f64_product(W, x.data(), n_x, Y.data(), rows);
     }
   }
 }

@@ -19,6 +19,26 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(lo);
 }
 
+// The halves at p[0..7] as eight floats. Gathered into a register by
+// vpinsrw: eight 2-byte stores read back as one 16-byte load would miss
+// store forwarding and stall.
+inline __m256 f16x8(const uint8_t* const p[8]) {
+  auto h = [&](int r) {
+    uint16_t v;
+    std::memcpy(&v, p[r], 2);
+    return (int)v;
+  };
+  __m128i v = _mm_cvtsi32_si128(h(0));
+  v = _mm_insert_epi16(v, h(1), 1);
+  v = _mm_insert_epi16(v, h(2), 2);
+  v = _mm_insert_epi16(v, h(3), 3);
+  v = _mm_insert_epi16(v, h(4), 4);
+  v = _mm_insert_epi16(v, h(5), 5);
+  v = _mm_insert_epi16(v, h(6), 6);
+  v = _mm_insert_epi16(v, h(7), 7);
+  return _mm256_cvtph_ps(v);
+}
+
 // Sum of 8 int32 lanes (exact while it fits).
 inline int32_t hsum_epi32(__m256i v) {
   __m128i x = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));

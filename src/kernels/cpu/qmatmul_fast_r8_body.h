@@ -159,25 +159,7 @@ inline void transpose4x2(__m256i v[4]) {
   v[3] = _mm256_unpackhi_epi64(t1, t3);
 }
 
-// The halves at p[0..7] as eight floats. Gathered into a register by
-// vpinsrw: eight 2-byte stores read back as one 16-byte load would miss
-// store forwarding and stall.
-inline __m256 f16x8(const uint8_t* const p[8]) {
-  auto h = [&](int r) {
-    uint16_t v;
-    std::memcpy(&v, p[r], 2);
-    return (int)v;
-  };
-  __m128i v = _mm_cvtsi32_si128(h(0));
-  v = _mm_insert_epi16(v, h(1), 1);
-  v = _mm_insert_epi16(v, h(2), 2);
-  v = _mm_insert_epi16(v, h(3), 3);
-  v = _mm_insert_epi16(v, h(4), 4);
-  v = _mm_insert_epi16(v, h(5), 5);
-  v = _mm_insert_epi16(v, h(6), 6);
-  v = _mm_insert_epi16(v, h(7), 7);
-  return _mm256_cvtph_ps(v);
-}
+using avx2::f16x8;
 
 // ---------------------------------------------------------------------------
 // The inputs of a pass, for the 32-element formats and the K-quants alike.

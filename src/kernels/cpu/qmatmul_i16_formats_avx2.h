@@ -103,26 +103,19 @@ struct Q4_1 {
   // The mins of sub-blocks k0 .. k0 + n - 1 (n <= 8) as floats, zero past n:
   // the halves at byte 2 of each block, gathered in a register.
   static __m256 mins(const uint8_t* row, int64_t k0, int n = 8) {
-    auto h = [&](int i) {
-      uint16_t v;
-      std::memcpy(&v, row + (k0 + i) * kBytes + 2, 2);
-      return (int)v;
-    };
-    __m128i v = _mm_cvtsi32_si128(h(0));
     if (n == 8) {
-      v = _mm_insert_epi16(v, h(1), 1);
-      v = _mm_insert_epi16(v, h(2), 2);
-      v = _mm_insert_epi16(v, h(3), 3);
-      v = _mm_insert_epi16(v, h(4), 4);
-      v = _mm_insert_epi16(v, h(5), 5);
-      v = _mm_insert_epi16(v, h(6), 6);
-      v = _mm_insert_epi16(v, h(7), 7);
-    } else {  // packed in general registers (stores and a vector load would stall)
-      uint64_t w[2] = {0, 0};
-      for (int i = 0; i < n; ++i) w[i / 4] |= (uint64_t)h(i) << (16 * (i % 4));
-      v = _mm_set_epi64x((long long)w[1], (long long)w[0]);
+      const uint8_t* p[8];
+      for (int i = 0; i < 8; ++i) p[i] = row + (k0 + i) * kBytes + 2;
+      return avx2::f16x8(p);
     }
-    return _mm256_cvtph_ps(v);
+    // Packed in general registers (stores and a vector load would stall).
+    uint64_t w[2] = {0, 0};
+    for (int i = 0; i < n; ++i) {
+      uint16_t h;
+      std::memcpy(&h, row + (k0 + i) * kBytes + 2, 2);
+      w[i / 4] |= (uint64_t)h << (16 * (i % 4));
+    }
+    return _mm256_cvtph_ps(_mm_set_epi64x((long long)w[1], (long long)w[0]));
   }
 };
 struct Q5_0 {
