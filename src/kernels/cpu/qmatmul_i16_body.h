@@ -400,7 +400,7 @@ struct Codes {
 };
 struct Panel {
   std::vector<Codes> codes;    // [row][sub-block]
-  std::vector<float> scales;   // [row][sub-block][sc, sc1, mn, -]
+  std::vector<float> scales;   // [row][sub-block][sc, sc1]
   std::vector<float> mins;     // kGroupMins: [row][group of 8][8], the mins again, zero-padded
 };
 
@@ -411,8 +411,8 @@ template <class F>
 void decode_panel(const MatView& W, int64_t nb, int64_t jb, int64_t je, Panel& p) {
   const size_t n = (size_t)((je - jb) * nb);
   if (p.codes.size() < n) p.codes.resize(n);
-  if (p.scales.size() < 4 * n) p.scales.resize(4 * n);
-  if (kGroupMins<F>) p.mins.assign((size_t)((je - jb) * padded_subs(nb)), 0.0f);
+  if (p.scales.size() < 2 * n) p.scales.resize(2 * n);
+  if (kGroupMins<F> && p.mins.size() < (size_t)((je - jb) * padded_subs(nb))) p.mins.resize((size_t)((je - jb) * padded_subs(nb)));
   for (int64_t j = jb; j < je; ++j) {
     const uint8_t* row = W.row(j);
     int64_t cur = -1;
@@ -423,23 +423,22 @@ void decode_panel(const MatView& W, int64_t nb, int64_t jb, int64_t je, Panel& p
       s.sc1 = s.mn = 0.0f;
       decode_sub<F>(row, k, cur, st, s);
       p.codes[base + k] = Codes{s.lo, s.hi};
-      float* sc = &p.scales[4 * (base + k)];
+      float* sc = &p.scales[2 * (base + k)];
       sc[0] = s.sc;
       sc[1] = s.sc1;
-      sc[2] = s.mn;
       if constexpr (kGroupMins<F>) p.mins[(size_t)((j - jb) * padded_subs(nb) + k)] = s.mn;
     }
+    if constexpr (kGroupMins<F>)
+      for (int64_t k = nb; k < padded_subs(nb); ++k) p.mins[(size_t)((j - jb) * padded_subs(nb) + k)] = 0.0f;
   }
 }
 
-template <class F>
-inline Sub panel_sub(const Codes* codes, const float* scales, int64_t k) {
+// Sub-block k of a decoded row: its codes (panel_row takes the scales from
+// the scale products, fac, and the mins from the row's mins).
+inline Sub panel_sub(const Codes* codes, int64_t k) {
   Sub s;
   s.lo = codes[k].lo;
   s.hi = codes[k].hi;
-  s.sc = scales[4 * k];
-  s.sc1 = scales[4 * k + 1];
-  s.mn = scales[4 * k + 2];
   return s;
 }
 
@@ -455,9 +454,9 @@ inline void row_factors(const float* scales, const float* dxT, int64_t ldt, int6
                         float* fac) {
   for (int64_t k = kb; k < ke; ++k) {
     const __m256 dx = _mm256_loadu_ps(dxT + k * ldt + t0);
-    _mm256_storeu_ps(fac + 2 * kGroup * k, _mm256_mul_ps(_mm256_set1_ps(scales[4 * k]), dx));
+    _mm256_storeu_ps(fac + 2 * kGroup * k, _mm256_mul_ps(_mm256_set1_ps(scales[2 * k]), dx));
     if constexpr (F::kTwoScales)
-      _mm256_storeu_ps(fac + 2 * kGroup * k + kGroup, _mm256_mul_ps(_mm256_set1_ps(scales[4 * k + 1]), dx));
+      _mm256_storeu_ps(fac + 2 * kGroup * k + kGroup, _mm256_mul_ps(_mm256_set1_ps(scales[2 * k + 1]), dx));
   }
 }
 
@@ -483,10 +482,10 @@ void group_inputs(const QuantizedActs& A, int64_t t0, int nt, int16_t* xg, float
 // is finished (ke = nsub), when their sums are the outputs. kb is even, so
 // the sub-blocks pair up as in one pass over the whole row.
 template <class F, int NT>
-inline void panel_row(const Codes* codes, const float* scales, const float* mins, const float* fac,
-                      const int16_t* xg, const float* sums, int64_t kb, int64_t ke, int64_t nsub, float* state,
-                      int64_t t0, float* Y, int64_t ldy, int64_t j) {
-  auto group_mins = [&](int64_t g, __m256* acc) {  // zero-padded: a shorter last group as a whole one
+inline void panel_row(const Codes* codes, const float* mins, const float* fac, const int16_t* xg, const float* sums,
+                      int64_t kb, int64_t ke, int64_t nsub, float* state, int64_t t0, float* Y, int64_t ldy,
+                      int64_t j) {
+  auto add_group_mins = [&](int64_t g, __m256* acc) {  // zero-padded: a shorter last group as a whole one
     const __m256 mn = _mm256_loadu_ps(mins + 8 * g);
     const float* sb = sums + g * kGroup * 8;
     for (int t = 0; t < NT; ++t) acc[t] = _mm256_fmadd_ps(mn, _mm256_loadu_ps(sb + 8 * t), acc[t]);
@@ -495,7 +494,7 @@ inline void panel_row(const Codes* codes, const float* scales, const float* mins
   for (int t = 0; t < NT; ++t) acc[t] = kb == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(state + 8 * t);
   int64_t k = kb;
   for (; k + 2 <= ke; k += 2) {
-    const Sub s0 = panel_sub<F>(codes, scales, k), s1 = panel_sub<F>(codes, scales, k + 1);
+    const Sub s0 = panel_sub(codes, k), s1 = panel_sub(codes, k + 1);
     const float* f0 = fac + 2 * kGroup * k;
     const float* f1 = f0 + 2 * kGroup;
     const int16_t* x0 = xg + k * kGroup * 32;
@@ -507,17 +506,17 @@ inline void panel_row(const Codes* codes, const float* scales, const float* mins
       acc[t] = _mm256_add_ps(acc[t], tmp);
     }
     if constexpr (kGroupMins<F>)
-      if ((k + 2) % 8 == 0) group_mins((k + 2) / 8 - 1, acc);
+      if ((k + 2) % 8 == 0) add_group_mins((k + 2) / 8 - 1, acc);
   }
   if (k < ke) {  // the row's odd last sub-block
-    const Sub s = panel_sub<F>(codes, scales, k);
+    const Sub s = panel_sub(codes, k);
     const float* f = fac + 2 * kGroup * k;
     const int16_t* x0 = xg + k * kGroup * 32;
     for (int t = 0; t < NT; ++t)
       acc[t] = contrib_at<F>(s, x0 + 32 * t, _mm256_broadcast_ss(f + t), _mm256_broadcast_ss(f + kGroup + t), acc[t]);
   }
   if constexpr (kGroupMins<F>)
-    if (ke == nsub && nsub % 8 != 0) group_mins(nsub / 8, acc);
+    if (ke == nsub && nsub % 8 != 0) add_group_mins(nsub / 8, acc);
   if (ke == nsub)
     for (int t = 0; t < NT; ++t) Y[(t0 + t) * ldy + j] = hsum(acc[t]);
   else
@@ -574,7 +573,7 @@ void i16_rows_panel(const MatView& W, const QuantizedActs& A, float* Y, int64_t 
   // less often: 128 inputs, K = 5632, one thread, 128 -> 384 KiB: 35.0 /
   // 36.2 -> 37.4 / 39.1 GMAC/s (768 KiB: 38.5 / 37.4); K = 1024 and 3072
   // level.
-  const int64_t rows = std::max<int64_t>(1, (int64_t)((384u << 10) / (size_t)(nb * 80)));
+  const int64_t rows = std::max<int64_t>(1, (int64_t)((384u << 10) / (size_t)(nb * 72)));
   // Sub-blocks per pass of a group over the panel's rows: a group's inputs
   // for 32 sub-blocks are 16 KiB of values, which stay in L1 while the rows
   // go by; whole rows of 3072 (96 sub-blocks) did not, and streamed them
@@ -593,10 +592,10 @@ void i16_rows_panel(const MatView& W, const QuantizedActs& A, float* Y, int64_t 
         const int64_t ke = std::min(nb, kb + kc);
         for (int64_t j = jb; j < je; ++j) {
           const size_t base = (size_t)((j - jb) * nb);
-          const float* sc = panel.scales.data() + 4 * base;
+          const float* sc = panel.scales.data() + 2 * base;
           row_factors<F>(sc, dxT.data(), ldt, t0, kb, ke, fac.data());
           const float* mins = kGroupMins<F> ? panel.mins.data() + (j - jb) * padded_subs(nb) : nullptr;
-          panel_row<F, NT>(panel.codes.data() + base, sc, mins, fac.data(), x, sums, kb, ke, nb,
+          panel_row<F, NT>(panel.codes.data() + base, mins, fac.data(), x, sums, kb, ke, nb,
                            state.data() + (j - jb) * kGroup * 8, t0, Y, ldy, j);
         }
       }
