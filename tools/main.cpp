@@ -9,7 +9,7 @@
 #include "tools/commands.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{"megakern: LLM decoding on the CPU.\nModels: a GGUF path or a fetched model name (smollm2-135m, gemma3-270m)."};
+  CLI::App app{"megakern: LLM decoding on the CPU.\nModels: a GGUF path or a fetched model name (smollm2-135m, gemma3-270m, qwen2.5-coder-0.5b)."};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Show help for every subcommand");
   megakern::cli::register_run(app);

@@ -16,11 +16,14 @@ namespace ops {
 // ---- ops/matmul.cpp ------------------------------------------------------
 // Embed and MatMul: the ops that stream a weight matrix (Op::mat).
 //   Embed:  out[r] = scale * E[token[r]]       (mat: the table; one row per token)
-//   MatMul: out[r] = W in[r]                   (mat: W; tiles: ranges of output rows)
+//   MatMul: out[r] = W in[r] (+ bias)          (mat: W; tiles: ranges of output rows; the bias,
+//           when given, is added to each output after its dot product, in f32)
 struct Embed {
   float scale = 1.f;
 };
-struct MatMul {};
+struct MatMul {
+  std::span<const float> bias;  // [W rows] or empty
+};
 
 // ---- ops/norm.cpp --------------------------------------------------------
 // Norms and residuals.
@@ -61,9 +64,11 @@ struct HeadNormGate {
 // The attention ops: per-head norm and RoPE, the KV store, attention itself
 // and MLA's per-head key assembly.
 //   HeadNormRope: in-place on `out`: per head, optional rmsnorm by head_norm [head_dim], then RoPE at pos[r]
+//                 (angle i divided by freq_factors[i] when given: Llama 3 / LongRoPE scaling)
 //   StoreKV:      cache(r)[layer][pos[r]] = (in[r], in2[r]) (k, v); out is the layer's width-0 cache
 //                 marker slot, so the dependency of attention on it is explicit
-//   Attention:    out[r] = softmax(q.K^T * scale) V over row r's cache, causal, optional window;
+//   Attention:    out[r] = softmax(s) V over row r's cache, s = q.K^T * scale (then cap * tanh(s / cap)
+//                 with a softcap: Gemma 2), causal, optional window;
 //                 in = q, in2 = the cache marker StoreKV wrote; tiles (row, KV head, part of its group)
 //   MlaKey:       out[r] = per head [in[r] head h (head_dim - w2) | in2[r] (w2, shared by all heads)]
 // cache_index: the op's layer in the KV cache (-1: Op::layer).
@@ -73,6 +78,7 @@ struct HeadNormRope {
   bool rope_neox = false;
   std::span<const float> head_norm;  // [head_dim] or empty
   float eps = 1e-6f;
+  std::span<const float> freq_factors;  // [rope_dim / 2] or empty
 };
 struct StoreKV {
   int cache_index = -1;
@@ -83,6 +89,7 @@ struct Attention {
   float scale = 1.f;
   int window = 0;      // sliding window (0: none)
   int cache_index = -1;
+  float softcap = 0.f;  // 0: none
   int v_dim() const { return v_head_dim > 0 ? v_head_dim : head_dim; }
 };
 struct MlaKey {

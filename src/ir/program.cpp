@@ -135,6 +135,7 @@ void DecodeProgram::add_attention_core(const AttentionSpec& a) {
     r.eps = a.eps;
     const std::vector<float>* w = which == 0 ? a.q_norm : a.k_norm;
     if (w) r.head_norm = *w;
+    if (a.freq_factors) r.freq_factors = *a.freq_factors;
   }
   const int marker = add_slot("kv_cache", a.layer, 0);
   Op& st = add_op(OpKind::StoreKV, a.layer, "store_kv");
@@ -153,6 +154,7 @@ void DecodeProgram::add_attention_core(const AttentionSpec& a) {
   t.scale = a.scale;
   t.window = a.window;
   t.cache_index = a.cache_index;
+  t.softcap = a.softcap;
 }
 
 size_t DecodeProgram::weight_bytes() const {

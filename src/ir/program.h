@@ -134,6 +134,8 @@ struct DecodeProgram {
     float scale = 1.f;
     int window = 0;
     int cache_index = -1;  // KV cache layer; -1: the layer itself
+    const std::vector<float>* freq_factors = nullptr;  // [rope_dim / 2] or null/empty
+    float softcap = 0.f;   // attention score softcap (0: none)
   };
   void add_attention_core(const AttentionSpec& a);
   size_t weight_bytes() const;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <tuple>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -21,6 +22,18 @@ int positive_int(const GGUFFile& f, const std::string& key) {
   return static_cast<int>(v);
 }
 
+// A float hyperparameter that must be finite and in (lo, hi]; `fallback`
+// when the key is absent (required when there is none).
+float bounded_float(const GGUFFile& f, const std::string& key, double lo, double hi,
+                    std::optional<double> fallback = std::nullopt) {
+  const std::optional<double> v = fallback ? f.get_float_opt(key) : std::optional<double>(f.get_float(key));
+  const double x = v.value_or(fallback.value_or(0.0));
+  if (!std::isfinite(x) || x <= lo || x > hi)
+    fail("{}: '{}' is {}, which is not a usable value (it must be finite, above {} and at most {})", f.name(), key,
+         x, lo, hi);
+  return static_cast<float>(x);
+}
+
 // A 2-D weight of GGUF shape {cols, rows}; checks both extents.
 MatView mat(const GGUFFile& f, const std::string& name, int64_t cols, int64_t rows) {
   const GGUFTensorInfo& t = f.tensor(name);
@@ -36,6 +49,15 @@ MatView mat(const GGUFFile& f, const std::string& name, int64_t cols, int64_t ro
   return m;
 }
 
+// Rows [b, b + n) of a matrix (a fused projection's part), zero-copy: rows
+// are contiguous in every format.
+MatView row_range(const MatView& m, int64_t b, int64_t n) {
+  MatView v = m;
+  v.rows = n;
+  v.data = m.data + static_cast<size_t>(b) * m.row_bytes;
+  return v;
+}
+
 // A 1-D weight, dequantised to f32.
 std::vector<float> vec(const GGUFFile& f, const std::string& name, int64_t n) {
   const GGUFTensorInfo& t = f.tensor(name);
@@ -43,7 +65,16 @@ std::vector<float> vec(const GGUFFile& f, const std::string& name, int64_t n) {
     fail("{}: tensor '{}' has shape [{}], expected [{}]", f.name(), name, fmt::join(t.shape, ", "), n);
   std::vector<float> out(static_cast<size_t>(n));
   dtype_traits(t.type).dequantize(t.data, out.data(), n);
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isfinite(out[static_cast<size_t>(i)]))
+      fail("{}: tensor '{}' holds a non-finite value at index {}", f.name(), name, i);
   return out;
+}
+
+std::string supported_list() {
+  std::string s;
+  for (const DenseFamily& fam : dense_families()) s += (s.empty() ? "" : ", ") + std::string(fam.gguf_arch);
+  return s;
 }
 
 }  // namespace
@@ -56,14 +87,15 @@ std::unique_ptr<DenseModel> DenseModel::load(const GGUFFile& f, std::optional<DT
   auto m = std::unique_ptr<DenseModel>(new DenseModel());
   DenseConfig& c = m->cfg_;
   c.arch_name = f.get_string("general.architecture");
-  if (c.arch_name == "llama")
-    c.arch = DenseArch::Llama;
-  else if (c.arch_name == "qwen3")
-    c.arch = DenseArch::Qwen3;
-  else if (c.arch_name == "gemma3")
-    c.arch = DenseArch::Gemma3;
-  else
-    fail("{}: architecture '{}' is not supported (expected llama, qwen3 or gemma3)", f.name(), c.arch_name);
+  c.family = dense_family_of_gguf(c.arch_name);
+  if (!c.family) {
+    if (auto why = unsupported_gguf_reason(c.arch_name))
+      fail("{}: architecture '{}' is not supported: {}", f.name(), c.arch_name, *why);
+    fail("{}: architecture '{}' is not supported (expected one of {})", f.name(), c.arch_name, supported_list());
+  }
+  const DenseFamily& fam = *c.family;
+  using T = DenseTensor;
+  auto name = [](T t, int l = 0, std::string_view suffix = "weight") { return dense_tensor_name(t, l, suffix); };
 
   c.n_layer = positive_int(f, arch_key(c, "block_count"));
   c.n_embd = positive_int(f, arch_key(c, "embedding_length"));
@@ -75,44 +107,60 @@ std::unique_ptr<DenseModel> DenseModel::load(const GGUFFile& f, std::optional<DT
     fail("{}: head_count {} is not a multiple of head_count_kv {}", f.name(), c.n_head, c.n_head_kv);
   c.head_dim = f.has(arch_key(c, "attention.key_length")) ? positive_int(f, arch_key(c, "attention.key_length"))
                                                            : c.n_embd / c.n_head;
+  if (c.head_dim <= 0) fail("{}: embedding_length {} is smaller than head_count {}", f.name(), c.n_embd, c.n_head);
   if (f.has(arch_key(c, "attention.value_length")) &&
       positive_int(f, arch_key(c, "attention.value_length")) != c.head_dim)
     fail("{}: key_length and value_length differ, which this engine does not support", f.name());
   c.n_ctx_train = f.has(arch_key(c, "context_length")) ? positive_int(f, arch_key(c, "context_length")) : 2048;
-  c.eps = static_cast<float>(f.get_float(arch_key(c, "attention.layer_norm_rms_epsilon")));
-  c.rope_base = static_cast<float>(f.get_float_opt(arch_key(c, "rope.freq_base")).value_or(10000.0));
+  c.eps = bounded_float(f, arch_key(c, "attention.layer_norm_rms_epsilon"), 0.0, 1.0);
+  c.rope_base = bounded_float(f, arch_key(c, "rope.freq_base"), 0.0, 1e12, 10000.0);
   c.rope_dim = f.has(arch_key(c, "rope.dimension_count")) ? positive_int(f, arch_key(c, "rope.dimension_count"))
                                                            : c.head_dim;
   if (c.rope_dim > c.head_dim || c.rope_dim % 2 != 0)
     fail("{}: rope.dimension_count {} must be even and at most the head size {}", f.name(), c.rope_dim,
          c.head_dim);
+  if (auto type = f.get_string_opt(arch_key(c, "rope.scaling.type")); type && *type != "none" && *type != "linear")
+    fail("{}: rope.scaling.type '{}' is not supported (Llama 3 scaling comes as the rope_freqs tensor)", f.name(),
+         *type);
+  if (auto factor = f.get_float_opt(arch_key(c, "rope.scaling.factor")); factor && *factor != 1.0) {
+    const std::string type = f.get_string_opt(arch_key(c, "rope.scaling.type")).value_or("linear");
+    if (type != "linear" || !std::isfinite(*factor) || *factor <= 0)
+      fail("{}: rope.scaling.factor {} is not supported", f.name(), *factor);
+  }
+  if (f.find_tensor("rope_factors_long.weight") || f.find_tensor("rope_factors_short.weight"))
+    fail("{}: LongRoPE scaling (rope_factors_long / rope_factors_short) is not supported", f.name());
   c.attn_scale = 1.f / std::sqrt(static_cast<float>(c.head_dim));
   c.layer_swa.assign(static_cast<size_t>(c.n_layer), false);
-
-  switch (c.arch) {
-    case DenseArch::Llama:
-      // llama GGUF files store q/k rows permuted for adjacent-pair rotation.
-      c.rope_neox = false;
-      break;
-    case DenseArch::Qwen3:
-      c.rope_neox = true;
-      c.qk_norm = true;
-      break;
-    case DenseArch::Gemma3:
-      c.rope_neox = true;
-      c.qk_norm = true;
-      c.sandwich_norm = true;
-      c.gelu = true;
-      c.embd_scale = std::sqrt(static_cast<float>(c.n_embd));
-      // Gemma 3 uses a sliding window on five of every six layers; the sixth
-      // is global. Local layers use a fixed RoPE base of 10000.
-      c.sliding_window = positive_int(f, arch_key(c, "attention.sliding_window"));
-      c.rope_base_local = 10000.f;
-      for (int l = 0; l < c.n_layer; ++l) c.layer_swa[static_cast<size_t>(l)] = (l + 1) % 6 != 0;
-      if (auto s = f.get_float_opt(arch_key(c, "attention.query_pre_attn_scalar")))
-        c.attn_scale = static_cast<float>(1.0 / std::sqrt(*s));
-      break;
+  c.rope_neox = fam.rope_neox;
+  c.qk_norm = fam.qk_norm;
+  c.sandwich_norm = fam.sandwich_norm;
+  c.gelu = fam.gelu;
+  if (fam.embd_scale_sqrt) c.embd_scale = std::sqrt(static_cast<float>(c.n_embd));
+  c.rope_base_local = fam.rope_base_local > 0 ? fam.rope_base_local : c.rope_base;
+  if (auto s = f.get_float_opt(arch_key(c, "attention.query_pre_attn_scalar"))) {
+    if (!std::isfinite(*s) || *s <= 0)
+      fail("{}: '{}' is {}, which is not a usable value (it must be finite and positive)", f.name(),
+           arch_key(c, "attention.query_pre_attn_scalar"), *s);
+    c.attn_scale = static_cast<float>(1.0 / std::sqrt(*s));
   }
+  const std::string window_key = arch_key(c, "attention.sliding_window");
+  const bool has_window = f.has(window_key) && f.get_int(window_key) != 0;
+  if (fam.swa != SwaPattern::None || (fam.window_all && has_window)) {
+    if (fam.swa != SwaPattern::None || has_window) c.sliding_window = positive_int(f, window_key);
+    for (int l = 0; l < c.n_layer; ++l) {
+      bool swa = fam.window_all;
+      if (fam.swa == SwaPattern::EvenLayers) swa = l % 2 == 0;
+      if (fam.swa == SwaPattern::FiveOfSix) swa = (l + 1) % 6 != 0;  // every sixth layer is global
+      c.layer_swa[static_cast<size_t>(l)] = swa;
+    }
+  }
+  auto softcap = [&](const char* key) -> float {
+    const std::string k = arch_key(c, key);
+    if (!f.has(k)) return 0.f;
+    return bounded_float(f, k, 0.0, 1e6);
+  };
+  c.attn_softcap = softcap("attn_logit_softcapping");
+  c.final_softcap = softcap("final_logit_softcapping");
 
   // Bounds that keep every index computation of forward() (at most
   // kMaxChunk positions at a time) inside int.
@@ -122,32 +170,63 @@ std::unique_ptr<DenseModel> DenseModel::load(const GGUFFile& f, std::optional<DT
     fail("{}: model widths (embedding {}, feed-forward {}, heads x head size {}) exceed the supported {}", f.name(),
          c.n_embd, c.n_ff, qdim64, kMaxWidth);
   const int qdim = static_cast<int>(qdim64), kvdim = c.n_head_kv * c.head_dim;
-  if (f.tensor("token_embd.weight").shape.size() != 2 || f.tensor("token_embd.weight").shape.back() > kMaxWidth)
-    fail("{}: token_embd.weight must be 2-D with at most {} rows", f.name(), kMaxWidth);
-  m->tok_embd_ = mat(f, "token_embd.weight", c.n_embd, f.tensor("token_embd.weight").shape.back());
+  const std::string embd = name(T::TokenEmbd);
+  if (f.tensor(embd).shape.size() != 2 || f.tensor(embd).shape.back() > kMaxWidth)
+    fail("{}: {} must be 2-D with at most {} rows", f.name(), embd, kMaxWidth);
+  m->tok_embd_ = mat(f, embd, c.n_embd, f.tensor(embd).shape.back());
   c.n_vocab = static_cast<int>(m->tok_embd_.rows);
-  m->output_ = f.find_tensor("output.weight") ? mat(f, "output.weight", c.n_embd, c.n_vocab) : m->tok_embd_;
-  m->output_norm_ = vec(f, "output_norm.weight", c.n_embd);
+  m->output_ = f.find_tensor(name(T::Output)) ? mat(f, name(T::Output), c.n_embd, c.n_vocab) : m->tok_embd_;
+  m->output_norm_ = vec(f, name(T::OutputNorm), c.n_embd);
+  if (f.find_tensor(name(T::RopeFreqs))) {
+    m->rope_freqs_ = vec(f, name(T::RopeFreqs), c.rope_dim / 2);
+    for (float x : m->rope_freqs_)
+      if (!(x > 0)) fail("{}: tensor '{}' holds a frequency factor {} (must be positive)", f.name(), name(T::RopeFreqs), x);
+  }
   m->layers_.resize(static_cast<size_t>(c.n_layer));
   for (int l = 0; l < c.n_layer; ++l) {
     DenseLayer& L = m->layers_[static_cast<size_t>(l)];
-    const std::string p = fmt::format("blk.{}.", l);
-    L.attn_norm = vec(f, p + "attn_norm.weight", c.n_embd);
-    L.ffn_norm = vec(f, p + "ffn_norm.weight", c.n_embd);
-    L.wq = mat(f, p + "attn_q.weight", c.n_embd, qdim);
-    L.wk = mat(f, p + "attn_k.weight", c.n_embd, kvdim);
-    L.wv = mat(f, p + "attn_v.weight", c.n_embd, kvdim);
-    L.wo = mat(f, p + "attn_output.weight", qdim, c.n_embd);
-    L.w_gate = mat(f, p + "ffn_gate.weight", c.n_embd, c.n_ff);
-    L.w_up = mat(f, p + "ffn_up.weight", c.n_embd, c.n_ff);
-    L.w_down = mat(f, p + "ffn_down.weight", c.n_ff, c.n_embd);
+    L.attn_norm = vec(f, name(T::AttnNorm, l), c.n_embd);
+    L.ffn_norm = vec(f, name(T::FfnNorm, l), c.n_embd);
+    if (fam.fused_qkv) {
+      const MatView qkv = mat(f, name(T::AttnQkv, l), c.n_embd, qdim + 2 * kvdim);
+      L.wq = row_range(qkv, 0, qdim);
+      L.wk = row_range(qkv, qdim, kvdim);
+      L.wv = row_range(qkv, qdim + kvdim, kvdim);
+    } else {
+      L.wq = mat(f, name(T::AttnQ, l), c.n_embd, qdim);
+      L.wk = mat(f, name(T::AttnK, l), c.n_embd, kvdim);
+      L.wv = mat(f, name(T::AttnV, l), c.n_embd, kvdim);
+    }
+    L.wo = mat(f, name(T::AttnOut, l), qdim, c.n_embd);
+    if (fam.fused_gate_up) {
+      const MatView gu = mat(f, name(T::FfnUp, l), c.n_embd, 2 * int64_t{c.n_ff});
+      L.w_gate = row_range(gu, 0, c.n_ff);
+      L.w_up = row_range(gu, c.n_ff, c.n_ff);
+    } else {
+      L.w_gate = mat(f, name(T::FfnGate, l), c.n_embd, c.n_ff);
+      L.w_up = mat(f, name(T::FfnUp, l), c.n_embd, c.n_ff);
+    }
+    L.w_down = mat(f, name(T::FfnDown, l), c.n_ff, c.n_embd);
+    // q/k/v biases: required where the family has them, read where a file
+    // of another family carries them (some llama conversions do).
+    for (auto [t, dst, n] : {std::tuple{T::AttnQ, &L.bq, qdim}, std::tuple{T::AttnK, &L.bk, kvdim},
+                             std::tuple{T::AttnV, &L.bv, kvdim}}) {
+      const std::string bn = name(fam.fused_qkv ? T::AttnQkv : t, l, "bias");
+      if (fam.fused_qkv) {
+        if (f.find_tensor(bn)) fail("{}: tensor '{}': fused q/k/v biases are not supported", f.name(), bn);
+        continue;
+      }
+      if (fam.qkv_bias || f.find_tensor(bn)) *dst = vec(f, bn, n);
+    }
+    if (f.find_tensor(name(T::AttnOut, l, "bias")))
+      fail("{}: tensor '{}': an output-projection bias is not supported", f.name(), name(T::AttnOut, l, "bias"));
     if (c.qk_norm) {
-      L.q_norm = vec(f, p + "attn_q_norm.weight", c.head_dim);
-      L.k_norm = vec(f, p + "attn_k_norm.weight", c.head_dim);
+      L.q_norm = vec(f, name(T::AttnQNorm, l), c.head_dim);
+      L.k_norm = vec(f, name(T::AttnKNorm, l), c.head_dim);
     }
     if (c.sandwich_norm) {
-      L.post_attn_norm = vec(f, p + "post_attention_norm.weight", c.n_embd);
-      L.post_ffn_norm = vec(f, p + "post_ffw_norm.weight", c.n_embd);
+      L.post_attn_norm = vec(f, name(T::AttnPostNorm, l), c.n_embd);
+      L.post_ffn_norm = vec(f, name(T::FfnPostNorm, l), c.n_embd);
     }
   }
   if (weights) m->dequantize_all_to_f32();

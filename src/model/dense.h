@@ -1,7 +1,9 @@
-// Dense decoder-only transformers read from GGUF: llama (SmolLM2), qwen3 (per
-// head q/k norms) and gemma3 (sliding-window and global layers, sandwich norms,
-// GELU, scaled embeddings). Weights, KV cache and a prompt pass that runs the
-// model's decode program; every buffer's shape is noted.
+// Dense decoder-only transformers read from GGUF: the families of
+// model/dense_families.h (llama / Mistral / Llama 3, qwen2 with q/k/v biases,
+// qwen3 with per-head q/k norms, phi3 with fused projections, gemma2 with
+// soft-caps, gemma3 with sliding-window and global layers). Weights, KV cache
+// and a prompt pass that runs the model's decode program; every buffer's
+// shape is noted.
 #pragma once
 
 #include <algorithm>
@@ -13,17 +15,16 @@
 
 #include "ir/sequence_state.h"
 #include "kernels/cpu/matmul.h"
+#include "model/dense_families.h"
 
 namespace megakern {
 
 class GGUFFile;
 class ThreadPool;
 
-enum class DenseArch { Llama, Qwen3, Gemma3 };
-
 struct DenseConfig {
-  DenseArch arch = DenseArch::Llama;
-  std::string arch_name;
+  const DenseFamily* family = nullptr;
+  std::string arch_name;  // general.architecture
   int n_layer = 0;
   int n_embd = 0;      // hidden size
   int n_ff = 0;        // MLP width
@@ -44,6 +45,8 @@ struct DenseConfig {
   bool gelu = false;                // GELU(tanh) gate instead of SiLU
   bool qk_norm = false;             // per-head RMSNorm on q and k
   bool sandwich_norm = false;       // gemma: norms after attention and MLP outputs too
+  float attn_softcap = 0.f;         // gemma2: attention scores soft-capped (0: none)
+  float final_softcap = 0.f;        // gemma2: logits soft-capped (0: none)
 };
 
 struct DenseLayer {
@@ -55,6 +58,7 @@ struct DenseLayer {
   MatView wo;     // [n_embd][n_head*head_dim]
   MatView w_gate, w_up;  // [n_ff][n_embd]
   MatView w_down;        // [n_embd][n_ff]
+  std::vector<float> bq, bk, bv;  // [rows of wq / wk / wv] when the family has q/k/v biases
 };
 
 class DenseModel {
@@ -77,6 +81,8 @@ class DenseModel {
   const MatView& output() const { return output_; }
   const std::vector<float>& output_norm() const { return output_norm_; }
   const std::vector<DenseLayer>& layers() const { return layers_; }
+  // [rope_dim / 2] RoPE frequency divisors (Llama 3 scaling), or empty.
+  const std::vector<float>& rope_freqs() const { return rope_freqs_; }
 
   // Positions computed per step inside forward(); longer inputs are chunked.
   static constexpr int kMaxChunk = 128;
@@ -96,6 +102,7 @@ class DenseModel {
   MatView tok_embd_;  // [n_vocab][n_embd]
   MatView output_;    // [n_vocab][n_embd] (the embedding when tied)
   std::vector<float> output_norm_;
+  std::vector<float> rope_freqs_;
   std::vector<DenseLayer> layers_;
   // Storage of matrices dequantised at load (load with weights = F32); the
   // MatViews above point into it.

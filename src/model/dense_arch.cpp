@@ -1,4 +1,4 @@
-// The dense transformers (llama, qwen3, gemma3) as an Architecture: GGUF
+// The dense transformers (model/dense_families.h) as an Architecture: GGUF
 // files, and the bench presets generated in memory as GGUF images.
 #include <fmt/format.h>
 
@@ -49,7 +49,11 @@ class DenseArchitecture final : public Architecture {
     for (const auto& p : dense_presets()) v.push_back(p.name);
     return v;
   }
-  std::vector<std::string> gguf_architectures() const override { return {"llama", "qwen3", "gemma3"}; }
+  std::vector<std::string> gguf_architectures() const override {
+    std::vector<std::string> v;
+    for (const DenseFamily& f : dense_families()) v.emplace_back(f.gguf_arch);
+    return v;
+  }
   // `weights`: the matrix format the preset is generated in.
   std::unique_ptr<ArchModel> synthetic(const std::string& preset, const ModelOptions& o) const override {
     if (o.experts) fail("--experts applies to the synthetic MoE presets (and fp8_e4m3 to Kimi K3 checkpoints) only");

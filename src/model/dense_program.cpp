@@ -36,14 +36,15 @@ DecodeProgram build_dense_program(const DenseModel& model, int max_rows) {
     const DenseLayer& L = model.layers()[static_cast<size_t>(l)];
     const bool swa = c.layer_swa[static_cast<size_t>(l)];
     p.add_rmsnorm(l, "attn_norm", L.attn_norm, c.eps, x, xn);
-    p.add_matmul(l, "attn_q", L.wq, xn, q);
-    p.add_matmul(l, "attn_k", L.wk, xn, k);
-    p.add_matmul(l, "attn_v", L.wv, xn, v);
+    p.add_matmul(l, "attn_q", L.wq, xn, q).as<ops::MatMul>().bias = L.bq;
+    p.add_matmul(l, "attn_k", L.wk, xn, k).as<ops::MatMul>().bias = L.bk;
+    p.add_matmul(l, "attn_v", L.wv, xn, v).as<ops::MatMul>().bias = L.bv;
     p.add_attention_core({.layer = l, .q = q, .k = k, .v = v, .att = att, .n_head = c.n_head,
                           .n_head_kv = c.n_head_kv, .head_dim = c.head_dim, .rope_dim = c.rope_dim,
                           .rope_base = swa ? c.rope_base_local : c.rope_base, .rope_neox = c.rope_neox, .eps = c.eps,
                           .q_norm = &L.q_norm, .k_norm = &L.k_norm, .scale = c.attn_scale,
-                          .window = swa ? c.sliding_window : 0});
+                          .window = swa ? c.sliding_window : 0, .freq_factors = &model.rope_freqs(),
+                          .softcap = c.attn_softcap});
     p.add_matmul(l, "attn_output", L.wo, att, proj);
     p.add_residual(l, "attn_residual", x, proj, L.post_attn_norm, c.eps);
     p.add_rmsnorm(l, "ffn_norm", L.ffn_norm, c.eps, x, xn);
@@ -56,6 +57,11 @@ DecodeProgram build_dense_program(const DenseModel& model, int max_rows) {
   const int logits = p.add_slot("logits", -1, c.n_vocab);
   p.add_rmsnorm(-1, "output_norm", model.output_norm(), c.eps, x, xn);
   p.add_matmul(-1, "output", model.output(), xn, logits);
+  if (c.final_softcap > 0) {
+    Op& sc = p.add_op(OpKind::LogitSoftcap, -1, "logit_softcap");
+    sc.out = logits;
+    sc.as<ops::LogitSoftcap>().cap = c.final_softcap;
+  }
   p.logits_slot = logits;
   p.verify();
   return p;

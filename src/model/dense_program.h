@@ -1,4 +1,4 @@
-// Builds the DecodeProgram of a dense model (llama / qwen3 / gemma3).
+// Builds the DecodeProgram of a dense model (the families of model/dense_families.h).
 #pragma once
 
 #include "ir/program.h"

@@ -36,7 +36,8 @@ bool yes(const Op&) { return true; }
 void head_norm_rope_tile(const Op& op, const StepContext& ctx, int t, int) {
   const auto& a = op.as<ops::HeadNormRope>();
   float* v = row_of(ctx, op.out, t);
-  const RopeAngles& angles = rope_angles(a.rope_dim, ctx.rows[t].pos, a.rope_base);
+  const RopeAngles& angles = rope_angles(a.rope_dim, ctx.rows[t].pos, a.rope_base,
+                                         a.freq_factors.empty() ? nullptr : a.freq_factors.data());
   for (int h = 0; h < a.n_head; ++h) {
     float* vh = v + h * a.head_dim;
     if (!a.head_norm.empty()) rmsnorm(vh, a.head_norm.data(), a.head_dim, a.eps, vh);
@@ -76,6 +77,7 @@ void attention_tile(const Op& op_, const StepContext& ctx, int r0, int r1, int g
     a.v_dim = vd;
     a.window = op.window;
     a.scale = op.scale;
+    a.softcap = op.softcap;
     // KV head g's positions: their own contiguous run in a head-major cache,
     // else every kv_dim floats of a position-major one (heads = 1).
     KvHeadView kv;
@@ -133,6 +135,8 @@ extern const OpInfo kHeadNormRopeOp = {
       const auto& a = op.as<ops::HeadNormRope>();
       MK_CHECK(a.n_head > 0 && a.head_dim > 0 && a.n_head * a.head_dim == v.width(op.out), "{}: heads", v.where);
       MK_CHECK(a.rope_dim >= 0 && a.rope_dim % 2 == 0 && a.rope_dim <= a.head_dim, "{}: rope_dim", v.where);
+      MK_CHECK(a.freq_factors.empty() || static_cast<int>(a.freq_factors.size()) == a.rope_dim / 2,
+               "{}: {} rope frequency factors for a rotated width of {}", v.where, a.freq_factors.size(), a.rope_dim);
       MK_CHECK(a.head_norm.empty() || a.head_norm.size() == static_cast<size_t>(a.head_dim), "{}: head norm length",
                v.where);
     },

@@ -63,9 +63,14 @@ void matmul_tile(const Op& op, const StepContext& ctx, int t, int n_tiles) {
   // quantise their inputs once, also across the products that read the same
   // values (q, k and v of one norm; gate and up): the key names the op that
   // wrote them.
-  K::matmul(*ctx.program, op.mat, ctx.slot[static_cast<size_t>(op.in)], ctx.n_rows,
-            ctx.slot[static_cast<size_t>(op.out)], width_of(ctx, op.out), b, e,
+  float* y = ctx.slot[static_cast<size_t>(op.out)];
+  const int64_t ldy = width_of(ctx, op.out);
+  K::matmul(*ctx.program, op.mat, ctx.slot[static_cast<size_t>(op.in)], ctx.n_rows, y, ldy, b, e,
             ActsKey{input_source(*ctx.program, op), ctx.step_id});
+  const std::span<const float> bias = op.as<ops::MatMul>().bias;
+  if (!bias.empty())
+    for (int r = 0; r < ctx.n_rows; ++r)
+      for (int64_t j = b; j < e; ++j) y[r * ldy + j] += bias[static_cast<size_t>(j)];
 }
 
 }  // namespace
@@ -105,6 +110,9 @@ extern const OpInfo kMatMulOp = {
                "{}: W is [{}][{}], slots are {} -> {}", v.where, op.mat.rows, op.mat.cols, v.width(op.in),
                v.width(op.out));
       MK_CHECK(op.in != op.out, "{}: a matrix product cannot write its own input", v.where);
+      const size_t nb = op.as<ops::MatMul>().bias.size();
+      MK_CHECK(nb == 0 || static_cast<int64_t>(nb) == op.mat.rows, "{}: bias of {} values for {} outputs", v.where,
+               nb, op.mat.rows);
     },
     .ref = matmul_tile<RefKernels>,
     .fast = matmul_tile<FastKernels>,

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "io/gguf.h"
 #include "io/hf_config.h"
+#include "model/dense_families.h"
 #include "runtime/session.h"
 
 namespace megakern {
@@ -84,6 +85,8 @@ std::unique_ptr<ArchModel> load_arch_model(const std::string& name_or_path, cons
   std::unique_ptr<GGUFFile> file = GGUFFile::open(resolve_model_path(name_or_path));
   const std::string arch = file->get_string("general.architecture");
   if (const Architecture* a = architecture_of_gguf(arch)) return a->load_gguf(std::move(file), opts);
+  if (auto why = unsupported_gguf_reason(arch))
+    fail("{}: architecture '{}' is not supported: {}", file->name(), arch, *why);
   std::vector<std::string> known;
   for (const Architecture* a : architectures())
     for (const std::string& g : a->gguf_architectures()) known.push_back(g);

@@ -51,7 +51,7 @@ const std::vector<float>& Session::append(int32_t token) {
 }
 
 const std::vector<std::string>& known_model_names() {
-  static const std::vector<std::string> names = {"smollm2-135m", "gemma3-270m"};
+  static const std::vector<std::string> names = {"smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b"};
   return names;
 }
 

@@ -131,6 +131,12 @@ void attention_block(const AttentionBlock& a, const KvHeadView& kv, bool scalar)
     for (int i = 0; i < R; ++i) {
       const int len = a.pos0 + i - row_start(a, i) + 1;
       for (int j = 0; j < G; ++j) {
+        if (a.softcap > 0.f) {
+          if (scalar)
+            softcap_scalar(score_row(i, j), len, a.softcap, 1.f);
+          else
+            softcap(score_row(i, j), len, a.softcap, 1.f);
+        }
         if (scalar) {
           softmax_inplace_scalar(score_row(i, j), len);
         } else {
@@ -182,6 +188,12 @@ void attention_rows_reference(const AttentionBlock& a, const KvHeadView& kv, boo
       for (int p = start; p <= pos; ++p) {
         const float d = scalar ? dot_f32_scalar(qh, kv.k_at(p), a.head_dim) : dot_f32(qh, kv.k_at(p), a.head_dim);
         s[static_cast<size_t>(p - start)] = d * a.scale;
+      }
+      if (a.softcap > 0.f) {
+        if (scalar)
+          softcap_scalar(s.data(), n, a.softcap, 1.f);
+        else
+          softcap(s.data(), n, a.softcap, 1.f);
       }
       if (scalar)
         softmax_inplace_scalar(s.data(), n);

@@ -51,6 +51,7 @@ struct AttentionBlock {
   int v_dim = 0;    // width of a value (MLA: may differ from head_dim)
   int window = 0;   // 0: full causal attention
   float scale = 1.f;  // multiplies q.k
+  float softcap = 0.f;  // > 0: scores become softcap * tanh(score / softcap) before the softmax
 };
 
 // The tiled kernel. `scalar`: the portable kernels (the reference executor's

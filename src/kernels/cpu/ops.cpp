@@ -30,27 +30,29 @@ void rmsnorm(const float* x, const float* w, int64_t n, float eps, float* out) {
   }
 }
 
-void RopeAngles::compute(int rope_dim, int64_t pos, float base) {
+void RopeAngles::compute(int rope_dim, int64_t pos, float base, const float* freq_factors) {
   const int half = rope_dim / 2;
   cos.resize(static_cast<size_t>(half));
   sin.resize(static_cast<size_t>(half));
   for (int i = 0; i < half; ++i) {
     // The angle is computed in double and rounded once, so it is accurate even
     // at large positions.
-    const double inv_freq = std::pow(static_cast<double>(base), -2.0 * i / rope_dim);
+    double inv_freq = std::pow(static_cast<double>(base), -2.0 * i / rope_dim);
+    if (freq_factors) inv_freq /= static_cast<double>(freq_factors[i]);
     const double ang = static_cast<double>(pos) * inv_freq;
     cos[static_cast<size_t>(i)] = static_cast<float>(std::cos(ang));
     sin[static_cast<size_t>(i)] = static_cast<float>(std::sin(ang));
   }
 }
 
-const RopeAngles& rope_angles(int rope_dim, int64_t pos, float base) {
+const RopeAngles& rope_angles(int rope_dim, int64_t pos, float base, const float* freq_factors) {
   // Direct-mapped by position: the rows of a step (a prompt block, a batch)
   // have distinct positions, and 128 slots hold any block of up to 128 rows.
   struct Slot {
     int rope_dim = -1;
     int64_t pos = -1;
     uint32_t base_bits = 0;
+    const float* factors = nullptr;
     RopeAngles a;
   };
   constexpr size_t kSlots = 128;
@@ -58,17 +60,18 @@ const RopeAngles& rope_angles(int rope_dim, int64_t pos, float base) {
   uint32_t bits;
   std::memcpy(&bits, &base, sizeof bits);
   Slot& s = cache[static_cast<size_t>(pos) % kSlots];
-  if (s.rope_dim != rope_dim || s.pos != pos || s.base_bits != bits) {
-    s.a.compute(rope_dim, pos, base);
+  if (s.rope_dim != rope_dim || s.pos != pos || s.base_bits != bits || s.factors != freq_factors) {
+    s.a.compute(rope_dim, pos, base, freq_factors);
     s.rope_dim = rope_dim;
     s.pos = pos;
     s.base_bits = bits;
+    s.factors = freq_factors;
   }
   return s.a;
 }
 
-void rope_inplace(float* v, int rope_dim, int64_t pos, float base, bool neox) {
-  rope_apply(v, rope_dim, rope_angles(rope_dim, pos, base), neox);
+void rope_inplace(float* v, int rope_dim, int64_t pos, float base, bool neox, const float* freq_factors) {
+  rope_apply(v, rope_dim, rope_angles(rope_dim, pos, base, freq_factors), neox);
 }
 
 void rope_apply(float* v, int rope_dim, const RopeAngles& angles, bool neox) {

@@ -15,13 +15,14 @@ void rmsnorm(const float* x, const float* w, int64_t n, float eps, float* out);
 // Rotates the first rope_dim dims of one head vector in place for position
 // pos. neox: pairs (i, i + rope_dim/2); otherwise adjacent pairs (2i, 2i+1).
 // Frequencies: theta_i = pos * base^(-2i / rope_dim).
-void rope_inplace(float* v, int rope_dim, int64_t pos, float base, bool neox);
+// With freq_factors ([rope_dim / 2]), theta_i is divided by freq_factors[i].
+void rope_inplace(float* v, int rope_dim, int64_t pos, float base, bool neox, const float* freq_factors = nullptr);
 // The same in two parts, for many heads at one position: the angles once
 // (cos and sin of theta_i, each computed in double and rounded once), then
 // the rotation of each head. Gives exactly the bits of rope_inplace.
 struct RopeAngles {
   std::vector<float> cos, sin;  // [rope_dim / 2]
-  void compute(int rope_dim, int64_t pos, float base);
+  void compute(int rope_dim, int64_t pos, float base, const float* freq_factors = nullptr);
 };
 void rope_apply(float* v, int rope_dim, const RopeAngles& a, bool neox);
 // The angles of (rope_dim, pos, base) from a small per-thread cache, computed
@@ -29,7 +30,7 @@ void rope_apply(float* v, int rope_dim, const RopeAngles& a, bool neox);
 // layer), so each position's sines and cosines are computed once per step
 // instead of twice per layer. The reference stays valid until the calling
 // thread's next call.
-const RopeAngles& rope_angles(int rope_dim, int64_t pos, float base);
+const RopeAngles& rope_angles(int rope_dim, int64_t pos, float base, const float* freq_factors = nullptr);
 
 // In-place softmax over n values, with the maximum subtracted first and the
 // sum of the exponentials taken in double, in order. softmax_inplace_scalar

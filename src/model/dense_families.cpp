@@ -1,0 +1,220 @@
+#include "model/dense_families.h"
+
+#include <array>
+
+#include <fmt/format.h>
+
+namespace megakern {
+namespace {
+
+using T = DenseTensor;
+
+// GGUF names, one per kind (llama.cpp's converter spelling), without the
+// ".weight" / ".bias" suffix; "{}" is the layer.
+constexpr std::array<std::string_view, kDenseTensorKinds> kGgufNames = {
+    "token_embd",            // TokenEmbd
+    "output",                // Output
+    "output_norm",           // OutputNorm
+    "rope_freqs",            // RopeFreqs
+    "blk.{}.attn_norm",      // AttnNorm
+    "blk.{}.attn_q",         // AttnQ
+    "blk.{}.attn_k",         // AttnK
+    "blk.{}.attn_v",         // AttnV
+    "blk.{}.attn_qkv",       // AttnQkv
+    "blk.{}.attn_output",    // AttnOut
+    "blk.{}.attn_q_norm",    // AttnQNorm
+    "blk.{}.attn_k_norm",    // AttnKNorm
+    "blk.{}.post_attention_norm",  // AttnPostNorm
+    "blk.{}.ffn_norm",       // FfnNorm
+    "blk.{}.ffn_gate",       // FfnGate
+    "blk.{}.ffn_up",         // FfnUp
+    "blk.{}.ffn_down",       // FfnDown
+    "blk.{}.post_ffw_norm",  // FfnPostNorm
+};
+
+// Hugging Face names shared by the llama-like families.
+std::vector<std::pair<T, std::string_view>> llama_like_hf(bool qk_norm) {
+  std::vector<std::pair<T, std::string_view>> v = {
+      {T::TokenEmbd, "model.embed_tokens"},
+      {T::Output, "lm_head"},
+      {T::OutputNorm, "model.norm"},
+      {T::AttnNorm, "model.layers.{}.input_layernorm"},
+      {T::AttnQ, "model.layers.{}.self_attn.q_proj"},
+      {T::AttnK, "model.layers.{}.self_attn.k_proj"},
+      {T::AttnV, "model.layers.{}.self_attn.v_proj"},
+      {T::AttnOut, "model.layers.{}.self_attn.o_proj"},
+      {T::FfnNorm, "model.layers.{}.post_attention_layernorm"},
+      {T::FfnGate, "model.layers.{}.mlp.gate_proj"},
+      {T::FfnUp, "model.layers.{}.mlp.up_proj"},
+      {T::FfnDown, "model.layers.{}.mlp.down_proj"},
+  };
+  if (qk_norm) {
+    v.push_back({T::AttnQNorm, "model.layers.{}.self_attn.q_norm"});
+    v.push_back({T::AttnKNorm, "model.layers.{}.self_attn.k_norm"});
+  }
+  return v;
+}
+
+// Gemma's four norms per layer.
+std::vector<std::pair<T, std::string_view>> gemma_hf(bool qk_norm) {
+  std::vector<std::pair<T, std::string_view>> v = {
+      {T::TokenEmbd, "model.embed_tokens"},
+      {T::Output, "lm_head"},
+      {T::OutputNorm, "model.norm"},
+      {T::AttnNorm, "model.layers.{}.input_layernorm"},
+      {T::AttnQ, "model.layers.{}.self_attn.q_proj"},
+      {T::AttnK, "model.layers.{}.self_attn.k_proj"},
+      {T::AttnV, "model.layers.{}.self_attn.v_proj"},
+      {T::AttnOut, "model.layers.{}.self_attn.o_proj"},
+      {T::AttnPostNorm, "model.layers.{}.post_attention_layernorm"},
+      {T::FfnNorm, "model.layers.{}.pre_feedforward_layernorm"},
+      {T::FfnGate, "model.layers.{}.mlp.gate_proj"},
+      {T::FfnUp, "model.layers.{}.mlp.up_proj"},
+      {T::FfnDown, "model.layers.{}.mlp.down_proj"},
+      {T::FfnPostNorm, "model.layers.{}.post_feedforward_layernorm"},
+  };
+  if (qk_norm) {
+    v.push_back({T::AttnQNorm, "model.layers.{}.self_attn.q_norm"});
+    v.push_back({T::AttnKNorm, "model.layers.{}.self_attn.k_norm"});
+  }
+  return v;
+}
+
+std::vector<DenseFamily> make_families() {
+  std::vector<DenseFamily> v;
+  {
+    // Llama 1-3.x and Mistral (whose converter writes "llama" too).
+    DenseFamily f;
+    f.name = "llama";
+    f.gguf_arch = "llama";
+    f.hf_types = {"llama", "mistral"};
+    f.rope_neox = false;
+    f.hf_permute_qk = true;
+    f.hf_names = llama_like_hf(false);
+    v.push_back(std::move(f));
+  }
+  {
+    DenseFamily f;
+    f.name = "qwen2";
+    f.gguf_arch = "qwen2";
+    f.hf_types = {"qwen2"};
+    f.qkv_bias = true;
+    f.hf_names = llama_like_hf(false);
+    v.push_back(std::move(f));
+  }
+  {
+    DenseFamily f;
+    f.name = "qwen3";
+    f.gguf_arch = "qwen3";
+    f.hf_types = {"qwen3"};
+    f.qk_norm = true;
+    f.hf_names = llama_like_hf(true);
+    v.push_back(std::move(f));
+  }
+  {
+    DenseFamily f;
+    f.name = "phi3";
+    f.gguf_arch = "phi3";
+    f.hf_types = {"phi3"};
+    f.fused_qkv = true;
+    f.fused_gate_up = true;
+    f.window_all = true;
+    f.hf_names = {
+        {T::TokenEmbd, "model.embed_tokens"},
+        {T::Output, "lm_head"},
+        {T::OutputNorm, "model.norm"},
+        {T::AttnNorm, "model.layers.{}.input_layernorm"},
+        {T::AttnQkv, "model.layers.{}.self_attn.qkv_proj"},
+        {T::AttnOut, "model.layers.{}.self_attn.o_proj"},
+        {T::FfnNorm, "model.layers.{}.post_attention_layernorm"},
+        {T::FfnUp, "model.layers.{}.mlp.gate_up_proj"},
+        {T::FfnDown, "model.layers.{}.mlp.down_proj"},
+    };
+    v.push_back(std::move(f));
+  }
+  {
+    DenseFamily f;
+    f.name = "gemma2";
+    f.gguf_arch = "gemma2";
+    f.hf_types = {"gemma2"};
+    f.sandwich_norm = true;
+    f.gelu = true;
+    f.embd_scale_sqrt = true;
+    f.hf_norm_plus_one = true;
+    f.swa = SwaPattern::EvenLayers;
+    f.hf_names = gemma_hf(false);
+    v.push_back(std::move(f));
+  }
+  {
+    DenseFamily f;
+    f.name = "gemma3";
+    f.gguf_arch = "gemma3";
+    f.hf_types = {"gemma3_text"};
+    f.qk_norm = true;
+    f.sandwich_norm = true;
+    f.gelu = true;
+    f.embd_scale_sqrt = true;
+    f.hf_norm_plus_one = true;
+    f.swa = SwaPattern::FiveOfSix;
+    f.rope_base_local = 10000.f;
+    f.hf_names = gemma_hf(true);
+    v.push_back(std::move(f));
+  }
+  return v;
+}
+
+}  // namespace
+
+const std::vector<DenseFamily>& dense_families() {
+  static const std::vector<DenseFamily> v = make_families();
+  return v;
+}
+
+const DenseFamily* dense_family_of_gguf(std::string_view a) {
+  for (const DenseFamily& f : dense_families())
+    if (f.gguf_arch == a) return &f;
+  return nullptr;
+}
+
+const DenseFamily* dense_family_of_hf(std::string_view mt) {
+  for (const DenseFamily& f : dense_families())
+    for (std::string_view h : f.hf_types)
+      if (h == mt) return &f;
+  return nullptr;
+}
+
+std::string dense_tensor_name(DenseTensor t, int layer, std::string_view suffix) {
+  return fmt::format("{}.{}", fmt::format(fmt::runtime(kGgufNames[static_cast<size_t>(t)]), layer), suffix);
+}
+
+std::optional<std::string> hf_tensor_name(const DenseFamily& f, DenseTensor t, int layer, std::string_view suffix) {
+  for (const auto& [k, pattern] : f.hf_names)
+    if (k == t) return fmt::format("{}.{}", fmt::format(fmt::runtime(pattern), layer), suffix);
+  return std::nullopt;
+}
+
+std::optional<std::string> unsupported_gguf_reason(std::string_view a) {
+  struct Known {
+    std::string_view arch, why;
+  };
+  static constexpr Known kKnown[] = {
+      {"qwen3moe", "Qwen3-MoE (routed experts stored as 3-D GGUF tensors) is not read from GGUF yet"},
+      {"qwen2moe", "Qwen2-MoE is not read from GGUF yet"},
+      {"gpt-oss", "gpt-oss (MXFP4 experts, attention sinks, YaRN) is not read from GGUF yet"},
+      {"deepseek2", "DeepSeek-V2/V3 (MLA with routed experts) is not read from GGUF yet"},
+      {"qwen3next", "Qwen3-Next GGUF files are not read yet; the same architecture runs from a Hugging Face "
+                    "checkpoint directory (model_type qwen3_5_text)"},
+      {"kimi-linear", "Kimi Linear GGUF files are not read yet"},
+      {"mistral3", "Mistral 3 (multimodal) is not supported"},
+      {"phi2", "Phi-2 (parallel attention and MLP, LayerNorm) is not supported"},
+      {"gemma", "Gemma 1 is not supported (Gemma 2 and 3 are)"},
+      {"starcoder2", "StarCoder2 (LayerNorm with biases) is not supported"},
+      {"falcon", "Falcon is not supported"},
+      {"gpt2", "GPT-2 (learned positions, LayerNorm) is not supported"},
+  };
+  for (const Known& k : kKnown)
+    if (k.arch == a) return std::string(k.why);
+  return std::nullopt;
+}
+
+}  // namespace megakern

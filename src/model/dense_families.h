@@ -1,0 +1,87 @@
+// The dense transformer families the engine reads: one entry per family with
+// what distinguishes it (RoPE pairing, norms, biases, fused projections,
+// windows, soft-caps), the GGUF `general.architecture` and Hugging Face
+// `model_type` names it answers to, and its tensor names in both forms.
+//
+// GGUF tensor names follow llama.cpp's converter (one spelling per tensor
+// kind, shared by every architecture: "blk.{layer}.attn_q.weight"); a
+// Hugging Face checkpoint names them per family. Loaders ask this table for a
+// name (dense_tensor_name / hf_tensor_name) and never spell one themselves.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace megakern {
+
+// The tensors of a dense decoder. Per-layer kinds take the layer index.
+enum class DenseTensor {
+  TokenEmbd,     // [n_vocab][n_embd]
+  Output,        // [n_vocab][n_embd]; absent when tied to the embedding
+  OutputNorm,    // [n_embd]
+  RopeFreqs,     // [rope_dim / 2] frequency divisors (Llama 3 scaling), global
+  AttnNorm,      // [n_embd]
+  AttnQ,         // [n_head * head_dim][n_embd]
+  AttnK,         // [n_head_kv * head_dim][n_embd]
+  AttnV,         // [n_head_kv * head_dim][n_embd]
+  AttnQkv,       // fused q | k | v rows (Phi-3)
+  AttnOut,       // [n_embd][n_head * head_dim]
+  AttnQNorm,     // [head_dim]
+  AttnKNorm,     // [head_dim]
+  AttnPostNorm,  // [n_embd] (Gemma's norm of the attention output)
+  FfnNorm,       // [n_embd]
+  FfnGate,       // [n_ff][n_embd]
+  FfnUp,         // [n_ff][n_embd], or gate | up rows when fused (Phi-3)
+  FfnDown,       // [n_embd][n_ff]
+  FfnPostNorm,   // [n_embd] (Gemma's norm of the MLP output)
+};
+inline constexpr int kDenseTensorKinds = static_cast<int>(DenseTensor::FfnPostNorm) + 1;
+
+// Which layers use the sliding window.
+enum class SwaPattern {
+  None,        // no layer (or every layer, when the file gives a window: see DenseFamily::window_all)
+  EvenLayers,  // layers 0, 2, 4, ... (Gemma 2)
+  FiveOfSix,   // all but every sixth layer (Gemma 3)
+};
+
+struct DenseFamily {
+  std::string_view name;                    // "qwen2"
+  std::string_view gguf_arch;               // general.architecture
+  std::vector<std::string_view> hf_types;   // config.json model_type values
+  bool rope_neox = true;       // rotate pairs (i, i + d/2); false: adjacent pairs of GGUF's permuted q/k (llama)
+  bool qk_norm = false;        // per-head RMSNorm of q and k
+  bool sandwich_norm = false;  // norms after the attention and MLP outputs (Gemma)
+  bool gelu = false;           // GELU(tanh) gate instead of SiLU
+  bool embd_scale_sqrt = false;  // the embedding is multiplied by sqrt(n_embd) (Gemma)
+  bool qkv_bias = false;       // q, k and v projections carry biases (required)
+  bool fused_qkv = false;      // attn_qkv holds q | k | v
+  bool fused_gate_up = false;  // ffn_up holds gate | up
+  bool hf_norm_plus_one = false;  // HF stores RMSNorm weights as w - 1 (Gemma); GGUF stores w
+  bool hf_permute_qk = false;     // GGUF's q/k rows are permuted for adjacent-pair RoPE (llama)
+  bool window_all = false;        // a window key, when present, applies to every layer
+  SwaPattern swa = SwaPattern::None;
+  float rope_base_local = 0.f;    // RoPE base of the sliding-window layers (0: the global base)
+  // Hugging Face tensor name patterns ("{}" is the layer), indexed by
+  // DenseTensor; empty where the family has no such tensor.
+  std::vector<std::pair<DenseTensor, std::string_view>> hf_names;
+};
+
+// Every family, in the order they are matched.
+const std::vector<DenseFamily>& dense_families();
+const DenseFamily* dense_family_of_gguf(std::string_view general_architecture);
+const DenseFamily* dense_family_of_hf(std::string_view model_type);
+
+// "blk.3.attn_q.weight" (suffix "weight" or "bias"); global kinds ignore layer.
+std::string dense_tensor_name(DenseTensor t, int layer, std::string_view suffix = "weight");
+// The family's Hugging Face name for a tensor (suffix appended as
+// ".weight" / ".bias"), or nullopt when the family has no such tensor.
+std::optional<std::string> hf_tensor_name(const DenseFamily& f, DenseTensor t, int layer,
+                                          std::string_view suffix = "weight");
+
+// GGUF architectures of related families this engine recognises but does
+// not run, with the reason a user is told.
+std::optional<std::string> unsupported_gguf_reason(std::string_view general_architecture);
+
+}  // namespace megakern
