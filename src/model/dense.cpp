@@ -122,10 +122,14 @@ std::unique_ptr<DenseModel> DenseModel::load(const GGUFFile& f, std::optional<DT
   if (auto type = f.get_string_opt(arch_key(c, "rope.scaling.type")); type && *type != "none" && *type != "linear")
     fail("{}: rope.scaling.type '{}' is not supported (Llama 3 scaling comes as the rope_freqs tensor)", f.name(),
          *type);
+  // Linear scaling (positions divided by the factor) is the same as every
+  // frequency divided by it.
+  float linear_factor = 1.f;
   if (auto factor = f.get_float_opt(arch_key(c, "rope.scaling.factor")); factor && *factor != 1.0) {
     const std::string type = f.get_string_opt(arch_key(c, "rope.scaling.type")).value_or("linear");
-    if (type != "linear" || !std::isfinite(*factor) || *factor <= 0)
-      fail("{}: rope.scaling.factor {} is not supported", f.name(), *factor);
+    if (type != "linear" || !std::isfinite(*factor) || *factor <= 0 || *factor > 1e6)
+      fail("{}: rope.scaling.factor {} (type {}) is not supported", f.name(), *factor, type);
+    linear_factor = static_cast<float>(*factor);
   }
   if (f.find_tensor("rope_factors_long.weight") || f.find_tensor("rope_factors_short.weight"))
     fail("{}: LongRoPE scaling (rope_factors_long / rope_factors_short) is not supported", f.name());
@@ -181,6 +185,9 @@ std::unique_ptr<DenseModel> DenseModel::load(const GGUFFile& f, std::optional<DT
     m->rope_freqs_ = vec(f, name(T::RopeFreqs), c.rope_dim / 2);
     for (float x : m->rope_freqs_)
       if (!(x > 0)) fail("{}: tensor '{}' holds a frequency factor {} (must be positive)", f.name(), name(T::RopeFreqs), x);
+    if (linear_factor != 1.f) fail("{}: both rope_freqs and a linear rope.scaling.factor are given", f.name());
+  } else if (linear_factor != 1.f) {
+    m->rope_freqs_.assign(static_cast<size_t>(c.rope_dim / 2), linear_factor);
   }
   m->layers_.resize(static_cast<size_t>(c.n_layer));
   for (int l = 0; l < c.n_layer; ++l) {

@@ -6,6 +6,7 @@
 #include "io/gguf.h"
 #include "model/architecture.h"
 #include "model/dense.h"
+#include "model/dense_hf.h"
 #include "model/dense_program.h"
 #include "model/presets.h"
 
@@ -53,6 +54,20 @@ class DenseArchitecture final : public Architecture {
     std::vector<std::string> v;
     for (const DenseFamily& f : dense_families()) v.emplace_back(f.gguf_arch);
     return v;
+  }
+  std::vector<std::string> hf_model_types() const override {
+    std::vector<std::string> v;
+    for (const DenseFamily& f : dense_families())
+      for (std::string_view t : f.hf_types) v.emplace_back(t);
+    return v;
+  }
+  // A checkpoint directory: converted to the GGUF form in memory (the model
+  // keeps the image); `weights` quantises its matrices on the way.
+  std::unique_ptr<ArchModel> load_dir(const std::string& dir, const ModelOptions& o) const override {
+    if (o.experts) fail("--experts applies to the MoE architectures only");
+    std::vector<uint8_t> image = dense_gguf_from_hf(dir, o.weights);
+    auto file = GGUFFile::parse(image.data(), image.size(), dir);
+    return std::make_unique<DenseArchModel>(std::move(image), std::move(file), std::nullopt);
   }
   // `weights`: the matrix format the preset is generated in.
   std::unique_ptr<ArchModel> synthetic(const std::string& preset, const ModelOptions& o) const override {

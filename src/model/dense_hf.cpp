@@ -1,0 +1,309 @@
+#include "model/dense_hf.h"
+
+#include <cmath>
+#include <cstring>
+#include <numbers>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "io/gguf.h"
+#include "io/hf_config.h"
+#include "io/safetensors.h"
+#include "model/dense_families.h"
+
+namespace megakern {
+namespace {
+
+using T = DenseTensor;
+
+// The RoPE settings of a config: transformers 5 writes `rope_parameters`
+// (per layer type for Gemma 3), earlier versions `rope_theta` and
+// `rope_scaling`.
+struct Rope {
+  double theta = 10000.0;
+  std::string type = "default";
+  nlohmann::json params;  // the scaling parameters
+};
+
+Rope read_rope(const HFConfig& hf, const char* layer_type) {
+  Rope r;
+  if (const nlohmann::json* rp = hf.find("rope_parameters")) {
+    const nlohmann::json* p = rp;
+    if (rp->is_object() && rp->contains(layer_type) && (*rp)[layer_type].is_object()) p = &(*rp)[layer_type];
+    if (!p->is_object()) fail("{}: 'rope_parameters' must be an object", hf.name());
+    r.params = *p;
+  } else if (const nlohmann::json* rs = hf.find("rope_scaling")) {
+    if (!rs->is_object()) fail("{}: 'rope_scaling' must be an object", hf.name());
+    r.params = *rs;
+  }
+  if (r.params.contains("rope_theta") && r.params["rope_theta"].is_number())
+    r.theta = r.params["rope_theta"].get<double>();
+  else
+    r.theta = hf.get_float_or("rope_theta", 10000.0);
+  for (const char* k : {"rope_type", "type"})
+    if (r.params.contains(k) && r.params[k].is_string()) {
+      r.type = r.params[k].get<std::string>();
+      break;
+    }
+  if (!std::isfinite(r.theta) || r.theta <= 0) fail("{}: rope theta {} must be finite and positive", hf.name(), r.theta);
+  return r;
+}
+
+double rope_param(const HFConfig& hf, const Rope& r, const char* key) {
+  if (!r.params.contains(key) || !r.params[key].is_number())
+    fail("{}: RoPE scaling '{}' needs the parameter '{}'", hf.name(), r.type, key);
+  const double v = r.params[key].get<double>();
+  if (!std::isfinite(v) || v <= 0) fail("{}: RoPE parameter '{}' is {}, it must be finite and positive", hf.name(), key, v);
+  return v;
+}
+
+// Llama 3 scaling as the frequency divisors llama.cpp's converter writes
+// (rope_freqs): 1 for short wavelengths, `factor` for long ones, a smooth
+// blend between; the base frequencies in float32 as the converter has them.
+std::vector<float> llama3_factors(const HFConfig& hf, const Rope& r, int rope_dim) {
+  const double factor = rope_param(hf, r, "factor"), lo = rope_param(hf, r, "low_freq_factor"),
+               hi = rope_param(hf, r, "high_freq_factor"), old = rope_param(hf, r, "original_max_position_embeddings");
+  if (!(hi > lo)) fail("{}: RoPE high_freq_factor {} must exceed low_freq_factor {}", hf.name(), hi, lo);
+  const double lo_wl = old / lo, hi_wl = old / hi;
+  std::vector<float> out;
+  for (int i = 0; i < rope_dim; i += 2) {
+    const float e = static_cast<float>(i) / static_cast<float>(rope_dim);
+    const float freq = 1.0f / std::pow(static_cast<float>(r.theta), e);
+    const double wl = 2 * std::numbers::pi / static_cast<double>(freq);
+    double f;
+    if (wl < hi_wl)
+      f = 1.0;
+    else if (wl > lo_wl)
+      f = factor;
+    else {
+      const double smooth = (old / wl - lo) / (hi - lo);
+      f = 1.0 / ((1 - smooth) / factor + smooth);
+    }
+    out.push_back(static_cast<float>(f));
+  }
+  return out;
+}
+
+std::vector<float> to_f32(const SafetensorsTensor& t, const std::string& file) {
+  std::vector<float> out(static_cast<size_t>(t.numel()));
+  if (t.dtype == "F32") {
+    std::memcpy(out.data(), t.data, out.size() * 4);
+  } else if (auto dt = safetensors_float_format(t.dtype)) {
+    dtype_traits(*dt).dequantize(t.data, out.data(), t.numel());
+  } else {
+    fail("{}: tensor '{}' has dtype {}; expected F32, F16 or BF16", file, t.name, t.dtype);
+  }
+  return out;
+}
+
+class Converter {
+ public:
+  Converter(const HFConfig& hf, const DenseFamily& fam, const SafetensorsModel& st, std::optional<DType> weights)
+      : hf_(hf), fam_(fam), st_(st), weights_(weights) {}
+
+  // The tensor, checked against its expected shape (row-major, HF order).
+  const SafetensorsTensor& get(const std::string& name, std::vector<int64_t> shape) {
+    const SafetensorsTensor* t = st_.find(name);
+    if (!t) fail("{}: tensor '{}' is missing", st_.path(), name);
+    if (t->shape != shape)
+      fail("{}: tensor '{}' has shape [{}], expected [{}] for {}", st_.path(), name, fmt::join(t->shape, ", "),
+           fmt::join(shape, ", "), hf_.name());
+    return *t;
+  }
+
+  // A vector: f32, plus one for Gemma's norms.
+  void vec(T kind, int layer, int64_t n, bool norm, std::string_view suffix = "weight") {
+    const std::string src = *hf_tensor_name(fam_, kind, layer, suffix);
+    std::vector<float> v = to_f32(get(src, {n}), st_.path());
+    if (norm && fam_.hf_norm_plus_one)
+      for (float& x : v) x += 1.f;
+    w_.add_tensor(dense_tensor_name(kind, layer, suffix), DType::F32, {n}, v.data(), v.size() * 4);
+  }
+
+  // A matrix [rows][cols]: kept in its float format, or converted to
+  // `weights`; rows permuted per head for adjacent-pair RoPE when asked.
+  void mat(T kind, int layer, int64_t rows, int64_t cols, int permute_heads = 0) {
+    const std::string src = *hf_tensor_name(fam_, kind, layer);
+    const SafetensorsTensor& t = get(src, {rows, cols});
+    const std::string dst = dense_tensor_name(kind, layer);
+    std::optional<DType> keep = safetensors_float_format(t.dtype);
+    if (!keep) fail("{}: tensor '{}' has dtype {}; expected F32, F16 or BF16", st_.path(), src, t.dtype);
+    const size_t rb = static_cast<size_t>(cols) * t.elem_bytes;
+    std::vector<uint8_t> bytes(static_cast<size_t>(rows) * rb);
+    // Row r of the result is row src_row(r) of the checkpoint: llama.cpp's
+    // converter reorders each head's rows (0, d/2, 1, d/2 + 1, ...) so that
+    // adjacent-pair RoPE on them is rotate-half RoPE on the original.
+    const int64_t per = permute_heads ? rows / permute_heads : rows, half = per / 2;
+    for (int64_t r = 0; r < rows; ++r) {
+      int64_t s = r;
+      if (permute_heads) {
+        const int64_t h = r / per, i = r % per;
+        s = h * per + (i % 2) * half + i / 2;
+      }
+      std::memcpy(bytes.data() + static_cast<size_t>(r) * rb, t.data + static_cast<size_t>(s) * rb, rb);
+    }
+    if (weights_ && *weights_ != *keep) {
+      std::vector<float> f(static_cast<size_t>(rows * cols));
+      dtype_traits(*keep).dequantize(bytes.data(), f.data(), rows * cols);
+      const int64_t block = dtype_traits(*weights_).block_size;
+      if (cols % block != 0)
+        fail("{}: --weights {} needs rows of a multiple of {} values; tensor '{}' has {}", hf_.name(),
+             dtype_traits(*weights_).name, block, src, cols);
+      w_.add_tensor_f32(dst, *weights_, {cols, rows}, f.data());
+      return;
+    }
+    w_.add_tensor(dst, *keep, {cols, rows}, bytes.data(), bytes.size());
+  }
+
+  GGUFWriter& writer() { return w_; }
+
+ private:
+  const HFConfig& hf_;
+  const DenseFamily& fam_;
+  const SafetensorsModel& st_;
+  std::optional<DType> weights_;
+  GGUFWriter w_;
+};
+
+}  // namespace
+
+std::vector<uint8_t> dense_gguf_from_hf(const std::string& dir, std::optional<DType> weights) {
+  const HFConfig hf = HFConfig::load(dir);
+  const std::string mt = hf.model_type();
+  const DenseFamily* famp = dense_family_of_hf(mt);
+  if (!famp) fail("{}: model_type '{}' is not a dense family this engine reads", hf.name(), mt);
+  const DenseFamily& fam = *famp;
+  const SafetensorsModel st = SafetensorsModel::open(dir);
+
+  auto pos = [&](const char* k) { return static_cast<int>(hf.get_positive_int(k)); };
+  const int n_layer = pos("num_hidden_layers"), n_embd = pos("hidden_size"), n_ff = pos("intermediate_size"),
+            n_head = pos("num_attention_heads");
+  const int n_kv = static_cast<int>(hf.has("num_key_value_heads") ? hf.get_positive_int("num_key_value_heads") : n_head);
+  const int head_dim = static_cast<int>(hf.has("head_dim") ? hf.get_positive_int("head_dim") : n_embd / n_head);
+  const int n_vocab = pos("vocab_size");
+  if (head_dim <= 0) fail("{}: hidden_size {} is smaller than num_attention_heads {}", hf.name(), n_embd, n_head);
+  const double eps = hf.get_float_or("rms_norm_eps", 1e-6);
+  if (!std::isfinite(eps) || eps <= 0 || eps >= 1) fail("{}: 'rms_norm_eps' is {}, it must be in (0, 1)", hf.name(), eps);
+  const double partial = hf.get_float_or("partial_rotary_factor", 1.0);
+  if (!std::isfinite(partial) || partial <= 0 || partial > 1)
+    fail("{}: 'partial_rotary_factor' is {}, it must be in (0, 1]", hf.name(), partial);
+  const int rope_dim = static_cast<int>(std::lround(head_dim * partial));
+  const std::string act = hf.get_string_or("hidden_activation", hf.get_string_or("hidden_act", fam.gelu ? "gelu_pytorch_tanh" : "silu"));
+  const bool act_ok = fam.gelu ? (act == "gelu_pytorch_tanh" || act == "gelu_new" || act == "gelu") : act == "silu";
+  if (!act_ok) fail("{}: hidden activation '{}' is not the {} family's", hf.name(), act, fam.name);
+  if (hf.get_bool_or("mlp_bias", false)) fail("{}: 'mlp_bias' true is not supported", hf.name());
+  if (hf.get_bool_or("use_sliding_window", false))
+    fail("{}: 'use_sliding_window' true is not supported for {}", hf.name(), mt);
+
+  Converter cv(hf, fam, st, weights);
+  GGUFWriter& w = cv.writer();
+  const std::string a(fam.gguf_arch);
+  w.set_string("general.architecture", a);
+  w.set_string("general.name", hf.name());
+  w.set_u32(a + ".block_count", static_cast<uint32_t>(n_layer));
+  w.set_u32(a + ".context_length", static_cast<uint32_t>(hf.get_int_or("max_position_embeddings", 2048)));
+  w.set_u32(a + ".embedding_length", static_cast<uint32_t>(n_embd));
+  w.set_u32(a + ".feed_forward_length", static_cast<uint32_t>(n_ff));
+  w.set_u32(a + ".attention.head_count", static_cast<uint32_t>(n_head));
+  w.set_u32(a + ".attention.head_count_kv", static_cast<uint32_t>(n_kv));
+  w.set_u32(a + ".attention.key_length", static_cast<uint32_t>(head_dim));
+  w.set_u32(a + ".attention.value_length", static_cast<uint32_t>(head_dim));
+  w.set_f32(a + ".attention.layer_norm_rms_epsilon", static_cast<float>(eps));
+  w.set_u32(a + ".rope.dimension_count", static_cast<uint32_t>(rope_dim));
+
+  const Rope rope = read_rope(hf, "full_attention");
+  w.set_f32(a + ".rope.freq_base", static_cast<float>(rope.theta));
+  std::vector<float> freqs;
+  if (rope.type == "llama3") {
+    freqs = llama3_factors(hf, rope, rope_dim);
+  } else if (rope.type == "linear") {
+    freqs.assign(static_cast<size_t>(rope_dim / 2), static_cast<float>(rope_param(hf, rope, "factor")));
+  } else if (rope.type != "default") {
+    fail("{}: RoPE scaling '{}' is not supported (default, linear and llama3 are)", hf.name(), rope.type);
+  }
+  if (fam.rope_base_local > 0) {
+    const Rope local = read_rope(hf, "sliding_attention");
+    const double local_theta = hf.has("rope_local_base_freq") ? hf.get_float("rope_local_base_freq") : local.theta;
+    if (local_theta != fam.rope_base_local)
+      fail("{}: the sliding-window layers' RoPE base is {}; this engine runs {} with {}", hf.name(), local_theta,
+           fam.name, fam.rope_base_local);
+  }
+  if (fam.swa != SwaPattern::None || fam.window_all) {
+    if (hf.has("sliding_window")) {
+      const int64_t win = hf.get_int("sliding_window");
+      if (win <= 0 || win > (int64_t{1} << 30)) fail("{}: 'sliding_window' is {}, it must be positive", hf.name(), win);
+      w.set_u32(a + ".attention.sliding_window", static_cast<uint32_t>(win));
+    } else if (fam.swa != SwaPattern::None) {
+      fail("{}: 'sliding_window' is required for {}", hf.name(), mt);
+    }
+  }
+  if (const nlohmann::json* lt = hf.find("layer_types"); lt && fam.swa != SwaPattern::None) {
+    if (!lt->is_array() || static_cast<int>(lt->size()) != n_layer)
+      fail("{}: 'layer_types' must list {} layers", hf.name(), n_layer);
+    for (int l = 0; l < n_layer; ++l) {
+      const bool swa = fam.swa == SwaPattern::EvenLayers ? l % 2 == 0 : (l + 1) % 6 != 0;
+      const std::string want = swa ? "sliding_attention" : "full_attention";
+      if ((*lt)[static_cast<size_t>(l)] != want)
+        fail("{}: layer_types[{}] is {}; this engine runs {} with the pattern that makes it '{}'", hf.name(), l,
+             (*lt)[static_cast<size_t>(l)].dump(), fam.name, want);
+    }
+  }
+  for (const char* k : {"attn_logit_softcapping", "final_logit_softcapping"})
+    if (hf.has(k)) {
+      const double v = hf.get_float(k);
+      if (!std::isfinite(v) || v <= 0) fail("{}: '{}' is {}, it must be finite and positive", hf.name(), k, v);
+      w.set_f32(a + "." + k, static_cast<float>(v));
+    }
+  if (hf.has("query_pre_attn_scalar")) {
+    const double s = hf.get_float("query_pre_attn_scalar");
+    if (!std::isfinite(s) || s <= 0) fail("{}: 'query_pre_attn_scalar' is {}, it must be positive", hf.name(), s);
+    if (s != head_dim) w.set_f32(a + ".attention.query_pre_attn_scalar", static_cast<float>(s));
+  }
+
+  const int qd = n_head * head_dim, kvd = n_kv * head_dim;
+  cv.mat(T::TokenEmbd, 0, n_vocab, n_embd);
+  const bool tied = !st.find(*hf_tensor_name(fam, T::Output, 0)) || hf.get_bool_or("tie_word_embeddings", false);
+  if (!tied) cv.mat(T::Output, 0, n_vocab, n_embd);
+  cv.vec(T::OutputNorm, 0, n_embd, true);
+  if (!freqs.empty())
+    w.add_tensor(dense_tensor_name(T::RopeFreqs, 0), DType::F32, {static_cast<int64_t>(freqs.size())}, freqs.data(),
+                 freqs.size() * 4);
+  const bool attn_bias = fam.qkv_bias || hf.get_bool_or("attention_bias", false);
+  for (int l = 0; l < n_layer; ++l) {
+    cv.vec(T::AttnNorm, l, n_embd, true);
+    if (fam.fused_qkv) {
+      cv.mat(T::AttnQkv, l, qd + 2 * kvd, n_embd);
+    } else {
+      cv.mat(T::AttnQ, l, qd, n_embd, fam.hf_permute_qk ? n_head : 0);
+      cv.mat(T::AttnK, l, kvd, n_embd, fam.hf_permute_qk ? n_kv : 0);
+      cv.mat(T::AttnV, l, kvd, n_embd);
+      if (attn_bias) {
+        if (fam.hf_permute_qk) fail("{}: q/k biases of a llama-family checkpoint are not supported", hf.name());
+        cv.vec(T::AttnQ, l, qd, false, "bias");
+        cv.vec(T::AttnK, l, kvd, false, "bias");
+        cv.vec(T::AttnV, l, kvd, false, "bias");
+      }
+    }
+    cv.mat(T::AttnOut, l, n_embd, qd);
+    if (fam.qk_norm) {
+      cv.vec(T::AttnQNorm, l, head_dim, true);
+      cv.vec(T::AttnKNorm, l, head_dim, true);
+    }
+    cv.vec(T::FfnNorm, l, n_embd, true);
+    if (fam.fused_gate_up) {
+      cv.mat(T::FfnUp, l, 2 * int64_t{n_ff}, n_embd);
+    } else {
+      cv.mat(T::FfnGate, l, n_ff, n_embd);
+      cv.mat(T::FfnUp, l, n_ff, n_embd);
+    }
+    cv.mat(T::FfnDown, l, n_embd, n_ff);
+    if (fam.sandwich_norm) {
+      cv.vec(T::AttnPostNorm, l, n_embd, true);
+      cv.vec(T::FfnPostNorm, l, n_embd, true);
+    }
+  }
+  return w.serialize();
+}
+
+}  // namespace megakern

@@ -1,0 +1,189 @@
+// The dense families against an independent reference: for each family a
+// tiny random-weight model written by scripts/fixtures/gen_family_fixtures.py
+// in both forms (a Hugging Face directory from transformers, and a GGUF file
+// in llama.cpp's converter conventions written with the gguf package), with
+// transformers' float32 logits teacher-forced over a token sequence longer
+// than the sliding windows.
+//
+// Checked for both forms, every executor and both numerics modes: top-1
+// agreement at every position, max |ours - ref| / max |ref| <= 1e-4 (the
+// weights are f32, so both modes run the f32 path; the differences are
+// summation order only); the GGUF and HF forms give the same bits; one
+// position per step gives the bits of the whole sequence in one step.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "exec/executor.h"
+#include "io/gguf.h"
+#include "model/dense.h"
+#include "model/dense_families.h"
+#include "model/dense_hf.h"
+#include "model/dense_program.h"
+#include "model_state.h"
+#include "runtime/sampler.h"
+#include "test_util.h"
+
+namespace megakern {
+namespace {
+
+struct Reference {
+  std::vector<int32_t> tokens;
+  int n_vocab = 0;
+  std::string arch, model_type;
+  std::vector<float> logits;  // [tokens][n_vocab]
+};
+
+std::string family_dir(const std::string& fam) { return fixture_path("families/" + fam); }
+
+Reference load_reference(const std::string& fam) {
+  Reference r;
+  std::ifstream j(family_dir(fam) + "/reference.json");
+  if (!j.good()) throw std::runtime_error("missing fixture " + family_dir(fam) + "/reference.json");
+  const nlohmann::json meta = nlohmann::json::parse(j);
+  r.tokens = meta.at("tokens").get<std::vector<int32_t>>();
+  r.n_vocab = meta.at("n_vocab").get<int>();
+  r.arch = meta.at("gguf_architecture").get<std::string>();
+  r.model_type = meta.at("model_type").get<std::string>();
+  r.logits.resize(r.tokens.size() * static_cast<size_t>(r.n_vocab));
+  std::ifstream b(family_dir(fam) + "/reference.f32", std::ios::binary);
+  b.read(reinterpret_cast<char*>(r.logits.data()), static_cast<std::streamsize>(r.logits.size() * 4));
+  if (!b) throw std::runtime_error("short fixture " + family_dir(fam) + "/reference.f32");
+  return r;
+}
+
+// Logits of every position: all positions as one step, or one per step.
+std::vector<float> run(const DenseModel& m, const std::string& executor, Numerics numerics,
+                       const std::vector<int32_t>& toks, bool one_per_step) {
+  ThreadPool pool(2);
+  const int n = static_cast<int>(toks.size()), V = m.config().n_vocab;
+  DecodeProgram p = build_dense_program(m, one_per_step ? 1 : n);
+  p.numerics = numerics;
+  auto ex = make_executor(executor, p, pool);
+  KVCache cache = make_cache(m, n);
+  std::vector<float> logits(static_cast<size_t>(n) * V);
+  if (one_per_step) {
+    for (int t = 0; t < n; ++t) ex->step({{toks[t], t, &cache}}, logits.data() + static_cast<size_t>(t) * V);
+  } else {
+    std::vector<RowInput> rows;
+    for (int t = 0; t < n; ++t) rows.push_back({toks[t], t, &cache});
+    ex->step(rows, logits.data());
+  }
+  return logits;
+}
+
+class FamilyTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(FamilyTest, BothFormsMatchTransformersUnderEveryExecutor) {
+  const std::string fam = GetParam();
+  const Reference ref = load_reference(fam);
+  auto gguf = GGUFFile::open(family_dir(fam) + "/model.gguf");
+  EXPECT_EQ(gguf->get_string("general.architecture"), ref.arch);
+  auto mg = DenseModel::load(*gguf);
+  std::vector<uint8_t> image = dense_gguf_from_hf(family_dir(fam) + "/hf", std::nullopt);
+  auto hf_file = GGUFFile::parse(image.data(), image.size(), fam + " hf");
+  auto mh = DenseModel::load(*hf_file);
+  ASSERT_EQ(mg->config().n_vocab, ref.n_vocab);
+  ASSERT_EQ(dense_family_of_hf(ref.model_type), mg->config().family);
+
+  const int n = static_cast<int>(ref.tokens.size()), V = ref.n_vocab;
+  double ref_max = 0;
+  for (float x : ref.logits) ref_max = std::max(ref_max, static_cast<double>(std::fabs(x)));
+  for (const char* executor : {"reference", "opbyop", "mega"}) {
+    for (Numerics numerics : {Numerics::Exact, Numerics::Fast}) {
+      SCOPED_TRACE(fmt::format("{} {} {}", fam, executor, numerics == Numerics::Exact ? "exact" : "fast"));
+      const std::vector<float> g = run(*mg, executor, numerics, ref.tokens, false);
+      const std::vector<float> h = run(*mh, executor, numerics, ref.tokens, false);
+      EXPECT_EQ(std::memcmp(g.data(), h.data(), g.size() * 4), 0) << "GGUF and HF forms differ";
+      double max_diff = 0;
+      int top1 = 0;
+      for (int t = 0; t < n; ++t) {
+        const float* a = g.data() + static_cast<size_t>(t) * V;
+        const float* r = ref.logits.data() + static_cast<size_t>(t) * V;
+        top1 += argmax(a, V) == argmax(r, V);
+        for (int v = 0; v < V; ++v) max_diff = std::max(max_diff, static_cast<double>(std::fabs(a[v] - r[v])));
+      }
+      EXPECT_EQ(top1, n) << "top-1 agreement " << top1 << " of " << n;
+      EXPECT_LE(max_diff / ref_max, 1e-4) << "max |diff| " << max_diff << " against max |ref| " << ref_max;
+      std::printf("[families] %-8s %-9s %-5s top-1 %d/%d, max |diff| / max |ref| %.2e\n", fam.c_str(), executor,
+                  numerics == Numerics::Exact ? "exact" : "fast", top1, n, max_diff / ref_max);
+      if (std::string(executor) == "mega") {
+        const std::vector<float> s = run(*mg, executor, numerics, ref.tokens, true);
+        EXPECT_EQ(std::memcmp(g.data(), s.data(), g.size() * 4), 0) << "one position per step differs";
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dense, FamilyTest,
+                         ::testing::Values("llama", "llama3", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3"),
+                         [](const auto& info) { return info.param; });
+
+TEST(Families, TableNamesAreUniqueAndResolve) {
+  for (const DenseFamily& f : dense_families()) {
+    EXPECT_EQ(dense_family_of_gguf(f.gguf_arch), &f);
+    for (std::string_view t : f.hf_types) EXPECT_EQ(dense_family_of_hf(t), &f);
+    EXPECT_TRUE(hf_tensor_name(f, DenseTensor::TokenEmbd, 0).has_value()) << f.name;
+    EXPECT_EQ(hf_tensor_name(f, DenseTensor::AttnQkv, 0).has_value(), f.fused_qkv) << f.name;
+  }
+  EXPECT_EQ(dense_tensor_name(DenseTensor::AttnQ, 7, "bias"), "blk.7.attn_q.bias");
+  EXPECT_EQ(dense_tensor_name(DenseTensor::OutputNorm, 3), "output_norm.weight");
+}
+
+TEST(Families, UnsupportedArchitectureNamesTheReason) {
+  GGUFWriter w;
+  w.set_string("general.architecture", "deepseek2");
+  std::vector<uint8_t> bytes = w.serialize();
+  auto f = GGUFFile::parse(bytes.data(), bytes.size(), "ds.gguf");
+  try {
+    DenseModel::load(*f);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'deepseek2' is not supported: DeepSeek-V2/V3"), std::string::npos)
+        << e.what();
+  }
+}
+
+// Non-finite or out-of-range hyperparameters are refused naming the key.
+TEST(Families, NonFiniteHyperparametersAreRefused) {
+  const std::string src = family_dir("qwen2") + "/model.gguf";
+  struct Case {
+    const char* key;
+    float value;
+  };
+  for (const Case& c : {Case{"qwen2.attention.layer_norm_rms_epsilon", NAN},
+                        Case{"qwen2.attention.layer_norm_rms_epsilon", -1.f},
+                        Case{"qwen2.rope.freq_base", INFINITY}, Case{"qwen2.rope.freq_base", 0.f}}) {
+    auto orig = GGUFFile::open(src);
+    GGUFWriter w;
+    for (const std::string& k : orig->metadata_order()) {
+      const GGUFValue& v = *orig->find(k);
+      if (k == c.key) continue;
+      if (v.type == GGUFValueType::STRING)
+        w.set_string(k, orig->get_string(k));
+      else if (v.type == GGUFValueType::FLOAT32 || v.type == GGUFValueType::FLOAT64)
+        w.set_f32(k, static_cast<float>(orig->get_float(k)));
+      else if (v.type != GGUFValueType::ARRAY && v.type != GGUFValueType::BOOL)
+        w.set_u32(k, static_cast<uint32_t>(orig->get_int(k)));
+    }
+    w.set_f32(c.key, c.value);
+    for (const GGUFTensorInfo& t : orig->tensors())
+      w.add_tensor(t.name, t.type, t.shape, t.data, t.n_bytes);
+    std::vector<uint8_t> bytes = w.serialize();
+    auto f = GGUFFile::parse(bytes.data(), bytes.size(), "mutated.gguf");
+    try {
+      DenseModel::load(*f);
+      ADD_FAILURE() << c.key << " = " << c.value << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(c.key), std::string::npos) << e.what();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace megakern
