@@ -101,6 +101,12 @@ TEST(Fidelity, Gemma3MatchesReference) {
   report("gemma3-270m", check_model("gemma3-270m", "fidelity_gemma3.json"));
 }
 
+// Qwen2.5-Coder-0.5B-Instruct (qwen2: q/k/v biases; Q5_0 / Q8_0 / Q4_K / Q6_K).
+TEST(Fidelity, Qwen25CoderMatchesReference) {
+  if (test_model_path("qwen2.5-coder-0.5b").empty()) GTEST_SKIP() << "models/qwen2.5-coder-0.5b.gguf not fetched";
+  report("qwen2.5-coder-0.5b", check_model("qwen2.5-coder-0.5b", "fidelity_qwen25coder.json"));
+}
+
 // ---- Small random-weight qwen3 and gemma3 models against transformers ----------------
 //
 // tests/fixtures/dense_{qwen3,gemma3}_mini.gguf and fidelity_{qwen3,gemma3}_mini.json,
