@@ -22,6 +22,10 @@
 # llama.cpp is built once, CPU only (-DGGML_NATIVE=ON), from the source
 # vendored in the llama-cpp-python sdist on PyPI, into build-peer/ (ignored by
 # git; not part of setup or CI). LLAMA_CPP_PYTHON_VERSION picks the sdist.
+# On hosts with AMX the build leaves AMX out (-mno-amx-*) unless PEER_AMX=1:
+# this llama.cpp's AMX matrix product crashes (SIGSEGV in
+# ggml_backend_amx_mul_mat) on every prompt on the Sapphire Rapids VMs here,
+# while its AVX-512 / VNNI paths and weight repacking stay on.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -42,8 +46,11 @@ build_peer() {
   fi
   local src="$PEER/llama_cpp_python-$VERSION/vendor/llama.cpp"
   [[ -d "$src" ]] || tar -xzf "$sdist" -C "$PEER"
-  echo "[peer] building llama.cpp from $src (CPU only, native; takes a while)" >&2
+  local flags=""
+  if grep -qw amx_tile /proc/cpuinfo && [[ "${PEER_AMX:-0}" != 1 ]]; then flags="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"; fi
+  echo "[peer] building llama.cpp from $src (CPU only, native${flags:+, without AMX}; takes a while)" >&2
   cmake -S "$src" -B "$PEER/llama-build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+    -DCMAKE_C_FLAGS="$flags" -DCMAKE_CXX_FLAGS="$flags" \
     -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF >&2
   nice -n 15 cmake --build "$PEER/llama-build" -j2 \

@@ -121,7 +121,7 @@ TEST_P(FamilyTest, BothFormsMatchTransformersUnderEveryExecutor) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Dense, FamilyTest,
-                         ::testing::Values("llama", "llama3", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3"),
+                         ::testing::Values("llama", "llama3", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "qwen3moe"),
                          [](const auto& info) { return info.param; });
 
 TEST(Families, TableNamesAreUniqueAndResolve) {

@@ -140,9 +140,10 @@ struct DeltaRule {
 // ---- ops/moe.cpp ---------------------------------------------------------
 // The mixture-of-experts ops (ir/expert_bank.h). A route slot holds, per
 // row, top_k expert ids (as floats) then their top_k weights.
-//   MoeRoute:   out[r] = route(in[r]): in = router logits [E]; score = sigmoid(scale * logit);
-//               top_k of score + bias (optional), ties to the lowest index;
-//               weights = score / (sum of the selected scores + eps)
+//   MoeRoute:   out[r] = route(in[r]): in = router logits [E]; score = sigmoid(scale * logit)
+//               (or, with `softmax`, softmax(logit) over E); top_k of score + bias (optional),
+//               ties to the lowest index; weights = score / (sum of the selected scores + eps)
+//               (the selected scores themselves when not `normalize`)
 //   MoeGlu:     out[r][j] = act(gate_e in[r], up_e in[r]) for e = expert j of row r (in2 = route);
 //               tiles: (distinct selected expert, d_ff range), weights read once per step
 //   MoeDown:    out[r][j] = down_e in[r][j]   (in = the MoeGlu slot, in2 = route); tiled as MoeGlu
@@ -152,6 +153,11 @@ struct MoeRoute {
   int top_k = 0;
   float scale = 1.f, eps = 1e-6f;
   std::span<const float> bias;  // [E] or empty
+  // Softmax gating (Qwen3-MoE, Mixtral): score = softmax(logits) over all
+  // experts instead of the sigmoid; the weights are the selected scores,
+  // over their sum (+ eps) when `normalize`, as they are otherwise.
+  bool softmax = false;
+  bool normalize = true;
 };
 struct MoeExperts {
   int top_k = 0;

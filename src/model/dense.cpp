@@ -165,6 +165,17 @@ std::unique_ptr<DenseModel> DenseModel::load(const GGUFFile& f, std::optional<DT
   };
   c.attn_softcap = softcap("attn_logit_softcapping");
   c.final_softcap = softcap("final_logit_softcapping");
+  if (fam.moe) {
+    c.n_expert = positive_int(f, arch_key(c, "expert_count"));
+    c.n_expert_used = positive_int(f, arch_key(c, "expert_used_count"));
+    c.n_ff_exp = positive_int(f, arch_key(c, "expert_feed_forward_length"));
+    if (c.n_expert_used > c.n_expert || c.n_expert > 4096)
+      fail("{}: expert_used_count {} must be at most expert_count {} (at most 4096)", f.name(), c.n_expert_used,
+           c.n_expert);
+    c.expert_weights_norm = f.get_bool_opt(arch_key(c, "expert_weights_norm")).value_or(true);
+    if (f.has(arch_key(c, "expert_shared_count")) && f.get_int(arch_key(c, "expert_shared_count")) != 0)
+      fail("{}: shared experts are not supported for {}", f.name(), c.arch_name);
+  }
 
   // Bounds that keep every index computation of forward() (at most
   // kMaxChunk positions at a time) inside int.
@@ -205,7 +216,34 @@ std::unique_ptr<DenseModel> DenseModel::load(const GGUFFile& f, std::optional<DT
       L.wv = mat(f, name(T::AttnV, l), c.n_embd, kvdim);
     }
     L.wo = mat(f, name(T::AttnOut, l), qdim, c.n_embd);
-    if (fam.fused_gate_up) {
+    if (fam.moe) {
+      L.router = mat(f, name(T::FfnGateInp, l), c.n_embd, c.n_expert);
+      ExpertBank& B = L.experts;
+      B.n_expert = c.n_expert;
+      B.d_in = c.n_embd;
+      B.d_ff = c.n_ff_exp;
+      B.act = ExpertAct::SwiGLU;
+      // One 3-D tensor per kind: expert e's matrix is the e-th slab of rows.
+      auto slabs = [&](T kind, int64_t cols, int64_t rows, std::vector<MatView>& out) {
+        const std::string n = name(kind, l);
+        const GGUFTensorInfo& t = f.tensor(n);
+        if (t.shape.size() != 3 || t.shape[0] != cols || t.shape[1] != rows || t.shape[2] != c.n_expert)
+          fail("{}: tensor '{}' has shape [{}], expected [{}, {}, {}]", f.name(), n, fmt::join(t.shape, ", "), cols,
+               rows, c.n_expert);
+        for (int e = 0; e < c.n_expert; ++e) {
+          MatView m;
+          m.type = t.type;
+          m.cols = cols;
+          m.rows = rows;
+          m.row_bytes = row_bytes(t.type, cols);
+          m.data = t.data + static_cast<size_t>(e) * static_cast<size_t>(rows) * m.row_bytes;
+          out.push_back(m);
+        }
+      };
+      slabs(T::FfnGateExps, c.n_embd, c.n_ff_exp, B.gate);
+      slabs(T::FfnUpExps, c.n_embd, c.n_ff_exp, B.up);
+      slabs(T::FfnDownExps, c.n_ff_exp, c.n_embd, B.down);
+    } else if (fam.fused_gate_up) {
       const MatView gu = mat(f, name(T::FfnUp, l), c.n_embd, 2 * int64_t{c.n_ff});
       L.w_gate = row_range(gu, 0, c.n_ff);
       L.w_up = row_range(gu, c.n_ff, c.n_ff);
@@ -213,7 +251,7 @@ std::unique_ptr<DenseModel> DenseModel::load(const GGUFFile& f, std::optional<DT
       L.w_gate = mat(f, name(T::FfnGate, l), c.n_embd, c.n_ff);
       L.w_up = mat(f, name(T::FfnUp, l), c.n_embd, c.n_ff);
     }
-    L.w_down = mat(f, name(T::FfnDown, l), c.n_ff, c.n_embd);
+    if (!fam.moe) L.w_down = mat(f, name(T::FfnDown, l), c.n_ff, c.n_embd);
     // q/k/v biases: required where the family has them, read where a file
     // of another family carries them (some llama conversions do).
     for (auto [t, dst, n] : {std::tuple{T::AttnQ, &L.bq, qdim}, std::tuple{T::AttnK, &L.bk, kvdim},
@@ -258,15 +296,23 @@ void DenseModel::dequantize_all_to_f32() {
     output_ = tok_embd_;
   else
     convert(output_);
-  for (DenseLayer& L : layers_)
-    for (MatView* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) convert(*m);
+  for (DenseLayer& L : layers_) {
+    for (MatView* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down, &L.router})
+      if (m->data) convert(*m);
+    for (auto* v : {&L.experts.gate, &L.experts.up, &L.experts.down})
+      for (MatView& m : *v) convert(m);
+  }
 }
 
 size_t DenseModel::weight_bytes() const {
   auto b = [](const MatView& m) { return m.row_bytes * static_cast<size_t>(m.rows); };
   size_t total = b(output_);
-  for (const auto& L : layers_)
-    total += b(L.wq) + b(L.wk) + b(L.wv) + b(L.wo) + b(L.w_gate) + b(L.w_up) + b(L.w_down);
+  for (const auto& L : layers_) {
+    total += b(L.wq) + b(L.wk) + b(L.wv) + b(L.wo) + b(L.w_gate) + b(L.w_up) + b(L.w_down) + b(L.router);
+    // The routed experts a token selects: top_k of the layer's.
+    for (int e = 0; e < cfg_.n_expert_used && e < L.experts.n_expert; ++e)
+      total += L.experts.glu_bytes(e) + L.experts.down_bytes(e);
+  }
   return total;
 }
 

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "ir/expert_bank.h"
 #include "ir/sequence_state.h"
 #include "kernels/cpu/matmul.h"
 #include "model/dense_families.h"
@@ -47,6 +48,10 @@ struct DenseConfig {
   bool sandwich_norm = false;       // gemma: norms after attention and MLP outputs too
   float attn_softcap = 0.f;         // gemma2: attention scores soft-capped (0: none)
   float final_softcap = 0.f;        // gemma2: logits soft-capped (0: none)
+  // MoE families (qwen3moe): experts per layer, selected per token, their MLP
+  // width, and whether the selected softmax scores are renormalised.
+  int n_expert = 0, n_expert_used = 0, n_ff_exp = 0;
+  bool expert_weights_norm = true;
 };
 
 struct DenseLayer {
@@ -59,6 +64,10 @@ struct DenseLayer {
   MatView w_gate, w_up;  // [n_ff][n_embd]
   MatView w_down;        // [n_embd][n_ff]
   std::vector<float> bq, bk, bv;  // [rows of wq / wk / wv] when the family has q/k/v biases
+  // MoE families: the router [n_expert][n_embd] and the routed experts
+  // (views into the file's 3-D tensors); w_gate / w_up / w_down are unused.
+  MatView router;
+  ExpertBank experts;
 };
 
 class DenseModel {

@@ -30,6 +30,10 @@ constexpr std::array<std::string_view, kDenseTensorKinds> kGgufNames = {
     "blk.{}.ffn_up",         // FfnUp
     "blk.{}.ffn_down",       // FfnDown
     "blk.{}.post_ffw_norm",  // FfnPostNorm
+    "blk.{}.ffn_gate_inp",   // FfnGateInp
+    "blk.{}.ffn_gate_exps",  // FfnGateExps
+    "blk.{}.ffn_up_exps",    // FfnUpExps
+    "blk.{}.ffn_down_exps",  // FfnDownExps
 };
 
 // Hugging Face names shared by the llama-like families.
@@ -112,6 +116,21 @@ std::vector<DenseFamily> make_families() {
     v.push_back(std::move(f));
   }
   {
+    // Qwen3-MoE: Qwen3's attention, a softmax-routed expert MLP in every layer.
+    DenseFamily f;
+    f.name = "qwen3moe";
+    f.gguf_arch = "qwen3moe";
+    f.hf_types = {"qwen3_moe"};
+    f.qk_norm = true;
+    f.moe = true;
+    f.hf_names = llama_like_hf(true);
+    f.hf_names.push_back({T::FfnGateInp, "model.layers.{0}.mlp.gate"});
+    f.hf_names.push_back({T::FfnGateExps, "model.layers.{0}.mlp.experts.{1}.gate_proj"});
+    f.hf_names.push_back({T::FfnUpExps, "model.layers.{0}.mlp.experts.{1}.up_proj"});
+    f.hf_names.push_back({T::FfnDownExps, "model.layers.{0}.mlp.experts.{1}.down_proj"});
+    v.push_back(std::move(f));
+  }
+  {
     DenseFamily f;
     f.name = "phi3";
     f.gguf_arch = "phi3";
@@ -187,9 +206,10 @@ std::string dense_tensor_name(DenseTensor t, int layer, std::string_view suffix)
   return fmt::format("{}.{}", fmt::format(fmt::runtime(kGgufNames[static_cast<size_t>(t)]), layer), suffix);
 }
 
-std::optional<std::string> hf_tensor_name(const DenseFamily& f, DenseTensor t, int layer, std::string_view suffix) {
+std::optional<std::string> hf_tensor_name(const DenseFamily& f, DenseTensor t, int layer, std::string_view suffix,
+                                          int expert) {
   for (const auto& [k, pattern] : f.hf_names)
-    if (k == t) return fmt::format("{}.{}", fmt::format(fmt::runtime(pattern), layer), suffix);
+    if (k == t) return fmt::format("{}.{}", fmt::format(fmt::runtime(pattern), layer, expert), suffix);
   return std::nullopt;
 }
 
@@ -198,7 +218,6 @@ std::optional<std::string> unsupported_gguf_reason(std::string_view a) {
     std::string_view arch, why;
   };
   static constexpr Known kKnown[] = {
-      {"qwen3moe", "Qwen3-MoE (routed experts stored as 3-D GGUF tensors) is not read from GGUF yet"},
       {"qwen2moe", "Qwen2-MoE is not read from GGUF yet"},
       {"gpt-oss", "gpt-oss (MXFP4 experts, attention sinks, YaRN) is not read from GGUF yet"},
       {"deepseek2", "DeepSeek-V2/V3 (MLA with routed experts) is not read from GGUF yet"},

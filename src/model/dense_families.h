@@ -36,8 +36,12 @@ enum class DenseTensor {
   FfnUp,         // [n_ff][n_embd], or gate | up rows when fused (Phi-3)
   FfnDown,       // [n_embd][n_ff]
   FfnPostNorm,   // [n_embd] (Gemma's norm of the MLP output)
+  FfnGateInp,    // [n_expert][n_embd] router (MoE families)
+  FfnGateExps,   // [n_expert][n_ff_exp][n_embd] routed experts' gate matrices (GGUF: one 3-D tensor)
+  FfnUpExps,     // [n_expert][n_ff_exp][n_embd]
+  FfnDownExps,   // [n_expert][n_embd][n_ff_exp]
 };
-inline constexpr int kDenseTensorKinds = static_cast<int>(DenseTensor::FfnPostNorm) + 1;
+inline constexpr int kDenseTensorKinds = static_cast<int>(DenseTensor::FfnDownExps) + 1;
 
 // Which layers use the sliding window.
 enum class SwaPattern {
@@ -63,8 +67,9 @@ struct DenseFamily {
   bool window_all = false;        // a window key, when present, applies to every layer
   SwaPattern swa = SwaPattern::None;
   float rope_base_local = 0.f;    // RoPE base of the sliding-window layers (0: the global base)
-  // Hugging Face tensor name patterns ("{}" is the layer), indexed by
-  // DenseTensor; empty where the family has no such tensor.
+  bool moe = false;               // the MLP is a softmax-routed mixture of experts in every layer
+  // Hugging Face tensor name patterns ("{0}" or "{}" is the layer, "{1}" the
+  // expert), indexed by DenseTensor; empty where the family has no such tensor.
   std::vector<std::pair<DenseTensor, std::string_view>> hf_names;
 };
 
@@ -78,7 +83,7 @@ std::string dense_tensor_name(DenseTensor t, int layer, std::string_view suffix 
 // The family's Hugging Face name for a tensor (suffix appended as
 // ".weight" / ".bias"), or nullopt when the family has no such tensor.
 std::optional<std::string> hf_tensor_name(const DenseFamily& f, DenseTensor t, int layer,
-                                          std::string_view suffix = "weight");
+                                          std::string_view suffix = "weight", int expert = 0);
 
 // GGUF architectures of related families this engine recognises but does
 // not run, with the reason a user is told.

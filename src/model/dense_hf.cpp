@@ -123,37 +123,51 @@ class Converter {
 
   // A matrix [rows][cols]: kept in its float format, or converted to
   // `weights`; rows permuted per head for adjacent-pair RoPE when asked.
-  void mat(T kind, int layer, int64_t rows, int64_t cols, int permute_heads = 0) {
-    const std::string src = *hf_tensor_name(fam_, kind, layer);
-    const SafetensorsTensor& t = get(src, {rows, cols});
+  // With n_expert > 0, the experts' matrices (one checkpoint tensor each)
+  // stacked into one [n_expert][rows][cols] tensor, as GGUF stores them.
+  void mat(T kind, int layer, int64_t rows, int64_t cols, int permute_heads = 0, int n_expert = 0) {
+    const int n_mat = n_expert > 0 ? n_expert : 1;
     const std::string dst = dense_tensor_name(kind, layer);
-    std::optional<DType> keep = safetensors_float_format(t.dtype);
-    if (!keep) fail("{}: tensor '{}' has dtype {}; expected F32, F16 or BF16", st_.path(), src, t.dtype);
-    const size_t rb = static_cast<size_t>(cols) * t.elem_bytes;
-    std::vector<uint8_t> bytes(static_cast<size_t>(rows) * rb);
-    // Row r of the result is row src_row(r) of the checkpoint: llama.cpp's
-    // converter reorders each head's rows (0, d/2, 1, d/2 + 1, ...) so that
-    // adjacent-pair RoPE on them is rotate-half RoPE on the original.
-    const int64_t per = permute_heads ? rows / permute_heads : rows, half = per / 2;
-    for (int64_t r = 0; r < rows; ++r) {
-      int64_t s = r;
-      if (permute_heads) {
-        const int64_t h = r / per, i = r % per;
-        s = h * per + (i % 2) * half + i / 2;
+    std::optional<DType> keep;
+    std::string src;
+    std::vector<uint8_t> bytes;
+    for (int e = 0; e < n_mat; ++e) {
+      src = *hf_tensor_name(fam_, kind, layer, "weight", e);
+      const SafetensorsTensor& t = get(src, {rows, cols});
+      const std::optional<DType> fmt = safetensors_float_format(t.dtype);
+      if (!fmt) fail("{}: tensor '{}' has dtype {}; expected F32, F16 or BF16", st_.path(), src, t.dtype);
+      if (keep && *fmt != *keep)
+        fail("{}: tensor '{}' has dtype {}, unlike the layer's other experts", st_.path(), src, t.dtype);
+      keep = fmt;
+      const size_t rb = static_cast<size_t>(cols) * t.elem_bytes;
+      if (bytes.empty()) bytes.resize(static_cast<size_t>(n_mat) * static_cast<size_t>(rows) * rb);
+      uint8_t* base = bytes.data() + static_cast<size_t>(e) * static_cast<size_t>(rows) * rb;
+      // Row r of the result is row src_row(r) of the checkpoint: llama.cpp's
+      // converter reorders each head's rows (0, d/2, 1, d/2 + 1, ...) so that
+      // adjacent-pair RoPE on them is rotate-half RoPE on the original.
+      const int64_t per = permute_heads ? rows / permute_heads : rows, half = per / 2;
+      for (int64_t r = 0; r < rows; ++r) {
+        int64_t s = r;
+        if (permute_heads) {
+          const int64_t h = r / per, i = r % per;
+          s = h * per + (i % 2) * half + i / 2;
+        }
+        std::memcpy(base + static_cast<size_t>(r) * rb, t.data + static_cast<size_t>(s) * rb, rb);
       }
-      std::memcpy(bytes.data() + static_cast<size_t>(r) * rb, t.data + static_cast<size_t>(s) * rb, rb);
     }
+    std::vector<int64_t> shape = {cols, rows};
+    if (n_expert > 0) shape.push_back(n_expert);
     if (weights_ && *weights_ != *keep) {
-      std::vector<float> f(static_cast<size_t>(rows * cols));
-      dtype_traits(*keep).dequantize(bytes.data(), f.data(), rows * cols);
+      std::vector<float> f(static_cast<size_t>(n_mat * rows * cols));
+      dtype_traits(*keep).dequantize(bytes.data(), f.data(), n_mat * rows * cols);
       const int64_t block = dtype_traits(*weights_).block_size;
       if (cols % block != 0)
         fail("{}: --weights {} needs rows of a multiple of {} values; tensor '{}' has {}", hf_.name(),
              dtype_traits(*weights_).name, block, src, cols);
-      w_.add_tensor_f32(dst, *weights_, {cols, rows}, f.data());
+      w_.add_tensor_f32(dst, *weights_, shape, f.data());
       return;
     }
-    w_.add_tensor(dst, *keep, {cols, rows}, bytes.data(), bytes.size());
+    w_.add_tensor(dst, *keep, shape, bytes.data(), bytes.size());
   }
 
   GGUFWriter& writer() { return w_; }
@@ -195,6 +209,26 @@ std::vector<uint8_t> dense_gguf_from_hf(const std::string& dir, std::optional<DT
   if (hf.get_bool_or("mlp_bias", false)) fail("{}: 'mlp_bias' true is not supported", hf.name());
   if (hf.get_bool_or("use_sliding_window", false))
     fail("{}: 'use_sliding_window' true is not supported for {}", hf.name(), mt);
+  int n_expert = 0, n_expert_used = 0, n_ff_exp = 0;
+  if (fam.moe) {
+    // Qwen3-MoE names the expert count num_experts (transformers 5 writes
+    // num_local_experts); every layer must be sparse.
+    n_expert = static_cast<int>(hf.has("num_experts") ? hf.get_positive_int("num_experts")
+                                                      : hf.get_positive_int("num_local_experts"));
+    n_expert_used = pos("num_experts_per_tok");
+    n_ff_exp = pos("moe_intermediate_size");
+    if (n_expert_used > n_expert || n_expert > 4096)
+      fail("{}: num_experts_per_tok {} must be at most the expert count {} (at most 4096)", hf.name(), n_expert_used,
+           n_expert);
+    if (hf.get_int_or("decoder_sparse_step", 1) != 1)
+      fail("{}: 'decoder_sparse_step' {} is not supported (every layer must be a mixture of experts)", hf.name(),
+           hf.get_int_or("decoder_sparse_step", 1));
+    if (const nlohmann::json* m = hf.find("mlp_only_layers"); m && !(m->is_array() && m->empty()))
+      fail("{}: 'mlp_only_layers' must be empty (dense layers inside a mixture-of-experts model are not supported)",
+           hf.name());
+    if (hf.get_int_or("shared_expert_intermediate_size", 0) != 0)
+      fail("{}: shared experts are not supported for {}", hf.name(), mt);
+  }
 
   Converter cv(hf, fam, st, weights);
   GGUFWriter& w = cv.writer();
@@ -211,6 +245,12 @@ std::vector<uint8_t> dense_gguf_from_hf(const std::string& dir, std::optional<DT
   w.set_u32(a + ".attention.value_length", static_cast<uint32_t>(head_dim));
   w.set_f32(a + ".attention.layer_norm_rms_epsilon", static_cast<float>(eps));
   w.set_u32(a + ".rope.dimension_count", static_cast<uint32_t>(rope_dim));
+  if (fam.moe) {
+    w.set_u32(a + ".expert_count", static_cast<uint32_t>(n_expert));
+    w.set_u32(a + ".expert_used_count", static_cast<uint32_t>(n_expert_used));
+    w.set_u32(a + ".expert_feed_forward_length", static_cast<uint32_t>(n_ff_exp));
+    w.set_bool(a + ".expert_weights_norm", hf.get_bool_or("norm_topk_prob", true));
+  }
 
   const Rope rope = read_rope(hf, "full_attention");
   w.set_f32(a + ".rope.freq_base", static_cast<float>(rope.theta));
@@ -291,13 +331,19 @@ std::vector<uint8_t> dense_gguf_from_hf(const std::string& dir, std::optional<DT
       cv.vec(T::AttnKNorm, l, head_dim, true);
     }
     cv.vec(T::FfnNorm, l, n_embd, true);
-    if (fam.fused_gate_up) {
+    if (fam.moe) {
+      cv.mat(T::FfnGateInp, l, n_expert, n_embd);
+      cv.mat(T::FfnGateExps, l, n_ff_exp, n_embd, 0, n_expert);
+      cv.mat(T::FfnUpExps, l, n_ff_exp, n_embd, 0, n_expert);
+      cv.mat(T::FfnDownExps, l, n_embd, n_ff_exp, 0, n_expert);
+    } else if (fam.fused_gate_up) {
       cv.mat(T::FfnUp, l, 2 * int64_t{n_ff}, n_embd);
+      cv.mat(T::FfnDown, l, n_embd, n_ff);
     } else {
       cv.mat(T::FfnGate, l, n_ff, n_embd);
       cv.mat(T::FfnUp, l, n_ff, n_embd);
+      cv.mat(T::FfnDown, l, n_embd, n_ff);
     }
-    cv.mat(T::FfnDown, l, n_embd, n_ff);
     if (fam.sandwich_norm) {
       cv.vec(T::AttnPostNorm, l, n_embd, true);
       cv.vec(T::FfnPostNorm, l, n_embd, true);

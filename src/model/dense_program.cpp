@@ -26,6 +26,13 @@ DecodeProgram build_dense_program(const DenseModel& model, int max_rows) {
   const int gate = p.add_slot("gate", -1, c.n_ff);
   const int up = p.add_slot("up", -1, c.n_ff);
   const int act = p.add_slot("act", -1, c.n_ff);
+  int rlog = -1, route = -1, eh = -1, ye = -1;
+  if (c.n_expert > 0) {
+    rlog = p.add_slot("router_logits", -1, c.n_expert);
+    route = p.add_slot("route", -1, 2 * c.n_expert_used);
+    eh = p.add_slot("expert_hidden", -1, c.n_expert_used * c.n_ff_exp);
+    ye = p.add_slot("expert_out", -1, c.n_expert_used * D);
+  }
 
   Op& emb = p.add_op(OpKind::Embed, -1, "token_embd");
   emb.mat = model.tok_embd();
@@ -48,10 +55,25 @@ DecodeProgram build_dense_program(const DenseModel& model, int max_rows) {
     p.add_matmul(l, "attn_output", L.wo, att, proj);
     p.add_residual(l, "attn_residual", x, proj, L.post_attn_norm, c.eps);
     p.add_rmsnorm(l, "ffn_norm", L.ffn_norm, c.eps, x, xn);
-    p.add_matmul(l, "ffn_gate", L.w_gate, xn, gate);
-    p.add_matmul(l, "ffn_up", L.w_up, xn, up);
-    p.add_glu(l, "ffn_act", gate, up, act, c.gelu ? GluKind::GeluTanh : GluKind::SiLU);
-    p.add_matmul(l, "ffn_down", L.w_down, act, proj);
+    if (c.n_expert > 0) {
+      // Softmax routing over every expert, the top k, their SwiGLU outputs
+      // summed with the (renormalised) scores as weights.
+      p.add_matmul(l, "ffn_gate_inp", L.router, xn, rlog);
+      Op& rt = p.add_op(OpKind::MoeRoute, l, "moe_route");
+      rt.in = rlog;
+      rt.out = route;
+      auto& r = rt.as<ops::MoeRoute>();
+      r.top_k = c.n_expert_used;
+      r.softmax = true;
+      r.normalize = c.expert_weights_norm;
+      r.eps = 0.f;
+      p.add_moe_experts(l, &L.experts, c.n_expert_used, route, xn, eh, ye, proj);
+    } else {
+      p.add_matmul(l, "ffn_gate", L.w_gate, xn, gate);
+      p.add_matmul(l, "ffn_up", L.w_up, xn, up);
+      p.add_glu(l, "ffn_act", gate, up, act, c.gelu ? GluKind::GeluTanh : GluKind::SiLU);
+      p.add_matmul(l, "ffn_down", L.w_down, act, proj);
+    }
     p.add_residual(l, "ffn_residual", x, proj, L.post_ffn_norm, c.eps);
   }
   const int logits = p.add_slot("logits", -1, c.n_vocab);

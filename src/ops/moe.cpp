@@ -150,10 +150,18 @@ void moe_route_tile(const Op& op, const StepContext& ctx, int r, int) {
   // scores over (their sum + eps): the reference's musespark/moe.py
   // route_from_logits (scale = output_multiplier, eps = route_eps) and, with
   // scale 1 and eps 0, kimi/__init__.py route.
-  for (int e = 0; e < E; ++e) {
-    score[static_cast<size_t>(e)] = sigmoidf(a.scale * logit[e]);
-    key[static_cast<size_t>(e)] = score[static_cast<size_t>(e)] + (a.bias.empty() ? 0.f : a.bias[static_cast<size_t>(e)]);
+  if (a.softmax) {
+    // In double, from the largest logit: every score rounds once to f32.
+    double mx = -INFINITY, sum = 0;
+    for (int e = 0; e < E; ++e) mx = std::max(mx, static_cast<double>(a.scale * logit[e]));
+    for (int e = 0; e < E; ++e) sum += std::exp(static_cast<double>(a.scale * logit[e]) - mx);
+    for (int e = 0; e < E; ++e)
+      score[static_cast<size_t>(e)] = static_cast<float>(std::exp(static_cast<double>(a.scale * logit[e]) - mx) / sum);
+  } else {
+    for (int e = 0; e < E; ++e) score[static_cast<size_t>(e)] = sigmoidf(a.scale * logit[e]);
   }
+  for (int e = 0; e < E; ++e)
+    key[static_cast<size_t>(e)] = score[static_cast<size_t>(e)] + (a.bias.empty() ? 0.f : a.bias[static_cast<size_t>(e)]);
   // k passes of an arg-max, strictly greater wins, so ties go to the lowest
   // index; taken entries are marked -inf (a NaN key is never selected
   // unless nothing else is left, then the lowest free index is).
@@ -170,6 +178,7 @@ void moe_route_tile(const Op& op, const StepContext& ctx, int r, int) {
     out[k + j] = score[static_cast<size_t>(best)];
     sum += score[static_cast<size_t>(best)];
   }
+  if (!a.normalize) return;
   const float den = sum + a.eps;
   for (int j = 0; j < k; ++j) out[k + j] = den > 0.f ? out[k + j] / den : 0.f;
 }
