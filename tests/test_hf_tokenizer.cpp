@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "io/gguf.h"
+#include "runtime/model.h"
 #include "test_util.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/hf_tokenizer.h"
@@ -197,6 +198,37 @@ TEST_F(HFTokenizerBad, ChatTemplateNotString) {
   write("tokenizer.json", kGood);
   write("tokenizer_config.json", R"({"chat_template":[1]})");
   expect_error({"tokenizer_config.json", "chat_template"});
+}
+
+
+// A checkpoint directory with a tokenizer.json loads it; one with other
+// tokenizer files but no tokenizer.json is refused.
+TEST_F(HFTokenizerBad, CheckpointDirectoryUsesTokenizerJson) {
+  const fs::path src = fixture_path("families/qwen2/hf");
+  for (const auto& e : fs::directory_iterator(src)) fs::copy_file(e.path(), dir_ / e.path().filename());
+  nlohmann::json vocab = nlohmann::json::object();
+  const Vocab bytes = byte_vocab(256);
+  for (int i = 0; i < 256; ++i) vocab[bytes.tokens[i]] = i;
+  const std::string a = bytes.tokens['a'];
+  nlohmann::json tj = {{"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}},
+                       {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}}};
+  write("tokenizer_config.json", R"({"chat_template":"{{ '<|im_start|>' }}"})");
+  try {
+    load_model(dir_.string());
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no tokenizer.json"), std::string::npos) << e.what();
+  }
+  write("tokenizer.json", tj.dump());
+  write("generation_config.json", R"({"eos_token_id":[98, 97]})");
+  const std::unique_ptr<Model> m = load_model(dir_.string());
+  EXPECT_EQ(m->tokenizer().encode("ab", false, false), (Ids{'a', 'b'}));
+  EXPECT_EQ(m->tokenizer().token_text('a'), a);
+  EXPECT_EQ(m->tokenizer().eos_id(), 'b');
+  EXPECT_TRUE(m->tokenizer().is_end_of_generation('a'));
+  EXPECT_FALSE(m->tokenizer().is_end_of_generation('c'));
+  EXPECT_TRUE(m->declares_chat_template());
+  EXPECT_EQ(m->chat_format().kind, ChatTemplate::ChatML);
 }
 
 }  // namespace
