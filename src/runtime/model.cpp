@@ -9,6 +9,7 @@
 #include "io/hf_config.h"
 #include "model/dense_families.h"
 #include "runtime/session.h"
+#include "tokenizer/hf_tokenizer.h"
 
 namespace megakern {
 
@@ -21,9 +22,24 @@ bool Model::prompt_forward_logits(ThreadPool&, SequenceState&, const int32_t*, i
 
 namespace {
 
+// A checkpoint directory's tokenizer.json, if it has one; a directory with
+// other tokenizer files but no tokenizer.json is refused rather than given the
+// byte tokenizer.
+std::optional<std::string> hf_tokenizer_dir(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) return std::nullopt;
+  if (has_hf_tokenizer(path)) return path;
+  for (const char* other : {"tokenizer_config.json", "tokenizer.model", "vocab.json", "merges.txt"})
+    if (fs::exists(fs::path(path) / other, ec))
+      fail("{}: the directory has {} but no tokenizer.json; only tokenizer.json tokenizers are supported", path,
+           other);
+  return std::nullopt;
+}
+
 // Any architecture's model (model/architecture.h) as the runtime drives it:
 // its program, the shape of its sequences, and a tokenizer (the GGUF file's
-// own, or the byte tokenizer).
+// own, a checkpoint directory's tokenizer.json, or the byte tokenizer).
 class RuntimeModel final : public Model {
  public:
   RuntimeModel(const std::string& name, std::unique_ptr<ArchModel> m) : m_(std::move(m)) {
@@ -37,6 +53,12 @@ class RuntimeModel final : public Model {
       tokenizer_ = Tokenizer::from_gguf(*file);
       chat_ = detect_chat_format(*file);
       chat_declared_ = file->has("tokenizer.chat_template");
+    } else if (std::optional<std::string> dir = hf_tokenizer_dir(name_)) {
+      std::optional<std::string> tmpl;
+      tokenizer_ = load_hf_tokenizer(*dir, &tmpl);
+      if (tmpl) chat_ = chat_format_from_template(*tmpl);
+      chat_declared_ = tmpl.has_value();
+      if (chat_.kind == ChatTemplate::None && tokenizer_->find_token("<|im_start|>")) chat_.kind = ChatTemplate::ChatML;
     } else {
       if (n_vocab_ < 256)
         fail("model '{}' has no tokenizer of its own and a vocabulary of {} tokens, too small for the byte tokenizer "

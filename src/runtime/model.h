@@ -12,8 +12,10 @@
 //  - a synthetic architecture preset ("qwen3.8-mini", "qwen3.8-bench",
 //    "kimi-k3-mini", "kimi-k3-bench", "muse-spark-mini", "muse-spark-bench"):
 //    the deterministic weights `megakern gen-model` writes, built in memory.
-// Models without a tokenizer of their own (presets, checkpoint directories)
-// use the byte vocabulary of byte_vocab(): one token per byte.
+// A checkpoint directory with a tokenizer.json uses it (tokenizer/hf_tokenizer.h).
+// Models without a tokenizer of their own (presets, checkpoint directories
+// without tokenizer files) use the byte vocabulary of byte_vocab(): one token
+// per byte.
 #pragma once
 
 #include <cstdint>

@@ -140,19 +140,23 @@ ChatFormat ChatFormat::standard(ChatTemplate kind) {
   return f;
 }
 
+ChatFormat chat_format_from_template(const std::string& tmpl) {
+  ChatFormat f;
+  if (tmpl.find("<|im_start|>") != std::string::npos) {
+    f.kind = ChatTemplate::ChatML;
+    f.default_system_prompt = extract_default_system_prompt(tmpl);
+  } else if (tmpl.find("<start_of_turn>") != std::string::npos) {
+    f.kind = ChatTemplate::Gemma;
+  }
+  return f;
+}
+
 ChatFormat detect_chat_format(const GGUFFile& file) {
   ChatFormat f;
   const std::optional<std::string> tmpl = file.get_string_opt("tokenizer.chat_template");
   if (tmpl) {
-    if (tmpl->find("<|im_start|>") != std::string::npos) {
-      f.kind = ChatTemplate::ChatML;
-      f.default_system_prompt = extract_default_system_prompt(*tmpl);
-      return f;
-    }
-    if (tmpl->find("<start_of_turn>") != std::string::npos) {
-      f.kind = ChatTemplate::Gemma;
-      return f;
-    }
+    f = chat_format_from_template(*tmpl);
+    if (f.kind != ChatTemplate::None) return f;
   }
   const std::string arch = file.get_string_opt("general.architecture").value_or("");
   if (arch.rfind("gemma", 0) == 0) {

@@ -51,6 +51,9 @@ ChatTemplate detect_chat_template(const GGUFFile& file);
 // As detect_chat_template, and also extracts a ChatML default system prompt
 // from the template text when the template inserts one.
 ChatFormat detect_chat_format(const GGUFFile& file);
+// The format a chat template's text names ("<|im_start|>": ChatML with its
+// default system prompt, "<start_of_turn>": Gemma), None otherwise.
+ChatFormat chat_format_from_template(const std::string& tmpl);
 
 // Renders the conversation; with add_generation_prompt the text ends with the
 // opening of an assistant turn for the model to complete.
