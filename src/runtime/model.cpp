@@ -36,6 +36,7 @@ class RuntimeModel final : public Model {
     if (file && file->has("tokenizer.ggml.model")) {
       tokenizer_ = Tokenizer::from_gguf(*file);
       chat_ = detect_chat_format(*file);
+      bind_chat_tokens(chat_, *tokenizer_);
       chat_declared_ = file->has("tokenizer.chat_template");
     } else {
       if (n_vocab_ < 256)
