@@ -27,6 +27,7 @@ struct GenOptions {
   std::string model = "smollm2-135m";
   std::string prompt;
   std::string system;
+  std::string chat_template;
   int n_predict = 256;
   int threads = 0;
   bool raw = false;
@@ -38,6 +39,9 @@ struct GenOptions {
 void add_common(CLI::App* cmd, GenOptions& o) {
   add_model_flags(cmd, o.model, o.model_flags);
   cmd->add_option("-s,--system", o.system, "System message (chat template only)");
+  cmd->add_option("--chat-template", o.chat_template,
+                  "Chat format instead of the model's own: a Jinja template file or a built-in name (" +
+                      builtin_chat_format_names() + ")");
   cmd->add_option("-n,--n-predict", o.n_predict, "Maximum tokens to generate per answer")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
@@ -72,6 +76,7 @@ Loaded load(const GenOptions& o) {
   auto t0 = Clock::now();
   Loaded L;
   L.model = load_model(o.model, mo);
+  if (!o.chat_template.empty()) L.model->set_chat_format(chat_format_from_option(o.chat_template));
   L.tokenizer = &L.model->tokenizer();
   L.pool = std::make_unique<ThreadPool>(o.threads);
   L.load_ms = ms_since(t0);

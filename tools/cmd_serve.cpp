@@ -21,6 +21,7 @@ namespace {
 struct ServeOptions {
   std::string model = "smollm2-135m";
   std::string numerics = "exact";
+  std::string chat_template;
   int threads = 0;
   int drain_s = 30;
   server::ServerOptions server;
@@ -49,6 +50,7 @@ void serve_cmd(const ServeOptions& o) {
   ModelOptions mo;
   mo.numerics = parse_numerics(o.numerics);
   auto model = load_model(o.model, mo);
+  if (!o.chat_template.empty()) model->set_chat_format(chat_format_from_option(o.chat_template));
   ThreadPool pool(o.threads);
   server::ServerOptions so = o.server;
   if (so.model_id.empty()) so.model_id = server::default_model_id(o.model);
@@ -90,6 +92,9 @@ void register_serve(CLI::App& app) {
                       fmt::format("{}", fmt::join(known_model_and_preset_names(), ", ")) + ")")
       ->capture_default_str();
   add_numerics_flag(cmd, o->numerics);
+  cmd->add_option("--chat-template", o->chat_template,
+                  "Chat format instead of the model's own: a Jinja template file or a built-in name (" +
+                      builtin_chat_format_names() + ")");
   cmd->add_option("--host", o->server.host, "Address to listen on (127.0.0.1: this machine only)")
       ->capture_default_str();
   cmd->add_option("--port", o->server.port, "Port to listen on (0: any free port, printed at start)")

@@ -52,6 +52,7 @@ class RuntimeModel final : public Model {
     if (file && file->has("tokenizer.ggml.model")) {
       tokenizer_ = Tokenizer::from_gguf(*file);
       chat_ = detect_chat_format(*file);
+      bind_chat_tokens(chat_, *tokenizer_);
       chat_declared_ = file->has("tokenizer.chat_template");
     } else if (std::optional<std::string> dir = hf_tokenizer_dir(name_)) {
       std::optional<std::string> tmpl;

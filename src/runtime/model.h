@@ -87,6 +87,13 @@ class Model {
   // chat template) rather than having it inferred from the architecture.
   const ChatFormat& chat_format() const { return chat_; }
   bool declares_chat_template() const { return chat_declared_; }
+  // Replaces the chat format (--chat-template), binding it to this model's
+  // control tokens.
+  void set_chat_format(ChatFormat f) {
+    bind_chat_tokens(f, *tokenizer_);
+    chat_ = std::move(f);
+    chat_declared_ = true;
+  }
 
  protected:
   virtual DecodeProgram build_program_for(int max_rows) const = 0;

@@ -1,8 +1,13 @@
 #include "tokenizer/chat_template.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <string_view>
 
+#include "core/error.h"
 #include "io/gguf.h"
+#include "tokenizer/jinja.h"
+#include "tokenizer/tokenizer.h"
 #include "tokenizer/utf8.h"
 
 namespace megakern {
@@ -131,6 +136,254 @@ void render_gemma(const std::vector<ChatMessage>& messages, bool add_generation_
   }
 }
 
+
+// Marks, in the bytes that came from the template, every control token it
+// writes (longest match first).
+std::vector<std::pair<size_t, size_t>> find_markers(const jinja::Rendered& r,
+                                                    const std::vector<std::string>& control_tokens) {
+  std::vector<std::vector<const std::string*>> by_first(256);
+  for (const std::string& t : control_tokens)
+    if (!t.empty()) by_first[static_cast<unsigned char>(t[0])].push_back(&t);
+  for (auto& bucket : by_first)
+    std::sort(bucket.begin(), bucket.end(), [](const std::string* a, const std::string* b) { return a->size() > b->size(); });
+  std::vector<std::pair<size_t, size_t>> markers;
+  const std::string& text = r.text;
+  for (size_t i = 0; i < text.size();) {
+    const auto& bucket = by_first[static_cast<unsigned char>(text[i])];
+    size_t len = 0;
+    if (r.from_data[i] == 0) {
+      for (const std::string* t : bucket) {
+        if (text.compare(i, t->size(), *t) != 0) continue;
+        if (r.from_data.find('\1', i) < i + t->size()) continue;
+        len = t->size();
+        break;
+      }
+    }
+    if (len) {
+      markers.emplace_back(i, i + len);
+      i += len;
+    } else {
+      ++i;
+    }
+  }
+  return markers;
+}
+
+nlohmann::ordered_json messages_json(const std::vector<ChatMessage>& messages) {
+  nlohmann::ordered_json arr = nlohmann::ordered_json::array();
+  for (const ChatMessage& m : messages) arr.push_back({{"role", m.role}, {"content", m.content}});
+  return arr;
+}
+
+// Drops a leading BOS marker from the text (the encoder adds BOS itself).
+void strip_leading_bos(RenderedChat& rc, const ChatFormat& f) {
+  const std::string& bos = f.bos_token;
+  if (!f.encoder_adds_bos || bos.empty() || rc.markers.empty() || rc.markers[0] != std::pair<size_t, size_t>{0, bos.size()}) return;
+  if (rc.text.compare(0, bos.size(), bos) != 0) return;
+  rc.text.erase(0, bos.size());
+  rc.markers.erase(rc.markers.begin());
+  for (auto& [b, e] : rc.markers) {
+    b -= bos.size();
+    e -= bos.size();
+  }
+}
+
+// --- Kimi K3 (the published openai_server.render_chat_tokens)
+constexpr const char* kKimiOpen = "<|open|>";
+constexpr const char* kKimiClose = "<|close|>";
+constexpr const char* kKimiSep = "<|sep|>";
+constexpr const char* kKimiEnd = "<|end_of_msg|>";
+constexpr const char* kKimiChannelSwitch = "<|close|>think<|sep|><|open|>response<|sep|>";
+constexpr const char* kKimiResponseTail = "<|close|>response<|sep|><|close|>message<|sep|>";
+
+void render_kimi(const ChatFormat& f, const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                 RenderedChat& rc) {
+  auto open = [&](std::string_view tag) {
+    mark(rc, kKimiOpen);
+    rc.text += tag;
+    mark(rc, kKimiSep);
+  };
+  auto close = [&](std::string_view tag) {
+    mark(rc, kKimiClose);
+    rc.text += tag;
+    mark(rc, kKimiSep);
+  };
+  bool has_system = false;
+  for (const ChatMessage& m : messages) has_system = has_system || m.role == "system";
+  if (f.think && !has_system) {
+    open("message role=\"system\" type=\"thinking-effort\"");
+    rc.text +=
+        "`thinking_effort` guides on how much to think in your thinking channel (not including the response "
+        "channel), supported values include `low`, `medium`, `high`, and `max`.\nNow the system is invoked with "
+        "`thinking_effort=max`.";
+    close("message");
+    mark(rc, kKimiEnd);
+  }
+  for (const ChatMessage& m : messages) {
+    if (m.role == "assistant") {
+      open("message role=\"assistant\"");
+      open("response");
+      rc.text += m.content;
+      close("response");
+      close("message");
+      mark(rc, kKimiEnd);
+    } else if (m.role == "system" || m.role == "user" || m.role == "developer") {
+      open(fmt::format("message role=\"{}\"", m.role == "developer" ? "system" : m.role));
+      rc.text += m.content;
+      close("message");
+      mark(rc, kKimiEnd);
+    } else {
+      fail("chat format kimi-k3: unsupported message role '{}' (expected system, developer, user or assistant)",
+           printable(m.role, 64));
+    }
+  }
+  if (add_generation_prompt) {
+    open("message role=\"assistant\"");
+    open(f.think ? "think" : "response");
+  }
+}
+
+// --- Muse Spark (the published musespark/chat.py)
+constexpr const char* kMuseBos = "<|begin_of_text|>";
+constexpr const char* kMuseStart = "<|start|>";
+constexpr const char* kMuseMessage = "<|message|>";
+constexpr const char* kMuseEot = "<|eot|>";
+constexpr const char* kMuseEom = "<|eom|>";
+
+std::string replace_all(std::string s, std::string_view from, std::string_view to) {
+  size_t at = 0;
+  while ((at = s.find(from, at)) != std::string::npos) {
+    s.replace(at, from.size(), to);
+    at += to.size();
+  }
+  return s;
+}
+
+// Caller text is written so that it never spells a control token.
+std::string muse_escape(std::string s) {
+  s = replace_all(std::move(s), "<|", "< |");
+  s = replace_all(std::move(s), "<image>", "< image>");
+  s = replace_all(std::move(s), "<video>", "< video>");
+  return replace_all(std::move(s), "<audio>", "< audio>");
+}
+
+int muse_strength(const std::string& effort) {
+  if (effort == "minimal") return 1;
+  if (effort == "low") return 16;
+  if (effort == "medium") return 64;
+  if (effort == "high") return 256;
+  if (effort == "xhigh") return 512;
+  return 0;
+}
+
+std::string ascii_lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+void render_muse(const ChatFormat& f, const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                 RenderedChat& rc) {
+  size_t first = 0;
+  std::optional<std::string> instructions;
+  if (!messages.empty() && (messages[0].role == "system" || messages[0].role == "developer")) {
+    instructions = messages[0].content;
+    first = 1;
+  }
+  std::vector<std::string> parts = {"You are a helpful AI assistant.", "Knowledge cutoff: 2026-01-04."};
+  if (instructions && !instructions->empty()) {
+    std::string ins = muse_escape(*instructions);
+    ins = replace_all(std::move(ins), "Reasoning effort", "Reasoning strength");
+    ins = replace_all(std::move(ins), "Reasoning Effort", "Reasoning Strength");
+    ins = replace_all(std::move(ins), "reasoning effort", "reasoning strength");
+    ins = replace_all(std::move(ins), "REASONING EFFORT", "REASONING STRENGTH");
+    instructions = ins;
+    parts.push_back(ins);
+  }
+  const int strength = muse_strength(f.reasoning_effort);
+  if (strength > 0 && ascii_lower(instructions.value_or("")).find("reasoning strength:") == std::string::npos)
+    parts.push_back(fmt::format("Reasoning strength: {}.", strength));
+  parts.push_back(
+      "Use the appropriate recipient for each message:\n\n"
+      "- \"self\": private reasoning and tool planning.\n"
+      "- \"commentary\": user-visible intermediate updates while the assistant will continue working, including "
+      "messages sent to the user before or between tool calls.\n"
+      "- \"user\": messages that end the assistant turn, such as a completed response or clarification question "
+      "that waits for the user's reply; do not use for pre-tool updates or partial responses.\n\n"
+      "# Valid recipients: \"self\", \"commentary\", \"user\".");
+  mark(rc, kMuseBos);
+  mark(rc, kMuseStart);
+  rc.text += "system";
+  mark(rc, kMuseMessage);
+  for (size_t k = 0; k < parts.size(); ++k) {
+    if (k) rc.text += "\n\n";
+    rc.text += parts[k];
+  }
+  mark(rc, kMuseEot);
+  for (size_t i = first; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if (m.role == "system" || m.role == "developer" || m.role == "user") {
+      mark(rc, kMuseStart);
+      rc.text += m.role;
+      mark(rc, kMuseMessage);
+      rc.text += muse_escape(m.content);
+      mark(rc, kMuseEot);
+    } else if (m.role == "assistant") {
+      mark(rc, kMuseStart);
+      rc.text += "assistant to=user";
+      mark(rc, kMuseMessage);
+      rc.text += muse_escape(m.content);
+      mark(rc, kMuseEot);
+    } else {
+      fail("chat format muse-spark: unsupported message role '{}' (expected system, developer, user or assistant)",
+           printable(m.role, 64));
+    }
+  }
+  if (add_generation_prompt) {
+    mark(rc, kMuseStart);
+    rc.text += "assistant";
+  }
+}
+
+// --- Qwen3.8 (the published demo_qwen_dflash.render_chat_tokens)
+void render_qwen38(const ChatFormat& f, const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                   RenderedChat& rc) {
+  auto scaffold = [&] {
+    mark(rc, "<think>");
+    rc.text += "\n\n";
+    mark(rc, "</think>");
+    rc.text += "\n\n";
+  };
+  for (const ChatMessage& m : messages) {
+    if (m.role != "system" && m.role != "user" && m.role != "assistant")
+      fail("chat format qwen3.8: unsupported message role '{}' (expected system, user or assistant)",
+           printable(m.role, 64));
+    mark(rc, "<|im_start|>");
+    rc.text += m.role;
+    rc.text += '\n';
+    if (m.role == "assistant") scaffold();
+    rc.text += m.content;
+    mark(rc, "<|im_end|>");
+    rc.text += '\n';
+  }
+  if (add_generation_prompt) {
+    mark(rc, "<|im_start|>");
+    rc.text += "assistant\n";
+    if (f.think) {
+      mark(rc, "<think>");
+      rc.text += "\n";
+    } else {
+      scaffold();
+    }
+  }
+}
+
+std::string_view trim_ascii(std::string_view s, std::string_view chars = " \t\n\r\v\f") {
+  const size_t b = s.find_first_not_of(chars);
+  if (b == std::string_view::npos) return {};
+  const size_t e = s.find_last_not_of(chars);
+  return s.substr(b, e - b + 1);
+}
+
 }  // namespace
 
 ChatFormat ChatFormat::standard(ChatTemplate kind) {
@@ -141,6 +394,13 @@ ChatFormat ChatFormat::standard(ChatTemplate kind) {
 }
 
 ChatFormat chat_format_from_template(const std::string& tmpl) {
+  if (!tmpl.empty()) {
+    try {
+      return jinja_chat_format(tmpl);
+    } catch (const Error&) {
+      // A template this renderer cannot parse: fall back to recognising its family.
+    }
+  }
   ChatFormat f;
   if (tmpl.find("<|im_start|>") != std::string::npos) {
     f.kind = ChatTemplate::ChatML;
@@ -154,7 +414,7 @@ ChatFormat chat_format_from_template(const std::string& tmpl) {
 ChatFormat detect_chat_format(const GGUFFile& file) {
   ChatFormat f;
   const std::optional<std::string> tmpl = file.get_string_opt("tokenizer.chat_template");
-  if (tmpl) {
+  if (tmpl && !tmpl->empty()) {
     f = chat_format_from_template(*tmpl);
     if (f.kind != ChatTemplate::None) return f;
   }
@@ -188,7 +448,20 @@ std::string render_chat(const ChatFormat& format, const std::vector<ChatMessage>
 RenderedChat render_chat_marked(const ChatFormat& format, const std::vector<ChatMessage>& messages,
                                 bool add_generation_prompt) {
   RenderedChat rc;
+  if (!format.jinja_source.empty()) {
+    rc = render_jinja_chat(format.jinja_source, format.bos_token, format.eos_token, messages_json(messages),
+                           add_generation_prompt, format.options, format.control_tokens);
+    strip_leading_bos(rc, format);
+    return rc;
+  }
   switch (format.kind) {
+    case ChatTemplate::Jinja: fail("chat template: the format has no template text");
+    case ChatTemplate::KimiK3: render_kimi(format, messages, add_generation_prompt, rc); break;
+    case ChatTemplate::MuseSpark:
+      render_muse(format, messages, add_generation_prompt, rc);
+      strip_leading_bos(rc, format);
+      break;
+    case ChatTemplate::Qwen38: render_qwen38(format, messages, add_generation_prompt, rc); break;
     case ChatTemplate::ChatML:
       render_chatml(format, messages, add_generation_prompt, rc);
       break;
@@ -210,8 +483,227 @@ const char* chat_template_name(ChatTemplate kind) {
     case ChatTemplate::ChatML: return "chatml";
     case ChatTemplate::Gemma: return "gemma";
     case ChatTemplate::None: return "none";
+    case ChatTemplate::Jinja: return "jinja";
+    case ChatTemplate::KimiK3: return "kimi-k3";
+    case ChatTemplate::MuseSpark: return "muse-spark";
+    case ChatTemplate::Qwen38: return "qwen3.8";
   }
   return "none";
+}
+
+RenderedChat render_jinja_chat(std::string_view source, const std::string& bos_token, const std::string& eos_token,
+                               const nlohmann::ordered_json& messages, bool add_generation_prompt,
+                               const nlohmann::ordered_json& extra, const std::vector<std::string>& control_tokens,
+                               std::optional<int64_t> now_utc) {
+  if (!messages.is_array()) fail("chat template: the messages must be an array, got {}", messages.type_name());
+  if (!extra.is_null() && !extra.is_object())
+    fail("chat template: the extra variables must be an object, got {}", extra.type_name());
+  nlohmann::ordered_json data = extra.is_object() ? extra : nlohmann::ordered_json::object();
+  data["messages"] = messages;
+  data["add_generation_prompt"] = add_generation_prompt;
+  const nlohmann::ordered_json trusted = {{"bos_token", bos_token}, {"eos_token", eos_token}};
+  jinja::Rendered r = jinja::render(source, data, trusted, now_utc);
+  RenderedChat rc;
+  rc.markers = find_markers(r, control_tokens);
+  rc.text = std::move(r.text);
+  return rc;
+}
+
+ChatFormat jinja_chat_format(std::string source) {
+  jinja::check_syntax(source);
+  ChatFormat f;
+  if (source.find("<|im_start|>") != std::string::npos) {
+    f.kind = ChatTemplate::ChatML;
+    f.default_system_prompt = extract_default_system_prompt(source);
+  } else if (source.find("<start_of_turn>") != std::string::npos) {
+    f.kind = ChatTemplate::Gemma;
+  } else {
+    f.kind = ChatTemplate::Jinja;
+  }
+  f.jinja_source = std::move(source);
+  return f;
+}
+
+std::optional<ChatFormat> builtin_chat_format(std::string_view name) {
+  if (name == "chatml") return ChatFormat::standard(ChatTemplate::ChatML);
+  if (name == "gemma") return ChatFormat::standard(ChatTemplate::Gemma);
+  if (name == "none") return ChatFormat::standard(ChatTemplate::None);
+  ChatFormat f;
+  if (name == "kimi-k3" || name == "kimi-k3-think") {
+    f.kind = ChatTemplate::KimiK3;
+    f.think = name == "kimi-k3-think";
+    f.control_tokens = {kKimiOpen, kKimiClose, kKimiSep, kKimiEnd};
+    return f;
+  }
+  if (name == "qwen3.8" || name == "qwen3.8-think") {
+    f.kind = ChatTemplate::Qwen38;
+    f.think = name == "qwen3.8-think";
+    f.control_tokens = {"<|im_start|>", "<|im_end|>", "<think>", "</think>"};
+    return f;
+  }
+  if (name.rfind("muse-spark", 0) == 0) {
+    f.kind = ChatTemplate::MuseSpark;
+    f.bos_token = kMuseBos;
+    f.control_tokens = {kMuseBos, kMuseStart, kMuseMessage, kMuseEot, kMuseEom};
+    const std::string_view rest = name.substr(std::string_view("muse-spark").size());
+    if (rest.empty()) return f;
+    if (rest[0] != '-' || muse_strength(std::string(rest.substr(1))) == 0) return std::nullopt;
+    f.reasoning_effort = std::string(rest.substr(1));
+    return f;
+  }
+  return std::nullopt;
+}
+
+std::string builtin_chat_format_names() {
+  return "chatml, gemma, none, kimi-k3, kimi-k3-think, muse-spark, muse-spark-{minimal,low,medium,high,xhigh}, "
+         "qwen3.8, qwen3.8-think";
+}
+
+ChatFormat chat_format_from_option(const std::string& name_or_file) {
+  if (std::optional<ChatFormat> f = builtin_chat_format(name_or_file)) return *f;
+  std::FILE* fp = std::fopen(name_or_file.c_str(), "rb");
+  if (!fp)
+    fail("--chat-template '{}' is neither a built-in format ({}) nor a readable template file",
+         printable(name_or_file, 200), builtin_chat_format_names());
+  std::string text;
+  char buf[65536];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, fp)) > 0) {
+    text.append(buf, n);
+    if (text.size() > (size_t{16} << 20)) {
+      std::fclose(fp);
+      fail("--chat-template '{}': the file is larger than 16 MiB", printable(name_or_file, 200));
+    }
+  }
+  std::fclose(fp);
+  // A JSON file holding {"chat_template": "..."} (tokenizer_config.json) also works.
+  if (!text.empty() && text[0] == '{') {
+    const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.contains("chat_template") && j["chat_template"].is_string())
+      text = j["chat_template"].get<std::string>();
+  }
+  try {
+    return jinja_chat_format(std::move(text));
+  } catch (const Error& e) {
+    fail("--chat-template '{}': {}", printable(name_or_file, 200), e.what());
+  }
+}
+
+void bind_chat_tokens(ChatFormat& format, const Tokenizer& tok) {
+  format.encoder_adds_bos = tok.add_bos_default() && tok.bos_id() >= 0;
+  if (format.kind == ChatTemplate::KimiK3 || format.kind == ChatTemplate::MuseSpark ||
+      format.kind == ChatTemplate::Qwen38)
+    return;  // their markers are fixed
+  format.control_tokens.clear();
+  for (int32_t id = 0; id < tok.n_vocab(); ++id)
+    if (tok.is_special(id)) format.control_tokens.push_back(tok.token_text(id));
+  if (format.bos_token.empty() && tok.bos_id() >= 0) format.bos_token = tok.token_text(tok.bos_id());
+  if (format.eos_token.empty() && tok.eos_id() >= 0) format.eos_token = tok.token_text(tok.eos_id());
+}
+
+bool has_reasoning_channels(const ChatFormat& f) {
+  switch (f.kind) {
+    case ChatTemplate::KimiK3:
+    case ChatTemplate::MuseSpark:
+    case ChatTemplate::Qwen38: return true;
+    default:
+      return !f.jinja_source.empty() && (f.jinja_source.find("</think>") != std::string::npos ||
+                                         f.jinja_source.find("<|channel|>") != std::string::npos);
+  }
+}
+
+ReasoningSplit split_reasoning(const ChatFormat& f, std::string_view text) {
+  ReasoningSplit r;
+  if (f.kind == ChatTemplate::KimiK3) {
+    std::string rest(text);
+    const size_t sw = rest.find(kKimiChannelSwitch);
+    if (sw != std::string::npos) {
+      r.reasoning = rest.substr(0, sw);
+      rest = rest.substr(sw + std::string_view(kKimiChannelSwitch).size());
+    }
+    r.content = replace_all(std::move(rest), kKimiResponseTail, "");
+    return r;
+  }
+  if (f.kind == ChatTemplate::MuseSpark) {
+    std::string reasoning;
+    bool any = false;
+    size_t at = 0;
+    const std::string_view start = kMuseStart, message = kMuseMessage;
+    while (at <= text.size()) {
+      const size_t next = text.find(start, at);
+      std::string_view seg = text.substr(at, next == std::string_view::npos ? std::string_view::npos : next - at);
+      if (seg.substr(0, 9) == "assistant") seg.remove_prefix(9);
+      const size_t m = seg.find(message);
+      if (m != std::string_view::npos) {
+        std::string body = replace_all(replace_all(std::string(seg.substr(m + message.size())), kMuseEot, ""), kMuseEom, "");
+        if (trim_ascii(seg.substr(0, m)) == "to=self") {
+          reasoning += body;
+          any = true;
+        } else {
+          r.content += body;
+        }
+      }
+      if (next == std::string_view::npos) break;
+      at = next + start.size();
+    }
+    if (any) r.reasoning = reasoning;
+    return r;
+  }
+  if (f.kind == ChatTemplate::Qwen38) {
+    const size_t close = text.find("</think>");
+    if (close == std::string_view::npos) {
+      r.content = std::string(text);
+      return r;
+    }
+    r.reasoning = std::string(trim_ascii(text.substr(0, close)));
+    r.content = std::string(trim_ascii(text.substr(close + 8)));
+    return r;
+  }
+  if (f.jinja_source.find("<|channel|>") != std::string::npos && text.find("<|channel|>") != std::string_view::npos) {
+    // gpt-oss harmony: <|channel|>NAME<|message|>BODY<|end|> ... ; analysis is the reasoning.
+    std::string reasoning;
+    bool any = false;
+    const std::string_view ch = "<|channel|>", msg = "<|message|>";
+    size_t at = text.find(ch);
+    while (at != std::string_view::npos) {
+      const size_t name_b = at + ch.size();
+      const size_t m = text.find(msg, name_b);
+      if (m == std::string_view::npos) break;
+      const std::string_view name = trim_ascii(text.substr(name_b, m - name_b));
+      const size_t body_b = m + msg.size();
+      size_t body_e = text.size();
+      for (std::string_view end : {"<|end|>", "<|return|>", "<|call|>", "<|start|>", "<|channel|>"})
+        body_e = std::min(body_e, text.find(end, body_b) == std::string_view::npos ? text.size() : text.find(end, body_b));
+      const std::string_view body = text.substr(body_b, body_e - body_b);
+      if (name.substr(0, 8) == "analysis") {
+        reasoning += body;
+        any = true;
+      } else {
+        r.content += body;
+      }
+      at = text.find(ch, body_e);
+    }
+    if (any) r.reasoning = reasoning;
+    return r;
+  }
+  if (has_reasoning_channels(f)) {
+    // <think>...</think>, as Qwen3's and DeepSeek R1's templates read it back.
+    const size_t close = text.find("</think>");
+    if (close != std::string_view::npos) {
+      std::string_view before = text.substr(0, close);
+      const size_t open = before.rfind("<think>");
+      if (open != std::string_view::npos) before = before.substr(open + 7);
+      while (!before.empty() && before.front() == '\n') before.remove_prefix(1);
+      while (!before.empty() && before.back() == '\n') before.remove_suffix(1);
+      r.reasoning = std::string(before);
+      std::string_view after = text.substr(text.rfind("</think>") + 8);
+      while (!after.empty() && after.front() == '\n') after.remove_prefix(1);
+      r.content = std::string(after);
+      return r;
+    }
+  }
+  r.content = std::string(text);
+  return r;
 }
 
 }  // namespace megakern
