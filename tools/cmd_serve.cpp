@@ -24,6 +24,7 @@ struct ServeOptions {
   std::string chat_template;
   int threads = 0;
   int drain_s = 30;
+  double idle_timeout_s = 5;
   server::ServerOptions server;
 };
 
@@ -54,6 +55,7 @@ void serve_cmd(const ServeOptions& o) {
   ThreadPool pool(o.threads);
   server::ServerOptions so = o.server;
   if (so.model_id.empty()) so.model_id = server::default_model_id(o.model);
+  so.idle_timeout_ms = static_cast<int>(std::max(1.0, o.idle_timeout_s * 1000));
   server::HttpServer srv(*model, pool, so);
   const int port = srv.start();
   fmt::print(stderr,
@@ -130,6 +132,17 @@ void register_serve(CLI::App& app) {
   cmd->add_option("-t,--threads", o->threads, "Worker threads for decoding (0: one per core)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1024));
+  cmd->add_option("--http-threads", o->server.io_threads, "Threads serving every HTTP connection (event-driven)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 256));
+  cmd->add_option("--max-connections", o->server.max_connections,
+                  "Connections held at once; beyond, idle ones close to make room, else only /health is served "
+                  "(each takes a file descriptor: raise ulimit -n to match)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000000));
+  cmd->add_option("--idle-timeout", o->idle_timeout_s, "Seconds a keep-alive connection may wait for its next request")
+      ->capture_default_str()
+      ->check(CLI::Range(0.001, 86400.0));
   cmd->add_option("--model-id", o->server.model_id, "Name the model is served under (default: from --model)");
   cmd->add_option("--drain-timeout", o->drain_s, "Seconds in-flight requests may finish after SIGINT/SIGTERM")
       ->capture_default_str()

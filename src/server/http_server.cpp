@@ -1,18 +1,10 @@
 #include "server/http_server.h"
 
-#include <httplib.h>
-#include <netdb.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
 #include <map>
 #include <random>
 
 #include "core/thread_pool.h"
-#include "server/http_guard.h"
 #include "runtime/model.h"
 #include "tokenizer/tokenizer.h"
 
@@ -26,65 +18,142 @@ int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-void send_json(httplib::Response& res, int status, const json& j) {
-  res.status = status;
-  res.set_content(dump_json(j), "application/json");
+HttpResponse json_response(int status, const json& j) {
+  HttpResponse r;
+  r.status = status;
+  r.body = dump_json(j);
+  return r;
 }
 
-void send_error(httplib::Response& res, const ApiError& e) { send_json(res, e.status, error_body(e)); }
+HttpResponse error_response(const ApiError& e) { return json_response(e.status, error_body(e)); }
 
 // Runs a handler body, turning every exception into an HTTP error: ApiError
 // as it says, other bad input (megakern::Error, JSON type errors) as 400,
-// anything else as 500. No exception escapes into httplib.
+// anything else as 500.
 template <typename F>
-void guarded(httplib::Response& res, F&& body) {
+HttpReply guarded(F&& body) {
   try {
-    body();
+    return body();
   } catch (const ApiError& e) {
-    send_error(res, e);
+    return {error_response(e), nullptr};
   } catch (const Error& e) {
-    send_error(res, ApiError(400, e.what()));
+    return {error_response(ApiError(400, e.what())), nullptr};
   } catch (const json::exception& e) {
-    send_error(res, ApiError(400, fmt::format("malformed request: {}", e.what())));
+    return {error_response(ApiError(400, fmt::format("malformed request: {}", e.what()))), nullptr};
   } catch (const std::exception& e) {
-    send_error(res, ApiError(500, fmt::format("internal error: {}", e.what()), "server_error"));
+    return {error_response(ApiError(500, fmt::format("internal error: {}", e.what()), "server_error")), nullptr};
   }
 }
 
-// How often a waiting HTTP thread looks at its job, and how long a response
-// may go without a write before one is made only to learn whether the client
-// is still there (sockets report a closed peer only when written to).
-constexpr auto kPoll = std::chrono::milliseconds(100);
-constexpr auto kProbeAfter = std::chrono::milliseconds(1000);
+// The error a job that did not complete reports.
+ApiError job_error(const Job::Update& u) {
+  if (u.finish == FinishReason::Cancelled)
+    return ApiError(503, "the request was cancelled: the server is shutting down", "server_error", "", "cancelled");
+  return ApiError(500, u.error.empty() ? "generation failed" : u.error, "server_error");
+}
 
-// httplib reports a failed bind as false only: bind once more, the same way,
-// to learn why ("Address already in use", "Cannot assign requested address").
-std::string bind_failure(const std::string& host, int port) {
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE;
-  addrinfo* res = nullptr;
-  const std::string service = std::to_string(port);
-  if (const int rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &res); rc != 0)
-    return fmt::format("cannot resolve the address ({})", ::gai_strerror(rc));
-  std::string why = "unknown reason";
-  for (addrinfo* a = res; a; a = a->ai_next) {
-    const int s = ::socket(a->ai_family, a->ai_socktype, a->ai_protocol);
-    if (s < 0) {
-      why = std::strerror(errno);
-      continue;
+bool completed(const Job::Update& u) { return u.finish == FinishReason::Stop || u.finish == FinishReason::Length; }
+
+// A generation's response; it holds `open` until it is written or dropped
+// (see HttpServer::open_responses_) and cancels its job when dropped early.
+class JobSource : public ResponseSource {
+ public:
+  JobSource(std::shared_ptr<Job> job, ResponseId rid, Scheduler& sched, std::shared_ptr<void> open)
+      : job_(std::move(job)), rid_(std::move(rid)), sched_(sched), open_(std::move(open)) {}
+  ~JobSource() override {
+    job_->set_listener(nullptr);
+    if (!job_->finished()) {
+      job_->cancel();
+      sched_.notify();
     }
-    int yes = 1;
-    ::setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
-    const int rc = ::bind(s, a->ai_addr, a->ai_addrlen);
-    why = rc == 0 ? "address in use by a listener that raced us" : std::strerror(errno);
-    ::close(s);
-    if (rc != 0) break;
   }
-  ::freeaddrinfo(res);
-  if (why == std::strerror(EADDRINUSE)) why += " (another server listens on this port)";
-  return why;
-}
+  void start(std::function<void()> wake) override { job_->set_listener(std::move(wake)); }
+
+ protected:
+  std::shared_ptr<Job> job_;
+  ResponseId rid_;
+  Scheduler& sched_;
+  std::shared_ptr<void> open_;
+};
+
+// A non-streamed answer. Short generations are answered whole, with their
+// real status. A longer one switches to a chunked body so that the
+// connection can be probed with leading whitespace (valid before a JSON
+// value): a client that has gone away makes the write fail, and its request
+// is cancelled.
+class WholeSource : public JobSource {
+ public:
+  using JobSource::JobSource;
+  bool head(HttpResponse& head, bool& chunked, bool idle) override {
+    Job::Update u = job_->take(std::chrono::milliseconds(0));
+    text_ += u.text;
+    if (u.finished) {
+      head = completed(u) ? json_response(200, completion_body(rid_, text_, u.finish, u.usage))
+                          : error_response(job_error(u));
+      chunked = false;
+      return true;
+    }
+    if (!idle) return false;
+    head.status = 200;
+    chunked = true;
+    return true;
+  }
+  bool body(std::string& out, bool idle) override {
+    Job::Update u = job_->take(std::chrono::milliseconds(0));
+    text_ += u.text;
+    if (u.finished) {
+      out += dump_json(completed(u) ? completion_body(rid_, text_, u.finish, u.usage) : error_body(job_error(u)));
+      return true;
+    }
+    if (idle) out += " ";
+    return false;
+  }
+
+ private:
+  std::string text_;
+};
+
+// A streamed answer: server-sent events as the text comes.
+class StreamSource : public JobSource {
+ public:
+  using JobSource::JobSource;
+  bool head(HttpResponse& head, bool& chunked, bool) override {
+    head.status = 200;
+    head.content_type = "text/event-stream";
+    head.headers = {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}};
+    chunked = true;
+    return true;
+  }
+  bool body(std::string& out, bool idle) override {
+    const bool usage = job_->request.include_usage;
+    // Chat streams open with the assistant role, before any text.
+    if (first_ && rid_.endpoint == Endpoint::ChatCompletions) {
+      out += sse_event(stream_chunk(rid_, "", std::nullopt, true, usage));
+      first_ = false;
+    }
+    Job::Update u = job_->take(std::chrono::milliseconds(0));
+    if (!u.text.empty()) {
+      out += sse_event(stream_chunk(rid_, u.text, std::nullopt, first_, usage));
+      first_ = false;
+    }
+    if (u.finished) {
+      if (completed(u)) {
+        out += sse_event(stream_chunk(rid_, "", u.finish, first_, usage));
+        if (usage) out += sse_event(usage_chunk(rid_, u.usage));
+        out += kSseDone;
+      } else {
+        out += sse_event(error_body(job_error(u)));
+      }
+      return true;
+    }
+    // An SSE comment: clients ignore it, a closed socket refuses it.
+    if (out.empty() && idle) out = ": keep-alive\n\n";
+    return false;
+  }
+
+ private:
+  bool first_ = true;
+};
 
 }  // namespace
 
@@ -100,31 +169,47 @@ struct HttpServer::Impl {
   std::atomic<uint64_t> next_id{1};
   uint32_t nonce = std::random_device{}();
   int64_t started = unix_now();
+  // The routes: a path (or a path prefix ending in '/') and a method each.
+  struct Route {
+    std::string method;
+    std::string path;
+    bool prefix = false;
+    std::function<HttpReply(HttpRequest&, const std::string& rest)> fn;
+  };
+  std::vector<Route> routes;
 };
 
 HttpServer::HttpServer(const Model& model, ThreadPool& pool, ServerOptions opts)
     : model_(model), opts_(std::move(opts)), impl_(std::make_unique<Impl>()) {
   model_id_ = opts_.model_id.empty() ? default_model_id(model_.name()) : opts_.model_id;
   if (opts_.max_tokens < 1) fail("--max-tokens must be at least 1, got {}", opts_.max_tokens);
+  if (opts_.io_threads < 1 || opts_.io_threads > 256) fail("--http-threads must be in 1..256, got {}", opts_.io_threads);
+  if (opts_.max_connections < 1) fail("--max-connections must be at least 1, got {}", opts_.max_connections);
   SchedulerOptions so;
   so.max_rows = opts_.batch;
   so.n_ctx = opts_.n_ctx;
   so.queue_limit = opts_.queue;
   so.executor = opts_.executor;
   scheduler_ = std::make_unique<Scheduler>(model_, pool, so);
-  ConnectionLimits cl;
-  // Every connection has its own thread: even a full queue leaves threads to
-  // answer 503, and connections beyond them are answered 503 at once.
-  cl.max_connections = opts_.http_threads > 0 ? opts_.http_threads : std::max(8, opts_.batch + opts_.queue + 8);
-  cl.header_timeout = std::chrono::milliseconds(std::max(1, opts_.header_timeout_ms));
-  cl.body_timeout = std::chrono::milliseconds(std::max(1, opts_.body_timeout_ms));
-  cl.idle_timeout = std::chrono::milliseconds(std::max(1, opts_.idle_timeout_ms));
-  cl.overflow_timeout = std::min(cl.overflow_timeout, cl.header_timeout);
-  cl.max_body = opts_.max_body;
+  HttpLimits hl;
+  hl.io_threads = opts_.io_threads;
+  hl.max_connections = opts_.max_connections;
+  hl.header_timeout = std::chrono::milliseconds(std::max(1, opts_.header_timeout_ms));
+  hl.body_timeout = std::chrono::milliseconds(std::max(1, opts_.body_timeout_ms));
+  hl.idle_timeout = std::chrono::milliseconds(std::max(1, opts_.idle_timeout_ms));
+  hl.write_timeout = std::chrono::milliseconds(std::max(1, opts_.write_timeout_ms));
+  hl.max_body = opts_.max_body;
   // Clients such as the openai package keep a pool of connections; let them
   // reuse one for many requests.
-  cl.max_requests_per_connection = 1000;
-  http_ = std::make_unique<GuardedServer>(cl);
+  hl.max_requests_per_connection = 1000;
+  HttpHandlers h;
+  h.early = [this](const HttpRequest& req) { return early(req); };
+  h.handle = [this](HttpRequest& req) { return handle(req); };
+  h.on_status = [this](int status) {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    ++impl_->responses_by_status[status];
+  };
+  http_ = std::make_unique<HttpListener>(hl, std::move(h));
   setup_routes();
 }
 
@@ -132,19 +217,8 @@ HttpServer::~HttpServer() { shutdown(std::chrono::milliseconds(0)); }
 
 int HttpServer::start() {
   if (port_ >= 0) fail("the server is already started (port {})", port_);
-  if (opts_.port == 0) {
-    port_ = http_->bind_to_any_port(opts_.host);
-    if (port_ < 0) fail("could not listen on {} (any port)", opts_.host);
-  } else {
-    if (!http_->bind_to_port(opts_.host, opts_.port))
-      fail("could not listen on {}:{}: {}", opts_.host, opts_.port, bind_failure(opts_.host, opts_.port));
-    port_ = opts_.port;
-  }
-  if (!http_->apply_listen_backlog()) fail("could not set the listen backlog on {}:{}", opts_.host, port_);
-  listener_ = std::thread([this] {
-    http_->listen_after_bind();
-    listener_done_ = true;
-  });
+  port_ = http_->bind(opts_.host, opts_.port);
+  http_->start();
   return port_;
 }
 
@@ -161,20 +235,11 @@ void HttpServer::shutdown(std::chrono::milliseconds drain) {
   scheduler_->cancel_all();
   while (!scheduler_->idle()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   // Every job is finished; the responses still being written end within a
-  // poll or two (a client that stopped reading is given up on).
+  // write or two (a client that stopped reading is given up on).
   const auto written_by = Clock::now() + std::chrono::seconds(10);
   while (open_responses_ > 0 && Clock::now() < written_by) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  // httplib's stop() closes the listener and waits for its threads.
-  if (port_ >= 0) {
-    // Idle and slow clients must not hold the serving threads: their reads
-    // and waits end now (in-flight responses were given their time above).
-    http_->abort_connections();
-    // stop() only acts on a running listener: give a just-started one the
-    // moment it needs to get there.
-    while (!http_->is_running() && !listener_done_) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    http_->stop();
-  }
-  if (listener_.joinable()) listener_.join();
+  // Then the listener and every connection close, idle and slow ones too.
+  http_->stop();
 }
 
 std::string HttpServer::metrics_text() const {
@@ -206,6 +271,8 @@ std::string HttpServer::metrics_text() const {
   metric("megakern_http_connections_overflow_total", "counter",
          "Connections beyond the connection cap (answered 503, or /health only).",
          line("megakern_http_connections_overflow_total", http_->overflow_count()));
+  metric("megakern_http_connections_open", "gauge", "HTTP connections open now.",
+         line("megakern_http_connections_open", http_->open_connections()));
   metric("megakern_prompt_tokens_total", "counter", "Prompt tokens prefilled.",
          line("megakern_prompt_tokens_total", s.prompt_tokens));
   metric("megakern_generation_tokens_total", "counter", "Tokens generated.",
@@ -225,307 +292,162 @@ std::string HttpServer::metrics_text() const {
   return out;
 }
 
+std::optional<HttpResponse> HttpServer::early(const HttpRequest& req) {
+  // Beyond the connection cap only /health is served (a monitor must see
+  // the server alive when clients have taken every connection); the rest
+  // are told to come back, before their bodies are read.
+  if (req.overflow && req.path != "/health")
+    return json_response(503, error_body("the server has too many open connections, retry later", "server_error", "",
+                                         "too_many_connections"));
+  if (opts_.api_key.empty() || req.path == "/health") return std::nullopt;
+  if (req.header_count("Authorization") == 1 && req.header("Authorization") == "Bearer " + opts_.api_key)
+    return std::nullopt;
+  return json_response(401, error_body("invalid or missing API key: send the header 'Authorization: Bearer <key>'",
+                                       "invalid_request_error", "", "invalid_api_key"));
+}
+
+HttpReply HttpServer::handle(HttpRequest& req) {
+  std::string allow;
+  for (const auto& r : impl_->routes) {
+    const bool match = r.prefix ? req.path.size() > r.path.size() && req.path.compare(0, r.path.size(), r.path) == 0
+                                : req.path == r.path;
+    if (!match) continue;
+    if (r.method == req.method) return r.fn(req, r.prefix ? req.path.substr(r.path.size()) : std::string());
+    if (allow.find(r.method) == std::string::npos) allow += (allow.empty() ? "" : ", ") + r.method;
+  }
+  HttpReply reply;
+  if (allow.empty()) {
+    reply.response = json_response(
+        404, error_body(fmt::format("no such endpoint: {} {}", printable(req.method, 32), printable(req.path)),
+                        "invalid_request_error"));
+    return reply;
+  }
+  allow += ", OPTIONS";
+  if (req.method == "OPTIONS") {
+    reply.response.status = 204;
+    reply.response.content_type.clear();
+  } else {
+    reply.response = json_response(
+        405, error_body(fmt::format("the method {} is not allowed on {} (allowed: {})", printable(req.method, 32),
+                                    printable(req.path), allow),
+                        "invalid_request_error", "", "method_not_allowed"));
+  }
+  reply.response.headers.emplace_back("Allow", allow);
+  return reply;
+}
+
 void HttpServer::setup_routes() {
-  using httplib::Request;
-  using httplib::Response;
-  auto& svr = *http_;
+  auto& routes = impl_->routes;
+  auto add = [&](const char* method, std::string path, auto fn) {
+    const bool prefix = !path.empty() && path.back() == '/';
+    routes.push_back({method, std::move(path), prefix,
+                      [fn](HttpRequest& req, const std::string& rest) { return guarded([&] { return fn(req, rest); }); }});
+  };
+  auto whole = [](HttpResponse r) { return HttpReply{std::move(r), nullptr}; };
 
-  svr.set_pre_routing_handler([this](const Request& req, Response& res) {
-    // Beyond the connection cap only /health is served (a monitor must see
-    // the server alive when clients have taken every connection); the rest
-    // are told to come back, before their bodies are read.
-    if (GuardedServer::overflow_request() && req.path != "/health") {
-      GuardedServer::close_after_response();
-      send_json(res, 503,
-                error_body("the server has too many open connections, retry later", "server_error", "",
-                           "too_many_connections"));
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    if (opts_.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
-    if (req.get_header_value("Authorization") == "Bearer " + opts_.api_key)
-      return httplib::Server::HandlerResponse::Unhandled;
-    // The body is not read: the connection cannot carry another request.
-    GuardedServer::close_after_response();
-    send_json(res, 401,
-              error_body("invalid or missing API key: send the header 'Authorization: Bearer <key>'",
-                         "invalid_request_error", "", "invalid_api_key"));
-    return httplib::Server::HandlerResponse::Handled;
+  add("GET", "/health", [this, whole](HttpRequest&, const std::string&) {
+    return whole(stopping_ ? json_response(503, {{"status", "stopping"}}) : json_response(200, {{"status", "ok"}}));
   });
-  // Unknown paths and methods get an error body like every other error.
-  svr.set_error_handler([this](const Request& req, Response& res) {
-    if (GuardedServer::body_too_large() || res.status == 413) {
-      res.status = 413;
-      res.set_content(dump_json(error_body(fmt::format("the request body is larger than the limit of {} bytes",
-                                                       opts_.max_body),
-                                           "invalid_request_error", "", "request_too_large")),
-                      "application/json");
-      return;
-    }
-    if (!res.body.empty()) return;
-    const std::string msg = res.status == 404 ? fmt::format("no such endpoint: {} {}", printable(req.method, 32), printable(req.path))
-                                              : fmt::format("HTTP {}", res.status);
-    res.set_content(dump_json(error_body(msg, "invalid_request_error")), "application/json");
+  add("GET", "/version", [this, whole](HttpRequest&, const std::string&) {
+    return whole(json_response(200, {{"version", kServerVersion},
+                                     {"engine", "megakern"},
+                                     {"model", model_id_},
+                                     {"description", model_.description()},
+                                     {"executor", opts_.executor},
+                                     {"numerics", numerics_name(model_.numerics())},
+                                     {"batch", opts_.batch},
+                                     {"context", opts_.n_ctx},
+                                     {"max_tokens", opts_.max_tokens}}));
   });
-  svr.set_exception_handler([](const Request&, Response& res, std::exception_ptr ep) {
-    std::string what = "unknown exception";
-    try {
-      if (ep) std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-    }
-    send_json(res, 500, error_body("internal error: " + what, "server_error"));
-  });
-  svr.set_logger([this](const Request&, const Response& res) {
-    std::lock_guard<std::mutex> lock(impl_->mu);
-    ++impl_->responses_by_status[res.status];
-  });
-
-  svr.Get("/health", [this](const Request&, Response& res) {
-    if (stopping_)
-      send_json(res, 503, {{"status", "stopping"}});
-    else
-      send_json(res, 200, {{"status", "ok"}});
-  });
-  svr.Get("/version", [this](const Request&, Response& res) {
-    send_json(res, 200,
-              {{"version", kServerVersion},
-               {"engine", "megakern"},
-               {"model", model_id_},
-               {"description", model_.description()},
-               {"executor", opts_.executor},
-               {"numerics", numerics_name(model_.numerics())},
-               {"batch", opts_.batch},
-               {"context", opts_.n_ctx},
-               {"max_tokens", opts_.max_tokens}});
-  });
-  svr.Get("/metrics", [this](const Request&, Response& res) {
-    res.set_content(metrics_text(), "text/plain; version=0.0.4");
+  add("GET", "/metrics", [this, whole](HttpRequest&, const std::string&) {
+    HttpResponse r;
+    r.body = metrics_text();
+    r.content_type = "text/plain; version=0.0.4";
+    return whole(std::move(r));
   });
   auto model_object = [this] {
     return json{{"id", model_id_}, {"object", "model"}, {"created", impl_->started}, {"owned_by", "megakern"}};
   };
-  svr.Get("/v1/models", [model_object](const Request&, Response& res) {
-    send_json(res, 200, {{"object", "list"}, {"data", json::array({model_object()})}});
+  add("GET", "/v1/models", [model_object, whole](HttpRequest&, const std::string&) {
+    return whole(json_response(200, {{"object", "list"}, {"data", json::array({model_object()})}}));
   });
-  svr.Get(R"(/v1/models/(.+))", [this, model_object](const Request& req, Response& res) {
-    if (req.matches[1] == model_id_)
-      send_json(res, 200, model_object());
-    else
-      send_error(res, ApiError(404, fmt::format("the model '{}' does not exist", printable(req.matches[1].str())),
-                               "invalid_request_error", "model", "model_not_found"));
+  add("GET", "/v1/models/", [this, model_object, whole](HttpRequest&, const std::string& id) {
+    if (id == model_id_) return whole(json_response(200, model_object()));
+    return whole(error_response(ApiError(404, fmt::format("the model '{}' does not exist", printable(id)),
+                                         "invalid_request_error", "model", "model_not_found")));
   });
 
-  svr.Post("/tokenize", [this](const Request& req, Response& res) {
-    guarded(res, [&] {
-      const json body = parse_json_object(req.body);
-      auto it = body.find("content");
-      if (it == body.end() || !it->is_string()) bad_param("content", "'content' must be a string");
-      auto flag = [&](const char* key, bool dflt) {
-        auto f = body.find(key);
-        if (f == body.end() || f->is_null()) return dflt;
-        if (!f->is_boolean()) bad_param(key, "'{}' must be a boolean", key);
-        return f->get<bool>();
-      };
-      const bool add_special = flag("add_special", false);
-      const bool parse_special = flag("parse_special", true);
-      const Tokenizer& tok = model_.tokenizer();
-      const auto ids = tok.encode(it->get<std::string>(), add_special && tok.bos_id() >= 0, parse_special);
-      send_json(res, 200, {{"tokens", ids}});
-    });
-  });
-  svr.Post("/detokenize", [this](const Request& req, Response& res) {
-    guarded(res, [&] {
-      const json body = parse_json_object(req.body);
-      auto it = body.find("tokens");
-      if (it == body.end() || !it->is_array()) bad_param("tokens", "'tokens' must be an array of token ids");
-      std::vector<int32_t> ids;
-      const int n_vocab = model_.tokenizer().n_vocab();
-      for (const auto& t : *it) {
-        if (!t.is_number_integer()) bad_param("tokens", "'tokens' must hold integers only");
-        const int64_t id = t.is_number_unsigned() && t.get<uint64_t>() > static_cast<uint64_t>(INT32_MAX)
-                               ? int64_t{-1}
-                               : t.get<int64_t>();
-        if (id < 0 || id >= n_vocab)
-          bad_param("tokens", "token id {} is outside the vocabulary of {}", t.dump(), n_vocab);
-        ids.push_back(static_cast<int32_t>(id));
-      }
-      send_json(res, 200, {{"content", model_.tokenizer().decode(ids, /*skip_special=*/false)}});
-    });
-  });
-
-  auto generate = [this](Endpoint ep) {
-    return [this, ep](const Request& req, Response& res) {
-      guarded(res, [&] {
-        const json body = parse_json_object(req.body);
-        ApiLimits limits;
-        limits.model_names = {model_id_};
-        if (model_.name() != model_id_) limits.model_names.push_back(model_.name());
-        limits.n_ctx = opts_.n_ctx;
-        limits.max_tokens = opts_.max_tokens;
-        GenRequest g = ep == Endpoint::Completions ? parse_completion_request(body, model_, limits)
-                                                   : parse_chat_request(body, model_, limits);
-        auto job = scheduler_->submit(std::move(g));
-        if (!job)
-          throw ApiError(503,
-                         stopping_ ? "the server is shutting down"
-                                   : "the server is busy: the request queue is full, retry later",
-                         "server_error", "", stopping_ ? "shutting_down" : "queue_full");
-        // Nothing below should throw; if something does, the job must not
-        // run on for a response that will never be written.
-        struct CancelUnlessAnswered {
-          Job& job;
-          Scheduler& sched;
-          bool answered = false;
-          ~CancelUnlessAnswered() {
-            if (!answered) {
-              job.cancel();
-              sched.notify();
-            }
-          }
-        } guard{*job, *scheduler_};
-        ResponseId rid;
-        rid.endpoint = ep;
-        rid.id = fmt::format("{}-{:08x}{:06x}", ep == Endpoint::Completions ? "cmpl" : "chatcmpl", impl_->nonce,
-                             impl_->next_id.fetch_add(1));
-        rid.created = unix_now();
-        rid.model = model_id_;
-        ++open_responses_;
-        std::shared_ptr<void> open(nullptr, [this](void*) { --open_responses_; });
-        if (job->request.stream)
-          respond_stream(job, rid, res, std::move(open));
-        else
-          respond_whole(job, rid, res, std::move(open));
-        guard.answered = true;
-      });
+  add("POST", "/tokenize", [this, whole](HttpRequest& req, const std::string&) {
+    const json body = parse_json_object(req.body);
+    auto it = body.find("content");
+    if (it == body.end() || !it->is_string()) bad_param("content", "'content' must be a string");
+    auto flag = [&](const char* key, bool dflt) {
+      auto f = body.find(key);
+      if (f == body.end() || f->is_null()) return dflt;
+      if (!f->is_boolean()) bad_param(key, "'{}' must be a boolean", key);
+      return f->get<bool>();
     };
-  };
-  svr.Post("/v1/completions", generate(Endpoint::Completions));
-  svr.Post("/v1/chat/completions", generate(Endpoint::ChatCompletions));
-  // Without the /v1 prefix too, as other servers accept them.
-  svr.Post("/completions", generate(Endpoint::Completions));
-  svr.Post("/chat/completions", generate(Endpoint::ChatCompletions));
-}
+    const bool add_special = flag("add_special", false);
+    const bool parse_special = flag("parse_special", true);
+    const Tokenizer& tok = model_.tokenizer();
+    const auto ids = tok.encode(it->get<std::string>(), add_special && tok.bos_id() >= 0, parse_special);
+    return whole(json_response(200, {{"tokens", ids}}));
+  });
+  add("POST", "/detokenize", [this, whole](HttpRequest& req, const std::string&) {
+    const json body = parse_json_object(req.body);
+    auto it = body.find("tokens");
+    if (it == body.end() || !it->is_array()) bad_param("tokens", "'tokens' must be an array of token ids");
+    std::vector<int32_t> ids;
+    const int n_vocab = model_.tokenizer().n_vocab();
+    for (const auto& t : *it) {
+      if (!t.is_number_integer()) bad_param("tokens", "'tokens' must hold integers only");
+      const int64_t id = t.is_number_unsigned() && t.get<uint64_t>() > static_cast<uint64_t>(INT32_MAX)
+                             ? int64_t{-1}
+                             : t.get<int64_t>();
+      if (id < 0 || id >= n_vocab) bad_param("tokens", "token id {} is outside the vocabulary of {}", t.dump(), n_vocab);
+      ids.push_back(static_cast<int32_t>(id));
+    }
+    return whole(json_response(200, {{"content", model_.tokenizer().decode(ids, /*skip_special=*/false)}}));
+  });
 
-namespace {
-
-// The error a job that did not complete reports.
-ApiError job_error(const Job::Update& u) {
-  if (u.finish == FinishReason::Cancelled)
-    return ApiError(503, "the request was cancelled: the server is shutting down", "server_error", "", "cancelled");
-  return ApiError(500, u.error.empty() ? "generation failed" : u.error, "server_error");
-}
-
-}  // namespace
-
-void HttpServer::respond_whole(const std::shared_ptr<Job>& job, const ResponseId& rid, httplib::Response& res,
-                               std::shared_ptr<void> open) {
-  // Short generations are answered whole, with their real status. A longer
-  // one switches to a chunked body so that the connection can be probed with
-  // leading whitespace (valid before a JSON value): a client that has gone
-  // away makes the write fail, and its request is cancelled.
-  std::string text;
-  const auto t0 = Clock::now();
-  while (Clock::now() - t0 < kProbeAfter) {
-    Job::Update u = job->take(kPoll);
-    text += u.text;
-    if (!u.finished) continue;
-    if (u.finish == FinishReason::Stop || u.finish == FinishReason::Length)
-      send_json(res, 200, completion_body(rid, text, u.finish, u.usage));
-    else
-      send_error(res, job_error(u));
-    return;
+  for (const auto& [path, ep] : std::vector<std::pair<std::string, Endpoint>>{
+           {"/v1/completions", Endpoint::Completions},
+           {"/v1/chat/completions", Endpoint::ChatCompletions},
+           // Without the /v1 prefix too, as other servers accept them.
+           {"/completions", Endpoint::Completions},
+           {"/chat/completions", Endpoint::ChatCompletions}}) {
+    add("POST", path, [this, ep = ep](HttpRequest& req, const std::string&) { return generate(ep, req); });
   }
-  Scheduler* sched = scheduler_.get();
-  auto last_write = std::make_shared<Clock::time_point>(Clock::now());
-  auto acc = std::make_shared<std::string>(std::move(text));
-  res.status = 200;
-  res.set_chunked_content_provider(
-      "application/json",
-      [job, rid, sched, last_write, acc](size_t, httplib::DataSink& sink) {
-        Job::Update u = job->take(kPoll);
-        *acc += u.text;
-        if (u.finished) {
-          const json body = (u.finish == FinishReason::Stop || u.finish == FinishReason::Length)
-                                ? completion_body(rid, *acc, u.finish, u.usage)
-                                : error_body(job_error(u));
-          const std::string s = dump_json(body);
-          if (!sink.write(s.data(), s.size())) return false;
-          sink.done();
-          return true;
-        }
-        if (Clock::now() - *last_write >= kProbeAfter) {
-          *last_write = Clock::now();
-          if (!sink.write(" ", 1)) {
-            job->cancel();
-            sched->notify();
-            return false;
-          }
-        }
-        return true;
-      },
-      [job, sched, open](bool) {
-        if (!job->finished()) {
-          job->cancel();
-          sched->notify();
-        }
-      });
 }
 
-void HttpServer::respond_stream(const std::shared_ptr<Job>& job, const ResponseId& rid, httplib::Response& res,
-                                std::shared_ptr<void> open) {
-  Scheduler* sched = scheduler_.get();
-  struct State {
-    bool first = true;
-    Clock::time_point last_write = Clock::now();
-  };
-  auto st = std::make_shared<State>();
-  res.status = 200;
-  res.set_header("Cache-Control", "no-cache");
-  res.set_header("X-Accel-Buffering", "no");
-  res.set_chunked_content_provider(
-      "text/event-stream",
-      [job, rid, sched, st](size_t, httplib::DataSink& sink) {
-        const bool usage = job->request.include_usage;
-        std::string out;
-        // Chat streams open with the assistant role, before any text.
-        if (st->first && rid.endpoint == Endpoint::ChatCompletions) {
-          out += sse_event(stream_chunk(rid, "", std::nullopt, true, usage));
-          st->first = false;
-        }
-        Job::Update u = job->take(kPoll);
-        if (!u.text.empty()) {
-          out += sse_event(stream_chunk(rid, u.text, std::nullopt, st->first, usage));
-          st->first = false;
-        }
-        if (u.finished) {
-          if (u.finish == FinishReason::Stop || u.finish == FinishReason::Length) {
-            out += sse_event(stream_chunk(rid, "", u.finish, st->first, usage));
-            if (usage) out += sse_event(usage_chunk(rid, u.usage));
-            out += kSseDone;
-          } else {
-            out += sse_event(error_body(job_error(u)));
-          }
-        } else if (out.empty() && Clock::now() - st->last_write >= kProbeAfter) {
-          out = ": keep-alive\n\n";  // an SSE comment: clients ignore it, a closed socket refuses it
-        }
-        if (!out.empty()) {
-          st->last_write = Clock::now();
-          if (!sink.write(out.data(), out.size())) {
-            job->cancel();
-            sched->notify();
-            return false;
-          }
-        }
-        if (u.finished) sink.done();
-        return true;
-      },
-      [job, sched, open](bool) {
-        if (!job->finished()) {
-          job->cancel();
-          sched->notify();
-        }
-      });
+HttpReply HttpServer::generate(Endpoint ep, const HttpRequest& req) {
+  const json body = parse_json_object(req.body);
+  ApiLimits limits;
+  limits.model_names = {model_id_};
+  if (model_.name() != model_id_) limits.model_names.push_back(model_.name());
+  limits.n_ctx = opts_.n_ctx;
+  limits.max_tokens = opts_.max_tokens;
+  GenRequest g = ep == Endpoint::Completions ? parse_completion_request(body, model_, limits)
+                                             : parse_chat_request(body, model_, limits);
+  auto job = scheduler_->submit(std::move(g));
+  if (!job)
+    throw ApiError(503,
+                   stopping_ ? "the server is shutting down" : "the server is busy: the request queue is full, retry later",
+                   "server_error", "", stopping_ ? "shutting_down" : "queue_full");
+  ResponseId rid;
+  rid.endpoint = ep;
+  rid.id = fmt::format("{}-{:08x}{:06x}", ep == Endpoint::Completions ? "cmpl" : "chatcmpl", impl_->nonce,
+                       impl_->next_id.fetch_add(1));
+  rid.created = unix_now();
+  rid.model = model_id_;
+  ++open_responses_;
+  std::shared_ptr<void> open(nullptr, [this](void*) { --open_responses_; });
+  HttpReply reply;
+  if (job->request.stream)
+    reply.source = std::make_shared<StreamSource>(job, rid, *scheduler_, std::move(open));
+  else
+    reply.source = std::make_shared<WholeSource>(job, rid, *scheduler_, std::move(open));
+  return reply;
 }
 
 }  // namespace megakern::server

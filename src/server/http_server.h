@@ -1,28 +1,23 @@
-// The OpenAI-compatible HTTP server: routes on cpp-httplib, generation
-// through the continuous-batching Scheduler.
+// The OpenAI-compatible HTTP server: routes on the event-driven connection
+// layer of http_io.h, generation through the continuous-batching Scheduler.
 //
 // Endpoints: GET /health, /version, /metrics (Prometheus text), /v1/models,
 // /v1/models/{id}; POST /tokenize, /detokenize, /v1/completions,
 // /v1/chat/completions (streamed as server-sent events with "stream": true).
 // Every error is a JSON body {"error": {"message", "type", "param", "code"}}.
+// A known path asked with another method gets 405 with an Allow header
+// (OPTIONS gets 204 with it); an unknown path 404.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <memory>
 #include <string>
-#include <thread>
 
+#include "server/http_io.h"
 #include "server/scheduler.h"
 
-namespace httplib {
-class Server;
-struct Response;
-}
-
 namespace megakern::server {
-
-class GuardedServer;
 
 extern const char* const kServerVersion;
 
@@ -35,17 +30,21 @@ struct ServerOptions {
   int batch = 8;            // sequences decoded together
   int queue = 64;           // requests that may wait for a row before 503
   std::string executor = "mega";
-  int http_threads = 0;     // 0: batch + queue + 8, so that even a full queue leaves threads to answer 503
   std::string model_id;     // the name reported and accepted in "model" (empty: the model's name)
-  // Connection handling (see http_guard.h). Connections beyond http_threads
-  // get 503 at once (except /health); a client must send a request's
-  // headers within header_timeout_ms of its first byte, and its body within
-  // body_timeout_ms; an idle keep-alive connection is closed after
-  // idle_timeout_ms. Bodies over max_body bytes get 413, whatever their
-  // transfer encoding.
+  // Connection handling (see http_io.h). io_threads serve every connection.
+  // Beyond max_connections an idle keep-alive connection is closed to make
+  // room; when none is idle, requests other than /health get 503 at once.
+  // A client must send a request's headers within header_timeout_ms of its
+  // first byte, and its body within body_timeout_ms; an idle keep-alive
+  // connection is closed after idle_timeout_ms, and one that does not read
+  // what is written for write_timeout_ms. Bodies over max_body bytes get
+  // 413, whatever their transfer encoding.
+  int io_threads = 2;
+  int max_connections = 4096;
   int header_timeout_ms = 10000;
   int body_timeout_ms = 30000;
   int idle_timeout_ms = 5000;
+  int write_timeout_ms = 5000;
   size_t max_body = 16u << 20;
 };
 
@@ -83,24 +82,19 @@ class HttpServer {
  private:
   struct Impl;
   void setup_routes();
-  // Answer a queued generation: as one JSON body, or as server-sent events.
-  // `open` is held by the response until it is written (see open_responses_).
-  void respond_whole(const std::shared_ptr<Job>& job, const ResponseId& rid, httplib::Response& res,
-                     std::shared_ptr<void> open);
-  void respond_stream(const std::shared_ptr<Job>& job, const ResponseId& rid, httplib::Response& res,
-                      std::shared_ptr<void> open);
+  std::optional<HttpResponse> early(const HttpRequest& req);
+  HttpReply handle(HttpRequest& req);
+  HttpReply generate(Endpoint ep, const HttpRequest& req);
 
   const Model& model_;
   ServerOptions opts_;
   std::string model_id_;
   std::unique_ptr<Scheduler> scheduler_;
-  std::unique_ptr<GuardedServer> http_;
   std::unique_ptr<Impl> impl_;
-  std::thread listener_;
+  std::unique_ptr<HttpListener> http_;
   int port_ = -1;
   std::atomic<bool> stopping_{false};
   std::atomic<bool> stopped_{false};
-  std::atomic<bool> listener_done_{false};
   // Generation responses not yet completely written; shutdown() waits for
   // them so that no stream loses its last events when the listener stops.
   std::atomic<int> open_responses_{0};

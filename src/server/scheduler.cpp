@@ -43,23 +43,34 @@ bool Job::finished() const {
 }
 
 void Job::append(const std::string& text, int completion_tokens) {
+  std::function<void()> listener;
   {
     std::lock_guard<std::mutex> lock(mu_);
     pending_ += text;
     completion_tokens_ = completion_tokens;
+    if (!text.empty()) listener = listener_;
   }
   if (!text.empty()) cv_.notify_all();
+  if (listener) listener();
+}
+
+void Job::set_listener(std::function<void()> f) {
+  std::lock_guard<std::mutex> lock(mu_);
+  listener_ = std::move(f);
 }
 
 void Job::finish(FinishReason reason, int completion_tokens, const std::string& error) {
+  std::function<void()> listener;
   {
     std::lock_guard<std::mutex> lock(mu_);
     finished_ = true;
     finish_ = reason;
     completion_tokens_ = completion_tokens;
     error_ = error;
+    listener = listener_;
   }
   cv_.notify_all();
+  if (listener) listener();
 }
 
 // ---- Scheduler -----------------------------------------------------------------

@@ -15,6 +15,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -57,6 +58,11 @@ class Job {
   // Waits for the end and returns all text not yet taken.
   Update wait_all();
   bool finished() const;
+  // Called (from the scheduler thread, without locks held) whenever text is
+  // appended or the job finishes, so that an event loop can take it without
+  // waiting; set it before the job can produce anything, or expect the
+  // first call to come late and take() what is already there.
+  void set_listener(std::function<void()> f);
 
   // Asks the scheduler to drop the request (client gone). Idempotent.
   void cancel() { cancelled_.store(true, std::memory_order_relaxed); }
@@ -76,6 +82,7 @@ class Job {
   int completion_tokens_ = 0;
   std::string error_;
   std::atomic<bool> cancelled_{false};
+  std::function<void()> listener_;  // under mu_
 };
 
 struct SchedulerOptions {
