@@ -221,8 +221,11 @@ std::optional<std::string> unsupported_gguf_reason(std::string_view a) {
       {"qwen2moe", "Qwen2-MoE is not read from GGUF yet"},
       {"gpt-oss", "gpt-oss (MXFP4 experts, attention sinks, YaRN) is not read from GGUF yet"},
       {"deepseek2", "DeepSeek-V2/V3 (MLA with routed experts) is not read from GGUF yet"},
-      {"qwen3next", "Qwen3-Next GGUF files are not read yet; the same architecture runs from a Hugging Face "
-                    "checkpoint directory (model_type qwen3_5_text)"},
+      {"qwen3next", "Qwen3-Next (Gated DeltaNet hybrid with routed and shared experts) is not supported yet; "
+                    "its dense relative Qwen3.5 runs from a Hugging Face directory (model_type qwen3_5_text)"},
+      {"qwen35", "Qwen3.5 GGUF files are not read yet; a Hugging Face Qwen3.5 directory (model_type "
+                 "qwen3_5_text) runs on the qwen3.8 architecture"},
+      {"qwen35moe", "Qwen3.5-MoE is not supported yet (its dense form runs from a Hugging Face directory)"},
       {"kimi-linear", "Kimi Linear GGUF files are not read yet"},
       {"mistral3", "Mistral 3 (multimodal) is not supported"},
       {"phi2", "Phi-2 (parallel attention and MLP, LayerNorm) is not supported"},
