@@ -24,6 +24,7 @@
 #include <optional>
 #include <sstream>
 #include <random>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -32,6 +33,7 @@
 #include "core/half.h"
 #include "core/thread_pool.h"
 #include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/qmatmul.h"
 #include "kernels/cpu/quant_rows.h"
@@ -832,7 +834,7 @@ TEST(Kernels, Int16KernelOutputsArePinned) {
 // The CPU's own flags, read from /proc/cpuinfo (not from the compiler's
 // cpuid builtins the engine uses); nullopt where that file is not there.
 struct CpuinfoFlags {
-  bool avx2_fma = false, avxvnni = false;
+  bool avx2_fma = false, avxvnni = false, avx512vnni = false;
 };
 std::optional<CpuinfoFlags> cpuinfo_flags() {
   std::ifstream in("/proc/cpuinfo");
@@ -840,43 +842,52 @@ std::optional<CpuinfoFlags> cpuinfo_flags() {
   while (std::getline(in, line)) {
     if (line.rfind("flags", 0) != 0) continue;
     std::istringstream words(line.substr(line.find(':') + 1));
-    bool avx2 = false, fma = false, vnni = false;
-    std::string w;
-    while (words >> w) {
-      avx2 = avx2 || w == "avx2";
-      fma = fma || w == "fma";
-      vnni = vnni || w == "avx_vnni";
-    }
-    return CpuinfoFlags{avx2 && fma, avx2 && vnni};
+    std::set<std::string> w;
+    std::string one;
+    while (words >> one) w.insert(one);
+    const bool avx2 = w.count("avx2") && w.count("fma");
+    return CpuinfoFlags{avx2, avx2 && w.count("avx_vnni") > 0,
+                        avx2 && w.count("avx512f") && w.count("avx512bw") && w.count("avx512vl") && w.count("avx512_vnni")};
   }
   return std::nullopt;
 }
 
 // The path the engine takes is the one the CPU and MEGAKERN_ISA call for: the
-// AVX2 kernels exactly when the CPU has AVX2 and FMA and the variable does not
-// say "scalar" (the scalar_isa ctest entry relies on this to run the portable
-// path); the AVX-VNNI kernel variants exactly when the CPU also has AVX-VNNI
-// and the variable says neither "scalar" nor "avx2" (the avx2_isa entry).
+// best integer-kernel build (isa.h) the CPU has, capped by the variable
+// ("scalar": the portable path, which the scalar_isa ctest entry relies on;
+// "avx2": neither VNNI build, the avx2_isa entry; "avx-vnni": no AVX-512).
 TEST(Kernels, ReportsIsa) {
   const CpuFeatures& f = cpu_features();
-  RecordProperty("avx2", use_avx2() ? "yes" : "no");
-  RecordProperty("avxvnni", f.avxvnni ? "yes" : "no");
-  std::printf("[kernels] ISA: %s\n", !use_avx2() ? "scalar" : f.avxvnni ? "avx2+fma+avx-vnni" : "avx2+fma");
-  const char* isa = std::getenv("MEGAKERN_ISA");
-  const bool forced_scalar = isa && std::string(isa) == "scalar";
-  const bool forced_avx2 = isa && std::string(isa) == "avx2";
+  RecordProperty("isa", isa_name(active_isa()));
+  std::printf("[kernels] ISA: %s\n", isa_report().c_str());
+  const char* env = std::getenv("MEGAKERN_ISA");
+  const std::string isa = env ? env : "";
+  const bool forced_scalar = isa == "scalar";
   if (forced_scalar) {
     EXPECT_FALSE(use_avx2());
-    EXPECT_FALSE(f.avx2 || f.fma || f.f16c || f.avx512f || f.avxvnni) << "MEGAKERN_ISA=scalar must turn off every feature";
+    EXPECT_FALSE(f.avx2 || f.fma || f.f16c || f.avx512f || f.avxvnni || f.avx512vnni)
+        << "MEGAKERN_ISA=scalar must turn off every feature";
   }
-  if (forced_avx2) EXPECT_FALSE(f.avxvnni) << "MEGAKERN_ISA=avx2 must turn off AVX-VNNI";
+  KernelIsa cap = KernelIsa::avx512_vnni;
+  if (isa == "scalar") cap = KernelIsa::scalar;
+  if (isa == "avx2") cap = KernelIsa::avx2;
+  if (isa == "avx-vnni") cap = KernelIsa::avx_vnni;
+  EXPECT_LE(static_cast<int>(active_isa()), static_cast<int>(cap)) << "MEGAKERN_ISA=" << isa << " not honoured";
   const auto cpu = cpuinfo_flags();
 #if defined(__x86_64__)
   ASSERT_TRUE(cpu.has_value()) << "/proc/cpuinfo has no flags line";
 #endif
   if (cpu) {
     EXPECT_EQ(use_avx2(), cpu->avx2_fma && !forced_scalar);
-    EXPECT_EQ(f.avxvnni, cpu->avxvnni && !forced_scalar && !forced_avx2);
+    EXPECT_EQ(host_runs(KernelIsa::avx2), cpu->avx2_fma);
+    EXPECT_EQ(host_runs(KernelIsa::avx_vnni), cpu->avxvnni);
+    EXPECT_EQ(host_runs(KernelIsa::avx512_vnni), cpu->avx512vnni);
+    // The best build the host has under the cap.
+    KernelIsa want = KernelIsa::scalar;
+    if (cpu->avx2_fma && cap >= KernelIsa::avx2) want = KernelIsa::avx2;
+    if (cpu->avxvnni && cap >= KernelIsa::avx_vnni) want = KernelIsa::avx_vnni;
+    if (cpu->avx512vnni && cap >= KernelIsa::avx512_vnni) want = KernelIsa::avx512_vnni;
+    EXPECT_EQ(active_isa(), want) << isa_report();
   }
 }
 
@@ -1034,23 +1045,27 @@ TEST(FastKernels, RandomBitPatternsMatchOracle) {
 // counts, misaligned rows and inputs; weights random, and random bit
 // patterns including all-ones and -128 bytes with inputs at +-127 (the
 // int16 pair sums at their largest).
-// The register-blocked kernel's variants this CPU can run: AVX2, and AVX2
-// with AVX-VNNI where the CPU reports it (MEGAKERN_ISA=avx2 hides it). The
-// variants a CPU lacks are not run; the test says which.
+// The register-blocked kernel's builds this CPU can run (isa.h: AVX2,
+// AVX-VNNI, AVX512-VNNI), many- and few-input, whatever MEGAKERN_ISA says.
+// The builds a CPU lacks are not run; the test says which.
 struct R8Kernel {
-  const char* name;
+  std::string name;
   void (*fn)(const MatView&, const Q8Acts&, float*, int64_t, int64_t, int64_t);
 };
 std::vector<R8Kernel> r8_kernels() {
   std::vector<R8Kernel> k;
-  if (use_avx2()) k.push_back({"avx2", matmul_rows_fast_r8_avx2});
-  if (cpu_features().avxvnni) k.push_back({"avx-vnni", matmul_rows_fast_r8_vnni});
+  for (const IntKernelBuild& b : int_kernel_builds())
+    if (host_runs(b.isa)) {
+      k.push_back({isa_name(b.isa), b.fast_r8});
+      k.push_back({std::string(isa_name(b.isa)) + " few", b.fast_r8_few});
+    }
   return k;
 }
 
 TEST(FastKernels, RegisterBlockedKernelMatchesOracle) {
-  if (!cpu_features().avxvnni)
-    std::printf("note: this CPU has no AVX-VNNI (or MEGAKERN_ISA hides it): its kernel variant is not run here\n");
+  std::string tested;
+  for (const R8Kernel& k : r8_kernels()) tested += " [" + k.name + "]";
+  std::printf("[kernels] %s; register-blocked builds tested:%s\n", isa_report().c_str(), tested.c_str());
   int checked = 0;
   for (DType t : fast_types()) {
     // Every fast-mode format has the register-blocked kernel.
@@ -1220,8 +1235,9 @@ TEST(FastKernels, DerivedInputTablesFollowEachQuantisation) {
   // from 9 or 16), the same way, in each build this CPU runs.
   if (!use_avx2()) return;
   using I16Fn = void (*)(const MatView&, const QuantizedActs&, float*, int64_t, int64_t, int64_t);
-  std::vector<I16Fn> builds = {matmul_rows_i16_avx2};
-  if (cpu_features().avxvnni) builds.push_back(matmul_rows_i16_vnni);
+  std::vector<I16Fn> builds;
+  for (const IntKernelBuild& b : int_kernel_builds())
+    if (host_runs(b.isa)) builds.push_back(b.i16_rows);
   for (DType t : {DType::Q4_0, DType::Q4_K, DType::Q6_K}) {
     SCOPED_TRACE(dtype_traits(t).name);
     const int64_t cols = 512, rows = 24;

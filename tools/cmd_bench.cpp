@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "exec/executor.h"
+#include "kernels/cpu/isa.h"
 #include "runtime/engine.h"
 #include "runtime/model.h"
 #include "tools/commands.h"
@@ -331,6 +332,7 @@ void bench_cmd(const BenchOptions& o) {
   fmt::print("threads {}, read bandwidth probe {:.2f} GB/s; {} timed steps per point, best of {} rounds; "
              "megakernel prefetch {} KiB\n",
              pool.size(), probe, o.steps, o.rounds, o.prefetch_kib);
+  fmt::print("kernels: {}\n", isa_report());
   for (size_t i = 0; i < names.size(); ++i)
     fmt::print("schedule build ({}, batch sizes {}): {:.2f} ms\n", names[i], o.batches, build_ms[i]);
   if (prog.has_routed_experts())
@@ -391,6 +393,7 @@ void bench_cmd(const BenchOptions& o) {
     j["model"] = M.name();
     j["threads"] = pool.size();
     j["probe_gbs"] = probe;
+    j["kernels"] = isa_name(active_isa());
     j["weight_bytes_per_step"] = prog.weight_bytes();
     j["steps"] = o.steps;
     for (size_t i = 0; i < names.size(); ++i) j["schedule_build_ms"][names[i]] = build_ms[i];

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/cpu/matmul_f32_tiled.h"
 #include "kernels/cpu/qmatmul.h"
 #include "kernels/cpu/qmatmul_fast.h"
@@ -27,8 +28,8 @@ namespace {
 void rows_prepared(const MatView& W, const float* X, const QuantizedActs* A, int64_t n_x, float* Y, int64_t ldy,
                    int64_t row_begin, int64_t row_end) {
   if (A != nullptr) {
-    if (use_avx2())
-      (cpu_features().avxvnni ? matmul_rows_i16_vnni : matmul_rows_i16_avx2)(W, *A, Y, ldy, row_begin, row_end);
+    if (const IntKernelBuild* b = active_int_build())
+      b->i16_rows(W, *A, Y, ldy, row_begin, row_end);
     else
       matmul_rows_i16_ref(W, *A, Y, ldy, row_begin, row_end);
     return;

@@ -82,9 +82,11 @@ void prepare_acts(int64_t n_x, int64_t cols, QuantizedActs& out);
 // Integer path: W.type must satisfy uses_i16_acts; A holds all n_x inputs.
 void matmul_rows_i16_avx2(const MatView& W, const QuantizedActs& A, float* Y, int64_t ldy, int64_t row_begin,
                            int64_t row_end);
-// The same kernels built for AVX-VNNI (the same bits; call only when
-// cpu_features().avxvnni).
+// The same kernels built for AVX-VNNI and for AVX512-VNNI (EVEX; the same
+// bits; call only where the host has them: isa.h).
 void matmul_rows_i16_vnni(const MatView& W, const QuantizedActs& A, float* Y, int64_t ldy, int64_t row_begin,
+                          int64_t row_end);
+void matmul_rows_i16_evex(const MatView& W, const QuantizedActs& A, float* Y, int64_t ldy, int64_t row_begin,
                           int64_t row_end);
 // f32 path for F32, F16, BF16, FP8_E4M3.
 bool f32_path_avx2_supports(DType t);

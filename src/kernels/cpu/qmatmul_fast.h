@@ -93,8 +93,11 @@ int fast_r8_min_inputs(DType t, bool vnni);
 void matmul_rows_fast_r8_avx2(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t row_begin,
                               int64_t row_end);
 // The same kernel with AVX-VNNI (qmatmul_fast_r8_vnni_avx2.cpp): only where
-// cpu_features().avxvnni; matmul_rows_fast_avx2 takes it there. Same bits.
+// the host has AVX-VNNI (isa.h); matmul_rows_fast_avx2 takes it there. Same bits.
 void matmul_rows_fast_r8_vnni(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t row_begin,
+                              int64_t row_end);
+// And with AVX512-VNNI's EVEX encodings (qmatmul_fast_r8_evex_avx2.cpp).
+void matmul_rows_fast_r8_evex(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t row_begin,
                               int64_t row_end);
 // The same two kernels built for few inputs (qmatmul_fast_r8_few_*.cpp:
 // the next weights trickle in over a group's passes rather than arriving
@@ -104,6 +107,8 @@ constexpr int64_t kFastR8FewInputs = 16;
 void matmul_rows_fast_r8_few_avx2(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t row_begin,
                                   int64_t row_end);
 void matmul_rows_fast_r8_few_vnni(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t row_begin,
+                                  int64_t row_end);
+void matmul_rows_fast_r8_few_evex(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t row_begin,
                                   int64_t row_end);
 
 }  // namespace megakern

@@ -20,6 +20,7 @@
 #include "core/half.h"
 #include "kernels/cpu/avx2_common.h"
 #include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/cpu/qmatmul_fast.h"
 #include "kernels/cpu/qmatmul_fast_formats_avx2.h"
 
@@ -547,13 +548,9 @@ void quantize_q8_acts_avx2(const float* X, int64_t n_x, int64_t cols, int64_t bl
 }
 
 void matmul_rows_fast_avx2(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t rb, int64_t re) {
-  const bool vnni = cpu_features().avxvnni;
-  if (A.n_x >= fast_r8_min_inputs(W.type, vnni) && fast_r8_supports(W.type)) {
-    const bool few = A.n_x <= kFastR8FewInputs;
-    if (vnni)
-      (few ? matmul_rows_fast_r8_few_vnni : matmul_rows_fast_r8_vnni)(W, A, Y, ldy, rb, re);
-    else
-      (few ? matmul_rows_fast_r8_few_avx2 : matmul_rows_fast_r8_avx2)(W, A, Y, ldy, rb, re);
+  const IntKernelBuild& b = *active_int_build();  // the caller checked use_avx2()
+  if (A.n_x >= fast_r8_min_inputs(W.type, b.vnni) && fast_r8_supports(W.type)) {
+    (A.n_x <= kFastR8FewInputs ? b.fast_r8_few : b.fast_r8)(W, A, Y, ldy, rb, re);
     return;
   }
   switch (W.type) {

@@ -41,7 +41,7 @@ inline void finish_signed([[maybe_unused]] Tile32& T, [[maybe_unused]] int c) {
 #if MK_R8_VNNI
   const __m256i ones = _mm256_set1_epi8(1);
   __m256i sum = _mm256_setzero_si256();
-  for (int g = 0; g < 8; ++g) sum = _mm256_dpbusd_avx_epi32(sum, ones, ld(T.w[c][g]));
+  for (int g = 0; g < 8; ++g) sum = MK_DPBUSD(sum, ones, ld(T.w[c][g]));
   st(T.corr[c], _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(sum, 7)));
 #endif
 }
@@ -224,7 +224,7 @@ inline void isum32(const Tile32& T, int c, const int8_t* const q[NT], __m256i lo
     }
 #pragma GCC unroll 4
     for (int i = 0; i < NT; ++i) {
-      acc[i] = _mm256_dpbusd_avx_epi32(start ? _mm256_setzero_si256() : acc[i], w, bcast32(q[i] + 4 * g));
+      acc[i] = MK_DPBUSD(start ? _mm256_setzero_si256() : acc[i], w, bcast32(q[i] + 4 * g));
       MK_KEEP(acc[i]);
     }
   }
@@ -270,7 +270,7 @@ inline void isum_u8(const Tile32& T, int c, const uint8_t* const u[NT], __m256i 
     const __m256i w = ld(T.w[c][g]);
 #pragma GCC unroll 4
     for (int i = 0; i < NT; ++i) {
-      acc[i] = _mm256_dpbusd_avx_epi32(acc[i], bcast32(u[i] + 4 * g), w);
+      acc[i] = MK_DPBUSD(acc[i], bcast32(u[i] + 4 * g), w);
       MK_KEEP(acc[i]);
     }
   }
@@ -300,11 +300,11 @@ inline void isum_pair(const Tile32& T0, const Tile32& T1, int c, const uint8_t* 
     for (int i = 0; i < NT; ++i) {
       const __m256i b = bcast32(x[i] + 4 * g);
       if constexpr (F::kSigned) {
-        acc[0][i] = _mm256_dpbusd_avx_epi32(acc[0][i], b, w0);
-        acc[1][i] = _mm256_dpbusd_avx_epi32(acc[1][i], b, w1);
+        acc[0][i] = MK_DPBUSD(acc[0][i], b, w0);
+        acc[1][i] = MK_DPBUSD(acc[1][i], b, w1);
       } else {
-        acc[0][i] = _mm256_dpbusd_avx_epi32(start ? _mm256_setzero_si256() : acc[0][i], w0, b);
-        acc[1][i] = _mm256_dpbusd_avx_epi32(start ? _mm256_setzero_si256() : acc[1][i], w1, b);
+        acc[0][i] = MK_DPBUSD(start ? _mm256_setzero_si256() : acc[0][i], w0, b);
+        acc[1][i] = MK_DPBUSD(start ? _mm256_setzero_si256() : acc[1][i], w1, b);
       }
       MK_KEEP(acc[0][i]);
       MK_KEEP(acc[1][i]);

@@ -76,6 +76,9 @@
 #include "kernels/cpu/avx2_common.h"
 #include "kernels/cpu/qmatmul_fast.h"
 #include "kernels/cpu/qmatmul_fast_formats_avx2.h"
+#if MK_R8_VNNI
+#include "kernels/cpu/vnni_ops.h"
+#endif
 
 namespace megakern {
 namespace {

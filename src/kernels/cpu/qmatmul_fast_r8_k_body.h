@@ -246,10 +246,10 @@ void passK(const TileK& T, int kn, const Rows8 R, __m256* acc) {
 #pragma GCC unroll 4
             for (int i = 0; i < NT; ++i) {
               const __m256i x = bcast32(q[i] + 32 * j + 4 * g);
-              part[i] = _mm256_dpbusd_avx_epi32(g % 4 == 0 ? _mm256_setzero_si256() : part[i], w, x);
+              part[i] = MK_DPBUSD(g % 4 == 0 ? _mm256_setzero_si256() : part[i], w, x);
               MK_KEEP(part[i]);
               if (g % 4 == 3) {
-                is[i] = _mm256_dpwssd_avx_epi32(is[i], part[i], sc0);
+                is[i] = MK_DPWSSD(is[i], part[i], sc0);
                 MK_KEEP(is[i]);
               }
             }
@@ -268,7 +268,7 @@ void passK(const TileK& T, int kn, const Rows8 R, __m256* acc) {
           for (int i = 0; i < NT; ++i) {
             const __m256i x = bcast32(q[i] + 32 * j + 4 * g);
             const __m256i a = start ? _mm256_setzero_si256() : part[i];
-            part[i] = F::kU8 ? _mm256_dpbusd_avx_epi32(a, x, w) : _mm256_dpbusd_avx_epi32(a, w, x);
+            part[i] = F::kU8 ? MK_DPBUSD(a, x, w) : MK_DPBUSD(a, w, x);
             MK_KEEP(part[i]);
             if (g == 7 || (F::kTwoScales && g == 3)) {
               is[i] = _mm256_add_epi32(is[i], _mm256_mullo_epi32(part[i], g < 4 ? sc : sc2));
@@ -314,7 +314,7 @@ void passK(const TileK& T, int kn, const Rows8 R, __m256* acc) {
         __m256i m = _mm256_madd_epi16(ld(T.mv[c][0]), bcast32(s));
         for (int h = 1; h < 4; ++h) {
 #if MK_R8_VNNI
-          m = _mm256_dpwssd_avx_epi32(m, ld(T.mv[c][h]), bcast32(s + 2 * h));
+          m = MK_DPWSSD(m, ld(T.mv[c][h]), bcast32(s + 2 * h));
 #else
           m = _mm256_add_epi32(m, _mm256_madd_epi16(ld(T.mv[c][h]), bcast32(s + 2 * h)));
 #endif

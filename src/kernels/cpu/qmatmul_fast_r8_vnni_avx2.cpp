@@ -20,6 +20,7 @@
 #pragma GCC push_options
 #pragma GCC target("avxvnni")
 #define MK_R8_VNNI 1
+#define MK_VNNI_EVEX 0
 #define MK_R8_TRICKLE 0
 #define MK_R8_ENTRY matmul_rows_fast_r8_vnni
 #include "kernels/cpu/qmatmul_fast_r8_body.h"

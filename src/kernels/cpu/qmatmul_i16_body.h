@@ -29,6 +29,9 @@
 #include "kernels/cpu/avx2_common.h"
 #include "kernels/cpu/qmatmul.h"
 #include "kernels/cpu/qmatmul_i16_formats_avx2.h"
+#if MK_I16_VNNI
+#include "kernels/cpu/vnni_ops.h"
+#endif
 
 #ifndef MK_I16_ENTRY
 #error "define MK_I16_ENTRY (and MK_I16_VNNI) before including qmatmul_i16_body.h"
@@ -48,7 +51,7 @@ using namespace i16fmt;
 // integers.
 inline __m256i lane_sums(__m256i lo, __m256i xlo, __m256i hi, __m256i xhi) {
 #if MK_I16_VNNI
-  return _mm256_dpwssd_avx_epi32(_mm256_madd_epi16(lo, xlo), hi, xhi);
+  return MK_DPWSSD(_mm256_madd_epi16(lo, xlo), hi, xhi);
 #else
   return _mm256_add_epi32(_mm256_madd_epi16(lo, xlo), _mm256_madd_epi16(hi, xhi));
 #endif

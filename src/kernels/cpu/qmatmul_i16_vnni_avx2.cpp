@@ -21,6 +21,7 @@
 #pragma GCC push_options
 #pragma GCC target("avxvnni")
 #define MK_I16_VNNI 1
+#define MK_VNNI_EVEX 0
 #define MK_I16_ENTRY matmul_rows_i16_vnni
 #include "kernels/cpu/qmatmul_i16_body.h"
 #pragma GCC pop_options
