@@ -49,9 +49,9 @@ inline void reduce8_halves(const __m256i v[8], __m256i& lo, __m256i& hi) {
 }
 
 // ---------------------------------------------------------------------------
-// Rows two groups ahead are prefetched block by block while a group is
-// decoded: a group reads eight short row pieces at a time, too many streams
-// for the hardware prefetcher to run ahead of.
+// The rows two groups ahead are prefetched while a group is decoded
+// (GroupAhead): a group reads eight short row pieces at a time, too many
+// streams for the hardware prefetcher to run ahead of.
 // Rows are decoded in pairs (a, b) = (2p, 2p + 1) into two vectors:
 //   lo = [a's elements 0..15 | b's elements 0..15], hi = [a's 16..31 | b's 16..31],
 // so one input block, its halves broadcast to both 128-bit lanes, meets two
@@ -87,6 +87,30 @@ inline __m256i reduce_pairs(const __m256i v[4]) {
   return _mm256_permutevar8x32_epi32(h, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
+// The group two on: rows are contiguous, so its eight rows are one range of
+// memory, prefetched in order, by block k of nb its first (k + 1) / nb.
+// (One line per row and block instead, eight streams for 32-element blocks
+// of 18-34 bytes, asks for most lines several times: one input, SmolLM2
+// Q4_1, ~35 % more time per matrix product.)
+class GroupAhead {
+ public:
+  GroupAhead(const uint8_t* const ahead[kRows], size_t row_bytes, int64_t nb)
+      : next_(reinterpret_cast<const char*>(ahead[0])),
+        base_(next_),
+        end_(reinterpret_cast<const char*>(ahead[kRows - 1]) + row_bytes),
+        per_block_((size_t)(end_ - base_) / (size_t)std::max<int64_t>(nb, 1) + 1) {}
+  void upto(int64_t k) {
+    const char* u = std::min(end_, base_ + per_block_ * (size_t)(k + 1));
+    for (; next_ < u; next_ += 64) _mm_prefetch(next_, _MM_HINT_T0);
+  }
+
+ private:
+  const char* next_;
+  const char* base_;
+  const char* end_;
+  size_t per_block_;
+};
+
 // Blocks decoded per chunk: the scratch of eight rows stays in L1.
 constexpr int kChunk32 = 16;
 
@@ -96,18 +120,66 @@ struct Scratch32 {
   alignas(32) float s0[kChunk32][kRows], s1[kChunk32][kRows], mn[kChunk32][kRows];
 };
 
+// One input block against a block of the eight rows: lo / hi are the pair
+// vectors decode_pair gives (alo / ahi their magnitudes, signed formats), ql /
+// qh the input block's halves broadcast to both lanes; each row's exact
+// integer sum, then its float step into a (s0 / s1 / mn: the rows' scales
+// and mins in row order).
+template <class F>
+inline __m256 block_step(const __m256i lo[4], const __m256i hi[4], const __m256i alo[4], const __m256i ahi[4],
+                         __m256i ql, __m256i qh, const int16_t* s16, float dx, float sx, __m256 s0, __m256 s1,
+                         __m256 mn, __m256 a) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256 dxv = _mm256_set1_ps(dx);
+  if constexpr (F::kTwo) {
+    __m256i vl[4], vh[4];
+    for (int p = 0; p < 4; ++p) {
+      vl[p] = _mm256_madd_epi16(_mm256_maddubs_epi16(lo[p], ql), ones);
+      vh[p] = _mm256_madd_epi16(_mm256_maddubs_epi16(hi[p], qh), ones);
+    }
+    __m256i l = reduce_pairs(vl), h = reduce_pairs(vh);
+    if constexpr (F::kOffset != 0) {
+      l = _mm256_sub_epi32(l, _mm256_set1_epi32(F::kOffset * s16[0]));
+      h = _mm256_sub_epi32(h, _mm256_set1_epi32(F::kOffset * s16[1]));
+    }
+    a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(l), _mm256_mul_ps(s0, dxv), a);
+    a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), _mm256_mul_ps(s1, dxv), a);
+  } else {
+    __m256i v[4];
+    for (int p = 0; p < 4; ++p) {
+      if constexpr (F::kSigned) {
+        // Sign trick: |w| * (q * sign(w)); each half summed to int32 on its
+        // own (two halves of 8-bit products could overflow int16).
+        const __m256i pl = _mm256_maddubs_epi16(alo[p], _mm256_sign_epi8(ql, lo[p]));
+        const __m256i ph = _mm256_maddubs_epi16(ahi[p], _mm256_sign_epi8(qh, hi[p]));
+        v[p] = _mm256_add_epi32(_mm256_madd_epi16(pl, ones), _mm256_madd_epi16(ph, ones));
+      } else {
+        // Codes below 32: both halves' pair sums fit int16 together.
+        v[p] = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo[p], ql), _mm256_maddubs_epi16(hi[p], qh)),
+                                 ones);
+      }
+    }
+    __m256i is = reduce_pairs(v);
+    if constexpr (F::kOffset != 0) is = _mm256_sub_epi32(is, _mm256_set1_epi32(F::kOffset * (s16[0] + s16[1])));
+    a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(s0, dxv), a);
+  }
+  if constexpr (F::kMin) a = _mm256_fmadd_ps(mn, _mm256_set1_ps(sx), a);
+  return a;
+}
+
+inline __m256i half_at(const int8_t* q) {
+  return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+}
+
 template <class F>
 void fast32_group(const uint8_t* const rows[kRows], const uint8_t* const ahead[kRows], size_t block_bytes,
                   const Q8Acts& A, __m256* acc, Scratch32& S) {
-  const __m256i ones = _mm256_set1_epi16(1);
+  GroupAhead next(ahead, block_bytes * (size_t)A.nb, A.nb);
   for (int64_t k0 = 0; k0 < A.nb; k0 += kChunk32) {
     const int kn = (int)std::min<int64_t>(kChunk32, A.nb - k0);
     for (int c = 0; c < kn; ++c) {
+      next.upto(k0 + c);
       for (int p = 0; p < 4; ++p) {
-        // The same block of the rows two groups on, one line per row at a
-        // time, spread over the decoding.
-        _mm_prefetch(reinterpret_cast<const char*>(ahead[2 * p] + block_bytes * (size_t)(k0 + c)), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(ahead[2 * p + 1] + block_bytes * (size_t)(k0 + c)), _MM_HINT_T0);
         __m256i lo, hi;
         Dec da, db;
         decode_pair<F>(rows[2 * p], rows[2 * p + 1], k0 + c, lo, hi, da, db);
@@ -133,46 +205,19 @@ void fast32_group(const uint8_t* const rows[kRows], const uint8_t* const ahead[k
     // Block c of input t into accumulator a (even or odd blocks' chain).
     auto step = [&](int64_t t, int c, __m256 a) {
       const int8_t* q = A.q_row(t) + 32 * (k0 + c);
-      const float dx = A.d_row(t)[k0 + c];
-      const int16_t* s16 = A.s16_row(t) + 2 * (k0 + c);
-      const __m256i ql = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
-      const __m256i qh = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16)));
-      const __m256 dxv = _mm256_set1_ps(dx);
-      if constexpr (F::kTwo) {
-        __m256i vl[4], vh[4];
-        for (int p = 0; p < 4; ++p) {
-          vl[p] = _mm256_madd_epi16(_mm256_maddubs_epi16(ld(S.lo[c][p]), ql), ones);
-          vh[p] = _mm256_madd_epi16(_mm256_maddubs_epi16(ld(S.hi[c][p]), qh), ones);
+      __m256i lo[4], hi[4], alo[4], ahi[4];
+      for (int p = 0; p < 4; ++p) {
+        lo[p] = ld(S.lo[c][p]);
+        hi[p] = ld(S.hi[c][p]);
+        if constexpr (F::kSigned) {
+          alo[p] = ld(S.alo[c][p]);
+          ahi[p] = ld(S.ahi[c][p]);
         }
-        __m256i lo = reduce_pairs(vl), hi = reduce_pairs(vh);
-        if constexpr (F::kOffset != 0) {
-          lo = _mm256_sub_epi32(lo, _mm256_set1_epi32(F::kOffset * s16[0]));
-          hi = _mm256_sub_epi32(hi, _mm256_set1_epi32(F::kOffset * s16[1]));
-        }
-        a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), _mm256_mul_ps(_mm256_load_ps(S.s0[c]), dxv), a);
-        a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), _mm256_mul_ps(_mm256_load_ps(S.s1[c]), dxv), a);
-      } else {
-        __m256i v[4];
-        for (int p = 0; p < 4; ++p) {
-          if constexpr (F::kSigned) {
-            // Sign trick: |w| * (q * sign(w)); each half summed to int32
-            // on its own (two halves of 8-bit products could overflow int16).
-            const __m256i pl = _mm256_maddubs_epi16(ld(S.alo[c][p]), _mm256_sign_epi8(ql, ld(S.lo[c][p])));
-            const __m256i ph = _mm256_maddubs_epi16(ld(S.ahi[c][p]), _mm256_sign_epi8(qh, ld(S.hi[c][p])));
-            v[p] = _mm256_add_epi32(_mm256_madd_epi16(pl, ones), _mm256_madd_epi16(ph, ones));
-          } else {
-            // Codes below 32: both halves' pair sums fit int16 together.
-            v[p] = _mm256_madd_epi16(
-                _mm256_add_epi16(_mm256_maddubs_epi16(ld(S.lo[c][p]), ql), _mm256_maddubs_epi16(ld(S.hi[c][p]), qh)),
-                ones);
-          }
-        }
-        __m256i is = reduce_pairs(v);
-        if constexpr (F::kOffset != 0) is = _mm256_sub_epi32(is, _mm256_set1_epi32(F::kOffset * (s16[0] + s16[1])));
-        a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(_mm256_load_ps(S.s0[c]), dxv), a);
       }
-      if constexpr (F::kMin) a = _mm256_fmadd_ps(_mm256_load_ps(S.mn[c]), _mm256_set1_ps(A.sx_row(t)[k0 + c]), a);
-      return a;
+      return block_step<F>(lo, hi, alo, ahi, half_at(q), half_at(q + 16), A.s16_row(t) + 2 * (k0 + c),
+                           A.d_row(t)[k0 + c], F::kMin ? A.sx_row(t)[k0 + c] : 0.0f, _mm256_load_ps(S.s0[c]),
+                           F::kTwo ? _mm256_load_ps(S.s1[c]) : _mm256_setzero_ps(),
+                           F::kMin ? _mm256_load_ps(S.mn[c]) : _mm256_setzero_ps(), a);
     };
     // Blocks alternate between two accumulators per output (k0 is even, so
     // c's parity is the block's); two inputs at a time, so four independent
@@ -204,6 +249,41 @@ void fast32_group(const uint8_t* const rows[kRows], const uint8_t* const ahead[k
       acc[2 * t] = a0, acc[2 * t + 1] = a1;
     }
   }
+}
+
+// One input: each block of the eight rows is decoded and met by the input
+// at once, with no scratch (nothing would reuse it); the same operations in
+// the same order as fast32_group, so the same bits.
+template <class F>
+void fast32_one(const uint8_t* const rows[kRows], const uint8_t* const ahead[kRows], size_t block_bytes,
+                const Q8Acts& A, __m256* acc) {
+  const int8_t* q = A.q_row(0);
+  const float* d = A.d_row(0);
+  const int16_t* s16 = A.s16_row(0);
+  const float* sx = F::kMin ? A.sx_row(0) : nullptr;
+  __m256 chain[2] = {acc[0], acc[1]};
+  GroupAhead next(ahead, block_bytes * (size_t)A.nb, A.nb);
+  for (int64_t k = 0; k < A.nb; ++k) {
+    __m256i lo[4], hi[4], alo[4], ahi[4];
+    alignas(32) float s0[kRows], s1[kRows], mn[kRows];
+    next.upto(k);
+    for (int p = 0; p < 4; ++p) {
+      Dec da, db;
+      decode_pair<F>(rows[2 * p], rows[2 * p + 1], k, lo[p], hi[p], da, db);
+      if constexpr (F::kSigned) {
+        alo[p] = _mm256_abs_epi8(lo[p]);
+        ahi[p] = _mm256_abs_epi8(hi[p]);
+      }
+      s0[2 * p] = da.s0, s0[2 * p + 1] = db.s0;
+      if constexpr (F::kTwo) s1[2 * p] = da.s1, s1[2 * p + 1] = db.s1;
+      if constexpr (F::kMin) mn[2 * p] = da.mn, mn[2 * p + 1] = db.mn;
+    }
+    __m256& a = chain[k & 1];
+    a = block_step<F>(lo, hi, alo, ahi, half_at(q + 32 * k), half_at(q + 32 * k + 16), s16 + 2 * k, d[k],
+                      F::kMin ? sx[k] : 0.0f, _mm256_load_ps(s0), F::kTwo ? _mm256_load_ps(s1) : _mm256_setzero_ps(),
+                      F::kMin ? _mm256_load_ps(mn) : _mm256_setzero_ps(), a);
+  }
+  acc[0] = chain[0], acc[1] = chain[1];
 }
 
 // ---------------------------------------------------------------------------
@@ -334,10 +414,10 @@ template <class F>
 void fastk_group(const uint8_t* const rows[kRows], const uint8_t* const ahead[kRows], size_t block_bytes,
                  const Q8Acts& A, __m256* acc, ScratchK& S) {
   const __m256i ones = _mm256_set1_epi16(1);
+  GroupAhead next(ahead, block_bytes * (size_t)A.nb, A.nb);
   for (int64_t k = 0; k < A.nb; ++k) {
+    next.upto(k);
     for (int r = 0; r < kRows; ++r) {
-      const char* pf = reinterpret_cast<const char*>(ahead[r] + block_bytes * (size_t)k);
-      for (size_t o = 0; o < block_bytes; o += 64) _mm_prefetch(pf + o, _MM_HINT_T0);
       F::decode(rows[r] + k * block_bytes, r, S);
     }
     const __m256 dw = _mm256_load_ps(S.d);
@@ -419,7 +499,10 @@ void fast32_rows(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64
   thread_local Scratch32 S;
   const size_t bytes = dtype_traits(W.type).block_bytes * 32 / (size_t)dtype_traits(W.type).block_size;
   run_groups(W, A, Y, ldy, rb, re, true, [&](const uint8_t* const* rows, const uint8_t* const* ahead, __m256* acc) {
-    fast32_group<F>(rows, ahead, bytes, A, acc, S);
+    if (A.n_x == 1)
+      fast32_one<F>(rows, ahead, bytes, A, acc);
+    else
+      fast32_group<F>(rows, ahead, bytes, A, acc, S);
   });
 }
 
