@@ -47,17 +47,20 @@ int fast_r8_min_inputs(DType t, bool vnni) {
   static const int forced = (int)threshold_from_env("MEGAKERN_FAST_R8_MIN");
   if (forced > 0) return forced;
   switch (t) {
-    case DType::Q4_0:
+    // The 32-element formats' kernel for up to four inputs (fast32_few:
+    // each block decoded in registers and met by every input) streams its
+    // weights better than the register-blocked one at two inputs.
     case DType::Q4_K:
-    case DType::MXFP4:
       return 2;
+    case DType::Q5_K:
+      return vnni ? 2 : 4;
+    case DType::Q4_0:
+    case DType::MXFP4:
     case DType::Q4_1:
-      return vnni ? 2 : 3;
+      return 3;
     case DType::Q8_0:
     case DType::INT8_COL:
     case DType::IQ4_NL:
-    case DType::Q5_K:
-      return vnni ? 2 : 4;
     case DType::Q5_0:
     case DType::Q3_K:
       return vnni ? 3 : 4;

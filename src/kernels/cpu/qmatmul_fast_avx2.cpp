@@ -251,17 +251,17 @@ void fast32_group(const uint8_t* const rows[kRows], const uint8_t* const ahead[k
   }
 }
 
-// One input: each block of the eight rows is decoded and met by the input
-// at once, with no scratch (nothing would reuse it); the same operations in
-// the same order as fast32_group, so the same bits.
-template <class F>
-void fast32_one(const uint8_t* const rows[kRows], const uint8_t* const ahead[kRows], size_t block_bytes,
+// Up to kFewInputs inputs: each block of the eight rows is decoded and met
+// by every input at once, with no scratch (for so few inputs a scratch
+// would cost more than it saves); per input the same operations in the same
+// order as fast32_group, so the same bits.
+constexpr int kFewInputs = 4;
+
+template <class F, int N>
+void fast32_few(const uint8_t* const rows[kRows], const uint8_t* const ahead[kRows], size_t block_bytes,
                 const Q8Acts& A, __m256* acc) {
-  const int8_t* q = A.q_row(0);
-  const float* d = A.d_row(0);
-  const int16_t* s16 = A.s16_row(0);
-  const float* sx = F::kMin ? A.sx_row(0) : nullptr;
-  __m256 chain[2] = {acc[0], acc[1]};
+  __m256 chain[N][2];
+  for (int t = 0; t < N; ++t) chain[t][0] = acc[2 * t], chain[t][1] = acc[2 * t + 1];
   GroupAhead next(ahead, block_bytes * (size_t)A.nb, A.nb);
   for (int64_t k = 0; k < A.nb; ++k) {
     __m256i lo[4], hi[4], alo[4], ahi[4];
@@ -278,12 +278,17 @@ void fast32_one(const uint8_t* const rows[kRows], const uint8_t* const ahead[kRo
       if constexpr (F::kTwo) s1[2 * p] = da.s1, s1[2 * p + 1] = db.s1;
       if constexpr (F::kMin) mn[2 * p] = da.mn, mn[2 * p + 1] = db.mn;
     }
-    __m256& a = chain[k & 1];
-    a = block_step<F>(lo, hi, alo, ahi, half_at(q + 32 * k), half_at(q + 32 * k + 16), s16 + 2 * k, d[k],
-                      F::kMin ? sx[k] : 0.0f, _mm256_load_ps(s0), F::kTwo ? _mm256_load_ps(s1) : _mm256_setzero_ps(),
-                      F::kMin ? _mm256_load_ps(mn) : _mm256_setzero_ps(), a);
+    const __m256 s0v = _mm256_load_ps(s0);
+    const __m256 s1v = F::kTwo ? _mm256_load_ps(s1) : _mm256_setzero_ps();
+    const __m256 mnv = F::kMin ? _mm256_load_ps(mn) : _mm256_setzero_ps();
+    for (int t = 0; t < N; ++t) {
+      const int8_t* q = A.q_row(t) + 32 * k;
+      __m256& a = chain[t][k & 1];
+      a = block_step<F>(lo, hi, alo, ahi, half_at(q), half_at(q + 16), A.s16_row(t) + 2 * k, A.d_row(t)[k],
+                        F::kMin ? A.sx_row(t)[k] : 0.0f, s0v, s1v, mnv, a);
+    }
   }
-  acc[0] = chain[0], acc[1] = chain[1];
+  for (int t = 0; t < N; ++t) acc[2 * t] = chain[t][0], acc[2 * t + 1] = chain[t][1];
 }
 
 // ---------------------------------------------------------------------------
@@ -499,10 +504,13 @@ void fast32_rows(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64
   thread_local Scratch32 S;
   const size_t bytes = dtype_traits(W.type).block_bytes * 32 / (size_t)dtype_traits(W.type).block_size;
   run_groups(W, A, Y, ldy, rb, re, true, [&](const uint8_t* const* rows, const uint8_t* const* ahead, __m256* acc) {
-    if (A.n_x == 1)
-      fast32_one<F>(rows, ahead, bytes, A, acc);
-    else
-      fast32_group<F>(rows, ahead, bytes, A, acc, S);
+    switch (A.n_x) {
+      case 1: fast32_few<F, 1>(rows, ahead, bytes, A, acc); break;
+      case 2: fast32_few<F, 2>(rows, ahead, bytes, A, acc); break;
+      case 3: fast32_few<F, 3>(rows, ahead, bytes, A, acc); break;
+      case 4: fast32_few<F, 4>(rows, ahead, bytes, A, acc); break;
+      default: fast32_group<F>(rows, ahead, bytes, A, acc, S); break;
+    }
   });
 }
 
