@@ -33,6 +33,8 @@
 #include "core/half.h"
 #include "core/thread_pool.h"
 #include "kernels/cpu/cpu_features.h"
+#include "core/error.h"
+#include "kernels/cpu/format_kernels.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/qmatmul.h"
@@ -965,6 +967,72 @@ TEST(FastKernels, MatchOracleBitExactlyAndReferenceWithinTolerance) {
     }
   }
   EXPECT_GE(checked, 300);
+}
+
+// The format table (format_kernels.h): one row per format, its entries
+// consistent, and every kernel it names runs (the fast AVX2 dispatch and the
+// row decoder against their oracles, through each row-count path) while a
+// format it gives none is refused with a message instead of an unwritten
+// output.
+TEST(Kernels, FormatTableCoversEveryFormatAndItsDispatch) {
+  size_t n = 0;
+  const FormatKernels* table = format_kernel_table(&n);
+  std::set<uint32_t> seen;
+  for (size_t i = 0; i < n; ++i) {
+    const FormatKernels& k = table[i];
+    SCOPED_TRACE(dtype_traits(k.type).name);
+    EXPECT_TRUE(seen.insert((uint32_t)k.type).second) << "listed twice";
+    EXPECT_TRUE(k.fast_block == 0 || k.fast_block == 32 || k.fast_block == 256);
+    // A register-blocked threshold only for fast-mode formats, both or neither.
+    EXPECT_EQ(k.r8_min_inputs > 0, k.r8_min_inputs_vnni > 0);
+    if (k.r8_min_inputs > 0) {
+      EXPECT_NE(k.fast_block, 0);
+      EXPECT_LE(k.r8_min_inputs, 8);
+      EXPECT_LE(k.r8_min_inputs_vnni, 8);
+    }
+  }
+  for (DType t : all_types()) {
+    const DTypeTraits& tr = dtype_traits(t);
+    SCOPED_TRACE(tr.name);
+    ASSERT_EQ(seen.count((uint32_t)t), 1u) << "no row in format_kernels.cpp";
+    const FormatKernels& k = format_kernels(t);
+    EXPECT_EQ(uses_i16_acts(t), k.i16_acts);
+    EXPECT_EQ(uses_fast_acts(t), k.fast_block != 0);
+    EXPECT_EQ(fast_r8_supports(t), k.r8_min_inputs != 0);
+    EXPECT_EQ(avx2_row_kernels_support(t), k.avx2_rows);
+    if (!use_avx2()) continue;
+    const int64_t cols = std::max<int64_t>(tr.block_size, 256), rows = 11;
+    const Weights W = make_weights(t, rows, cols, 5 + (uint32_t)t, 0);
+    if (k.fast_block != 0) {
+      for (int64_t n_x : {1, 2, 3, 4, 5, 9}) {
+        const auto x = make_inputs(n_x, cols, 7 + (uint32_t)n_x, 0);
+        Q8Acts A;
+        quantize_q8_acts_scalar(x.data(), n_x, cols, fast_act_block(t), A);
+        std::vector<float> Y((size_t)(n_x * rows), NAN);
+        matmul_rows_fast_avx2(W.view, A, Y.data(), rows, 0, rows);
+        const std::vector<float> O = fast_oracle(W.view, x.data(), n_x);
+        ASSERT_EQ(std::memcmp(Y.data(), O.data(), Y.size() * sizeof(float)), 0) << "n_x " << n_x;
+      }
+    } else {
+      Q8Acts A;
+      prepare_q8_acts(1, cols, 32, A);
+      std::vector<float> Y((size_t)rows);
+      try {
+        matmul_rows_fast_avx2(W.view, A, Y.data(), rows, 0, rows);
+        ADD_FAILURE() << "the fast dispatch took a format the table gives no fast kernel";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find(tr.name), std::string::npos) << e.what();
+      }
+    }
+    std::vector<float> got((size_t)cols, NAN), want((size_t)cols);
+    if (k.avx2_rows) {
+      dequantize_row_avx2(t, W.view.row(3), got.data(), cols);
+      tr.dequantize(W.view.row(3), want.data(), cols);
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
+    } else {
+      EXPECT_THROW(dequantize_row_avx2(t, W.view.row(3), got.data(), cols), Error);
+    }
+  }
 }
 
 TEST(FastKernels, OutputsDoNotDependOnBatchRowRangeOrThreads) {

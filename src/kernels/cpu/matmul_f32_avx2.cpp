@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "core/dtype.h"
+#include "kernels/cpu/format_kernels.h"
 #include "kernels/cpu/avx2_common.h"
 #include "kernels/cpu/f32_decoders_avx2.h"
 #include "kernels/cpu/matmul_f32_tiled.h"
@@ -92,7 +93,7 @@ void matmul_rows_f32_rowwise_avx2(const MatView& W, const float* X, int64_t n_x,
     case DType::F16: f32_rows<F16W>(W, X, n_x, Y, ldy, rb, re); break;
     case DType::BF16: f32_rows<BF16W>(W, X, n_x, Y, ldy, rb, re); break;
     case DType::FP8_E4M3: f32_rows<FP8W>(W, X, n_x, Y, ldy, rb, re); break;
-    default: break;
+    default: kernel_missing("AVX2 f32-path", W.type);
   }
 }
 

@@ -6,30 +6,11 @@
 
 #include "core/error.h"
 #include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/format_kernels.h"
 
 namespace megakern {
 
-bool uses_i16_acts(DType t) {
-  switch (t) {
-    case DType::Q4_0:
-    case DType::Q4_1:
-    case DType::Q5_0:
-    case DType::Q8_0:
-    case DType::Q4_K:
-    case DType::Q6_K:
-    case DType::Q3_K:
-    case DType::Q5_K:
-    case DType::IQ4_NL:
-    case DType::IQ4_XS:
-    case DType::MXFP4:
-    case DType::NVFP4:
-    case DType::INT4_G128:
-    case DType::INT8_COL:
-      return true;
-    default:
-      return false;
-  }
-}
+bool uses_i16_acts(DType t) { return format_kernels(t).i16_acts; }
 
 // nearbyint (in the default rounding mode) and the f32 division and
 // multiplication are exactly rounded, so the AVX2 version reproduces this.

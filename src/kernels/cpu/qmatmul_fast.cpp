@@ -7,66 +7,26 @@
 
 #include "core/error.h"
 #include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/format_kernels.h"
 
 namespace megakern {
 
-bool uses_fast_acts(DType t) {
-  switch (t) {
-    case DType::Q4_0:
-    case DType::Q4_1:
-    case DType::Q5_0:
-    case DType::Q8_0:
-    case DType::Q4_K:
-    case DType::Q6_K:
-    case DType::MXFP4:
-    case DType::NVFP4:
-    case DType::INT4_G128:
-    case DType::INT8_COL:
-    case DType::Q3_K:
-    case DType::Q5_K:
-    case DType::IQ4_NL:
-    case DType::IQ4_XS:
-      return true;
-    default:
-      return false;
-  }
-}
+bool uses_fast_acts(DType t) { return format_kernels(t).fast_block != 0; }
 
 int fast_act_block(DType t) {
-  return t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K || t == DType::IQ4_XS ? 256 : 32;
+  const int b = format_kernels(t).fast_block;
+  return b != 0 ? b : 32;
 }
 
-// From how many inputs on the register-blocked kernel takes a format: its
-// tile transposition is paid once per group of rows and chunk, so it wins
-// from a few inputs, and from fewer where vpdpbusd makes its passes cheap.
-// Measured per format and variant with one thread (K = 1024, N = 4096, 2 and
-// 3 inputs against the per-row kernel); formats not listed keep 4.
+// From how many inputs on the register-blocked kernel takes a format
+// (format_kernels.cpp says how the thresholds were measured).
 // MEGAKERN_FAST_R8_MIN overrides it for every format (tuning and tests;
 // results are the same either way).
 int fast_r8_min_inputs(DType t, bool vnni) {
   static const int forced = (int)threshold_from_env("MEGAKERN_FAST_R8_MIN");
   if (forced > 0) return forced;
-  switch (t) {
-    // The 32-element formats' kernel for up to four inputs (fast32_few:
-    // each block decoded in registers and met by every input) streams its
-    // weights better than the register-blocked one at two inputs.
-    case DType::Q4_K:
-      return 2;
-    case DType::Q5_K:
-      return vnni ? 2 : 4;
-    case DType::Q4_0:
-    case DType::MXFP4:
-    case DType::Q4_1:
-      return 3;
-    case DType::Q8_0:
-    case DType::INT8_COL:
-    case DType::IQ4_NL:
-    case DType::Q5_0:
-    case DType::Q3_K:
-      return vnni ? 3 : 4;
-    default:
-      return 4;
-  }
+  const FormatKernels& k = format_kernels(t);
+  return vnni ? k.r8_min_inputs_vnni : k.r8_min_inputs;
 }
 
 void prepare_q8_acts(int64_t n_x, int64_t cols, int64_t block, Q8Acts& A) {

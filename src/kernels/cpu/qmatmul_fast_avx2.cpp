@@ -18,6 +18,7 @@
 
 #include "core/dtype.h"
 #include "core/half.h"
+#include "kernels/cpu/format_kernels.h"
 #include "kernels/cpu/avx2_common.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/isa.h"
@@ -659,7 +660,7 @@ void matmul_rows_fast_avx2(const MatView& W, const Q8Acts& A, float* Y, int64_t 
     case DType::Q3_K: fast32_rows<FQ3_K>(W, A, Y, ldy, rb, re); break;
     case DType::Q4_K: fastk_rows<FQ4_K>(W, A, Y, ldy, rb, re); break;
     case DType::Q6_K: fastk_rows<FQ6_K>(W, A, Y, ldy, rb, re); break;
-    default: break;
+    default: kernel_missing("fast-mode AVX2", W.type);
   }
 }
 

@@ -26,6 +26,7 @@
 
 #include "core/dtype.h"
 #include "core/half.h"
+#include "kernels/cpu/format_kernels.h"
 #include "kernels/cpu/avx2_common.h"
 #include "kernels/cpu/qmatmul.h"
 #include "kernels/cpu/qmatmul_i16_formats_avx2.h"
@@ -689,7 +690,7 @@ void MK_I16_ENTRY(const MatView& W, const QuantizedActs& A, float* Y, int64_t ld
     case DType::NVFP4: i16_rows<NVFP4>(W, A, Y, ldy, rb, re); break;
     case DType::INT4_G128: i16_rows<INT4_G128>(W, A, Y, ldy, rb, re); break;
     case DType::INT8_COL: i16_rows<INT8_COL>(W, A, Y, ldy, rb, re); break;
-    default: break;
+    default: kernel_missing("exact-mode int16", W.type);
   }
 }
 

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "core/half.h"
+#include "kernels/cpu/format_kernels.h"
 #include "kernels/cpu/avx2_common.h"
 #include "kernels/cpu/quant_rows.h"
 
@@ -181,24 +182,7 @@ void dequant(const uint8_t* w, float* dst, int64_t n) {
 
 }  // namespace
 
-bool avx2_row_kernels_support(DType t) {
-  switch (t) {
-    case DType::F32:
-    case DType::Q4_0:
-    case DType::Q4_1:
-    case DType::Q5_0:
-    case DType::Q8_0:
-    case DType::Q4_K:
-    case DType::Q6_K:
-    case DType::Q3_K:
-    case DType::Q5_K:
-    case DType::IQ4_NL:
-    case DType::IQ4_XS:
-      return true;
-    default:
-      return false;
-  }
-}
+bool avx2_row_kernels_support(DType t) { return format_kernels(t).avx2_rows; }
 
 void dequantize_row_avx2(DType t, const void* wv, float* dst, int64_t n) {
   const auto* w = static_cast<const uint8_t*>(wv);
@@ -214,7 +198,7 @@ void dequantize_row_avx2(DType t, const void* wv, float* dst, int64_t n) {
     case DType::Q5_K: dequant<Q5_K>(w, dst, n); break;
     case DType::IQ4_NL: dequant<IQ4_NL>(w, dst, n); break;
     case DType::IQ4_XS: dequant<IQ4_XS>(w, dst, n); break;
-    default: break;
+    default: kernel_missing("AVX2 row decoder", t);
   }
 }
 
