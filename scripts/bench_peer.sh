@@ -19,6 +19,12 @@
 # (SmolLM2 batch-1 decode: 7.4 tok/s at load average 7 on 2 cores, against
 # ~190 unloaded) and the ratios mean nothing.
 #
+# A second peer: IK_DIR=<dir with llama-bench and llama-batched-bench> (a
+# CPU build of ik_llama.cpp, for instance) runs in every round beside
+# llama.cpp with the same flags (its batched bench prints a table, which is
+# read instead of JSON lines). The report names the host CPU, megakern's
+# kernel builds (`kernels:` of megakern bench) and the bandwidth probe.
+#
 # llama.cpp is built once, CPU only (-DGGML_NATIVE=ON), from the source
 # vendored in the llama-cpp-python sdist on PyPI, into build-peer/ (ignored by
 # git; not part of setup or CI). LLAMA_CPP_PYTHON_VERSION picks the sdist.
@@ -34,6 +40,7 @@ VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
 THREADS="${THREADS:-2}"
 ROUNDS="${ROUNDS:-3}"
 MEGAKERN="${MEGAKERN:-$ROOT/build/megakern}"
+IK_DIR="${IK_DIR:-}"
 BIN="$PEER/llama-build/bin"
 
 build_peer() {
@@ -66,6 +73,11 @@ MODEL="${1:?usage: scripts/bench_peer.sh [--build-only] MODEL.gguf}"
 [[ -f "$MODEL" ]] || { echo "error: model file '$MODEL' not found" >&2; exit 1; }
 [[ -x "$MEGAKERN" ]] || { echo "error: $MEGAKERN not built (cmake --build build --target megakern)" >&2; exit 1; }
 [[ "$ROUNDS" =~ ^[1-9][0-9]*$ ]] || { echo "error: ROUNDS must be a positive integer, got '$ROUNDS'" >&2; exit 1; }
+if [[ -n "$IK_DIR" ]]; then
+  for t in llama-bench llama-batched-bench; do
+    [[ -x "$IK_DIR/$t" ]] || { echo "error: IK_DIR='$IK_DIR' has no executable $t" >&2; exit 1; }
+  done
+fi
 
 # Raw outputs (JSON and logs of every run) are kept for inspection.
 OUT="$(mktemp -d "${TMPDIR:-/tmp}/bench_peer.XXXXXX")"
@@ -78,11 +90,16 @@ run_megakern() {  # $1: round
   "$MEGAKERN" bench -m "$MODEL" --numerics exact,fast --executor mega --prompt 512 --rounds 1 -t "$THREADS" \
     --json "$OUT/mk-prompt-$1.json" > "$OUT/mk-prompt-$1.log" 2>&1
 }
+run_peer() {  # $1: round, $2: tag (ll, ik), $3: bin dir, $4...: extra batched-bench flags
+  local r="$1" tag="$2" bin="$3"; shift 3
+  "$bin/llama-bench" -m "$MODEL" -t "$THREADS" -p 0 -n 64 -fa 1 -r 1 -o json > "$OUT/$tag-decode-$r.json" 2> "$OUT/$tag-decode-$r.log"
+  "$bin/llama-bench" -m "$MODEL" -t "$THREADS" -p 512 -n 0 -fa 1 -r 1 -o json > "$OUT/$tag-prompt-$r.json" 2> "$OUT/$tag-prompt-$r.log"
+  "$bin/llama-batched-bench" -m "$MODEL" -t "$THREADS" -tb "$THREADS" -c 1024 -b 512 -ub 512 -fa on \
+    -npp 16 -ntg 64 -npl 8 "$@" > "$OUT/$tag-batched-$r.log" 2>&1
+}
 run_llama() {  # $1: round
-  "$BIN/llama-bench" -m "$MODEL" -t "$THREADS" -p 0 -n 64 -fa 1 -r 1 -o json > "$OUT/ll-decode-$1.json" 2> "$OUT/ll-decode-$1.log"
-  "$BIN/llama-bench" -m "$MODEL" -t "$THREADS" -p 512 -n 0 -fa 1 -r 1 -o json > "$OUT/ll-prompt-$1.json" 2> "$OUT/ll-prompt-$1.log"
-  "$BIN/llama-batched-bench" -m "$MODEL" -t "$THREADS" -tb "$THREADS" -c 1024 -b 512 -ub 512 -fa on \
-    -npp 16 -ntg 64 -npl 8 --output-format jsonl > "$OUT/ll-batched-$1.log" 2>&1
+  run_peer "$1" ll "$BIN" --output-format jsonl
+  if [[ -n "$IK_DIR" ]]; then run_peer "$1" ik "$IK_DIR"; fi
 }
 
 for ((r = 1; r <= ROUNDS; r++)); do
@@ -90,38 +107,55 @@ for ((r = 1; r <= ROUNDS; r++)); do
   if ((r % 2)); then run_megakern "$r"; run_llama "$r"; else run_llama "$r"; run_megakern "$r"; fi
 done
 
-python3 - "$OUT" "$ROUNDS" "$MODEL" "$THREADS" "$(( $(date +%s) - t_start ))" <<'EOF'
+cpu="$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
+isa="$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -x -E 'avx2|avx512f|avx512_vnni|avx_vnni|avx512_bf16|amx_int8' | tr '\n' ' ')"
+python3 - "$OUT" "$ROUNDS" "$MODEL" "$THREADS" "$(( $(date +%s) - t_start ))" "$cpu" "$isa" "${IK_DIR:+1}" <<'EOF'
 import json, re, statistics, sys
 out, rounds, model, threads, secs = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+cpu, isa, with_ik = sys.argv[6], sys.argv[7], sys.argv[8] == "1"
+peers = [("ll", "llama.cpp")] + ([("ik", "ik_llama.cpp")] if with_ik else [])
+kernels, probes = set(), []
 fig = {}  # (engine, metric) -> [tok/s per round]
 def add(key, v): fig.setdefault(key, []).append(v)
 for r in range(1, rounds + 1):
     d = json.load(open(f"{out}/mk-decode-{r}.json"))
+    kernels.add(d.get("kernels", "?"))
+    if "probe_gbs" in d: probes.append(d["probe_gbs"])
     for x in d["results"]:
         mode = x["executor"].split("/")[-1] if "/" in x["executor"] else "exact"
         add((f"megakern {mode}", f"b{x['batch']}"), x["tokens_per_s"])
     p = json.load(open(f"{out}/mk-prompt-{r}.json"))
     for x in p["results"]:
         add((f"megakern {x['case'].split('/')[-1]}", "pp512"), x["tokens_per_s"])
-    for name, metric in (("decode", "b1"), ("prompt", "pp512")):
-        for x in json.load(open(f"{out}/ll-{name}-{r}.json")):
-            add(("llama.cpp", metric), x["avg_ts"])
-    found = False
-    for line in open(f"{out}/ll-batched-{r}.log"):
-        m = re.search(r"\{.*\"speed_tg\".*\}", line)
-        if m:
-            add(("llama.cpp", "b8"), json.loads(m.group(0))["speed_tg"]); found = True
-    if not found:
-        sys.exit(f"error: no llama-batched-bench result in {out}/ll-batched-{r}.log")
+    for tag, peer in peers:
+        for name, metric in (("decode", "b1"), ("prompt", "pp512")):
+            for x in json.load(open(f"{out}/{tag}-{name}-{r}.json")):
+                add((peer, metric), x["avg_ts"])
+        found = False
+        for line in open(f"{out}/{tag}-batched-{r}.log"):
+            m = re.search(r"\{.*\"speed_tg\".*\}", line)
+            # The table form: | PP | TG | B | N_KV | T_PP | S_PP | T_TG | S_TG | T | S |
+            t = re.match(r"^\|\s*16\s*\|\s*64\s*\|\s*8\s*\|", line)
+            if m:
+                add((peer, "b8"), json.loads(m.group(0))["speed_tg"]); found = True
+            elif t:
+                add((peer, "b8"), float(line.strip().strip("|").split("|")[7])); found = True
+        if not found:
+            sys.exit(f"error: no llama-batched-bench result in {out}/{tag}-batched-{r}.log")
 med = {k: statistics.median(v) for k, v in fig.items()}
 metrics = ["b1", "b8", "pp512"]
 print(f"\n{model}: {threads} threads, median of {rounds} interleaved round(s), tokens/s ({secs} s in all)")
-print(f"{'engine':<16}" + "".join(f"{m:>10}" for m in metrics))
-engines = ["llama.cpp", "megakern exact", "megakern fast"]
+print(f"host: {cpu}; flags: {isa.strip()}")
+print(f"megakern kernels: {'; '.join(sorted(kernels))}")
+if probes:
+    print(f"read-bandwidth probe: {min(probes):.1f}-{max(probes):.1f} GB/s over the rounds")
+print(f"{'engine':<20}" + "".join(f"{m:>10}" for m in metrics))
+engines = [p for _, p in peers] + ["megakern exact", "megakern fast"]
 for e in engines:
-    print(f"{e:<16}" + "".join(f"{med.get((e, m), float('nan')):>10.1f}" for m in metrics))
-for e in engines[1:]:
-    print(f"{e + ' / llama':<16}" + "".join(
-        f"{med[(e, m)] / med[('llama.cpp', m)]:>9.2f}x" if (e, m) in med and ("llama.cpp", m) in med else f"{'-':>10}"
-        for m in metrics))
+    print(f"{e:<20}" + "".join(f"{med.get((e, m), float('nan')):>10.1f}" for m in metrics))
+for _, peer in peers:
+    for e in ("megakern exact", "megakern fast"):
+        print(f"{e + ' / ' + peer.split('.')[0]:<20}" + "".join(
+            f"{med[(e, m)] / med[(peer, m)]:>9.2f}x" if (e, m) in med and (peer, m) in med else f"{'-':>10}"
+            for m in metrics))
 EOF

@@ -2,6 +2,9 @@
 # Builds the libFuzzer targets with clang (ASan + UBSan) and runs each for a
 # bounded time, at low priority. Not part of the default tests.
 #   scripts/fuzz.sh [SECONDS] [TARGET...]    (default 60 s each; all targets)
+#   scripts/fuzz.sh --replay [TARGET...]     run every seed input once (the
+#                                            committed corpora and the GGUF
+#                                            seeds), no fuzzing: CI's check
 # Targets: gguf safetensors tokenizer chat server_request (fuzz/fuzz_*.cpp).
 # Seed corpora are committed under fuzz/corpus/<target>/; what the fuzzer
 # adds goes to fuzz-corpus/<target>/ (not committed), crashes to
@@ -10,6 +13,8 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
+replay=0
+if [ "${1:-}" = "--replay" ]; then replay=1; shift; set -- 0 "$@"; fi
 seconds="${1:-60}"
 case "$seconds" in ''|*[!0-9]*) echo "fuzz: SECONDS must be a positive integer, got '$seconds'" >&2; exit 2 ;; esac
 shift || true
@@ -33,6 +38,31 @@ done
 export MEGAKERN_MODELS_DIR="${MEGAKERN_MODELS_DIR:-$root/models}"
 status=0
 summary=()
+if ((replay)); then
+  # Each committed seed (and each GGUF head) once through its target.
+  for t in "${targets[@]}"; do
+    dirs=()
+    [ -d "fuzz/corpus/$t" ] && dirs+=("fuzz/corpus/$t")
+    [ "$t" = gguf ] && dirs+=("fuzz-corpus/gguf")
+    n=0
+    for d in "${dirs[@]}"; do n=$((n + $(find "$d" -type f | wc -l))); done
+    if [ "$n" -eq 0 ]; then
+      echo "fuzz: $t has no seed inputs to replay" >&2; status=1; continue
+    fi
+    mkdir -p "fuzz-crashes/$t"
+    log="fuzz-crashes/$t/replay.log"
+    if "build-fuzz/fuzz_$t" -runs=0 -timeout=30 -rss_limit_mb=4096 "${dirs[@]}" >"$log" 2>&1; then
+      summary+=("$t: $n seed inputs replayed, no failure")
+    else
+      status=1
+      summary+=("$t: FAILED on a seed input (see $log)")
+      grep -m5 -E "ERROR|SUMMARY|Running:" "$log" >&2 || true
+    fi
+  done
+  printf 'fuzz replay:\n'
+  printf '  %s\n' "${summary[@]}"
+  exit $status
+fi
 for t in "${targets[@]}"; do
   mkdir -p "fuzz-corpus/$t" "fuzz-crashes/$t"
   seeds=()

@@ -7,6 +7,9 @@
 # or when ctest reports a skipped test, unless told --no-models.
 #   scripts/test.sh              Release build in build/
 #   scripts/test.sh --sanitize   ASan + UBSan build in build-asan/
+#   scripts/test.sh --tsan       ThreadSanitizer build in build-tsan/: only the
+#                                tests where threads meet (executors, schedule,
+#                                speculation, runtime, server API)
 #   scripts/test.sh --no-models  neither fetch nor require the models (their
 #                                tests and the server test are listed as not run)
 set -euo pipefail
@@ -16,6 +19,7 @@ build_dir=build
 cmake_extra=()
 server_test_args=()
 want_models=1
+tsan=0
 setup_args=(--no-build)
 for arg in "$@"; do
   case "$arg" in
@@ -24,11 +28,16 @@ for arg in "$@"; do
       cmake_extra=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DMEGAKERN_SANITIZE=ON)
       server_test_args=(--rounds 1)  # the instrumented server is several times slower
       ;;
+    --tsan)
+      build_dir=build-tsan
+      cmake_extra=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DMEGAKERN_TSAN=ON)
+      tsan=1
+      ;;
     --no-models)
       want_models=0
       setup_args+=(--no-models)
       ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "test: unknown option '$arg' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -46,6 +55,15 @@ if [ ! -f "$build_dir/CMakeCache.txt" ]; then
 fi
 cmake --build "$build_dir" -j "$(nproc)"
 export MEGAKERN_MODELS_DIR="$root/models"
+if ((tsan)); then
+  # Threads meet in the thread pool, the megakernel's flags and shared tiles,
+  # the op-by-op barriers and the server's scheduler; their tests under
+  # ThreadSanitizer (halt_on_error: the first race fails the run).
+  export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 ${TSAN_OPTIONS:-}"
+  "$build_dir/megakern_tests" \
+    --gtest_filter='Exec.*:ExecTaps.*:Schedule.*:Archs/ExecArchTest.*:SpecLossless.*:SpecRecurrentChain.*:Runtime.*:ServerApi.*'
+  exit $?
+fi
 ctest_log="$build_dir/ctest-last.log"
 (cd "$build_dir" && ctest --output-on-failure -j "$(nproc)" --timeout 600) 2>&1 | tee "$ctest_log"
 # ctest lists skipped tests (GTEST_SKIP) under "The following tests did not run".
