@@ -91,7 +91,7 @@ class ServerApi : public ::testing::Test {
   // The ApiError a completion body raises, or a failed expectation.
   server::ApiError completion_error(const std::string& body_text) {
     try {
-      server::parse_completion_request(server::parse_json_object(body_text), *model_, limits());
+      server::parse_completion_requests(server::parse_json_object(body_text), *model_, limits());
     } catch (const server::ApiError& e) {
       return e;
     }
@@ -103,10 +103,12 @@ class ServerApi : public ::testing::Test {
 Model* ServerApi::model_ = nullptr;
 
 TEST_F(ServerApi, ParsesACompletionRequest) {
-  const auto r = server::parse_completion_request(
+  const auto rs = server::parse_completion_requests(
       json::parse(R"({"model":"dense-mini","prompt":"Hi","max_tokens":5,"temperature":0.5,"top_p":0.9,"top_k":7,
                       "seed":3,"stop":["a","b"],"stream":true,"stream_options":{"include_usage":true}})"),
       *model_, limits());
+  ASSERT_EQ(rs.size(), 1u);
+  const auto& r = rs[0];
   EXPECT_EQ(r.prompt, model_->tokenizer().encode("Hi", model_->tokenizer().add_bos_default(), true));
   EXPECT_EQ(r.max_tokens, 5);
   EXPECT_FLOAT_EQ(r.sampling.temperature, 0.5f);
@@ -117,8 +119,12 @@ TEST_F(ServerApi, ParsesACompletionRequest) {
   EXPECT_TRUE(r.stream);
   EXPECT_TRUE(r.include_usage);
   // Defaults: OpenAI's temperature 1, the server's max_tokens, which also caps.
-  const auto d = server::parse_completion_request(json::parse(R"({"prompt":[1,2,3],"max_tokens":1000})"), *model_,
-                                                  limits());
+  const auto ds = server::parse_completion_requests(json::parse(R"({"prompt":[1,2,3],"max_tokens":1000})"), *model_,
+                                                    limits());
+  ASSERT_EQ(ds.size(), 1u);
+  const auto& d = ds[0];
+  EXPECT_EQ(d.logprobs, -1);
+  EXPECT_FALSE(d.echo);
   EXPECT_EQ(d.prompt, (std::vector<int32_t>{1, 2, 3}));
   EXPECT_EQ(d.max_tokens, 32);
   EXPECT_FLOAT_EQ(d.sampling.temperature, 1.f);
@@ -155,8 +161,21 @@ TEST_F(ServerApi, RefusesBadRequestsNamingTheField) {
       {R"({"prompt":"x","stop":[1]})", "stop"},
       {R"({"prompt":"x","model":"gpt-4"})", "model"},
       {R"({"prompt":"x","model":7})", "model"},
-      {R"({"prompt":"x","logprobs":2})", "logprobs"},
-      {R"({"prompt":["a","b"]})", "prompt"},
+      {R"({"prompt":"x","logprobs":21})", "logprobs"},
+      {R"({"prompt":"x","logprobs":-1})", "logprobs"},
+      {R"({"prompt":"x","logprobs":true})", "logprobs"},
+      {R"({"prompt":"x","logprobs":"2"})", "logprobs"},
+      {R"({"prompt":"x","echo":1})", "echo"},
+      {R"({"prompt":"x","max_tokens":0,"echo":false})", "max_tokens"},
+      {R"({"prompt":"x","max_tokens":-1,"echo":true})", "max_tokens"},
+      {R"({"prompt":["a",[1,2]]})", "prompt"},
+      {R"({"prompt":[[1,2],"a"]})", "prompt"},
+      {R"({"prompt":[[1,2],[]]})", "prompt"},
+      {R"({"prompt":[[1,2],[3,"x"]]})", "prompt"},
+      {R"({"prompt":[[1,2],[3,100000]]})", "prompt"},
+      {R"({"prompt":["a",""]})", "prompt"},
+      {R"({"prompt":[1,[2]]})", "prompt"},
+      {R"({"prompt":[null]})", "prompt"},
       {R"({"prompt":[1,100000]})", "prompt"},
       {R"({"prompt":""})", "prompt"},
       {R"({"prompt":12})", "prompt"},
@@ -298,7 +317,7 @@ TEST_F(ServerApi, RefusesPromptsLongerThanTheContext) {
   EXPECT_EQ(e.status, 400);
   EXPECT_EQ(e.code, "context_length_exceeded");
   // Exactly the context is still accepted (it leaves room for one token).
-  EXPECT_NO_THROW(server::parse_completion_request(json{{"prompt", std::string(64, 'a')}}, *model_, limits()));
+  EXPECT_NO_THROW(server::parse_completion_requests(json{{"prompt", std::string(64, 'a')}}, *model_, limits()));
 }
 
 TEST_F(ServerApi, RefusesMalformedBodiesAndMessages) {
