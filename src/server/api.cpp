@@ -374,8 +374,14 @@ json finish_json(std::optional<FinishReason> f) { return f ? json(finish_reason_
 }  // namespace
 
 namespace {
-// A token's text: its bytes (control tokens spelled out).
-const std::string& token_piece(const Tokenizer& tok, int32_t id) { return tok.token_bytes(id); }
+// A token's text: its bytes (control tokens spelled out), with what is not
+// UTF-8 as U+FFFD, as the client will read it (so that the keys of a
+// top_logprobs dict are distinct as the client sees them).
+std::string token_piece(const Tokenizer& tok, int32_t id) {
+  const std::string& b = tok.token_bytes(id);
+  if (std::all_of(b.begin(), b.end(), [](char c) { return static_cast<unsigned char>(c) < 0x80; })) return b;
+  return json::parse(dump_json(json(b))).get<std::string>();
+}
 // The code points of UTF-8 text: bytes that do not continue a sequence.
 int64_t code_points(const std::string& s) {
   return std::count_if(s.begin(), s.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; });
@@ -391,13 +397,13 @@ json bytes_of(const std::string& s) {
 json chat_logprobs(const Tokenizer& tok, const std::vector<TokenLogprob>& entries) {
   json content = json::array();
   for (const TokenLogprob& e : entries) {
-    const std::string& piece = token_piece(tok, e.token);
     json top = json::array();
-    for (const auto& [id, lp] : e.top) {
-      const std::string& t = token_piece(tok, id);
-      top.push_back({{"token", t}, {"logprob", lp}, {"bytes", bytes_of(t)}});
-    }
-    content.push_back({{"token", piece}, {"logprob", logprob_value(e)}, {"bytes", bytes_of(piece)}, {"top_logprobs", top}});
+    for (const auto& [id, lp] : e.top)
+      top.push_back({{"token", token_piece(tok, id)}, {"logprob", lp}, {"bytes", bytes_of(tok.token_bytes(id))}});
+    content.push_back({{"token", token_piece(tok, e.token)},
+                       {"logprob", logprob_value(e)},
+                       {"bytes", bytes_of(tok.token_bytes(e.token))},
+                       {"top_logprobs", top}});
   }
   return {{"content", content}, {"refusal", nullptr}};
 }
@@ -406,14 +412,13 @@ json completion_logprobs(const Tokenizer& tok, const std::vector<TokenLogprob>& 
   json tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(), text_offset = json::array();
   for (size_t i = 0; i < entries.size(); ++i) {
     const TokenLogprob& e = entries[i];
-    const std::string& piece = token_piece(tok, e.token);
-    tokens.push_back(piece);
+    tokens.push_back(token_piece(tok, e.token));
     token_logprobs.push_back(logprob_value(e));
     if (e.scored) {
       // Distinct tokens may share a text: the dict keeps the likeliest.
       json top = json::object();
       for (const auto& [id, lp] : e.top) {
-        const std::string& t = token_piece(tok, id);
+        const std::string t = token_piece(tok, id);
         if (!top.contains(t)) top[t] = lp;
       }
       top_logprobs.push_back(top);
@@ -421,7 +426,7 @@ json completion_logprobs(const Tokenizer& tok, const std::vector<TokenLogprob>& 
       top_logprobs.push_back(nullptr);
     }
     text_offset.push_back(offset);
-    if (static_cast<int>(i) >= skip) offset += code_points(piece);
+    if (static_cast<int>(i) >= skip) offset += code_points(tok.token_bytes(e.token));
   }
   return {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top_logprobs},
           {"text_offset", text_offset}};

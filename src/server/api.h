@@ -130,8 +130,9 @@ struct ResponseId {
 // choice's text where the first entry's token begins, advanced past the
 // entries, and the first `skip` entries take no room in the text (a BOS the
 // tokenizer added to a text prompt). A token's text is its bytes (control
-// tokens spelled out), which need not be valid UTF-8 alone; text offsets count
-// code points of those texts, as a Python client indexes the returned str.
+// tokens spelled out) with bytes that are not UTF-8 alone as U+FFFD; chat's
+// "bytes" are the raw bytes. Text offsets count code points (bytes that do not
+// continue a UTF-8 sequence), as a Python client indexes the returned str.
 json chat_logprobs(const Tokenizer& tok, const std::vector<TokenLogprob>& entries);
 json completion_logprobs(const Tokenizer& tok, const std::vector<TokenLogprob>& entries, int64_t& offset,
                          int skip = 0);
