@@ -1642,6 +1642,11 @@ TEST(ServerLogprobs, BadValuesAre400sNamingTheField) {
     EXPECT_EQ(r->status, 400) << body.dump();
     EXPECT_EQ(json::parse(r->body)["error"]["param"], param) << body.dump() << ": " << r->body;
   }
+  // More prompts than --batch + --queue (1 + 16) could ever hold at once.
+  const auto many = s.post("/v1/completions", {{"prompt", std::vector<std::string>(18, "a")}, {"max_tokens", 1}});
+  ASSERT_TRUE(many);
+  EXPECT_EQ(many->status, 400);
+  EXPECT_EQ(json::parse(many->body)["error"]["param"], "prompt");
   const json chat = {{"messages", {{{"role", "user"}, {"content", "x"}}}}, {"top_logprobs", 4}};
   const auto r = s.post("/v1/chat/completions", chat);
   ASSERT_TRUE(r);

@@ -530,6 +530,11 @@ HttpReply HttpServer::generate(Endpoint ep, const HttpRequest& req) {
   else
     reqs.push_back(parse_chat_request(body, model_, limits));
   const bool stream = reqs.front().stream;
+  // More prompts than rows and queue places together could never be taken.
+  if (const size_t room = static_cast<size_t>(opts_.batch) + static_cast<size_t>(std::max(0, opts_.queue));
+      reqs.size() > room)
+    bad_param("prompt", "'prompt' holds {} prompts, more than this server takes at once ({}: --batch {} + --queue {})",
+              reqs.size(), room, opts_.batch, opts_.queue);
   std::vector<std::shared_ptr<Job>> jobs;
   for (auto& g : reqs) {
     auto job = scheduler_->submit(std::move(g));
