@@ -46,10 +46,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     const auto j = megakern::server::parse_json_object(body);
     try {
-      const auto r = megakern::server::parse_completion_request(j, model, limits);
-      if (r.prompt.empty() || static_cast<int>(r.prompt.size()) > limits.n_ctx || r.max_tokens < 1 ||
-          r.max_tokens > limits.max_tokens)
-        __builtin_trap();
+      const auto rs = megakern::server::parse_completion_requests(j, model, limits);
+      if (rs.empty() || rs.size() > static_cast<size_t>(megakern::server::kMaxPrompts)) __builtin_trap();
+      for (size_t i = 0; i < rs.size(); ++i) {
+        const auto& r = rs[i];
+        if (r.prompt.empty() || static_cast<int>(r.prompt.size()) > limits.n_ctx || r.max_tokens < (r.echo ? 0 : 1) ||
+            r.max_tokens > limits.max_tokens || r.index != static_cast<int>(i) ||
+            r.logprobs > megakern::server::kMaxLogprobs)
+          __builtin_trap();
+      }
     } catch (const megakern::server::ApiError& e) {
       if (e.status < 400 || e.status > 499) __builtin_trap();
     }

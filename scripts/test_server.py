@@ -2,7 +2,8 @@
 """End-to-end test of `megakern serve` with the real `openai` Python client.
 
 Starts the server on a free port with SmolLM2-135M-Instruct, then checks chat
-and completions, streamed and not, stop strings, errors (400, 401), a client
+and completions, streamed and not, stop strings, logprobs and echo prompt
+scoring (as lm-evaluation-harness asks for them), errors (400, 401), a client
 that hangs up mid-stream, a load of concurrent clients whose every response is
 checked while the server's resident memory must come back near its level
 after a warm-up round, and a clean exit 0 on SIGTERM with a request in flight.
@@ -139,6 +140,51 @@ def test_basics(srv):
     b = chat_text(c, "Tell me a word.", temperature=0.9, top_p=0.95, seed=7, max_tokens=12).choices[0].message.content
     check(a == b, f"seeded sampling differs: {a!r} vs {b!r}")
     log("chat, completions, streaming, usage, stop strings, seeds: ok")
+
+
+def tokenize(port, text):
+    import json
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/tokenize", data=json.dumps({"content": text}).encode(),
+                                 headers={"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"})
+    return json.loads(urllib.request.urlopen(req, timeout=30).read())["tokens"]
+
+
+def test_logprobs(srv):
+    c = srv.client()
+    # Chat: logprobs with alternatives, whole and streamed alike.
+    r = chat_text(c, "What is the capital of France?", temperature=0, max_tokens=12, logprobs=True, top_logprobs=3)
+    content = r.choices[0].logprobs.content
+    check(len(content) == r.usage.completion_tokens, f"{len(content)} entries for {r.usage.completion_tokens} tokens")
+    for e in content:
+        check(len(e.top_logprobs) == 3 and e.logprob <= 0 and bytes(e.bytes).decode("utf-8", "replace") is not None,
+              f"entry {e}")
+        check(abs(e.top_logprobs[0].logprob - e.logprob) < 1e-9, f"greedy token not the likeliest: {e}")
+    stream = c.chat.completions.create(model="smollm2-135m", temperature=0, max_tokens=12, stream=True, logprobs=True,
+                                       top_logprobs=3,
+                                       messages=[{"role": "user", "content": "What is the capital of France?"}])
+    streamed = [e for ch in stream for choice in ch.choices if choice.logprobs for e in choice.logprobs.content]
+    check([(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in content],
+          "streamed chat logprobs differ")
+    # Completions as lm-evaluation-harness's local-completions scores a
+    # continuation: token prompts, echo, logprobs 1, max_tokens 0 and 1.
+    ctx, cont = "The capital of France is", " Paris"
+    ids = tokenize(srv.port, ctx + cont)
+    n_ctx = len(tokenize(srv.port, ctx))
+    scored = c.completions.create(model="smollm2-135m", prompt=[ids, ids[:n_ctx]], echo=True, max_tokens=0,
+                                  logprobs=1, temperature=0)
+    check([ch.index for ch in scored.choices] == [0, 1], f"choices {[ch.index for ch in scored.choices]}")
+    lp = scored.choices[0].logprobs
+    check(len(lp.token_logprobs) == len(ids) and lp.token_logprobs[0] is None, "prompt scoring shape")
+    check(lp.top_logprobs[0] is None and all(len(t) == 1 for t in lp.top_logprobs[1:]), "top_logprobs shape")
+    check(scored.choices[0].text == ctx + cont and "".join(lp.tokens) == ctx + cont, f"echo {scored.choices[0].text!r}")
+    check(lp.text_offset == sorted(lp.text_offset) and lp.text_offset[0] == 0, f"offsets {lp.text_offset}")
+    check(scored.choices[1].logprobs.token_logprobs == lp.token_logprobs[:n_ctx], "a prefix scores the same")
+    loglik = sum(lp.token_logprobs[n_ctx:])
+    greedy = all(abs(t - max(top.values())) < 1e-9 for t, top in zip(lp.token_logprobs[n_ctx:], lp.top_logprobs[n_ctx:]))
+    one = c.completions.create(model="smollm2-135m", prompt=[ids], echo=True, max_tokens=1, logprobs=1, temperature=0)
+    check(len(one.choices[0].logprobs.token_logprobs) == len(ids) + 1, "echo with one generated token")
+    check(one.choices[0].logprobs.token_logprobs[:len(ids)] == lp.token_logprobs, "echo differs with max_tokens 1")
+    log(f"logprobs: chat and streamed, echo scoring: log P({cont!r} | {ctx!r}) = {loglik:.4f}, greedy {greedy}: ok")
 
 
 def test_errors(srv):
@@ -281,6 +327,7 @@ def main():
     srv = Server(args.binary, args.model, args.batch)
     try:
         test_basics(srv)
+        test_logprobs(srv)
         test_errors(srv)
         test_disconnect(srv)
         test_load(srv, args.clients, args.rounds)

@@ -21,11 +21,17 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <map>
+#include <fstream>
+#include <cmath>
+#include <iterator>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "runtime/engine.h"
+#include "runtime/logprobs.h"
 #include "runtime/model.h"
 #include "server/api.h"
 #include "server/bench_client.h"
@@ -91,7 +97,7 @@ class ServerApi : public ::testing::Test {
   // The ApiError a completion body raises, or a failed expectation.
   server::ApiError completion_error(const std::string& body_text) {
     try {
-      server::parse_completion_request(server::parse_json_object(body_text), *model_, limits());
+      server::parse_completion_requests(server::parse_json_object(body_text), *model_, limits());
     } catch (const server::ApiError& e) {
       return e;
     }
@@ -103,10 +109,12 @@ class ServerApi : public ::testing::Test {
 Model* ServerApi::model_ = nullptr;
 
 TEST_F(ServerApi, ParsesACompletionRequest) {
-  const auto r = server::parse_completion_request(
+  const auto rs = server::parse_completion_requests(
       json::parse(R"({"model":"dense-mini","prompt":"Hi","max_tokens":5,"temperature":0.5,"top_p":0.9,"top_k":7,
                       "seed":3,"stop":["a","b"],"stream":true,"stream_options":{"include_usage":true}})"),
       *model_, limits());
+  ASSERT_EQ(rs.size(), 1u);
+  const auto& r = rs[0];
   EXPECT_EQ(r.prompt, model_->tokenizer().encode("Hi", model_->tokenizer().add_bos_default(), true));
   EXPECT_EQ(r.max_tokens, 5);
   EXPECT_FLOAT_EQ(r.sampling.temperature, 0.5f);
@@ -117,8 +125,12 @@ TEST_F(ServerApi, ParsesACompletionRequest) {
   EXPECT_TRUE(r.stream);
   EXPECT_TRUE(r.include_usage);
   // Defaults: OpenAI's temperature 1, the server's max_tokens, which also caps.
-  const auto d = server::parse_completion_request(json::parse(R"({"prompt":[1,2,3],"max_tokens":1000})"), *model_,
-                                                  limits());
+  const auto ds = server::parse_completion_requests(json::parse(R"({"prompt":[1,2,3],"max_tokens":1000})"), *model_,
+                                                    limits());
+  ASSERT_EQ(ds.size(), 1u);
+  const auto& d = ds[0];
+  EXPECT_EQ(d.logprobs, -1);
+  EXPECT_FALSE(d.echo);
   EXPECT_EQ(d.prompt, (std::vector<int32_t>{1, 2, 3}));
   EXPECT_EQ(d.max_tokens, 32);
   EXPECT_FLOAT_EQ(d.sampling.temperature, 1.f);
@@ -155,8 +167,21 @@ TEST_F(ServerApi, RefusesBadRequestsNamingTheField) {
       {R"({"prompt":"x","stop":[1]})", "stop"},
       {R"({"prompt":"x","model":"gpt-4"})", "model"},
       {R"({"prompt":"x","model":7})", "model"},
-      {R"({"prompt":"x","logprobs":2})", "logprobs"},
-      {R"({"prompt":["a","b"]})", "prompt"},
+      {R"({"prompt":"x","logprobs":21})", "logprobs"},
+      {R"({"prompt":"x","logprobs":-1})", "logprobs"},
+      {R"({"prompt":"x","logprobs":true})", "logprobs"},
+      {R"({"prompt":"x","logprobs":"2"})", "logprobs"},
+      {R"({"prompt":"x","echo":1})", "echo"},
+      {R"({"prompt":"x","max_tokens":0,"echo":false})", "max_tokens"},
+      {R"({"prompt":"x","max_tokens":-1,"echo":true})", "max_tokens"},
+      {R"({"prompt":["a",[1,2]]})", "prompt"},
+      {R"({"prompt":[[1,2],"a"]})", "prompt"},
+      {R"({"prompt":[[1,2],[]]})", "prompt"},
+      {R"({"prompt":[[1,2],[3,"x"]]})", "prompt"},
+      {R"({"prompt":[[1,2],[3,100000]]})", "prompt"},
+      {R"({"prompt":["a",""]})", "prompt"},
+      {R"({"prompt":[1,[2]]})", "prompt"},
+      {R"({"prompt":[null]})", "prompt"},
       {R"({"prompt":[1,100000]})", "prompt"},
       {R"({"prompt":""})", "prompt"},
       {R"({"prompt":12})", "prompt"},
@@ -298,7 +323,7 @@ TEST_F(ServerApi, RefusesPromptsLongerThanTheContext) {
   EXPECT_EQ(e.status, 400);
   EXPECT_EQ(e.code, "context_length_exceeded");
   // Exactly the context is still accepted (it leaves room for one token).
-  EXPECT_NO_THROW(server::parse_completion_request(json{{"prompt", std::string(64, 'a')}}, *model_, limits()));
+  EXPECT_NO_THROW(server::parse_completion_requests(json{{"prompt", std::string(64, 'a')}}, *model_, limits()));
 }
 
 TEST_F(ServerApi, RefusesMalformedBodiesAndMessages) {
@@ -1202,6 +1227,457 @@ TEST(ServerHttp, SmolLM2ChatsOverHttp) {
   const json j = json::parse(r->body);
   EXPECT_NE(j["choices"][0]["message"]["content"].get<std::string>().find("Paris"), std::string::npos) << r->body;
   EXPECT_GT(j["usage"]["prompt_tokens"].get<int>(), 10);
+}
+
+// ---- Log-probabilities, echo, prompt lists, reasoning ------------------------------------
+
+// The model's log-softmax at every position of `ids`, computed here one
+// position per executor step (no batched pass, no prompt blocks) in double:
+// row p is the distribution that predicts ids[p + 1].
+std::vector<std::vector<double>> reference_logprobs(const Model& model, const std::vector<int32_t>& ids) {
+  ThreadPool pool(2);
+  Engine engine(model, pool, 1);
+  SequenceState seq = model.new_sequence(static_cast<int>(ids.size()) + 1);
+  const size_t V = static_cast<size_t>(engine.n_vocab());
+  std::vector<float> logits(V);
+  std::vector<std::vector<double>> out;
+  for (size_t p = 0; p < ids.size(); ++p) {
+    engine.step({seq.row(ids[p], static_cast<int32_t>(p))}, logits.data());
+    double mx = logits[0];
+    for (float x : logits) mx = std::max(mx, static_cast<double>(x));
+    double sum = 0;
+    for (float x : logits) sum += std::exp(static_cast<double>(x) - mx);
+    std::vector<double> row(V);
+    for (size_t v = 0; v < V; ++v) row[v] = static_cast<double>(logits[v]) - mx - std::log(sum);
+    out.push_back(std::move(row));
+  }
+  return out;
+}
+
+// Greedy continuation of `prompt` by the reference steps, n tokens.
+std::vector<int32_t> reference_greedy(const Model& model, std::vector<int32_t> ids, int n) {
+  for (int i = 0; i < n; ++i) {
+    const auto lp = reference_logprobs(model, ids);
+    const auto& last = lp.back();
+    ids.push_back(static_cast<int32_t>(std::max_element(last.begin(), last.end()) - last.begin()));
+  }
+  return ids;
+}
+
+// The id of a token from the bytes a chat logprob entry gives.
+int32_t id_of_bytes(const Tokenizer& tok, const json& bytes) {
+  std::string b;
+  for (const auto& x : bytes) b.push_back(static_cast<char>(x.get<int>()));
+  for (int32_t id = 0; id < tok.n_vocab(); ++id)
+    if (tok.token_bytes(id) == b) return id;
+  ADD_FAILURE() << "no token has bytes " << bytes.dump();
+  return -1;
+}
+
+TEST_F(ServerApi, ParsesLogprobsEchoAndPromptLists) {
+  const auto rs = server::parse_completion_requests(
+      json::parse(R"({"prompt":["ab","cde"],"echo":true,"logprobs":3,"max_tokens":0})"), *model_, limits());
+  ASSERT_EQ(rs.size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(rs[i].index, i);
+    EXPECT_TRUE(rs[i].echo);
+    EXPECT_EQ(rs[i].logprobs, 3);
+    EXPECT_EQ(rs[i].max_tokens, 0);
+  }
+  EXPECT_EQ(rs[1].echo_text, "cde");
+  EXPECT_EQ(rs[1].prompt, model_->tokenizer().encode("cde", model_->tokenizer().add_bos_default(), true));
+  const auto ts = server::parse_completion_requests(json::parse(R"({"prompt":[[5,6],[7],[8,9,10]],"logprobs":0})"),
+                                                    *model_, limits());
+  ASSERT_EQ(ts.size(), 3u);
+  EXPECT_EQ(ts[2].prompt, (std::vector<int32_t>{8, 9, 10}));
+  EXPECT_EQ(ts[2].index, 2);
+  EXPECT_EQ(ts[0].logprobs, 0);
+  // Too many prompts.
+  json many = {{"prompt", json::array()}};
+  for (int i = 0; i <= server::kMaxPrompts; ++i) many["prompt"].push_back("a");
+  EXPECT_EQ(completion_error(many.dump()).param, "prompt");
+  // Chat: logprobs is a boolean, top_logprobs 0..20 and only with it.
+  const auto c = server::parse_chat_request(
+      json::parse(R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":5})"), *model_,
+      limits());
+  EXPECT_EQ(c.logprobs, 5);
+  const auto c0 = server::parse_chat_request(
+      json::parse(R"({"messages":[{"role":"user","content":"x"}],"logprobs":true})"), *model_, limits());
+  EXPECT_EQ(c0.logprobs, 0);
+  const std::pair<const char*, const char*> chat[] = {
+      {R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":3})", "top_logprobs"},
+      {R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":21})", "top_logprobs"},
+      {R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":-1})", "top_logprobs"},
+      {R"({"messages":[{"role":"user","content":"x"}],"logprobs":1})", "logprobs"},
+      {R"({"messages":[{"role":"user","content":"x"}],"max_tokens":0})", "max_tokens"},
+  };
+  for (const auto& [body, param] : chat) {
+    const auto e = chat_error(*model_, limits(), body);
+    EXPECT_EQ(e.status, 400) << body;
+    EXPECT_EQ(e.param, param) << body << ": " << e.what();
+  }
+}
+
+TEST(ServerFormat, ReasoningContentIsSplitFromTheAnswer) {
+  ChatFormat qwen;
+  qwen.kind = ChatTemplate::Qwen38;
+  const json m = server::chat_message(qwen, "weighing it\n</think>\n\nYes.");
+  EXPECT_EQ(m["role"], "assistant");
+  EXPECT_EQ(m["content"], "Yes.");
+  EXPECT_EQ(m["reasoning_content"], "weighing it");
+  // No reasoning in the text: no reasoning_content.
+  EXPECT_FALSE(server::chat_message(qwen, "Just an answer.").contains("reasoning_content"));
+  // A format without reasoning channels leaves the text alone.
+  ChatFormat chatml;
+  chatml.kind = ChatTemplate::ChatML;
+  const json plain = server::chat_message(chatml, "<think>x</think>y");
+  EXPECT_EQ(plain["content"], "<think>x</think>y");
+  EXPECT_FALSE(plain.contains("reasoning_content"));
+  // The whole body carries the message as given.
+  server::ResponseId rid{server::Endpoint::ChatCompletions, "chatcmpl-1", 7, "m"};
+  server::Choice c;
+  c.message = m;
+  const json body = server::completion_body(rid, {c}, {3, 4});
+  EXPECT_EQ(body["choices"][0]["message"]["reasoning_content"], "weighing it");
+  EXPECT_TRUE(body["choices"][0]["logprobs"].is_null());
+}
+
+TEST(ServerFormat, LegacyLogprobsOffsetsAndNulls) {
+  auto model = load_model("dense-mini");
+  const Tokenizer& tok = model->tokenizer();
+  std::vector<TokenLogprob> e(3);
+  e[0].token = 'a';  // unscored: null logprob and null top
+  e[1].token = 'b';
+  e[1].scored = true;
+  e[1].logprob = -1.5;
+  e[1].top = {{'b', -1.5}, {'c', -2.0}};
+  e[2].token = 'c';
+  e[2].scored = true;
+  e[2].logprob = -0.25;
+  e[2].top = {{'c', -0.25}};
+  int64_t offset = 4;
+  const json j = server::completion_logprobs(tok, e, offset, 1);
+  EXPECT_EQ(j["tokens"], json::parse(R"(["a","b","c"])"));
+  EXPECT_TRUE(j["token_logprobs"][0].is_null());
+  EXPECT_DOUBLE_EQ(j["token_logprobs"][1].get<double>(), -1.5);
+  EXPECT_TRUE(j["top_logprobs"][0].is_null());
+  EXPECT_DOUBLE_EQ(j["top_logprobs"][1]["c"].get<double>(), -2.0);
+  EXPECT_EQ(j["text_offset"], json::parse("[4,4,5]"));  // the first entry is skipped: it takes no room
+  EXPECT_EQ(offset, 6);
+  const json c = server::chat_logprobs(tok, {e[1]});
+  EXPECT_EQ(c["content"][0]["token"], "b");
+  EXPECT_EQ(c["content"][0]["bytes"], json::parse("[98]"));
+  EXPECT_EQ(c["content"][0]["top_logprobs"][1]["token"], "c");
+}
+
+// A completion's choices, streamed or not, merged into the whole body's shape:
+// text, finish reason and (legacy) logprobs per index.
+json completion_choices(const TestServer& s, const json& body) {
+  const auto res = s.post("/v1/completions", body);
+  if (!res) {
+    ADD_FAILURE() << "no response";
+    return json::array();
+  }
+  EXPECT_EQ(res->status, 200) << res->body;
+  if (res->status != 200) return json::array();
+  if (!body.value("stream", false)) return json::parse(res->body)["choices"];
+  std::map<int, json> by_index;
+  const auto events = sse_events(res->body);
+  EXPECT_EQ(events.back(), "[DONE]");
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    const json j = json::parse(events[i]);
+    if (j["choices"].empty()) continue;
+    const json& ch = j["choices"][0];
+    json& c = by_index[ch["index"].get<int>()];
+    if (c.is_null()) c = {{"index", ch["index"]}, {"text", ""}, {"finish_reason", nullptr}, {"logprobs", nullptr}};
+    c["text"] = c["text"].get<std::string>() + ch["text"].get<std::string>();
+    if (!ch["finish_reason"].is_null()) c["finish_reason"] = ch["finish_reason"];
+    if (!ch["logprobs"].is_null()) {
+      if (c["logprobs"].is_null())
+        c["logprobs"] = {{"tokens", json::array()}, {"token_logprobs", json::array()},
+                         {"top_logprobs", json::array()}, {"text_offset", json::array()}};
+      for (const char* k : {"tokens", "token_logprobs", "top_logprobs", "text_offset"})
+        for (const auto& x : ch["logprobs"][k]) c["logprobs"][k].push_back(x);
+    }
+  }
+  json out = json::array();
+  for (auto& [i, c] : by_index) out.push_back(c);
+  return out;
+}
+
+TEST(ServerLogprobs, CompletionLogprobsAreTheModelsLogSoftmax) {
+  TestServer s("dense-mini", opts(3));
+  const Tokenizer& tok = s.model->tokenizer();
+  const std::string prompt = "Once upon";
+  const std::vector<int32_t> p = tok.encode(prompt, tok.add_bos_default(), true);
+  const int n = 8;
+  const std::vector<int32_t> ids = reference_greedy(*s.model, p, n);
+  const auto ref = reference_logprobs(*s.model, ids);
+  json req = {{"prompt", prompt}, {"max_tokens", n}, {"temperature", 0}, {"ignore_eos", true}, {"logprobs", 3}};
+  const json whole = completion_choices(s, req);
+  ASSERT_EQ(whole.size(), 1u);
+  const json& lp = whole[0]["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), static_cast<size_t>(n));
+  ASSERT_EQ(lp["token_logprobs"].size(), static_cast<size_t>(n));
+  ASSERT_EQ(lp["top_logprobs"].size(), static_cast<size_t>(n));
+  ASSERT_EQ(lp["text_offset"].size(), static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    const size_t pos = p.size() - 1 + static_cast<size_t>(i);
+    const int32_t id = ids[p.size() + static_cast<size_t>(i)];
+    EXPECT_NEAR(lp["token_logprobs"][i].get<double>(), ref[pos][static_cast<size_t>(id)], 1e-4) << i;
+    // Greedy: the chosen token is the likeliest, so it tops the alternatives.
+    double best = -1e300;
+    for (const auto& [k, v] : lp["top_logprobs"][i].items()) best = std::max(best, v.get<double>());
+    EXPECT_GE(lp["top_logprobs"][i].size(), 1u);
+    EXPECT_LE(lp["top_logprobs"][i].size(), 3u);
+    EXPECT_NEAR(best, lp["token_logprobs"][i].get<double>(), 1e-9) << i;
+    if (i > 0) EXPECT_GE(lp["text_offset"][i].get<int64_t>(), lp["text_offset"][i - 1].get<int64_t>());
+  }
+  EXPECT_EQ(lp["text_offset"][0], 0);
+  // Streamed: the same entries, spread over the chunks.
+  req["stream"] = true;
+  const json streamed = completion_choices(s, req);
+  ASSERT_EQ(streamed.size(), 1u);
+  EXPECT_EQ(streamed[0]["text"], whole[0]["text"]);
+  EXPECT_EQ(streamed[0]["logprobs"], whole[0]["logprobs"]);
+  // Without logprobs: null, as before.
+  req.erase("logprobs");
+  req["stream"] = false;
+  EXPECT_TRUE(completion_choices(s, req)[0]["logprobs"].is_null());
+}
+
+TEST(ServerLogprobs, SampledTokensReportTheLogitsBeforeTemperature) {
+  TestServer s("dense-mini", opts(2));
+  const Tokenizer& tok = s.model->tokenizer();
+  const json body = {{"messages", {{{"role", "user"}, {"content", "Hi there"}}}},
+                     {"max_tokens", 10},
+                     {"temperature", 1.7},
+                     {"top_p", 0.9},
+                     {"seed", 11},
+                     {"ignore_eos", true},
+                     {"logprobs", true},
+                     {"top_logprobs", 2}};
+  server::ApiLimits l;
+  l.model_names = {"dense-mini"};
+  l.n_ctx = 512;
+  l.max_tokens = 256;
+  std::vector<int32_t> ids = server::parse_chat_request(body, *s.model, l).prompt;
+  const size_t n_prompt = ids.size();
+  const auto r = s.post("/v1/chat/completions", body);
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json j = json::parse(r->body);
+  const json& content = j["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), 10u);
+  EXPECT_EQ(j["usage"]["completion_tokens"], 10);
+  for (const auto& e : content) {
+    ASSERT_TRUE(e.contains("token") && e.contains("logprob") && e.contains("bytes") && e.contains("top_logprobs"));
+    ASSERT_EQ(e["top_logprobs"].size(), 2u);
+    EXPECT_GE(e["top_logprobs"][0]["logprob"].get<double>(), e["top_logprobs"][1]["logprob"].get<double>());
+    EXPECT_GE(e["top_logprobs"][0]["logprob"].get<double>(), e["logprob"].get<double>() - 1e-12);
+    for (const auto& t : e["top_logprobs"]) EXPECT_TRUE(t.contains("token") && t.contains("bytes"));
+    ids.push_back(id_of_bytes(tok, e["bytes"]));
+  }
+  const auto ref = reference_logprobs(*s.model, ids);
+  for (size_t i = 0; i < content.size(); ++i) {
+    const size_t pos = n_prompt - 1 + i;
+    EXPECT_NEAR(content[i]["logprob"].get<double>(), ref[pos][static_cast<size_t>(ids[n_prompt + i])], 1e-4) << i;
+    // The likeliest token, under the untempered distribution.
+    const auto best = std::max_element(ref[pos].begin(), ref[pos].end());
+    EXPECT_NEAR(content[i]["top_logprobs"][0]["logprob"].get<double>(), *best, 1e-4) << i;
+  }
+  // Streamed: the same entries, chunk by chunk, for the same seed.
+  json sbody = body;
+  sbody["stream"] = true;
+  const auto sr = s.post("/v1/chat/completions", sbody);
+  ASSERT_TRUE(sr);
+  json merged = json::array();
+  std::string text;
+  for (const auto& ev : sse_events(sr->body)) {
+    if (ev == "[DONE]") continue;
+    const json c = json::parse(ev)["choices"][0];
+    if (c["delta"].contains("content")) text += c["delta"]["content"].get<std::string>();
+    if (!c["logprobs"].is_null())
+      for (const auto& e : c["logprobs"]["content"]) merged.push_back(e);
+  }
+  EXPECT_EQ(merged, content);
+  EXPECT_EQ(text, j["choices"][0]["message"]["content"]);
+}
+
+// Echo with max_tokens 0 scores the prompt: every token, the first as null,
+// the rest the model's log-probability of it; the perplexity tool's mean NLL
+// over the same tokens (its chunk's second half) comes out the same.
+void expect_prompt_scoring(const std::string& model_name, int batch) {
+  TestServer s(model_name, opts(batch, 128));
+  const Tokenizer& tok = s.model->tokenizer();
+  const std::string text_file = std::string(MEGAKERN_SOURCE_DIR) + "/bench/data/gpl-3.0.txt";
+  const int n_ctx = 64;
+  const CliResult cli = run_cli(fmt::format("perplexity -m {} -f {} -c {} --chunks 1 -t 2 --ubatch {}", model_name,
+                                            text_file, n_ctx, batch));
+  ASSERT_EQ(cli.status, 0) << cli.out << cli.err;
+  const size_t at = cli.out.find("mean NLL ");
+  ASSERT_NE(at, std::string::npos) << cli.out;
+  const double ppl_nll = std::strtod(cli.out.c_str() + at + 9, nullptr);
+  // The tokens of the tool's first chunk.
+  std::ifstream in(text_file, std::ios::binary);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const bool add_bos = tok.add_bos_default() && tok.bos_id() >= 0;
+  std::vector<int32_t> ids = tok.encode(text, add_bos, false);
+  ids.resize(n_ctx);
+  if (add_bos) ids[0] = tok.bos_id();
+
+  const json choices =
+      completion_choices(s, {{"prompt", ids}, {"echo", true}, {"max_tokens", 0}, {"logprobs", 1}, {"temperature", 0}});
+  ASSERT_EQ(choices.size(), 1u);
+  const json& lp = choices[0]["logprobs"];
+  EXPECT_EQ(choices[0]["finish_reason"], "length");
+  EXPECT_EQ(choices[0]["text"], tok.decode(ids, false));
+  ASSERT_EQ(lp["token_logprobs"].size(), ids.size());
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+  const auto ref = reference_logprobs(*s.model, ids);
+  double worst = 0;
+  for (size_t i = 1; i < ids.size(); ++i) {
+    worst = std::max(worst, std::fabs(lp["token_logprobs"][i].get<double>() - ref[i - 1][static_cast<size_t>(ids[i])]));
+    EXPECT_EQ(lp["top_logprobs"][i].size(), 1u);
+  }
+  EXPECT_LT(worst, 1e-4) << model_name;
+  double sum = 0;
+  const int first = n_ctx / 2;
+  for (int i = first + 1; i < n_ctx; ++i) sum -= lp["token_logprobs"][i].get<double>();
+  EXPECT_NEAR(sum / (n_ctx - 1 - first), ppl_nll, 2e-6) << model_name;
+  // Streamed, the same.
+  const json streamed = completion_choices(
+      s, {{"prompt", ids}, {"echo", true}, {"max_tokens", 0}, {"logprobs", 1}, {"stream", true}});
+  ASSERT_EQ(streamed.size(), 1u);
+  EXPECT_EQ(streamed[0]["logprobs"], lp);
+  EXPECT_EQ(streamed[0]["text"], choices[0]["text"]);
+}
+
+TEST(ServerLogprobs, EchoScoresThePromptAsPerplexityDoesDense) { expect_prompt_scoring("dense-mini", 4); }
+TEST(ServerLogprobs, EchoScoresThePromptAsPerplexityDoesRecurrent) { expect_prompt_scoring("qwen3.8-mini", 4); }
+
+// Echo with generation: the prompt's entries, then the generated ones, and
+// the same greedy continuation as without echo (the scored prompt leaves the
+// sequence as prefill does).
+void expect_echo_then_generation(const std::string& model_name) {
+  TestServer s(model_name, opts(2));
+  const json base = {{"prompt", "The sea is"}, {"max_tokens", 6}, {"temperature", 0}, {"ignore_eos", true},
+                     {"logprobs", 2}};
+  const json plain = completion_choices(s, base)[0];
+  json e = base;
+  e["echo"] = true;
+  const json echoed = completion_choices(s, e)[0];
+  EXPECT_EQ(echoed["text"], "The sea is" + plain["text"].get<std::string>()) << model_name;
+  const size_t n_prompt = s.model->tokenizer().encode("The sea is", s.model->tokenizer().add_bos_default(), true).size();
+  ASSERT_EQ(echoed["logprobs"]["tokens"].size(), n_prompt + 6);
+  EXPECT_TRUE(echoed["logprobs"]["token_logprobs"][0].is_null());
+  for (size_t i = 0; i < 6; ++i) {
+    EXPECT_EQ(echoed["logprobs"]["tokens"][n_prompt + i], plain["logprobs"]["tokens"][i]);
+    EXPECT_NEAR(echoed["logprobs"]["token_logprobs"][n_prompt + i].get<double>(),
+                plain["logprobs"]["token_logprobs"][i].get<double>(), 1e-4);
+  }
+  // The generated tokens' offsets continue after the prompt's text.
+  EXPECT_EQ(echoed["logprobs"]["text_offset"][n_prompt], 10);
+  e["stream"] = true;
+  const json streamed = completion_choices(s, e)[0];
+  EXPECT_EQ(streamed["text"], echoed["text"]);
+  EXPECT_EQ(streamed["logprobs"], echoed["logprobs"]);
+  // Echo without logprobs, nothing generated: the prompt alone.
+  const json only = completion_choices(s, {{"prompt", "The sea is"}, {"echo", true}, {"max_tokens", 0}})[0];
+  EXPECT_EQ(only["text"], "The sea is");
+  EXPECT_TRUE(only["logprobs"].is_null());
+}
+
+TEST(ServerLogprobs, EchoThenGenerationDense) { expect_echo_then_generation("dense-mini"); }
+TEST(ServerLogprobs, EchoThenGenerationRecurrent) { expect_echo_then_generation("qwen3.8-mini"); }
+
+TEST(ServerLogprobs, PromptListsGiveOneChoiceEachInOrder) {
+  TestServer s("dense-mini", opts(2));
+  const std::vector<std::string> prompts = {"The cat", "x", "Once upon a time", "Numbers: 1 2 3"};
+  auto req = [](const json& p) { return json{{"prompt", p}, {"max_tokens", 5}, {"temperature", 0}, {"ignore_eos", true}}; };
+  std::vector<std::string> alone;
+  for (const auto& p : prompts) alone.push_back(completion_choices(s, req(p))[0]["text"]);
+  for (bool stream : {false, true}) {
+    json r = req(prompts);
+    r["stream"] = stream;
+    const json choices = completion_choices(s, r);
+    ASSERT_EQ(choices.size(), prompts.size());
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      EXPECT_EQ(choices[i]["index"], i);
+      EXPECT_EQ(choices[i]["text"], alone[i]) << "stream " << stream << ", prompt " << i;
+      EXPECT_EQ(choices[i]["finish_reason"], "length");
+    }
+  }
+  // Token-id lists, and the usage over all choices.
+  const Tokenizer& tok = s.model->tokenizer();
+  json ids = json::array();
+  for (const auto& p : prompts) ids.push_back(tok.encode(p, false, false));
+  const auto res = s.post("/v1/completions", req(ids));
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  const json j = json::parse(res->body);
+  ASSERT_EQ(j["choices"].size(), prompts.size());
+  int prompt_tokens = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(j["choices"][i]["index"], i);
+    prompt_tokens += static_cast<int>(ids[i].size());
+  }
+  EXPECT_EQ(j["usage"]["prompt_tokens"], prompt_tokens);
+  EXPECT_EQ(j["usage"]["completion_tokens"], 5 * static_cast<int>(prompts.size()));
+}
+
+TEST(ServerLogprobs, BadValuesAre400sNamingTheField) {
+  TestServer s("dense-mini", opts(1, 64));
+  const std::pair<json, std::string> bad[] = {
+      {{{"prompt", "x"}, {"logprobs", 21}}, "logprobs"},
+      {{{"prompt", "x"}, {"logprobs", true}}, "logprobs"},
+      {{{"prompt", "x"}, {"max_tokens", 0}}, "max_tokens"},
+      {{{"prompt", json::array({"a", json::array({1})})}}, "prompt"},
+      {{{"prompt", json::array({json::array({1, 2}), json::array()})}}, "prompt"},
+  };
+  for (const auto& [body, param] : bad) {
+    const auto r = s.post("/v1/completions", body);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400) << body.dump();
+    EXPECT_EQ(json::parse(r->body)["error"]["param"], param) << body.dump() << ": " << r->body;
+  }
+  // More prompts than --batch + --queue (1 + 16) could ever hold at once.
+  const auto many = s.post("/v1/completions", {{"prompt", std::vector<std::string>(18, "a")}, {"max_tokens", 1}});
+  ASSERT_TRUE(many);
+  EXPECT_EQ(many->status, 400);
+  EXPECT_EQ(json::parse(many->body)["error"]["param"], "prompt");
+  const json chat = {{"messages", {{{"role", "user"}, {"content", "x"}}}}, {"top_logprobs", 4}};
+  const auto r = s.post("/v1/chat/completions", chat);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  EXPECT_EQ(json::parse(r->body)["error"]["param"], "top_logprobs");
+}
+
+TEST(ServerLogprobs, SmolLM2ScoresAPromptAsItsTeacherForcedLogits) {
+  if (test_model_path("smollm2-135m").empty()) GTEST_SKIP() << "models/smollm2-135m.gguf not fetched";
+  TestServer s(test_model_path("smollm2-135m"), opts(2, 256));
+  const Tokenizer& tok = s.model->tokenizer();
+  const std::string text = "The capital of France is Paris, and the capital of Italy is Rome.";
+  const std::vector<int32_t> ids = tok.encode(text, tok.add_bos_default(), true);
+  const auto ref = reference_logprobs(*s.model, ids);
+  const json c = completion_choices(s, {{"prompt", text}, {"echo", true}, {"max_tokens", 0}, {"logprobs", 5}})[0];
+  EXPECT_EQ(c["text"], text);
+  const json& lp = c["logprobs"];
+  ASSERT_EQ(lp["token_logprobs"].size(), ids.size());
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  for (size_t i = 1; i < ids.size(); ++i) {
+    EXPECT_NEAR(lp["token_logprobs"][i].get<double>(), ref[i - 1][static_cast<size_t>(ids[i])], 1e-4) << i;
+    EXPECT_LE(lp["top_logprobs"][i].size(), 5u);
+  }
+  // Offsets point at each token's text in the echoed prompt.
+  std::string joined;
+  for (const auto& t : lp["tokens"]) joined += t.get<std::string>();
+  EXPECT_EQ(joined, text);
+  for (size_t i = 0; i < ids.size(); ++i)
+    EXPECT_EQ(text.substr(lp["text_offset"][i].get<size_t>(), lp["tokens"][i].get<std::string>().size()),
+              lp["tokens"][i].get<std::string>())
+        << i;
 }
 
 }  // namespace

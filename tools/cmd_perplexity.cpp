@@ -37,6 +37,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "runtime/engine.h"
+#include "runtime/logprobs.h"
 #include "runtime/model.h"
 #include "tools/commands.h"
 
@@ -120,15 +121,6 @@ LogitsHeader read_header(std::ifstream& in, const std::string& path) {
   in.read(reinterpret_cast<char*>(h.tokens.data()), static_cast<std::streamsize>(n_tokens * sizeof(int32_t)));
   if (!in) fail("--kl-base '{}': truncated token list", path);
   return h;
-}
-
-// log-softmax of logits[0..n) into out, accumulated in double.
-void log_softmax(const float* logits, size_t n, float* out) {
-  const float mx = *std::max_element(logits, logits + n);
-  double sum = 0;
-  for (size_t i = 0; i < n; ++i) sum += std::exp(static_cast<double>(logits[i]) - mx);
-  const double lse = mx + std::log(sum);
-  for (size_t i = 0; i < n; ++i) out[i] = static_cast<float>(static_cast<double>(logits[i]) - lse);
 }
 
 size_t argmax(const float* x, size_t n) { return static_cast<size_t>(std::max_element(x, x + n) - x); }
@@ -237,7 +229,6 @@ void run_perplexity(const PerplexityOptions& o) {
   // A model that declares a batched pass but declines it still has an engine.
   engine = std::make_unique<Engine>(*model, pool, o.ubatch, o.executor);
   std::vector<float> logits(static_cast<size_t>(n_out) * V);
-  std::vector<float> step_logits;
   std::vector<float> logp(V), blogp(V);
   double nll = 0, nll2 = 0;
   double base_nll = 0, base_nll2 = 0, diff = 0, diff2 = 0, kl_sum = 0, kl_sum2 = 0;
@@ -247,24 +238,9 @@ void run_perplexity(const PerplexityOptions& o) {
   for (size_t c = 0; c < n_chunks; ++c) {
     const int32_t* toks = h.tokens.data() + c * n_ctx;
     SequenceState seq = model->new_sequence(n_ctx);
-    if (!batched || !model->prompt_forward_logits(pool, seq, toks, n_ctx, 0, n_out, logits.data())) {
-      // Executor steps: the positions of the chunk as rows, block by block.
-      const int block = engine->max_rows();
-      step_logits.resize(static_cast<size_t>(block) * V);
-      std::vector<RowInput> rows;
-      for (int i = 0; i < n_ctx; i += block) {
-        const int m = std::min(block, n_ctx - i);
-        rows.clear();
-        for (int r = 0; r < m; ++r) rows.push_back(seq.row(toks[i + r], i + r));
-        engine->step(rows, step_logits.data());
-        for (int r = 0; r < m; ++r)
-          if (i + r >= first)
-            std::copy_n(step_logits.data() + static_cast<size_t>(r) * V, V,
-                        logits.data() + static_cast<size_t>(i + r - first) * V);
-      }
-    }
+    engine->teacher_forced_logits(seq, toks, n_ctx, 0, n_out, logits.data(), batched);
     for (int i = 0; i < n_scored; ++i) {
-      log_softmax(logits.data() + static_cast<size_t>(i) * V, V, logp.data());
+      log_softmax(logits.data() + static_cast<size_t>(i) * V, static_cast<int64_t>(V), logp.data());
       const int32_t next = toks[first + i + 1];
       const double l = -static_cast<double>(logp[static_cast<size_t>(next)]);
       nll += l;

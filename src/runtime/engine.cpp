@@ -65,6 +65,32 @@ void Engine::set_trace(std::vector<TraceEvent>* sink) {
   if (headless_exec_) headless_exec_->set_trace(sink);
 }
 
+void Engine::teacher_forced_logits(SequenceState& seq, const int32_t* tokens, int n, int pos0, int n_out,
+                                   float* logits, bool batched) {
+  if (n <= 0) fail("teacher forcing of {} tokens: nothing to compute", n);
+  if (n_out < 0 || n_out > n) fail("teacher forcing of {} tokens: {} output positions asked", n, n_out);
+  if (pos0 < 0 || static_cast<int64_t>(pos0) + n > seq.n_ctx())
+    fail("teacher forcing of {} tokens at position {} does not fit the context of {} tokens", n, pos0, seq.n_ctx());
+  if (batched && model_.prompt_forward_available() &&
+      model_.prompt_forward_logits(pool_, seq, tokens, n, pos0, n_out, logits))
+    return;
+  // Executor steps: the positions as rows, block by block.
+  const size_t V = static_cast<size_t>(n_vocab());
+  const int block = max_rows();
+  const int first = n - n_out;
+  block_logits_.resize(static_cast<size_t>(block) * V);
+  std::vector<RowInput> rows;
+  for (int i = 0; i < n; i += block) {
+    const int m = std::min(block, n - i);
+    rows.clear();
+    for (int r = 0; r < m; ++r) rows.push_back(seq.row(tokens[i + r], pos0 + i + r));
+    step(rows, block_logits_.data());
+    for (int r = 0; r < m; ++r)
+      if (i + r >= first)
+        std::copy_n(block_logits_.data() + static_cast<size_t>(r) * V, V, logits + static_cast<size_t>(i + r - first) * V);
+  }
+}
+
 void Engine::prefill(SequenceState& seq, const int32_t* tokens, int n, int pos0, float* logits, float* taps) {
   if (n <= 0) fail("prefill of {} tokens: nothing to compute", n);
   if (pos0 < 0 || static_cast<int64_t>(pos0) + n > seq.n_ctx())

@@ -66,6 +66,15 @@ class Engine {
   // position, [n][tap_width()] (always by steps of the full program in blocks
   // of max_rows: the batched prompt pass has no taps).
   void prefill(SequenceState& seq, const int32_t* tokens, int n, int pos0, float* logits, float* taps = nullptr);
+  // Teacher forcing: computes tokens[0..n) of seq at positions pos0..,
+  // writing the logits of the last n_out positions, [n_out][n_vocab]. With
+  // `batched` the model's batched prompt pass when it has one (each row the
+  // same bits as an executor step gives), else executor steps of the full
+  // program over blocks of max_rows() positions, which leave a recurrent
+  // model's state as prefill() does when pos0 is a multiple of max_rows().
+  // `megakern perplexity` and the server's prompt scoring both use it.
+  void teacher_forced_logits(SequenceState& seq, const int32_t* tokens, int n, int pos0, int n_out, float* logits,
+                             bool batched = true);
   // Positions per prefill step. By default max_rows for models with
   // recurrent state (their chunked prompt pass depends on the block size
   // within a tolerance, so every engine of a model must agree), and at least

@@ -13,9 +13,10 @@
 //    round split at the verify step (propose; verify rows placed in the
 //    batched step; accept), each round's tokens pushed through the row's
 //    Generation as Generator::generate does.
-//  - Logprobs: Generation::sample has the logits; it would put the chosen
-//    token's log-probability (and the top n) in the Delta. Speculative rounds
-//    would return their verify rows' distributions with the tokens.
+//  - Logprobs: the server's scheduler takes each counted token's
+//    log-probability (runtime/logprobs.h) from the logits it sampled it from;
+//    speculative rounds would return their verify rows' distributions with
+//    the tokens.
 //  - Chunked prefill: the scheduler would compute a long prompt in slices
 //    (Engine::prefill with pos0 advancing) between decode steps; the
 //    Generation begins at the first sample, unchanged.

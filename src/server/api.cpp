@@ -88,7 +88,7 @@ std::optional<double> get_number(const json& body, const char* key) {
 // Fields common to both endpoints: model, n, sampling, max_tokens, stop,
 // streaming. `max_tokens_keys` lists the names the endpoint accepts for it.
 void parse_common(const json& body, const ApiLimits& limits, std::initializer_list<const char*> max_tokens_keys,
-                  GenRequest& r) {
+                  GenRequest& r, int min_tokens = 1) {
   if (const json* m = field(body, "model")) {
     if (!m->is_string()) bad_param("model", "'model' must be a string, got {}", m->type_name());
     const std::string name = m->get<std::string>();
@@ -103,10 +103,6 @@ void parse_common(const json& body, const ApiLimits& limits, std::initializer_li
     bad_param("n", "only one choice per request is supported ('n' must be 1, got {})", *n);
   if (auto b = get_int(body, "best_of"); b && *b != 1)
     bad_param("best_of", "'best_of' must be 1 (got {}): several candidates are not supported", *b);
-  if (const json* lp = field(body, "logprobs")) {
-    const bool wanted = lp->is_boolean() ? lp->get<bool>() : !(lp->is_number() && lp->get<double>() == 0);
-    if (wanted) bad_param("logprobs", "'logprobs' is not supported by this server");
-  }
   if (const json* tools = field(body, "tools"); tools && !(tools->is_array() && tools->empty()))
     bad_param("tools", "tool calls are not supported by this server");
   // Fields that would change what is generated or returned, which this
@@ -116,13 +112,13 @@ void parse_common(const json& body, const ApiLimits& limits, std::initializer_li
   if (field(body, "function_call")) bad_param("function_call", "function calls are not supported by this server");
   if (const json* tc = field(body, "tool_choice"); tc && !(tc->is_string() && tc->get<std::string>() == "none"))
     bad_param("tool_choice", "tool calls are not supported by this server (only 'tool_choice': 'none')");
-  if (const json* tl = field(body, "top_logprobs"); tl && !(tl->is_number() && tl->get<double>() == 0))
-    bad_param("top_logprobs", "'top_logprobs' is not supported by this server");
 
   r.max_tokens = limits.max_tokens;
   for (const char* key : max_tokens_keys) {
     if (auto v = get_int(body, key)) {
-      if (*v < 1) bad_param(key, "'{}' must be at least 1, got {}", key, *v);
+      if (*v < min_tokens)
+        bad_param(key, "'{}' must be at least {}, got {}{}", key, min_tokens, *v,
+                  min_tokens > 0 ? " (0 scores the prompt only, with 'echo': true)" : "");
       // Larger requests are served up to the server's limit, ending with
       // finish_reason "length" as they would at the end of the context.
       r.max_tokens = static_cast<int>(std::min<int64_t>(*v, limits.max_tokens));
@@ -179,6 +175,15 @@ void parse_common(const json& body, const ApiLimits& limits, std::initializer_li
   }
 }
 
+// An alternatives count in 0..kMaxLogprobs.
+int logprob_count(const json& body, const char* key) {
+  const auto n = get_int(body, key);
+  if (*n < 0 || *n > kMaxLogprobs)
+    bad_param(key, "'{}' must be in 0..{} (the most alternatives per token this server returns), got {}", key,
+              kMaxLogprobs, *n);
+  return static_cast<int>(*n);
+}
+
 void check_prompt_length(const GenRequest& r, const ApiLimits& limits, const char* param) {
   if (r.prompt.empty()) bad_param(param, "the prompt is empty: there is nothing to continue");
   if (static_cast<int64_t>(r.prompt.size()) > limits.n_ctx)
@@ -191,7 +196,7 @@ void check_prompt_length(const GenRequest& r, const ApiLimits& limits, const cha
 std::vector<int32_t> token_array(const json& a, const Model& model) {
   std::vector<int32_t> out;
   for (const auto& t : a) {
-    if (!t.is_number_integer()) bad_param("prompt", "a token prompt must hold integers only");
+    if (!t.is_number_integer()) bad_param("prompt", "a token prompt must hold integers only, got {}", t.type_name());
     // Unsigned ids past 2^63 would turn negative in an int64_t: compare first.
     const int64_t id = t.is_number_unsigned() && t.get<uint64_t>() > static_cast<uint64_t>(INT32_MAX)
                            ? int64_t{-1}
@@ -205,52 +210,88 @@ std::vector<int32_t> token_array(const json& a, const Model& model) {
 
 }  // namespace
 
-GenRequest parse_completion_request(const json& body, const Model& model, const ApiLimits& limits) {
+std::vector<GenRequest> parse_completion_requests(const json& body, const Model& model, const ApiLimits& limits) {
   GenRequest r;
   r.endpoint = Endpoint::Completions;
-  parse_common(body, limits, {"max_tokens"}, r);
-  if (get_bool(body, "echo", false)) bad_param("echo", "'echo' is not supported by this server");
+  r.echo = get_bool(body, "echo", false);
+  parse_common(body, limits, {"max_tokens"}, r, r.echo ? 0 : 1);
+  if (const json* lp = field(body, "logprobs")) {
+    // Legacy completions take the number of alternatives; `true` is chat's spelling.
+    if (lp->is_boolean())
+      bad_param("logprobs", "'logprobs' of a completion is the number of alternatives per token (an integer "
+                            "0..{}), got a boolean",
+                kMaxLogprobs);
+    r.logprobs = logprob_count(body, "logprobs");
+  }
+  if (const json* tl = field(body, "top_logprobs"); tl && !(tl->is_number() && tl->get<double>() == 0))
+    bad_param("top_logprobs", "'top_logprobs' is a chat completion parameter: completions take 'logprobs': N");
   if (const json* s = field(body, "suffix"); s && !(s->is_string() && s->get<std::string>().empty()))
     bad_param("suffix", "'suffix' is not supported by this server");
   const json* p = field(body, "prompt");
   if (!p) bad_param("prompt", "'prompt' is required");
   const Tokenizer& tok = model.tokenizer();
-  auto encode = [&](const std::string& text) {
+  std::vector<GenRequest> out;
+  auto add_text = [&](const std::string& text) {
+    GenRequest q = r;
     // Control tokens written in the prompt ("<|im_start|>") become their ids,
     // so a client can write a chat template by hand.
     try {
-      return tok.encode(text, tok.add_bos_default(), /*parse_special=*/true);
+      q.prompt = tok.encode(text, tok.add_bos_default(), /*parse_special=*/true);
     } catch (const Error& e) {
       bad_param("prompt", "the prompt cannot be tokenized: {}", e.what());
     }
+    q.echo_text = text;
+    q.echo_offset_skip = tok.add_bos_default() && !q.prompt.empty() ? 1 : 0;
+    out.push_back(std::move(q));
+  };
+  auto add_tokens = [&](const json& a) {
+    GenRequest q = r;
+    q.prompt = token_array(a, model);
+    if (q.echo) q.echo_text = tok.decode(q.prompt, /*skip_special=*/false);
+    out.push_back(std::move(q));
   };
   if (p->is_string()) {
-    r.prompt = encode(p->get<std::string>());
+    add_text(p->get<std::string>());
   } else if (p->is_array()) {
     if (p->empty()) bad_param("prompt", "'prompt' is an empty array");
     const json& first = (*p)[0];
-    if (first.is_number_integer()) {
-      r.prompt = token_array(*p, model);
+    if (first.is_number()) {
+      add_tokens(*p);  // one prompt of token ids
     } else {
-      if (p->size() != 1) bad_param("prompt", "only one prompt per request is supported, got {}", p->size());
-      if (first.is_string())
-        r.prompt = encode(first.get<std::string>());
-      else if (first.is_array())
-        r.prompt = token_array(first, model);
-      else
-        bad_param("prompt", "'prompt' must be a string, an array of token ids or an array holding one of them");
+      if (p->size() > static_cast<size_t>(kMaxPrompts))
+        bad_param("prompt", "'prompt' holds {} prompts, more than the {} one request may hold", p->size(), kMaxPrompts);
+      // Several prompts, all texts or all token-id lists.
+      for (size_t i = 0; i < p->size(); ++i) {
+        const json& e = (*p)[i];
+        if (first.is_string() && e.is_string())
+          add_text(e.get<std::string>());
+        else if (first.is_array() && e.is_array() && !e.empty())
+          add_tokens(e);
+        else
+          bad_param("prompt",
+                    "'prompt' must be a string, an array of token ids, or an array of strings or of non-empty token-id "
+                    "arrays (prompt[{}] is {})",
+                    i, e.is_array() && e.empty() ? "an empty array" : e.type_name());
+      }
     }
   } else {
     bad_param("prompt", "'prompt' must be a string or an array, got {}", p->type_name());
   }
-  check_prompt_length(r, limits, "prompt");
-  return r;
+  for (size_t i = 0; i < out.size(); ++i) {
+    out[i].index = static_cast<int>(i);
+    check_prompt_length(out[i], limits, "prompt");
+  }
+  return out;
 }
 
 GenRequest parse_chat_request(const json& body, const Model& model, const ApiLimits& limits) {
   GenRequest r;
   r.endpoint = Endpoint::ChatCompletions;
   parse_common(body, limits, {"max_tokens", "max_completion_tokens"}, r);
+  const bool logprobs = get_bool(body, "logprobs", false);
+  const int top = field(body, "top_logprobs") ? logprob_count(body, "top_logprobs") : 0;
+  if (top > 0 && !logprobs) bad_param("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+  if (logprobs) r.logprobs = top;
   for (const char* key : {"echo", "suffix"})
     if (field(body, key)) bad_param(key, "'{}' is not a chat completion parameter", key);
   if (const json* rf = field(body, "response_format")) {
@@ -332,22 +373,103 @@ json header(const ResponseId& r, bool chunk) {
 json finish_json(std::optional<FinishReason> f) { return f ? json(finish_reason_name(*f)) : json(nullptr); }
 }  // namespace
 
-json completion_body(const ResponseId& r, const std::string& text, FinishReason finish, const Usage& usage) {
+namespace {
+// A token's text: its bytes (control tokens spelled out), with what is not
+// UTF-8 as U+FFFD, as the client will read it (so that the keys of a
+// top_logprobs dict are distinct as the client sees them).
+std::string token_piece(const Tokenizer& tok, int32_t id) {
+  const std::string& b = tok.token_bytes(id);
+  if (std::all_of(b.begin(), b.end(), [](char c) { return static_cast<unsigned char>(c) < 0x80; })) return b;
+  return json::parse(dump_json(json(b))).get<std::string>();
+}
+// The code points of UTF-8 text: bytes that do not continue a sequence.
+int64_t code_points(const std::string& s) {
+  return std::count_if(s.begin(), s.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; });
+}
+json logprob_value(const TokenLogprob& e) { return e.scored ? json(e.logprob) : json(nullptr); }
+json bytes_of(const std::string& s) {
+  json b = json::array();
+  for (char c : s) b.push_back(static_cast<unsigned char>(c));
+  return b;
+}
+}  // namespace
+
+json chat_logprobs(const Tokenizer& tok, const std::vector<TokenLogprob>& entries) {
+  json content = json::array();
+  for (const TokenLogprob& e : entries) {
+    json top = json::array();
+    for (const auto& [id, lp] : e.top)
+      top.push_back({{"token", token_piece(tok, id)}, {"logprob", lp}, {"bytes", bytes_of(tok.token_bytes(id))}});
+    content.push_back({{"token", token_piece(tok, e.token)},
+                       {"logprob", logprob_value(e)},
+                       {"bytes", bytes_of(tok.token_bytes(e.token))},
+                       {"top_logprobs", top}});
+  }
+  return {{"content", content}, {"refusal", nullptr}};
+}
+
+json completion_logprobs(const Tokenizer& tok, const std::vector<TokenLogprob>& entries, int64_t& offset, int skip) {
+  json tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(), text_offset = json::array();
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const TokenLogprob& e = entries[i];
+    tokens.push_back(token_piece(tok, e.token));
+    token_logprobs.push_back(logprob_value(e));
+    if (e.scored) {
+      // Distinct tokens may share a text: the dict keeps the likeliest.
+      json top = json::object();
+      for (const auto& [id, lp] : e.top) {
+        const std::string t = token_piece(tok, id);
+        if (!top.contains(t)) top[t] = lp;
+      }
+      top_logprobs.push_back(top);
+    } else {
+      top_logprobs.push_back(nullptr);
+    }
+    text_offset.push_back(offset);
+    if (static_cast<int>(i) >= skip) offset += code_points(tok.token_bytes(e.token));
+  }
+  return {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top_logprobs},
+          {"text_offset", text_offset}};
+}
+
+json chat_message(const ChatFormat& format, const std::string& text) {
+  json m = {{"role", "assistant"}};
+  if (has_reasoning_channels(format)) {
+    ReasoningSplit split = split_reasoning(format, text);
+    m["content"] = split.content;
+    if (split.reasoning) m["reasoning_content"] = *split.reasoning;
+    return m;
+  }
+  m["content"] = text;
+  return m;
+}
+
+json completion_body(const ResponseId& r, const std::vector<Choice>& choices, const Usage& usage) {
   json j = header(r, false);
-  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason_name(finish)}};
-  if (r.endpoint == Endpoint::Completions)
-    choice["text"] = text;
-  else
-    choice["message"] = {{"role", "assistant"}, {"content", text}};
-  j["choices"] = json::array({choice});
+  j["choices"] = json::array();
+  for (const Choice& c : choices) {
+    json choice = {{"index", c.index}, {"logprobs", c.logprobs}, {"finish_reason", finish_reason_name(c.finish)}};
+    if (r.endpoint == Endpoint::Completions)
+      choice["text"] = c.text;
+    else
+      choice["message"] = c.message.is_null() ? json{{"role", "assistant"}, {"content", c.text}} : c.message;
+    j["choices"].push_back(std::move(choice));
+  }
   j["usage"] = usage_json(usage);
   return j;
 }
 
+json completion_body(const ResponseId& r, const std::string& text, FinishReason finish, const Usage& usage) {
+  Choice c;
+  c.text = text;
+  c.finish = finish;
+  return completion_body(r, std::vector<Choice>{c}, usage);
+}
+
 json stream_chunk(const ResponseId& r, const std::string& text, std::optional<FinishReason> finish, bool first,
-                  bool include_usage) {
+                  bool include_usage, int index, const json& logprobs) {
   json j = header(r, true);
-  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_json(finish)}};
+  json choice = {{"index", index}, {"logprobs", logprobs}, {"finish_reason", finish_json(finish)}};
   if (r.endpoint == Endpoint::Completions) {
     choice["text"] = text;
   } else {

@@ -54,26 +54,89 @@ ApiError job_error(const Job::Update& u) {
 
 bool completed(const Job::Update& u) { return u.finish == FinishReason::Stop || u.finish == FinishReason::Length; }
 
-// A generation's response; it holds `open` until it is written or dropped
-// (see HttpServer::open_responses_) and cancels its job when dropped early.
+// What one choice of a response has produced so far.
+struct ChoiceState {
+  std::string text;
+  std::vector<TokenLogprob> logprobs;
+  int64_t offset = 0;  // completions: text offset of the next logprob entry
+  bool started = false;  // streams: its first chunk is sent
+  bool entries_sent = false;  // streams: its first logprob entries are sent
+  bool done = false;     // streams: its finish chunk is sent
+  Job::Update last;      // the final update, once finished
+};
+
+// A generation's response, one job per choice; it holds `open` until it is
+// written or dropped (see HttpServer::open_responses_) and cancels its jobs
+// when dropped early.
 class JobSource : public ResponseSource {
  public:
-  JobSource(std::shared_ptr<Job> job, ResponseId rid, Scheduler& sched, std::shared_ptr<void> open)
-      : job_(std::move(job)), rid_(std::move(rid)), sched_(sched), open_(std::move(open)) {}
+  JobSource(std::vector<std::shared_ptr<Job>> jobs, ResponseId rid, Scheduler& sched, const Model& model,
+            std::shared_ptr<void> open)
+      : jobs_(std::move(jobs)), rid_(std::move(rid)), sched_(sched), model_(model), open_(std::move(open)),
+        choices_(jobs_.size()) {}
   ~JobSource() override {
-    job_->set_listener(nullptr);
-    if (!job_->finished()) {
-      job_->cancel();
-      sched_.notify();
+    bool any = false;
+    for (auto& job : jobs_) {
+      job->set_listener(nullptr);
+      if (!job->finished()) {
+        job->cancel();
+        any = true;
+      }
     }
+    if (any) sched_.notify();
   }
-  void start(std::function<void()> wake) override { job_->set_listener(std::move(wake)); }
+  void start(std::function<void()> wake) override {
+    for (auto& job : jobs_) job->set_listener(wake);
+  }
 
  protected:
-  std::shared_ptr<Job> job_;
+  // Takes every job's news into choices_; true when all have finished. A
+  // job's first text is preceded by its echoed prompt.
+  bool collect(std::vector<Job::Update>& news) {
+    bool all = true;
+    news.resize(jobs_.size());
+    for (size_t i = 0; i < jobs_.size(); ++i) {
+      Job::Update& u = news[i];
+      if (choices_[i].last.finished) {
+        u = Job::Update{};
+        u.finished = true;
+        continue;
+      }
+      u = jobs_[i]->take(std::chrono::milliseconds(0));
+      if (u.finished) choices_[i].last = u;
+      all = all && u.finished;
+    }
+    return all;
+  }
+  // The first job that did not complete, or null.
+  const Job::Update* failure() const {
+    for (const auto& c : choices_)
+      if (!completed(c.last)) return &c.last;
+    return nullptr;
+  }
+  Usage usage() const {
+    Usage total;
+    for (const auto& c : choices_) {
+      total.prompt_tokens += c.last.usage.prompt_tokens;
+      total.completion_tokens += c.last.usage.completion_tokens;
+    }
+    return total;
+  }
+  // The logprobs object of entries of choice i (null when not asked).
+  json logprobs_json(size_t i, const std::vector<TokenLogprob>& entries, bool leading) {
+    const GenRequest& req = jobs_[i]->request;
+    if (req.logprobs < 0) return nullptr;
+    if (rid_.endpoint == Endpoint::ChatCompletions) return chat_logprobs(model_.tokenizer(), entries);
+    return completion_logprobs(model_.tokenizer(), entries, choices_[i].offset,
+                               leading && req.echo ? req.echo_offset_skip : 0);
+  }
+
+  std::vector<std::shared_ptr<Job>> jobs_;
   ResponseId rid_;
   Scheduler& sched_;
+  const Model& model_;
   std::shared_ptr<void> open_;
+  std::vector<ChoiceState> choices_;
 };
 
 // A non-streamed answer. Short generations are answered whole, with their
@@ -85,11 +148,9 @@ class WholeSource : public JobSource {
  public:
   using JobSource::JobSource;
   bool head(HttpResponse& head, bool& chunked, bool idle) override {
-    Job::Update u = job_->take(std::chrono::milliseconds(0));
-    text_ += u.text;
-    if (u.finished) {
-      head = completed(u) ? json_response(200, completion_body(rid_, text_, u.finish, u.usage))
-                          : error_response(job_error(u));
+    if (gather()) {
+      const Job::Update* f = failure();
+      head = f ? error_response(job_error(*f)) : json_response(200, whole());
       chunked = false;
       return true;
     }
@@ -99,10 +160,9 @@ class WholeSource : public JobSource {
     return true;
   }
   bool body(std::string& out, bool idle) override {
-    Job::Update u = job_->take(std::chrono::milliseconds(0));
-    text_ += u.text;
-    if (u.finished) {
-      out += dump_json(completed(u) ? completion_body(rid_, text_, u.finish, u.usage) : error_body(job_error(u)));
+    if (gather()) {
+      const Job::Update* f = failure();
+      out += dump_json(f ? error_body(job_error(*f)) : whole());
       return true;
     }
     if (idle) out += " ";
@@ -110,10 +170,35 @@ class WholeSource : public JobSource {
   }
 
  private:
-  std::string text_;
+  bool gather() {
+    std::vector<Job::Update> news;
+    const bool all = collect(news);
+    for (size_t i = 0; i < news.size(); ++i) {
+      choices_[i].text += news[i].text;
+      for (auto& e : news[i].logprobs) choices_[i].logprobs.push_back(std::move(e));
+    }
+    return all;
+  }
+  json whole() {
+    std::vector<Choice> out;
+    for (size_t i = 0; i < jobs_.size(); ++i) {
+      const GenRequest& req = jobs_[i]->request;
+      Choice c;
+      c.index = req.index;
+      c.finish = choices_[i].last.finish;
+      c.logprobs = logprobs_json(i, choices_[i].logprobs, true);
+      if (rid_.endpoint == Endpoint::ChatCompletions)
+        c.message = chat_message(model_.chat_format(), choices_[i].text);
+      else
+        c.text = (req.echo ? req.echo_text : std::string()) + choices_[i].text;
+      out.push_back(std::move(c));
+    }
+    return completion_body(rid_, out, usage());
+  }
 };
 
-// A streamed answer: server-sent events as the text comes.
+// A streamed answer: server-sent events as the text comes, each choice's
+// chunks with its index.
 class StreamSource : public JobSource {
  public:
   using JobSource::JobSource;
@@ -125,34 +210,46 @@ class StreamSource : public JobSource {
     return true;
   }
   bool body(std::string& out, bool idle) override {
-    const bool usage = job_->request.include_usage;
-    // Chat streams open with the assistant role, before any text.
-    if (first_ && rid_.endpoint == Endpoint::ChatCompletions) {
-      out += sse_event(stream_chunk(rid_, "", std::nullopt, true, usage));
-      first_ = false;
-    }
-    Job::Update u = job_->take(std::chrono::milliseconds(0));
-    if (!u.text.empty()) {
-      out += sse_event(stream_chunk(rid_, u.text, std::nullopt, first_, usage));
-      first_ = false;
-    }
-    if (u.finished) {
-      if (completed(u)) {
-        out += sse_event(stream_chunk(rid_, "", u.finish, first_, usage));
-        if (usage) out += sse_event(usage_chunk(rid_, u.usage));
-        out += kSseDone;
-      } else {
-        out += sse_event(error_body(job_error(u)));
+    const bool usage_wanted = jobs_[0]->request.include_usage;
+    const bool chat = rid_.endpoint == Endpoint::ChatCompletions;
+    std::vector<Job::Update> news;
+    const bool all = collect(news);
+    for (size_t i = 0; i < jobs_.size(); ++i) {
+      ChoiceState& c = choices_[i];
+      const GenRequest& req = jobs_[i]->request;
+      Job::Update& u = news[i];
+      if (c.done) continue;
+      // Chat streams open with the assistant role, before any text.
+      if (!c.started && chat) {
+        out += sse_event(stream_chunk(rid_, "", std::nullopt, true, usage_wanted, req.index));
+        c.started = true;
       }
+      std::string text = u.text;
+      if (!chat && !c.started && req.echo) text = req.echo_text + text;  // the echoed prompt comes first
+      if (!text.empty() || !u.logprobs.empty()) {
+        json lp = u.logprobs.empty() ? json(nullptr) : logprobs_json(i, u.logprobs, !c.entries_sent);
+        c.entries_sent = c.entries_sent || !u.logprobs.empty();
+        out += sse_event(stream_chunk(rid_, text, std::nullopt, false, usage_wanted, req.index, lp));
+        c.started = true;
+      }
+      if (u.finished && completed(u)) {
+        out += sse_event(stream_chunk(rid_, "", u.finish, false, usage_wanted, req.index));
+        c.done = true;
+      }
+    }
+    if (all) {
+      if (const Job::Update* f = failure()) {
+        out += sse_event(error_body(job_error(*f)));
+        return true;
+      }
+      if (usage_wanted) out += sse_event(usage_chunk(rid_, usage()));
+      out += kSseDone;
       return true;
     }
     // An SSE comment: clients ignore it, a closed socket refuses it.
     if (out.empty() && idle) out = ": keep-alive\n\n";
     return false;
   }
-
- private:
-  bool first_ = true;
 };
 
 }  // namespace
@@ -427,13 +524,31 @@ HttpReply HttpServer::generate(Endpoint ep, const HttpRequest& req) {
   if (model_.name() != model_id_) limits.model_names.push_back(model_.name());
   limits.n_ctx = opts_.n_ctx;
   limits.max_tokens = opts_.max_tokens;
-  GenRequest g = ep == Endpoint::Completions ? parse_completion_request(body, model_, limits)
-                                             : parse_chat_request(body, model_, limits);
-  auto job = scheduler_->submit(std::move(g));
-  if (!job)
-    throw ApiError(503,
-                   stopping_ ? "the server is shutting down" : "the server is busy: the request queue is full, retry later",
-                   "server_error", "", stopping_ ? "shutting_down" : "queue_full");
+  std::vector<GenRequest> reqs;
+  if (ep == Endpoint::Completions)
+    reqs = parse_completion_requests(body, model_, limits);
+  else
+    reqs.push_back(parse_chat_request(body, model_, limits));
+  const bool stream = reqs.front().stream;
+  // More prompts than rows and queue places together could never be taken.
+  if (const size_t room = static_cast<size_t>(opts_.batch) + static_cast<size_t>(std::max(0, opts_.queue));
+      reqs.size() > room)
+    bad_param("prompt", "'prompt' holds {} prompts, more than this server takes at once ({}: --batch {} + --queue {})",
+              reqs.size(), room, opts_.batch, opts_.queue);
+  std::vector<std::shared_ptr<Job>> jobs;
+  for (auto& g : reqs) {
+    auto job = scheduler_->submit(std::move(g));
+    if (!job) {
+      // All of a request's prompts or none.
+      for (auto& j : jobs) j->cancel();
+      if (!jobs.empty()) scheduler_->notify();
+      throw ApiError(503,
+                     stopping_ ? "the server is shutting down"
+                               : "the server is busy: the request queue is full, retry later",
+                     "server_error", "", stopping_ ? "shutting_down" : "queue_full");
+    }
+    jobs.push_back(std::move(job));
+  }
   ResponseId rid;
   rid.endpoint = ep;
   rid.id = fmt::format("{}-{:08x}{:06x}", ep == Endpoint::Completions ? "cmpl" : "chatcmpl", impl_->nonce,
@@ -443,10 +558,10 @@ HttpReply HttpServer::generate(Endpoint ep, const HttpRequest& req) {
   ++open_responses_;
   std::shared_ptr<void> open(nullptr, [this](void*) { --open_responses_; });
   HttpReply reply;
-  if (job->request.stream)
-    reply.source = std::make_shared<StreamSource>(job, rid, *scheduler_, std::move(open));
+  if (stream)
+    reply.source = std::make_shared<StreamSource>(std::move(jobs), rid, *scheduler_, model_, std::move(open));
   else
-    reply.source = std::make_shared<WholeSource>(job, rid, *scheduler_, std::move(open));
+    reply.source = std::make_shared<WholeSource>(std::move(jobs), rid, *scheduler_, model_, std::move(open));
   return reply;
 }
 

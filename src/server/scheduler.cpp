@@ -30,6 +30,7 @@ Job::Update Job::wait_all() {
 Job::Update Job::take_locked() {
   Update u;
   u.text.swap(pending_);
+  u.logprobs.swap(pending_logprobs_);
   u.finished = finished_;
   u.finish = finish_;
   u.usage = {static_cast<int>(request.prompt.size()), completion_tokens_};
@@ -42,16 +43,22 @@ bool Job::finished() const {
   return finished_;
 }
 
-void Job::append(const std::string& text, int completion_tokens) {
+void Job::append(const std::string& text, int completion_tokens, const TokenLogprob* logprob) {
   std::function<void()> listener;
   {
     std::lock_guard<std::mutex> lock(mu_);
     pending_ += text;
+    if (logprob) pending_logprobs_.push_back(*logprob);
     completion_tokens_ = completion_tokens;
     if (!text.empty()) listener = listener_;
   }
   if (!text.empty()) cv_.notify_all();
   if (listener) listener();
+}
+
+void Job::add_logprobs(std::vector<TokenLogprob> entries) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& e : entries) pending_logprobs_.push_back(std::move(e));
 }
 
 void Job::set_listener(std::function<void()> f) {
@@ -220,14 +227,24 @@ void Scheduler::admit() {
     gp.max_tokens = req.max_tokens;
     gp.stop = req.stop;
     gp.ignore_eos = req.ignore_eos;
+    const bool score = req.echo && req.logprobs >= 0;
+    if (req.max_tokens == 0 && !score) {
+      // Echo alone: nothing to compute.
+      release(s, FinishReason::Length);
+      continue;
+    }
     const auto t0 = Clock::now();
     try {
-      s.gen = std::make_unique<Generation>(model_.tokenizer(), gp, static_cast<int>(prompt.size()), s.seq.n_ctx(),
-                                           s.sampler.get());
+      if (req.max_tokens > 0)
+        s.gen = std::make_unique<Generation>(model_.tokenizer(), gp, static_cast<int>(prompt.size()), s.seq.n_ctx(),
+                                             s.sampler.get());
       s.seq.clear();
       // The logits of the last prompt token land in row 0 of logits_; no
       // other row is live between steps.
-      engine_->prefill(s.seq, prompt.data(), static_cast<int>(prompt.size()), 0, logits_.data());
+      if (score)
+        score_prompt(s);
+      else
+        engine_->prefill(s.seq, prompt.data(), static_cast<int>(prompt.size()), 0, logits_.data());
     } catch (const std::exception& e) {
       release(s, FinishReason::Error, fmt::format("prefill failed: {}", e.what()));
       continue;
@@ -238,8 +255,42 @@ void Scheduler::admit() {
       ++stats_.prefills;
       stats_.prompt_tokens += prompt.size();
     }
+    if (!s.gen) {
+      release(s, FinishReason::Length);  // max_tokens 0: the prompt scored, nothing generated
+      continue;
+    }
     take_token(s, logits_.data());
   }
+}
+
+void Scheduler::score_prompt(BatchRow& s) {
+  const GenRequest& req = s.job->request;
+  const std::vector<int32_t>& prompt = req.prompt;
+  const int n = static_cast<int>(prompt.size());
+  const int64_t V = engine_->n_vocab();
+  // Chunks of whole blocks of max_rows positions (a recurrent model's
+  // blocks then fall where prefill's do), of about 128 positions, so that
+  // the logits held stay small whatever the prompt's length.
+  const int rows = engine_->max_rows();
+  const int chunk = std::max(1, 128 / rows) * rows;
+  std::vector<float> buf(static_cast<size_t>(std::min(chunk, n)) * static_cast<size_t>(V));
+  std::vector<TokenLogprob> entries;
+  entries.reserve(static_cast<size_t>(n));
+  TokenLogprob first;
+  first.token = prompt[0];  // nothing predicts it: null
+  entries.push_back(first);
+  for (int i = 0; i < n; i += chunk) {
+    const int m = std::min(chunk, n - i);
+    engine_->teacher_forced_logits(s.seq, prompt.data() + i, m, i, m, buf.data());
+    for (int r = 0; r < m; ++r) {
+      const float* row = buf.data() + static_cast<size_t>(r) * static_cast<size_t>(V);
+      if (i + r + 1 < n)
+        entries.push_back(token_logprob(row, V, prompt[static_cast<size_t>(i + r + 1)], req.logprobs));
+      else
+        std::copy_n(row, V, logits_.data());
+    }
+  }
+  s.job->add_logprobs(std::move(entries));
 }
 
 void Scheduler::decode_step() {
@@ -271,12 +322,21 @@ void Scheduler::decode_step() {
 void Scheduler::take_token(BatchRow& s, const float* logits) {
   Generation& g = *s.gen;
   const int before = g.generated();
-  const Delta& d = g.push(g.sample(logits, engine_->n_vocab()));
+  const int32_t token = g.sample(logits, engine_->n_vocab());
+  const Delta& d = g.push(token);
   if (d.generated > before) {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.generated_tokens;
   }
-  s.job->append(d.text, d.generated);
+  // A counted token's log-probability under the logits it was sampled from
+  // (the model's, before the sampler's temperature and top-p).
+  const int top = s.job->request.logprobs;
+  if (top >= 0 && d.generated > before) {
+    const TokenLogprob lp = token_logprob(logits, engine_->n_vocab(), token, top);
+    s.job->append(d.text, d.generated, &lp);
+  } else {
+    s.job->append(d.text, d.generated);
+  }
   const bool length = d.stop == StopReason::MaxTokens || d.stop == StopReason::ContextFull;
   if (d.done()) release(s, length ? FinishReason::Length : FinishReason::Stop);
 }

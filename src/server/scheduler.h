@@ -48,6 +48,11 @@ class Job {
   // request is over, how it ended.
   struct Update {
     std::string text;
+    // Log-probabilities (requests that ask for them) of the tokens produced
+    // since the last call: with echo, the prompt's first; then one per
+    // generated token, in order. A token's entry may come before its text
+    // does (text held back by a stop string or an incomplete character).
+    std::vector<TokenLogprob> logprobs;
     bool finished = false;
     FinishReason finish = FinishReason::Stop;
     Usage usage;
@@ -68,8 +73,11 @@ class Job {
   void cancel() { cancelled_.store(true, std::memory_order_relaxed); }
   bool cancelled() const { return cancelled_.load(std::memory_order_relaxed); }
 
-  // Scheduler side.
-  void append(const std::string& text, int completion_tokens);
+  // Scheduler side. `logprob`, when not null, is the entry of the token
+  // that produced `text`; add_logprobs() adds entries without text (a
+  // prompt's, before its first generated token).
+  void append(const std::string& text, int completion_tokens, const TokenLogprob* logprob = nullptr);
+  void add_logprobs(std::vector<TokenLogprob> entries);
   void finish(FinishReason reason, int completion_tokens, const std::string& error = {});
 
  private:
@@ -77,6 +85,7 @@ class Job {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::string pending_;
+  std::vector<TokenLogprob> pending_logprobs_;
   bool finished_ = false;
   FinishReason finish_ = FinishReason::Stop;
   int completion_tokens_ = 0;
@@ -142,6 +151,11 @@ class Scheduler {
   // Samples a batch row's next token from its logits and hands the text to its
   // request, releasing the row when the generation is over.
   void take_token(BatchRow& s, const float* logits);
+  // Echo with logprobs: computes every position of the row's prompt by
+  // teacher forcing, hands the prompt tokens' log-probabilities to its job,
+  // and leaves the last position's logits in row 0 of logits_ and the
+  // sequence as prefill would.
+  void score_prompt(BatchRow& s);
   void release(BatchRow& s, FinishReason reason, const std::string& error = {});
 
   const Model& model_;
