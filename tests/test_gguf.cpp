@@ -81,7 +81,8 @@ TEST(GGUF, CustomAlignmentAndFileRoundTrip) {
   std::vector<float> x(32, 1.f);
   w.add_tensor_f32("x", DType::F16, {32}, x.data());
   w.add_tensor_f32("y", DType::F32, {3}, x.data());
-  const auto path = (std::filesystem::temp_directory_path() / "megakern_test_align.gguf").string();
+  const TempDir tmp;
+  const std::string path = tmp.path + "/align.gguf";
   w.write(path);
   auto f = GGUFFile::open(path);
   EXPECT_EQ(f->alignment(), 64u);
@@ -319,7 +320,8 @@ TEST(GGUF, ControlBytesInKeysAndNamesAreEscapedInErrors) {
 }
 
 TEST(GGUF, InspectReportsTheFormatItDetected) {
-  const std::string path = (std::filesystem::temp_directory_path() / "megakern-bad-magic.gguf").string();
+  const TempDir tmp;
+  const std::string path = tmp.path + "/bad-magic.gguf";
   {
     auto bytes = small_file();
     bytes[0] = 'X';

@@ -364,6 +364,14 @@ TEST(ServerFormat, ChunksAndBodiesFollowOpenAI) {
 // ---- A real server -----------------------------------------------------------------
 
 // A model, a thread team and a server on an ephemeral port of 127.0.0.1.
+// Wall-clock limits. None is a speed claim: each only tells "answered
+// without waiting for a timeout" from "hung", so it sits far above what a
+// healthy server needs on a loaded 2-core machine under ctest -j, and where
+// it guards against waiting on a server timeout, that timeout is set longer
+// still in the test. What the test asserts is the event (who was answered,
+// in which order, who was cancelled or closed), not the clock.
+constexpr std::chrono::seconds kHangLimit{30};
+
 struct TestServer {
   explicit TestServer(const std::string& model_name, server::ServerOptions o = {}) {
     model = load_model(model_name);
@@ -753,9 +761,10 @@ TEST(ServerHttp, ShutdownCancelsInFlightAndRefusesNewRequests) {
   r = s.client().Get("/health");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 503);
+  // The event: the 8000-token stream is cancelled, not run to its end.
   const auto t0 = std::chrono::steady_clock::now();
   s.srv->shutdown(std::chrono::milliseconds(0));
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(15));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, kHangLimit);
   EXPECT_EQ(s.srv->scheduler().stats().finished_cancelled, 1u);
   held.hang_up();
 }
@@ -785,7 +794,8 @@ TEST(ServerHttp, ListenBacklogHoldsABurstOfConnections) {
     fds.push_back(fd);
   }
   int connected = 0;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+  // Each poll returns as soon as its connection is up; the limit only ends a hang.
+  const auto deadline = std::chrono::steady_clock::now() + kHangLimit;
   for (int fd : fds) {
     pollfd p{fd, POLLOUT, 0};
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
@@ -900,7 +910,7 @@ TEST(ServerHttp, BodyLimitHoldsForChunkedBodies) {
 TEST(ServerHttp, SlowClientsCannotStarveTheServer) {
   server::ServerOptions o = opts(1);
   o.max_connections = 4;
-  o.header_timeout_ms = 1500;
+  o.header_timeout_ms = 4000;
   TestServer s("dense-mini", o);
   // Eight clients that send a header line every 300 ms and never finish:
   // more than the four connections allowed.
@@ -918,8 +928,8 @@ TEST(ServerHttp, SlowClientsCannotStarveTheServer) {
     }
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  // /health is answered at once, and a completion is refused at once.
-  auto t0 = std::chrono::steady_clock::now();
+  // /health is answered, and a completion refused, while the slow clients
+  // still hold their connections (before their header deadline cuts them).
   auto cli = s.client();
   auto h = cli.Get("/health");
   ASSERT_TRUE(h);
@@ -928,12 +938,17 @@ TEST(ServerHttp, SlowClientsCannotStarveTheServer) {
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 503);
   EXPECT_EQ(json::parse(r->body)["error"]["code"], "too_many_connections");
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(1500));
+  int open = 0;
+  for (auto& c : slow) {
+    c->read_for(std::chrono::milliseconds(1));  // sees a close the server already made
+    open += !c->closed;
+  }
+  EXPECT_EQ(open, 8) << "answered only after the slow clients were cut off";
   // The slow clients are cut off at the header deadline; then the server
   // serves again although they keep sending.
   int cut = 0;
   for (auto& c : slow) {
-    c->read_for(std::chrono::seconds(6));
+    c->read_for(kHangLimit);
     cut += c->closed;
   }
   EXPECT_EQ(cut, 8);
@@ -969,17 +984,24 @@ TEST(ServerHttp, PipelinedRequestsAreAllAnswered) {
       "POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{}",
       body.size(), body);
   ASSERT_TRUE(c.send_all(get + post + get));
-  const auto t0 = std::chrono::steady_clock::now();
-  const std::string resp = c.read_for(std::chrono::seconds(4), "HTTP/1.1 200", 3);
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
-  size_t n = 0;
-  for (size_t p = resp.find("HTTP/1.1 200"); p != std::string::npos; p = resp.find("HTTP/1.1 200", p + 1)) ++n;
-  EXPECT_EQ(n, 3u) << resp;
-  EXPECT_NE(resp.find("\"tokens\""), std::string::npos) << resp;
+  // Three answers on one connection: a server that left the later requests
+  // unread would close it at the idle timeout after one.
+  const std::string resp = c.read_for(kHangLimit, "HTTP/1.1 200", 3);
+  std::vector<size_t> at;
+  for (size_t p = resp.find("HTTP/1.1 200"); p != std::string::npos; p = resp.find("HTTP/1.1 200", p + 1)) at.push_back(p);
+  ASSERT_EQ(at.size(), 3u) << resp;
+  // In request order: the /tokenize answer is the second.
+  const size_t tokens = resp.find("\"tokens\"");
+  EXPECT_GT(tokens, at[1]) << resp;
+  EXPECT_LT(tokens, at[2]) << resp;
 }
 
 TEST(ServerHttp, ShutdownIsNotHeldUpBySlowClients) {
-  auto s = std::make_unique<TestServer>("dense-mini", opts(1));
+  // Their header deadline is beyond kHangLimit: a shutdown that waited for
+  // it fails the bound below.
+  server::ServerOptions o = opts(1);
+  o.header_timeout_ms = 2 * 1000 * static_cast<int>(kHangLimit.count());
+  auto s = std::make_unique<TestServer>("dense-mini", o);
   std::vector<std::unique_ptr<RawConn>> slow;
   for (int i = 0; i < 6; ++i) {
     slow.push_back(std::make_unique<RawConn>(s->port));
@@ -988,7 +1010,7 @@ TEST(ServerHttp, ShutdownIsNotHeldUpBySlowClients) {
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   const auto t0 = std::chrono::steady_clock::now();
   s->srv->shutdown(std::chrono::milliseconds(0));
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, kHangLimit);
 }
 
 // ---- Strict framing (RFC 9112) --------------------------------------------------
@@ -1078,13 +1100,15 @@ TEST(ServerHttp, OversizedHeadersGet431) {
 }
 
 TEST(ServerHttp, EveryMethodIsAnswered) {
-  TestServer s("dense-mini", opts(1));
+  // The answer must not wait on a body or idle deadline: those are set
+  // beyond kHangLimit, so only a prompt answer arrives within it.
+  server::ServerOptions o = opts(1);
+  o.body_timeout_ms = o.idle_timeout_ms = 2 * 1000 * static_cast<int>(kHangLimit.count());
+  TestServer s("dense-mini", o);
   for (const char* m : {"PUT", "PATCH", "DELETE", "TRACE", "FOO"}) {
     RawConn c(s.port);
-    const auto t0 = std::chrono::steady_clock::now();
     c.send_all(fmt::format("{} /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{{}}", m));
-    const std::string resp = c.read_for(std::chrono::seconds(5), "}}");
-    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2)) << m;
+    const std::string resp = c.read_for(kHangLimit, "}}");
     EXPECT_EQ(resp.rfind("HTTP/1.1 405", 0), 0u) << m << ": " << resp.substr(0, 200);
     EXPECT_NE(resp.find("Allow: POST, OPTIONS\r\n"), std::string::npos) << resp;
     EXPECT_NE(resp.find("method_not_allowed"), std::string::npos) << resp;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cmath>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -17,7 +18,9 @@ struct TinySpec {
   bool tied = true;
 };
 
-inline std::vector<uint8_t> tiny_model(const TinySpec& s, uint32_t seed = 7) {
+// `edit`, when given, runs on the writer last (to replace or add metadata).
+inline std::vector<uint8_t> tiny_model(const TinySpec& s, uint32_t seed = 7,
+                                       const std::function<void(GGUFWriter&)>& edit = {}) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd(0.f, 1.f);
   GGUFWriter w;
@@ -71,6 +74,7 @@ inline std::vector<uint8_t> tiny_model(const TinySpec& s, uint32_t seed = 7) {
       norm(p + "post_ffw_norm.weight", s.n_embd);
     }
   }
+  if (edit) edit(w);
   return w.serialize();
 }
 

@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -56,10 +58,28 @@ void add_common(CLI::App* cmd, GenOptions& o) {
   cmd->add_option("--executor", o.gen.executor, "Decode executor: mega, opbyop or reference")
       ->capture_default_str()
       ->check(CLI::IsMember({"mega", "opbyop", "reference"}));
-  cmd->add_option("--temp", o.gen.sampling.temperature, "Sampling temperature (0: greedy)")->capture_default_str();
-  cmd->add_option("--top-k", o.gen.sampling.top_k, "Keep only the k most likely tokens (0: all)")->capture_default_str();
-  cmd->add_option("--top-p", o.gen.sampling.top_p, "Nucleus sampling mass in (0, 1]")->capture_default_str();
-  cmd->add_option("--seed", o.gen.sampling.seed, "Random seed for sampling")->capture_default_str();
+  // The sampler's own checks (validate) hold too; these name the flag and
+  // run before the model loads.
+  cmd->add_option("--temp", o.gen.sampling.temperature, "Sampling temperature (0: greedy)")
+      ->capture_default_str()
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            const double t = std::strtod(v.c_str(), nullptr);
+            return std::isfinite(t) && t >= 0 && t <= 1e6 ? "" : "must be a finite number in [0, 1e6], got " + v;
+          },
+          "TEMP"));
+  cmd->add_option("--top-k", o.gen.sampling.top_k, "Keep only the k most likely tokens (0: all)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 24));
+  cmd->add_option("--top-p", o.gen.sampling.top_p, "Nucleus sampling mass in (0, 1]")
+      ->capture_default_str()
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            const double p = std::strtod(v.c_str(), nullptr);
+            return p > 0 && p <= 1 ? "" : "must be in (0, 1], got " + v;
+          },
+          "(0,1]"));
+  check_seed(cmd->add_option("--seed", o.gen.sampling.seed, "Random seed for sampling")->capture_default_str());
 }
 
 // Everything a generation needs, loaded once.

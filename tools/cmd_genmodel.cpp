@@ -74,7 +74,7 @@ void register_gen_model(CLI::App& app) {
       "gen-model", "Write a preset's deterministic synthetic weights as a checkpoint directory (config.json + safetensors)");
   cmd->add_option("--config", o->config, "Architecture preset (" + preset_list() + ")")->required();
   cmd->add_option("-o,--output", o->out, "Output directory (created if missing)")->required();
-  cmd->add_option("--seed", o->seed, "Seed of the weights")->capture_default_str();
+  check_seed(cmd->add_option("--seed", o->seed, "Seed of the weights")->capture_default_str());
   cmd->add_flag("-f,--force", o->force, "Overwrite an existing checkpoint in the directory");
   cmd->add_option("--weights", o->weights, "MoE presets: format of the dense matrices (bf16, int8_col, f32)");
   cmd->add_option("--experts", o->experts, "MoE presets: format of the routed experts (int4_g128, nvfp4, ...)");

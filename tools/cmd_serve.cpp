@@ -89,16 +89,16 @@ void serve_cmd(const ServeOptions& o) {
 void register_serve(CLI::App& app) {
   auto o = std::make_shared<ServeOptions>();
   auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server with continuous batching");
-  cmd->add_option("-m,--model", o->model,
-                  "Model: a GGUF file, a checkpoint directory, a fetched model name or a preset (" +
-                      fmt::format("{}", fmt::join(known_model_and_preset_names(), ", ")) + ")")
-      ->capture_default_str();
+  check_non_empty(cmd->add_option("-m,--model", o->model,
+                                   "Model: a GGUF file, a checkpoint directory, a fetched model name or a preset (" +
+                                       fmt::format("{}", fmt::join(known_model_and_preset_names(), ", ")) + ")")
+                       ->capture_default_str());
   add_numerics_flag(cmd, o->numerics);
   cmd->add_option("--chat-template", o->chat_template,
                   "Chat format instead of the model's own: a Jinja template file or a built-in name (" +
                       builtin_chat_format_names() + ")");
-  cmd->add_option("--host", o->server.host, "Address to listen on (127.0.0.1: this machine only)")
-      ->capture_default_str();
+  check_non_empty(
+      cmd->add_option("--host", o->server.host, "Address to listen on (127.0.0.1: this machine only)")->capture_default_str());
   cmd->add_option("--port", o->server.port, "Port to listen on (0: any free port, printed at start)")
       ->capture_default_str()
       ->check(CLI::Range(0, 65535));
@@ -143,7 +143,7 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--idle-timeout", o->idle_timeout_s, "Seconds a keep-alive connection may wait for its next request")
       ->capture_default_str()
       ->check(CLI::Range(0.001, 86400.0));
-  cmd->add_option("--model-id", o->server.model_id, "Name the model is served under (default: from --model)");
+  check_non_empty(cmd->add_option("--model-id", o->server.model_id, "Name the model is served under (default: from --model)"));
   cmd->add_option("--drain-timeout", o->drain_s, "Seconds in-flight requests may finish after SIGINT/SIGTERM")
       ->capture_default_str()
       ->check(CLI::Range(0, 3600));

@@ -383,7 +383,7 @@ void register_bench_spec(CLI::App& app) {
   auto o = std::make_shared<SpecBenchOptions>();
   auto* cmd = app.add_subcommand(
       "bench-spec", "Speculative decoding benchmark: plain vs speculative tokens/s, acceptance length, verify cost");
-  cmd->add_option("-m,--model", o->model, "Target model (a fetched model, preset or path)")->capture_default_str();
+  check_non_empty(cmd->add_option("-m,--model", o->model, "Target model (a fetched model, preset or path)")->capture_default_str());
   add_numerics_flag(cmd, o->numerics);
   cmd->add_option("--spec,--drafters", o->drafters,
                   "Comma-separated drafters: ngram, ngram:N, self, self:skip=A-B, self:N, model:PATH, dspark[:PATH], "
@@ -410,10 +410,10 @@ void register_gen_drafter(CLI::App& app) {
       "Write synthetic block-drafter weights (dspark or dflash, MINI size) for a target model: a directory with "
       "config.json and model.safetensors, for --spec dspark:DIR / dflash:DIR. The weights are random, so drafts are "
       "rarely accepted");
-  cmd->add_option("-m,--model", o->model, "Target model (a fetched model, preset or path)")->capture_default_str();
+  check_non_empty(cmd->add_option("-m,--model", o->model, "Target model (a fetched model, preset or path)")->capture_default_str());
   cmd->add_option("--kind", o->kind, "dspark or dflash")->capture_default_str()->check(CLI::IsMember({"dspark", "dflash"}));
   cmd->add_option("-o,--out", o->out, "Output directory")->required();
-  cmd->add_option("--seed", o->seed, "Seed of the random weights")->capture_default_str();
+  check_seed(cmd->add_option("--seed", o->seed, "Seed of the random weights")->capture_default_str());
   cmd->callback([o] {
     run_guarded([&] {
       auto model = load_model(o->model);

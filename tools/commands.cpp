@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <exception>
 #include <sstream>
+#include <string_view>
 
 namespace megakern::cli {
 namespace {
@@ -56,17 +57,40 @@ void add_numerics_flag(CLI::App* cmd, std::string& numerics) {
 }
 
 void add_model_flags(CLI::App* cmd, std::string& model, ModelFlags& f) {
-  cmd->add_option("-m,--model", model,
-                  "Model: a GGUF file, a checkpoint directory, a fetched model or a preset (" +
-                      fmt::format("{}", fmt::join(known_model_and_preset_names(), ", ")) + ")")
-      ->capture_default_str();
+  check_non_empty(cmd->add_option("-m,--model", model,
+                                   "Model: a GGUF file, a checkpoint directory, a fetched model or a preset (" +
+                                       fmt::format("{}", fmt::join(known_model_and_preset_names(), ", ")) + ")")
+                       ->capture_default_str());
   cmd->add_option("--weights", f.weights,
                   "Weight format of a checkpoint directory or preset, converted at load (e.g. q8_0, q4_0, bf16; for "
                   "MoE presets the dense matrices: bf16, int8_col; GGUF files and dense presets: f32 only, every "
                   "matrix dequantised at load)");
   cmd->add_option("--experts", f.experts, "MoE presets: format of the routed experts (int4_g128, nvfp4, ...)");
-  cmd->add_option("--model-seed", f.seed, "Seed of a synthetic preset's weights")->capture_default_str();
+  check_seed(cmd->add_option("--model-seed", f.seed, "Seed of a synthetic preset's weights")->capture_default_str());
   add_numerics_flag(cmd, f.numerics);
+}
+
+CLI::Option* check_seed(CLI::Option* opt) {
+  return opt->check(
+      [](const std::string& v) -> std::string {
+        const std::string max = "18446744073709551615";  // 2^64 - 1
+        const bool digits = !v.empty() && v.find_first_not_of("0123456789") == std::string::npos;
+        std::string_view d(v);
+        while (d.size() > 1 && d.front() == '0') d.remove_prefix(1);
+        if (!digits || d.size() > max.size() || (d.size() == max.size() && d > max))
+          return fmt::format("the seed '{}' must be decimal digits only, from 0 to {}", v, max);
+        return "";
+      },
+      "SEED");
+}
+
+CLI::Option* check_non_empty(CLI::Option* opt) {
+  return opt->check(
+      [](const std::string& v) -> std::string {
+        if (v.find_first_not_of(" \t\r\n") == std::string::npos) return "the value is empty";
+        return "";
+      },
+      "NONEMPTY");
 }
 
 void run_guarded(const std::function<void()>& body) {

@@ -11,6 +11,7 @@
 
 namespace CLI {
 class App;
+class Option;
 }
 
 namespace megakern::cli {
@@ -49,6 +50,13 @@ void add_model_flags(CLI::App* cmd, std::string& model, ModelFlags& f);
 // model flags; parse_numerics turns its value into the mode.
 void add_numerics_flag(CLI::App* cmd, std::string& numerics);
 Numerics parse_numerics(const std::string& value);
+
+// Checks on a flag's text, applied when the command line is parsed (before
+// any model loads); a failure names the flag and the constraint.
+// A seed: decimal digits only, at most 2^64 - 1 (no sign, no exponent, no wrap).
+CLI::Option* check_seed(CLI::Option* opt);
+// A name or address that must not be empty (or only spaces).
+CLI::Option* check_non_empty(CLI::Option* opt);
 
 // Runs a subcommand's body: on success the exit status is 0; an exception is
 // reported on stderr as "error: ..." (after flushing stdout) and gives 1.

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "io/config_value.h"
 
 namespace megakern {
 
@@ -24,27 +25,12 @@ std::string describe(const Json& j) {
   return fmt::format("{} {}", j.type_name(), text);
 }
 
-// nlohmann's messages start with "[json.exception.parse_error.101] "; the tag
-// means nothing to a user, the rest ("parse error at line 3, column 7: ...") does.
-std::string strip_exception_tag(const char* what) {
-  std::string_view s(what);
-  if (s.starts_with("[json.exception.")) {
-    const size_t close = s.find("] ");
-    if (close != std::string_view::npos) s.remove_prefix(close + 2);
-  }
-  return std::string(s);
-}
-
 }  // namespace
 
 HFConfig HFConfig::parse(std::string_view text, const std::string& name) {
   HFConfig c;
   c.name_ = name;
-  try {
-    c.json_ = Json::parse(text.begin(), text.end());
-  } catch (const Json::parse_error& e) {
-    fail("{}: malformed JSON: {}", name, strip_exception_tag(e.what()));
-  }
+  c.json_ = parse_config_json(text, name);
   if (!c.json_.is_object()) fail("{}: config must be a JSON object, got {}", name, describe(c.json_));
   const auto it = c.json_.find("text_config");
   if (it != c.json_.end() && !it->is_object() && !it->is_null())
@@ -146,6 +132,26 @@ double HFConfig::get_float(const std::string& key) const { return to_float(requi
 double HFConfig::get_float_or(const std::string& key, double def) const {
   const Found f = lookup(key);
   return f.value == nullptr ? def : to_float(f);
+}
+
+int64_t HFConfig::get_int_in(const std::string& key, int64_t lo, int64_t hi) const {
+  const Found f = require(key);
+  return config_int_in(name_, f.where, to_int(f), lo, hi);
+}
+
+int64_t HFConfig::get_int_in_or(const std::string& key, int64_t def, int64_t lo, int64_t hi) const {
+  const Found f = lookup(key);
+  return f.value == nullptr ? def : config_int_in(name_, f.where, to_int(f), lo, hi);
+}
+
+double HFConfig::get_float_in(const std::string& key, double lo, double hi) const {
+  const Found f = require(key);
+  return config_float_in(name_, f.where, to_float(f), lo, hi);
+}
+
+double HFConfig::get_float_in_or(const std::string& key, double def, double lo, double hi) const {
+  const Found f = lookup(key);
+  return f.value == nullptr ? def : config_float_in(name_, f.where, to_float(f), lo, hi);
 }
 
 std::string HFConfig::get_string(const std::string& key) const { return to_string(require(key)); }

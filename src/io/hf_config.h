@@ -46,6 +46,13 @@ class HFConfig {
   // Floats: any JSON number.
   double get_float(const std::string& key) const;
   double get_float_or(const std::string& key, double def) const;
+  // Bounded hyperparameters (io/config_value.h): an integer in [lo, hi], a
+  // float finite and in (lo, hi]. An error names the key and the range; the
+  // *_or forms return def (unchecked) when the key is absent.
+  int64_t get_int_in(const std::string& key, int64_t lo, int64_t hi) const;
+  int64_t get_int_in_or(const std::string& key, int64_t def, int64_t lo, int64_t hi) const;
+  double get_float_in(const std::string& key, double lo, double hi) const;
+  double get_float_in_or(const std::string& key, double def, double lo, double hi) const;
   std::string get_string(const std::string& key) const;
   std::string get_string_or(const std::string& key, const std::string& def) const;
   // Booleans: JSON true/false only (0 and 1 are type errors).

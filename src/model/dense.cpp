@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "io/config_value.h"
 #include "io/gguf.h"
 #include "exec/executor.h"
 #include "model/dense_program.h"
@@ -16,10 +17,10 @@ namespace {
 
 std::string arch_key(const DenseConfig& c, const char* k) { return c.arch_name + "." + k; }
 
-int positive_int(const GGUFFile& f, const std::string& key) {
-  const int64_t v = f.get_int(key);
-  if (v <= 0 || v > (int64_t{1} << 30)) fail("{}: '{}' must be a positive integer, got {}", f.name(), key, v);
-  return static_cast<int>(v);
+// An integer hyperparameter in [lo, hi] (io/config_value.h); by default a
+// size or count.
+int int_in(const GGUFFile& f, const std::string& key, int64_t lo = 1, int64_t hi = kMaxConfigDim) {
+  return static_cast<int>(config_int_in(f.name(), key, f.get_int(key), lo, hi));
 }
 
 // A float hyperparameter that must be finite and in (lo, hi]; `fallback`
@@ -27,11 +28,8 @@ int positive_int(const GGUFFile& f, const std::string& key) {
 float bounded_float(const GGUFFile& f, const std::string& key, double lo, double hi,
                     std::optional<double> fallback = std::nullopt) {
   const std::optional<double> v = fallback ? f.get_float_opt(key) : std::optional<double>(f.get_float(key));
-  const double x = v.value_or(fallback.value_or(0.0));
-  if (!std::isfinite(x) || x <= lo || x > hi)
-    fail("{}: '{}' is {}, which is not a usable value (it must be finite, above {} and at most {})", f.name(), key,
-         x, lo, hi);
-  return static_cast<float>(x);
+  if (!v) return static_cast<float>(*fallback);
+  return static_cast<float>(config_float_in(f.name(), key, *v, lo, hi));
 }
 
 // A 2-D weight of GGUF shape {cols, rows}; checks both extents.
@@ -97,24 +95,24 @@ std::unique_ptr<DenseModel> DenseModel::load(const GGUFFile& f, std::optional<DT
   using T = DenseTensor;
   auto name = [](T t, int l = 0, std::string_view suffix = "weight") { return dense_tensor_name(t, l, suffix); };
 
-  c.n_layer = positive_int(f, arch_key(c, "block_count"));
-  c.n_embd = positive_int(f, arch_key(c, "embedding_length"));
-  c.n_ff = positive_int(f, arch_key(c, "feed_forward_length"));
-  c.n_head = positive_int(f, arch_key(c, "attention.head_count"));
-  c.n_head_kv = f.has(arch_key(c, "attention.head_count_kv")) ? positive_int(f, arch_key(c, "attention.head_count_kv"))
+  c.n_layer = int_in(f, arch_key(c, "block_count"), 1, kMaxConfigLayers);
+  c.n_embd = int_in(f, arch_key(c, "embedding_length"));
+  c.n_ff = int_in(f, arch_key(c, "feed_forward_length"));
+  c.n_head = int_in(f, arch_key(c, "attention.head_count"));
+  c.n_head_kv = f.has(arch_key(c, "attention.head_count_kv")) ? int_in(f, arch_key(c, "attention.head_count_kv"))
                                                                 : c.n_head;
   if (c.n_head % c.n_head_kv != 0)
     fail("{}: head_count {} is not a multiple of head_count_kv {}", f.name(), c.n_head, c.n_head_kv);
-  c.head_dim = f.has(arch_key(c, "attention.key_length")) ? positive_int(f, arch_key(c, "attention.key_length"))
+  c.head_dim = f.has(arch_key(c, "attention.key_length")) ? int_in(f, arch_key(c, "attention.key_length"))
                                                            : c.n_embd / c.n_head;
   if (c.head_dim <= 0) fail("{}: embedding_length {} is smaller than head_count {}", f.name(), c.n_embd, c.n_head);
   if (f.has(arch_key(c, "attention.value_length")) &&
-      positive_int(f, arch_key(c, "attention.value_length")) != c.head_dim)
+      int_in(f, arch_key(c, "attention.value_length")) != c.head_dim)
     fail("{}: key_length and value_length differ, which this engine does not support", f.name());
-  c.n_ctx_train = f.has(arch_key(c, "context_length")) ? positive_int(f, arch_key(c, "context_length")) : 2048;
+  c.n_ctx_train = f.has(arch_key(c, "context_length")) ? int_in(f, arch_key(c, "context_length"), 1, int64_t{1} << 30) : 2048;
   c.eps = bounded_float(f, arch_key(c, "attention.layer_norm_rms_epsilon"), 0.0, 1.0);
   c.rope_base = bounded_float(f, arch_key(c, "rope.freq_base"), 0.0, 1e12, 10000.0);
-  c.rope_dim = f.has(arch_key(c, "rope.dimension_count")) ? positive_int(f, arch_key(c, "rope.dimension_count"))
+  c.rope_dim = f.has(arch_key(c, "rope.dimension_count")) ? int_in(f, arch_key(c, "rope.dimension_count"))
                                                            : c.head_dim;
   if (c.rope_dim > c.head_dim || c.rope_dim % 2 != 0)
     fail("{}: rope.dimension_count {} must be even and at most the head size {}", f.name(), c.rope_dim,
@@ -127,8 +125,8 @@ std::unique_ptr<DenseModel> DenseModel::load(const GGUFFile& f, std::optional<DT
   float linear_factor = 1.f;
   if (auto factor = f.get_float_opt(arch_key(c, "rope.scaling.factor")); factor && *factor != 1.0) {
     const std::string type = f.get_string_opt(arch_key(c, "rope.scaling.type")).value_or("linear");
-    if (type != "linear" || !std::isfinite(*factor) || *factor <= 0 || *factor > 1e6)
-      fail("{}: rope.scaling.factor {} (type {}) is not supported", f.name(), *factor, type);
+    config_float_in(f.name(), arch_key(c, "rope.scaling.factor"), *factor, 0, 1e6);
+    if (type != "linear") fail("{}: rope.scaling.factor {} (type {}) is not supported", f.name(), *factor, type);
     linear_factor = static_cast<float>(*factor);
   }
   if (f.find_tensor("rope_factors_long.weight") || f.find_tensor("rope_factors_short.weight"))
@@ -142,15 +140,13 @@ std::unique_ptr<DenseModel> DenseModel::load(const GGUFFile& f, std::optional<DT
   if (fam.embd_scale_sqrt) c.embd_scale = std::sqrt(static_cast<float>(c.n_embd));
   c.rope_base_local = fam.rope_base_local > 0 ? fam.rope_base_local : c.rope_base;
   if (auto s = f.get_float_opt(arch_key(c, "attention.query_pre_attn_scalar"))) {
-    if (!std::isfinite(*s) || *s <= 0)
-      fail("{}: '{}' is {}, which is not a usable value (it must be finite and positive)", f.name(),
-           arch_key(c, "attention.query_pre_attn_scalar"), *s);
+    config_float_in(f.name(), arch_key(c, "attention.query_pre_attn_scalar"), *s, 0, 1e9);
     c.attn_scale = static_cast<float>(1.0 / std::sqrt(*s));
   }
   const std::string window_key = arch_key(c, "attention.sliding_window");
   const bool has_window = f.has(window_key) && f.get_int(window_key) != 0;
   if (fam.swa != SwaPattern::None || (fam.window_all && has_window)) {
-    if (fam.swa != SwaPattern::None || has_window) c.sliding_window = positive_int(f, window_key);
+    if (fam.swa != SwaPattern::None || has_window) c.sliding_window = int_in(f, window_key, 1, int64_t{1} << 30);
     for (int l = 0; l < c.n_layer; ++l) {
       bool swa = fam.window_all;
       if (fam.swa == SwaPattern::EvenLayers) swa = l % 2 == 0;
@@ -166,9 +162,9 @@ std::unique_ptr<DenseModel> DenseModel::load(const GGUFFile& f, std::optional<DT
   c.attn_softcap = softcap("attn_logit_softcapping");
   c.final_softcap = softcap("final_logit_softcapping");
   if (fam.moe) {
-    c.n_expert = positive_int(f, arch_key(c, "expert_count"));
-    c.n_expert_used = positive_int(f, arch_key(c, "expert_used_count"));
-    c.n_ff_exp = positive_int(f, arch_key(c, "expert_feed_forward_length"));
+    c.n_expert = int_in(f, arch_key(c, "expert_count"), 1, 4096);
+    c.n_expert_used = int_in(f, arch_key(c, "expert_used_count"), 1, 4096);
+    c.n_ff_exp = int_in(f, arch_key(c, "expert_feed_forward_length"));
     if (c.n_expert_used > c.n_expert || c.n_expert > 4096)
       fail("{}: expert_used_count {} must be at most expert_count {} (at most 4096)", f.name(), c.n_expert_used,
            c.n_expert);
@@ -182,8 +178,8 @@ std::unique_ptr<DenseModel> DenseModel::load(const GGUFFile& f, std::optional<DT
   constexpr int64_t kMaxWidth = int64_t{1} << 22;
   const int64_t qdim64 = int64_t{c.n_head} * c.head_dim;
   if (c.n_embd > kMaxWidth || c.n_ff > kMaxWidth || qdim64 > kMaxWidth)
-    fail("{}: model widths (embedding {}, feed-forward {}, heads x head size {}) exceed the supported {}", f.name(),
-         c.n_embd, c.n_ff, qdim64, kMaxWidth);
+    fail("{}: model widths ({} {}, {} {}, head_count x key_length {}) exceed the supported {}", f.name(),
+         arch_key(c, "embedding_length"), c.n_embd, arch_key(c, "feed_forward_length"), c.n_ff, qdim64, kMaxWidth);
   const int qdim = static_cast<int>(qdim64), kvdim = c.n_head_kv * c.head_dim;
   const std::string embd = name(T::TokenEmbd);
   if (f.tensor(embd).shape.size() != 2 || f.tensor(embd).shape.back() > kMaxWidth)

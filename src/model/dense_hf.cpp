@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "io/gguf.h"
+#include "io/config_value.h"
 #include "io/hf_config.h"
 #include "io/safetensors.h"
 #include "model/dense_families.h"
@@ -24,7 +25,11 @@ struct Rope {
   double theta = 10000.0;
   std::string type = "default";
   nlohmann::json params;  // the scaling parameters
+  std::string where;      // the key params came from, for messages
 };
+
+// RoPE bases and scaling parameters beyond this are refused.
+constexpr double kMaxRopeBase = 1e12;
 
 Rope read_rope(const HFConfig& hf, const char* layer_type) {
   Rope r;
@@ -33,29 +38,28 @@ Rope read_rope(const HFConfig& hf, const char* layer_type) {
     if (rp->is_object() && rp->contains(layer_type) && (*rp)[layer_type].is_object()) p = &(*rp)[layer_type];
     if (!p->is_object()) fail("{}: 'rope_parameters' must be an object", hf.name());
     r.params = *p;
+    r.where = p == rp ? "rope_parameters" : std::string("rope_parameters.") + layer_type;
   } else if (const nlohmann::json* rs = hf.find("rope_scaling")) {
     if (!rs->is_object()) fail("{}: 'rope_scaling' must be an object", hf.name());
     r.params = *rs;
+    r.where = "rope_scaling";
   }
-  if (r.params.contains("rope_theta") && r.params["rope_theta"].is_number())
-    r.theta = r.params["rope_theta"].get<double>();
+  if (r.params.contains("rope_theta") && !r.params["rope_theta"].is_null())
+    r.theta = json_float_in(r.params["rope_theta"], hf.name(), r.where + ".rope_theta", 0, kMaxRopeBase);
   else
-    r.theta = hf.get_float_or("rope_theta", 10000.0);
+    r.theta = hf.get_float_in_or("rope_theta", 10000.0, 0, kMaxRopeBase);
   for (const char* k : {"rope_type", "type"})
     if (r.params.contains(k) && r.params[k].is_string()) {
       r.type = r.params[k].get<std::string>();
       break;
     }
-  if (!std::isfinite(r.theta) || r.theta <= 0) fail("{}: rope theta {} must be finite and positive", hf.name(), r.theta);
   return r;
 }
 
 double rope_param(const HFConfig& hf, const Rope& r, const char* key) {
   if (!r.params.contains(key) || !r.params[key].is_number())
     fail("{}: RoPE scaling '{}' needs the parameter '{}'", hf.name(), r.type, key);
-  const double v = r.params[key].get<double>();
-  if (!std::isfinite(v) || v <= 0) fail("{}: RoPE parameter '{}' is {}, it must be finite and positive", hf.name(), key, v);
-  return v;
+  return json_float_in(r.params[key], hf.name(), r.where + "." + key, 0, kMaxRopeBase);
 }
 
 // Llama 3 scaling as the frequency divisors llama.cpp's converter writes
@@ -190,18 +194,21 @@ std::vector<uint8_t> dense_gguf_from_hf(const std::string& dir, std::optional<DT
   const DenseFamily& fam = *famp;
   const SafetensorsModel st = SafetensorsModel::open(dir);
 
-  auto pos = [&](const char* k) { return static_cast<int>(hf.get_positive_int(k)); };
-  const int n_layer = pos("num_hidden_layers"), n_embd = pos("hidden_size"), n_ff = pos("intermediate_size"),
-            n_head = pos("num_attention_heads");
-  const int n_kv = static_cast<int>(hf.has("num_key_value_heads") ? hf.get_positive_int("num_key_value_heads") : n_head);
-  const int head_dim = static_cast<int>(hf.has("head_dim") ? hf.get_positive_int("head_dim") : n_embd / n_head);
+  auto pos = [&](const char* k) { return static_cast<int>(hf.get_int_in(k, 1, kMaxConfigDim)); };
+  const int n_layer = static_cast<int>(hf.get_int_in("num_hidden_layers", 1, kMaxConfigLayers));
+  const int n_embd = pos("hidden_size"), n_ff = pos("intermediate_size"), n_head = pos("num_attention_heads");
+  const int n_kv = static_cast<int>(hf.get_int_in_or("num_key_value_heads", n_head, 1, kMaxConfigDim));
+  const int head_dim = static_cast<int>(hf.get_int_in_or("head_dim", n_embd / n_head, 1, kMaxConfigDim));
   const int n_vocab = pos("vocab_size");
   if (head_dim <= 0) fail("{}: hidden_size {} is smaller than num_attention_heads {}", hf.name(), n_embd, n_head);
-  const double eps = hf.get_float_or("rms_norm_eps", 1e-6);
-  if (!std::isfinite(eps) || eps <= 0 || eps >= 1) fail("{}: 'rms_norm_eps' is {}, it must be in (0, 1)", hf.name(), eps);
-  const double partial = hf.get_float_or("partial_rotary_factor", 1.0);
-  if (!std::isfinite(partial) || partial <= 0 || partial > 1)
-    fail("{}: 'partial_rotary_factor' is {}, it must be in (0, 1]", hf.name(), partial);
+  if (int64_t{n_head} * head_dim > kMaxConfigDim)
+    fail("{}: num_attention_heads {} x head_dim {} exceeds {}", hf.name(), n_head, head_dim, kMaxConfigDim);
+  const double eps = hf.get_float_in_or("rms_norm_eps", 1e-6, 0, 1);
+  double partial = hf.get_float_in_or("partial_rotary_factor", 1.0, 0, 1);
+  // transformers 5 moves it into rope_parameters.
+  if (const nlohmann::json* rp = hf.find("rope_parameters"); rp && rp->is_object())
+    if (auto it = rp->find("partial_rotary_factor"); it != rp->end() && !it->is_null())
+      partial = json_float_in(*it, hf.name(), "rope_parameters.partial_rotary_factor", 0, 1);
   const int rope_dim = static_cast<int>(std::lround(head_dim * partial));
   const std::string act = hf.get_string_or("hidden_activation", hf.get_string_or("hidden_act", fam.gelu ? "gelu_pytorch_tanh" : "silu"));
   const bool act_ok = fam.gelu ? (act == "gelu_pytorch_tanh" || act == "gelu_new" || act == "gelu") : act == "silu";
@@ -213,9 +220,9 @@ std::vector<uint8_t> dense_gguf_from_hf(const std::string& dir, std::optional<DT
   if (fam.moe) {
     // Qwen3-MoE names the expert count num_experts (transformers 5 writes
     // num_local_experts); every layer must be sparse.
-    n_expert = static_cast<int>(hf.has("num_experts") ? hf.get_positive_int("num_experts")
-                                                      : hf.get_positive_int("num_local_experts"));
-    n_expert_used = pos("num_experts_per_tok");
+    n_expert = static_cast<int>(hf.has("num_experts") ? hf.get_int_in("num_experts", 1, 4096)
+                                                      : hf.get_int_in("num_local_experts", 1, 4096));
+    n_expert_used = static_cast<int>(hf.get_int_in("num_experts_per_tok", 1, 4096));
     n_ff_exp = pos("moe_intermediate_size");
     if (n_expert_used > n_expert || n_expert > 4096)
       fail("{}: num_experts_per_tok {} must be at most the expert count {} (at most 4096)", hf.name(), n_expert_used,
@@ -236,7 +243,7 @@ std::vector<uint8_t> dense_gguf_from_hf(const std::string& dir, std::optional<DT
   w.set_string("general.architecture", a);
   w.set_string("general.name", hf.name());
   w.set_u32(a + ".block_count", static_cast<uint32_t>(n_layer));
-  w.set_u32(a + ".context_length", static_cast<uint32_t>(hf.get_int_or("max_position_embeddings", 2048)));
+  w.set_u32(a + ".context_length", static_cast<uint32_t>(hf.get_int_in_or("max_position_embeddings", 2048, 1, int64_t{1} << 30)));
   w.set_u32(a + ".embedding_length", static_cast<uint32_t>(n_embd));
   w.set_u32(a + ".feed_forward_length", static_cast<uint32_t>(n_ff));
   w.set_u32(a + ".attention.head_count", static_cast<uint32_t>(n_head));
@@ -264,15 +271,14 @@ std::vector<uint8_t> dense_gguf_from_hf(const std::string& dir, std::optional<DT
   }
   if (fam.rope_base_local > 0) {
     const Rope local = read_rope(hf, "sliding_attention");
-    const double local_theta = hf.has("rope_local_base_freq") ? hf.get_float("rope_local_base_freq") : local.theta;
+    const double local_theta = hf.has("rope_local_base_freq") ? hf.get_float_in("rope_local_base_freq", 0, kMaxRopeBase) : local.theta;
     if (local_theta != fam.rope_base_local)
       fail("{}: the sliding-window layers' RoPE base is {}; this engine runs {} with {}", hf.name(), local_theta,
            fam.name, fam.rope_base_local);
   }
   if (fam.swa != SwaPattern::None || fam.window_all) {
     if (hf.has("sliding_window")) {
-      const int64_t win = hf.get_int("sliding_window");
-      if (win <= 0 || win > (int64_t{1} << 30)) fail("{}: 'sliding_window' is {}, it must be positive", hf.name(), win);
+      const int64_t win = hf.get_int_in("sliding_window", 1, int64_t{1} << 30);
       w.set_u32(a + ".attention.sliding_window", static_cast<uint32_t>(win));
     } else if (fam.swa != SwaPattern::None) {
       fail("{}: 'sliding_window' is required for {}", hf.name(), mt);
@@ -291,13 +297,11 @@ std::vector<uint8_t> dense_gguf_from_hf(const std::string& dir, std::optional<DT
   }
   for (const char* k : {"attn_logit_softcapping", "final_logit_softcapping"})
     if (hf.has(k)) {
-      const double v = hf.get_float(k);
-      if (!std::isfinite(v) || v <= 0) fail("{}: '{}' is {}, it must be finite and positive", hf.name(), k, v);
+      const double v = hf.get_float_in(k, 0, 1e6);
       w.set_f32(a + "." + k, static_cast<float>(v));
     }
   if (hf.has("query_pre_attn_scalar")) {
-    const double s = hf.get_float("query_pre_attn_scalar");
-    if (!std::isfinite(s) || s <= 0) fail("{}: 'query_pre_attn_scalar' is {}, it must be positive", hf.name(), s);
+    const double s = hf.get_float_in("query_pre_attn_scalar", 0, 1e9);
     if (s != head_dim) w.set_f32(a + ".attention.query_pre_attn_scalar", static_cast<float>(s));
   }
 

@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "core/units.h"
+#include "io/config_value.h"
 #include "io/safetensors.h"
 #include "io/safetensors_writer.h"
 #include "model/kimi.h"
@@ -59,37 +60,30 @@ std::string kimi_config_to_json(const KimiConfig& c) {
 }
 
 KimiConfig kimi_config_from_json(const std::string& text, const std::string& where) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const std::exception& e) {
-    fail("{}: not valid JSON ({})", where, e.what());
-  }
+  const nlohmann::json j = parse_config_json(text, where);
   if (!j.is_object()) fail("{}: expected a JSON object", where);
   if (j.value("model_type", std::string()) != "kimi_k3")
     fail("{}: model_type is '{}', expected 'kimi_k3'", where, j.value("model_type", std::string("(missing)")));
-  auto get_int = [&](const nlohmann::json& o, const char* key, const std::string& path) -> int {
+  // Integers in [lo, hi], numbers finite and in (lo, hi] (io/config_value.h).
+  auto get_int = [&](const nlohmann::json& o, const char* key, const std::string& path, int64_t lo = 1,
+                     int64_t hi = kMaxConfigDim) -> int {
     if (!o.contains(key)) fail("{}: key '{}' is missing", where, path + key);
-    const auto& v = o[key];
-    if (!v.is_number_integer()) fail("{}: key '{}' must be an integer, got {}", where, path + key, v.dump());
-    const int64_t x = v.get<int64_t>();
-    if (x < 0 || x > (int64_t(1) << 30)) fail("{}: key '{}' = {} is out of range", where, path + key, x);
-    return static_cast<int>(x);
+    return static_cast<int>(json_int_in(o[key], where, path + key, lo, hi));
   };
-  auto get_float = [&](const nlohmann::json& o, const char* key, const std::string& path, double def) -> double {
+  auto get_float = [&](const nlohmann::json& o, const char* key, const std::string& path, double def,
+                       double lo = -1e6, double hi = 1e6) -> double {
     if (!o.contains(key)) return def;
-    if (!o[key].is_number()) fail("{}: key '{}' must be a number, got {}", where, path + key, o[key].dump());
-    return o[key].get<double>();
+    return json_float_in(o[key], where, path + key, lo, hi);
   };
   KimiConfig c;
   c.name = j.value("name", std::string("kimi-k3"));
-  c.n_layer = get_int(j, "num_hidden_layers", "");
+  c.n_layer = get_int(j, "num_hidden_layers", "", 1, kMaxConfigLayers);
   c.hidden = get_int(j, "hidden_size", "");
   c.vocab = get_int(j, "vocab_size", "");
-  c.rms_eps = get_float(j, "rms_norm_eps", "", 1e-5);
+  c.rms_eps = get_float(j, "rms_norm_eps", "", 1e-5, 0, 1);
   if (j.value("tie_word_embeddings", false)) fail("{}: tied embeddings are not supported for Kimi K3", where);
-  c.mla_interval = get_int(j, "full_attn_interval", "");
-  c.attn_res_block = get_int(j, "attn_res_block_size", "");
+  c.mla_interval = get_int(j, "full_attn_interval", "", 1, kMaxConfigLayers);
+  c.attn_res_block = get_int(j, "attn_res_block_size", "", 1, kMaxConfigLayers);
   if (!j.contains("linear_attn_config") || !j["linear_attn_config"].is_object())
     fail("{}: key 'linear_attn_config' (an object) is missing", where);
   const auto& la = j["linear_attn_config"];
@@ -102,12 +96,12 @@ KimiConfig kimi_config_from_json(const std::string& text, const std::string& whe
   c.q_lora_rank = get_int(j, "q_lora_rank", "");
   c.kv_lora_rank = get_int(j, "kv_lora_rank", "");
   c.qk_nope_dim = get_int(j, "qk_nope_head_dim", "");
-  c.qk_extra_dim = get_int(j, "qk_rope_head_dim", "");
+  c.qk_extra_dim = get_int(j, "qk_rope_head_dim", "", 0);
   c.v_head_dim = get_int(j, "v_head_dim", "");
   c.dense_ff = get_int(j, "intermediate_size", "");
-  c.n_dense_layers = get_int(j, "first_k_dense_replace", "");
-  c.n_expert = get_int(j, "n_routed_experts", "");
-  c.n_expert_used = get_int(j, "num_experts_per_tok", "");
+  c.n_dense_layers = get_int(j, "first_k_dense_replace", "", 0, kMaxConfigLayers);
+  c.n_expert = get_int(j, "n_routed_experts", "", 1, 4096);
+  c.n_expert_used = get_int(j, "num_experts_per_tok", "", 1, 4096);
   c.expert_ff = get_int(j, "moe_intermediate_size", "");
   c.moe_latent = get_int(j, "moe_latent_size", "");
   c.shared_ff = get_int(j, "shared_expert_intermediate_size", "");

@@ -129,6 +129,11 @@ void KimiConfig::validate() const {
     need(expert_ff % 32 == 0 && moe_latent % 32 == 0, "expert_ff and moe_latent must be multiples of 32 (MXFP4 blocks)");
   }
   need(rms_eps > 0, "rms_eps must be positive");
+  // Products of the widths stay far inside int.
+  constexpr int64_t kMax = int64_t{1} << 24;
+  need(int64_t{kda_n_head} * kda_head_dim <= kMax && int64_t{mla_n_head} * (qk_nope_dim + qk_extra_dim) <= kMax &&
+           int64_t{mla_n_head} * v_head_dim <= kMax,
+       "heads x head dims must be at most 2^24");
 }
 
 int KimiConfig::n_mla_layers() const {

@@ -33,6 +33,7 @@
 
 #include "core/error.h"
 #include "core/units.h"
+#include "io/config_value.h"
 #include "io/safetensors.h"
 #include "model/kimi.h"
 
@@ -95,7 +96,7 @@ std::string kimi_reference_name(const std::string& ours) {
 
 SafetensorsModel open_kimi_reference(const std::string& dir, const std::string& cfg_path, const std::string& text,
                                      KimiConfig& c, std::vector<uint8_t>& buffer) {
-  nlohmann::json root = nlohmann::json::parse(text);
+  nlohmann::json root = parse_config_json(text, cfg_path);
   const nlohmann::json& t = root.contains("text_config") ? root["text_config"] : root;
   if (!t.is_object()) fail("{}: text_config must be an object", cfg_path);
   auto field = [&](const nlohmann::json& o, const char* key, const std::string& path) -> const nlohmann::json& {
@@ -103,15 +104,14 @@ SafetensorsModel open_kimi_reference(const std::string& dir, const std::string& 
     if (it == o.end()) fail("{}: key '{}' is missing (a Kimi K3 checkpoint config needs it)", cfg_path, path + key);
     return *it;
   };
-  auto get_int = [&](const nlohmann::json& o, const char* key, const std::string& path = "") {
-    const auto& v = field(o, key, path);
-    if (!v.is_number_integer()) fail("{}: key '{}' must be an integer, got {}", cfg_path, path + key, v.dump());
-    return v.get<int>();
+  // Integers in [lo, hi], numbers finite and in (lo, hi] (io/config_value.h).
+  auto get_int = [&](const nlohmann::json& o, const char* key, const std::string& path = "", int64_t lo = 1,
+                     int64_t hi = kMaxConfigDim) {
+    return static_cast<int>(json_int_in(field(o, key, path), cfg_path, path + key, lo, hi));
   };
-  auto get_num = [&](const nlohmann::json& o, const char* key, const std::string& path = "") {
-    const auto& v = field(o, key, path);
-    if (!v.is_number()) fail("{}: key '{}' must be a number, got {}", cfg_path, path + key, v.dump());
-    return v.get<double>();
+  auto get_num = [&](const nlohmann::json& o, const char* key, const std::string& path = "", double lo = -1e6,
+                     double hi = 1e6) {
+    return json_float_in(field(o, key, path), cfg_path, path + key, lo, hi);
   };
   // The settings kimi/__init__.py Config.from_checkpoint requires.
   const std::vector<std::pair<const char*, nlohmann::json>> required = {
@@ -128,29 +128,30 @@ SafetensorsModel open_kimi_reference(const std::string& dir, const std::string& 
   if (field(la, "use_full_rank_gate", "linear_attn_config.") != true)
     fail("{}: Kimi K3 requires linear_attn_config.use_full_rank_gate = true", cfg_path);
   if (get_num(t, "activation_situ_beta") != 4.0 || get_num(t, "activation_situ_linear_beta") != 25.0)
-    fail("{}: only the SiTU betas 4 and 25 are supported", cfg_path);
+    fail("{}: activation_situ_beta {} and activation_situ_linear_beta {}: only the SiTU betas 4 and 25 are supported",
+         cfg_path, get_num(t, "activation_situ_beta"), get_num(t, "activation_situ_linear_beta"));
 
   c = KimiConfig{};
   c.name = root.value("name", t.value("name", std::string("kimi-k3")));
   c.hidden = get_int(t, "hidden_size");
   c.moe_latent = get_int(t, "routed_expert_hidden_size");
   c.expert_ff = get_int(t, "moe_intermediate_size");
-  c.shared_ff = c.expert_ff * get_int(t, "num_shared_experts");
+  c.shared_ff = c.expert_ff * get_int(t, "num_shared_experts", "", 1, 64);
   c.dense_ff = get_int(t, "intermediate_size");
-  c.n_expert = get_int(t, "num_experts");
-  c.n_expert_used = get_int(t, "num_experts_per_token");
-  c.n_layer = get_int(t, "num_hidden_layers");
+  c.n_expert = get_int(t, "num_experts", "", 1, 4096);
+  c.n_expert_used = get_int(t, "num_experts_per_token", "", 1, 4096);
+  c.n_layer = get_int(t, "num_hidden_layers", "", 1, kMaxConfigLayers);
   c.mla_n_head = c.kda_n_head = get_int(t, "num_attention_heads");
   c.kda_head_dim = get_int(la, "head_dim", "linear_attn_config.");
   c.qk_nope_dim = t.contains("qk_nope_head_dim") ? get_int(t, "qk_nope_head_dim") : c.kda_head_dim;
   c.v_head_dim = t.contains("v_head_dim") ? get_int(t, "v_head_dim") : c.kda_head_dim;
   c.q_lora_rank = get_int(t, "q_lora_rank");
   c.kv_lora_rank = get_int(t, "kv_lora_rank");
-  c.qk_extra_dim = get_int(t, "qk_rope_head_dim");
+  c.qk_extra_dim = get_int(t, "qk_rope_head_dim", "", 0);
   c.vocab = get_int(t, "vocab_size");
   c.conv_kernel = get_int(la, "short_conv_kernel_size", "linear_attn_config.");
-  c.attn_res_block = get_int(t, "attn_res_block_size");
-  c.rms_eps = get_num(t, "rms_norm_eps");
+  c.attn_res_block = get_int(t, "attn_res_block_size", "", 1, kMaxConfigLayers);
+  c.rms_eps = get_num(t, "rms_norm_eps", "", 0, 1);
   c.kda_lower_bound = static_cast<float>(get_num(la, "gate_lower_bound", "linear_attn_config."));
   if (t.value("tie_word_embeddings", false)) fail("{}: tied embeddings are not supported for Kimi K3", cfg_path);
   // full_attn_layers is 1-based (Config.from_checkpoint subtracts 1); our

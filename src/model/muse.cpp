@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <thread>
 
 #include <fmt/format.h>
@@ -16,6 +17,7 @@
 #include "core/rng.h"
 #include "core/units.h"
 #include "ops/norm.h"
+#include "io/config_value.h"
 #include "io/safetensors.h"
 #include "io/safetensors_writer.h"
 
@@ -115,16 +117,19 @@ void synth_tensor(const MuseTensor& t, size_t ti, uint64_t seed, DType d, uint8_
   }
 }
 
-int json_int(const nlohmann::json& j, const std::string& path, const char* key) {
+// An integer field in [lo, hi] (io/config_value.h).
+int json_int(const nlohmann::json& j, const std::string& path, const char* key, int64_t lo = 1,
+             int64_t hi = kMaxConfigDim) {
   auto it = j.find(key);
-  if (it == j.end() || !it->is_number_integer()) fail("{}: '{}' is missing or not an integer", path, key);
-  return it->get<int>();
+  if (it == j.end()) fail("{}: '{}' is missing", path, key);
+  return static_cast<int>(json_int_in(*it, path, key, lo, hi));
 }
-double json_num(const nlohmann::json& j, const std::string& path, const char* key, double def) {
+// A number field, finite and in (lo, hi]; def when absent.
+double json_num(const nlohmann::json& j, const std::string& path, const char* key, double def, double lo = 0,
+                double hi = 1e12) {
   auto it = j.find(key);
   if (it == j.end()) return def;
-  if (!it->is_number()) fail("{}: '{}' must be a number", path, key);
-  return it->get<double>();
+  return json_float_in(*it, path, key, lo, hi);
 }
 DType json_format(const nlohmann::json& j, const std::string& path, const char* key) {
   auto it = j.find(key);
@@ -290,12 +295,8 @@ std::unique_ptr<MuseModel> MuseModel::load(const std::string& dir) {
   const std::string cpath = (fs::path(dir) / "config.json").string();
   std::ifstream cf(cpath);
   if (!cf) fail("{}: cannot open (a Muse Spark model directory needs config.json and model.safetensors)", cpath);
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(cf);
-  } catch (const nlohmann::json::exception& e) {
-    fail("{}: invalid JSON: {}", cpath, e.what());
-  }
+  const std::string text((std::istreambuf_iterator<char>(cf)), std::istreambuf_iterator<char>());
+  const nlohmann::json j = parse_config_json(text, cpath);
   // A Hugging Face style config (the reference's checkpoints) has its
   // fields under text_config, or hidden_size at the top level.
   if (j.is_object() && (j.contains("text_config") || j.contains("hidden_size"))) return load_reference(dir, cpath);
@@ -304,23 +305,23 @@ std::unique_ptr<MuseModel> MuseModel::load(const std::string& dir) {
   std::unique_ptr<MuseModel> m(new MuseModel());
   MuseConfig& c = m->cfg_;
   c.name = j.value("name", std::string("muse-spark"));
-  c.n_layer = json_int(j, cpath, "n_layer");
+  c.n_layer = json_int(j, cpath, "n_layer", 1, kMaxConfigLayers);
   c.hidden = json_int(j, cpath, "hidden");
   c.vocab = json_int(j, cpath, "vocab");
   c.vocab_used = json_int(j, cpath, "vocab_used");
-  c.rms_eps = json_num(j, cpath, "rms_eps", c.rms_eps);
-  c.post_eps = json_num(j, cpath, "post_eps", c.post_eps);
+  c.rms_eps = json_num(j, cpath, "rms_eps", c.rms_eps, 0, 1);
+  c.post_eps = json_num(j, cpath, "post_eps", c.post_eps, 0, 1);
   c.qk_scale_factor = json_num(j, cpath, "qk_scale_factor", c.qk_scale_factor);
-  c.route_eps = json_num(j, cpath, "route_eps", c.route_eps);
+  c.route_eps = config_float_in_closed(cpath, "route_eps", json_num(j, cpath, "route_eps", c.route_eps, -1, 1), 0, 1);
   c.n_head = json_int(j, cpath, "n_head");
   c.n_head_kv = json_int(j, cpath, "n_head_kv");
   c.head_dim = json_int(j, cpath, "head_dim");
-  c.window = json_int(j, cpath, "window");
+  c.window = json_int(j, cpath, "window", 1, int64_t{1} << 30);
   c.rope_theta = json_num(j, cpath, "rope_theta", c.rope_theta);
-  c.full_attn_interval = json_int(j, cpath, "full_attn_interval");
-  c.full_attn_offset = json_int(j, cpath, "full_attn_offset");
-  c.n_expert = json_int(j, cpath, "n_expert");
-  c.top_k = json_int(j, cpath, "top_k");
+  c.full_attn_interval = json_int(j, cpath, "full_attn_interval", 1, kMaxConfigLayers);
+  c.full_attn_offset = json_int(j, cpath, "full_attn_offset", 0, kMaxConfigLayers);
+  c.n_expert = json_int(j, cpath, "n_expert", 1, 4096);
+  c.top_k = json_int(j, cpath, "top_k", 1, 4096);
   c.expert_ff = json_int(j, cpath, "expert_ff");
   c.expert_dim = json_int(j, cpath, "expert_dim");
   c.router_scale = json_num(j, cpath, "router_scale", c.router_scale);

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <optional>
 
 #include <fmt/format.h>
@@ -17,6 +18,7 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "core/units.h"
+#include "io/config_value.h"
 #include "io/safetensors.h"
 #include "io/safetensors_writer.h"
 #include "model/muse.h"
@@ -55,15 +57,14 @@ const nlohmann::json& field(const nlohmann::json& c, const std::string& path, co
   if (it == c.end()) fail("{}: text_config is missing '{}' (a Muse Spark checkpoint config needs it)", path, key);
   return *it;
 }
-int int_field(const nlohmann::json& c, const std::string& path, const char* key) {
-  const auto& v = field(c, path, key);
-  if (!v.is_number_integer()) fail("{}: '{}' must be an integer, got {}", path, key, v.dump());
-  return v.get<int>();
+// An integer field in [lo, hi] (io/config_value.h).
+int int_field(const nlohmann::json& c, const std::string& path, const char* key, int64_t lo = 1,
+              int64_t hi = kMaxConfigDim) {
+  return static_cast<int>(json_int_in(field(c, path, key), path, key, lo, hi));
 }
-double num_field(const nlohmann::json& c, const std::string& path, const char* key) {
-  const auto& v = field(c, path, key);
-  if (!v.is_number()) fail("{}: '{}' must be a number, got {}", path, key, v.dump());
-  return v.get<double>();
+// A number field, finite and in (lo, hi].
+double num_field(const nlohmann::json& c, const std::string& path, const char* key, double lo = 0, double hi = 1e12) {
+  return json_float_in(field(c, path, key), path, key, lo, hi);
 }
 
 // The reference's eff_weight: a zero-centred gain w means r16(1 + w).
@@ -75,11 +76,8 @@ std::unique_ptr<MuseModel> MuseModel::load_reference(const std::string& dir, con
   nlohmann::json root;
   {
     std::ifstream f(cpath);
-    try {
-      root = nlohmann::json::parse(f);
-    } catch (const nlohmann::json::exception& e) {
-      fail("{}: invalid JSON: {}", cpath, e.what());
-    }
+    const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    root = parse_config_json(text, cpath);
   }
   const nlohmann::json& t = root.contains("text_config") ? root["text_config"] : root;
   if (!t.is_object()) fail("{}: text_config must be an object", cpath);
@@ -101,21 +99,21 @@ std::unique_ptr<MuseModel> MuseModel::load_reference(const std::string& dir, con
   std::unique_ptr<MuseModel> m(new MuseModel());
   MuseConfig& c = m->cfg_;
   c.name = root.value("name", t.value("name", std::string("muse-spark")));
-  c.n_layer = int_field(t, cpath, "num_hidden_layers");
+  c.n_layer = int_field(t, cpath, "num_hidden_layers", 1, kMaxConfigLayers);
   c.hidden = int_field(t, cpath, "hidden_size");
   c.expert_dim = int_field(t, cpath, "moe_hidden_size");
   c.expert_ff = int_field(t, cpath, "moe_intermediate_size");
-  c.n_expert = int_field(t, cpath, "num_local_experts");
-  c.top_k = int_field(t, cpath, "num_experts_per_tok");
+  c.n_expert = int_field(t, cpath, "num_local_experts", 1, 4096);
+  c.top_k = int_field(t, cpath, "num_experts_per_tok", 1, 4096);
   c.n_head = int_field(t, cpath, "num_attention_heads");
   c.n_head_kv = int_field(t, cpath, "num_key_value_heads");
   c.head_dim = int_field(t, cpath, "head_dim");
   c.vocab = int_field(t, cpath, "vocab_size");
   c.vocab_used = std::min(kVocabUsed, c.vocab);
-  c.window = int_field(t, cpath, "sliding_window");
-  c.rope_theta = rope["rope_theta"].get<double>();
-  c.rms_eps = num_field(t, cpath, "rms_norm_eps");
-  c.post_eps = num_field(t, cpath, "post_norm_eps");
+  c.window = int_field(t, cpath, "sliding_window", 1, int64_t{1} << 30);
+  c.rope_theta = json_float_in(rope["rope_theta"], cpath, "rope_parameters.rope_theta", 0, 1e12);
+  c.rms_eps = num_field(t, cpath, "rms_norm_eps", 0, 1);
+  c.post_eps = num_field(t, cpath, "post_norm_eps", 0, 1);
   c.qk_scale_factor = num_field(t, cpath, "qk_scale_factor");
   c.router_scale = c.logit_scale = num_field(t, cpath, "output_multiplier");
   c.logit_cap = num_field(t, cpath, "final_logit_softcapping");

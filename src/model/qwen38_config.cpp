@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/units.h"
+#include "io/config_value.h"
 #include "io/hf_config.h"
 
 namespace megakern {
@@ -281,33 +282,40 @@ Qwen38Config qwen38_config_from_hf(const HFConfig& hf) {
          mt);
   Qwen38Config c;
   c.name = hf.name();
-  c.n_layer = static_cast<int>(hf.get_positive_int("num_hidden_layers"));
-  c.hidden = static_cast<int>(hf.get_positive_int("hidden_size"));
-  c.intermediate = static_cast<int>(hf.get_positive_int("intermediate_size"));
-  c.vocab = static_cast<int>(hf.get_positive_int("vocab_size"));
-  c.rms_eps = hf.get_float_or("rms_norm_eps", 1e-6);
-  c.n_head = static_cast<int>(hf.get_positive_int("num_attention_heads"));
-  c.n_head_kv = static_cast<int>(hf.get_positive_int("num_key_value_heads"));
-  c.head_dim = static_cast<int>(hf.get_int_or("head_dim", c.hidden / c.n_head));
-  c.la_n_k_heads = static_cast<int>(hf.get_positive_int("linear_num_key_heads"));
-  c.la_n_v_heads = static_cast<int>(hf.get_positive_int("linear_num_value_heads"));
-  c.la_k_head_dim = static_cast<int>(hf.get_positive_int("linear_key_head_dim"));
-  c.la_v_head_dim = static_cast<int>(hf.get_positive_int("linear_value_head_dim"));
-  c.conv_kernel = static_cast<int>(hf.get_int_or("linear_conv_kernel_dim", 4));
-  c.full_attn_interval = static_cast<int>(hf.get_int_or("full_attention_interval", 4));
+  auto dim = [&](const char* key) { return static_cast<int>(hf.get_int_in(key, 1, kMaxConfigDim)); };
+  c.n_layer = static_cast<int>(hf.get_int_in("num_hidden_layers", 1, kMaxConfigLayers));
+  c.hidden = dim("hidden_size");
+  c.intermediate = dim("intermediate_size");
+  c.vocab = dim("vocab_size");
+  c.rms_eps = hf.get_float_in_or("rms_norm_eps", 1e-6, 0, 1);
+  c.n_head = dim("num_attention_heads");
+  c.n_head_kv = dim("num_key_value_heads");
+  c.head_dim = static_cast<int>(hf.get_int_in_or("head_dim", c.hidden / c.n_head, 1, kMaxConfigDim));
+  c.la_n_k_heads = dim("linear_num_key_heads");
+  c.la_n_v_heads = dim("linear_num_value_heads");
+  c.la_k_head_dim = dim("linear_key_head_dim");
+  c.la_v_head_dim = dim("linear_value_head_dim");
+  c.conv_kernel = static_cast<int>(hf.get_int_in_or("linear_conv_kernel_dim", 4, 1, 1024));
+  c.full_attn_interval = static_cast<int>(hf.get_int_in_or("full_attention_interval", 4, 1, kMaxConfigLayers));
   c.tie_embeddings = hf.get_bool_or("tie_word_embeddings", false);
 
-  double theta = hf.get_float_or("rope_theta", 1e7);
-  double partial = hf.get_float_or("partial_rotary_factor", 0.25);
+  constexpr double kMaxRopeBase = 1e12;
+  double theta = hf.get_float_in_or("rope_theta", 1e7, 0, kMaxRopeBase);
+  double partial = hf.get_float_in_or("partial_rotary_factor", 0.25, 0, 1);
   if (const nlohmann::json* rp = hf.find("rope_parameters"); rp && rp->is_object()) {
     if (auto it = rp->find("rope_type"); it != rp->end() && it->is_string() && it->get<std::string>() != "default")
       fail("{}: rope_parameters.rope_type '{}' is not supported (only 'default')", hf.name(),
            it->get<std::string>());
-    if (auto it = rp->find("rope_theta"); it != rp->end() && it->is_number()) theta = it->get<double>();
-    if (auto it = rp->find("partial_rotary_factor"); it != rp->end() && it->is_number())
-      partial = it->get<double>();
+    if (auto it = rp->find("rope_theta"); it != rp->end() && !it->is_null())
+      theta = json_float_in(*it, hf.name(), "rope_parameters.rope_theta", 0, kMaxRopeBase);
+    if (auto it = rp->find("partial_rotary_factor"); it != rp->end() && !it->is_null())
+      partial = json_float_in(*it, hf.name(), "rope_parameters.partial_rotary_factor", 0, 1);
   }
   c.rope_theta = theta;
+  if (int64_t{c.n_head} * c.head_dim > kMaxConfigDim || int64_t{c.la_n_v_heads} * c.la_v_head_dim > kMaxConfigDim ||
+      int64_t{c.la_n_k_heads} * c.la_k_head_dim > kMaxConfigDim)
+    fail("{}: num_attention_heads x head_dim ({} x {}) or the linear-attention heads x head dims exceed {}", hf.name(),
+         c.n_head, c.head_dim, kMaxConfigDim);
   const double rd = c.head_dim * partial;
   if (std::floor(rd) != rd) fail("{}: head_dim {} * partial_rotary_factor {} is not an integer", hf.name(),
                                  c.head_dim, partial);
