@@ -64,7 +64,8 @@ struct HeadNormGate {
 // The attention ops: per-head norm and RoPE, the KV store, attention itself
 // and MLA's per-head key assembly.
 //   HeadNormRope: in-place on `out`: per head, optional rmsnorm by head_norm [head_dim], then RoPE at pos[r]
-//                 (angle i divided by freq_factors[i] when given: Llama 3 / LongRoPE scaling)
+//                 of dims [rope_offset, rope_offset + rope_dim) of the head (angle i divided by
+//                 freq_factors[i] when given: Llama 3 / LongRoPE scaling)
 //   StoreKV:      cache(r)[layer][pos[r]] = (in[r], in2[r]) (k, v); out is the layer's width-0 cache
 //                 marker slot, so the dependency of attention on it is explicit
 //   Attention:    out[r] = softmax(s) V over row r's cache, s = q.K^T * scale (then cap * tanh(s / cap)
@@ -79,6 +80,7 @@ struct HeadNormRope {
   std::span<const float> head_norm;  // [head_dim] or empty
   float eps = 1e-6f;
   std::span<const float> freq_factors;  // [rope_dim / 2] or empty
+  int rope_offset = 0;     // first rotated dim of a head (MLA rotates the trailing dims)
 };
 struct StoreKV {
   int cache_index = -1;
@@ -143,7 +145,11 @@ struct DeltaRule {
 //   MoeRoute:   out[r] = route(in[r]): in = router logits [E]; score = sigmoid(scale * logit)
 //               (or, with `softmax`, softmax(logit) over E); top_k of score + bias (optional),
 //               ties to the lowest index; weights = score / (sum of the selected scores + eps)
-//               (the selected scores themselves when not `normalize`)
+//               (the selected scores themselves when not `normalize`), times weight_scale.
+//               With n_group > 1 (DeepSeek's group-limited routing) the E experts form n_group
+//               consecutive groups, each scored by its best key (`group_top2`: the sum of its two
+//               best keys); the topk_group best groups (ties to the lowest index) are the only
+//               ones the top_k are chosen from
 //   MoeGlu:     out[r][j] = act(gate_e in[r], up_e in[r]) for e = expert j of row r (in2 = route);
 //               tiles: (distinct selected expert, d_ff range), weights read once per step
 //   MoeDown:    out[r][j] = down_e in[r][j]   (in = the MoeGlu slot, in2 = route); tiled as MoeGlu
@@ -158,6 +164,9 @@ struct MoeRoute {
   // over their sum (+ eps) when `normalize`, as they are otherwise.
   bool softmax = false;
   bool normalize = true;
+  float weight_scale = 1.f;  // DeepSeek's routed_scaling_factor
+  int n_group = 1, topk_group = 1;
+  bool group_top2 = false;
 };
 struct MoeExperts {
   int top_k = 0;

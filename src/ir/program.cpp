@@ -157,6 +157,72 @@ void DecodeProgram::add_attention_core(const AttentionSpec& a) {
   t.softcap = a.softcap;
 }
 
+void DecodeProgram::add_mla_attention(const MlaSpec& a) {
+  auto rows = [](const MatView& m, int64_t first, int64_t n) {
+    MatView v = m;
+    v.data = m.row(first);
+    v.rows = n;
+    return v;
+  };
+  const int l = a.layer, Dk = a.nope + a.extra;
+  if (a.q_a.data) {
+    add_matmul(l, "mla_q_a", a.q_a, a.in, a.qa);
+    add_rmsnorm(l, "mla_q_a_norm", *a.q_a_norm, a.eps, a.qa, a.qan);
+    add_matmul(l, "mla_q_b", a.q_b, a.qan, a.q);
+  } else {
+    add_matmul(l, "mla_q", a.q_b, a.in, a.q);
+  }
+  add_matmul(l, "mla_kv_a", rows(a.kv_a, 0, a.kv_lora_rank), a.in, a.clat);
+  add_matmul(l, "mla_k_extra", rows(a.kv_a, a.kv_lora_rank, a.extra), a.in, a.kext);
+  if (a.gate_w.data) add_matmul(l, "mla_gate", a.gate_w, a.in, a.gate);
+  add_rmsnorm(l, "mla_kv_a_norm", *a.kv_a_norm, a.eps, a.clat, a.cn);
+  add_matmul(l, "mla_k_b", a.kv_b_k, a.cn, a.knope);
+  add_matmul(l, "mla_v_b", a.kv_b_v, a.cn, a.val);
+  if (a.rope_dim > 0) {
+    for (int which = 0; which < 2; ++which) {
+      Op& o = add_op(OpKind::HeadNormRope, l, which == 0 ? "mla_q_rope" : "mla_k_rope");
+      o.out = which == 0 ? a.q : a.kext;
+      auto& r = o.as<ops::HeadNormRope>();
+      r.n_head = which == 0 ? a.n_head : 1;
+      r.head_dim = which == 0 ? Dk : a.extra;
+      r.rope_offset = which == 0 ? a.nope : 0;
+      r.rope_dim = a.rope_dim;
+      r.rope_base = a.rope_base;
+      r.rope_neox = a.rope_neox;
+      if (a.freq_factors) r.freq_factors = *a.freq_factors;
+    }
+  }
+  Op& mk = add_op(OpKind::MlaKey, l, "mla_key");
+  mk.in = a.knope;
+  mk.in2 = a.kext;
+  mk.out = a.key;
+  mk.as<ops::MlaKey>().n_head = a.n_head;
+  mk.as<ops::MlaKey>().head_dim = Dk;
+  const int marker = add_slot("kv_cache", l, 0);
+  Op& sk = add_op(OpKind::StoreKV, l, "store_kv");
+  sk.in = a.key;
+  sk.in2 = a.val;
+  sk.out = marker;
+  sk.as<ops::StoreKV>().cache_index = a.cache_index;
+  Op& at = add_op(OpKind::Attention, l, "attention");
+  at.in = a.q;
+  at.in2 = marker;
+  at.out = a.att;
+  auto& t = at.as<ops::Attention>();
+  t.n_head = a.n_head;
+  t.n_head_kv = a.n_head;
+  t.head_dim = Dk;
+  t.v_head_dim = a.v_dim;
+  t.scale = a.scale;
+  t.cache_index = a.cache_index;
+  if (a.gate_w.data) {
+    Op& g = add_op(OpKind::SigmoidGate, l, "mla_out_gate");
+    g.in = a.gate;
+    g.out = a.att;
+  }
+  add_matmul(l, "mla_o", a.o, a.att, a.out);
+}
+
 size_t DecodeProgram::weight_bytes() const {
   size_t b = 0;
   for (const auto& op : ops) b += op.weight_bytes();

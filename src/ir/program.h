@@ -138,6 +138,41 @@ struct DecodeProgram {
     float softcap = 0.f;   // attention score softcap (0: none)
   };
   void add_attention_core(const AttentionSpec& a);
+
+  // Multi-head latent attention (DeepSeek-V2/V3, Kimi K3's MLA layers) from
+  // the normed layer input `in` to `out` (the output projection's result):
+  // q from the low-rank q_a -> q_a_norm -> q_b path (or q_proj alone when q_a
+  // is null); kv_a's first kv_lora_rank rows give the latent, normed by
+  // kv_a_norm and expanded by kv_b_k / kv_b_v into per-head key "nope" dims
+  // and values, its last `extra` rows the key dims shared by every head. With
+  // rope_dim > 0 the trailing `extra` dims of each q head and the shared key
+  // dims are rotated (rope_dim == extra). With a gate matrix, the attention
+  // output is multiplied by sigmoid(gate in) (Kimi K3). Per head q and k are
+  // [nope | extra]; the cache holds the expanded keys and values.
+  struct MlaSpec {
+    int layer = 0;
+    int in = -1, out = -1;
+    // Slots: qa, qan [q_lora_rank] (unused without q_a), q [n_head * (nope + extra)],
+    // clat, cn [kv_lora_rank], kext [extra], knope [n_head * nope], key [n_head * (nope + extra)],
+    // val, att [n_head * v_dim], gate [n_head * v_dim] (unused without a gate).
+    int qa = -1, qan = -1, q = -1, clat = -1, cn = -1, kext = -1, knope = -1, key = -1, val = -1, att = -1,
+        gate = -1;
+    MatView q_a, q_b;          // q_a empty (no data): q_b is the full q projection [n_head*(nope+extra)][H]
+    MatView kv_a;              // [kv_lora_rank + extra][H]
+    MatView kv_b_k, kv_b_v;    // [n_head * nope][kv_lora_rank], [n_head * v_dim][kv_lora_rank]
+    MatView gate_w;            // [n_head * v_dim][H] or empty
+    MatView o;                 // [H][n_head * v_dim]
+    const std::vector<float>* q_a_norm = nullptr;  // [q_lora_rank]
+    const std::vector<float>* kv_a_norm = nullptr; // [kv_lora_rank]
+    int n_head = 0, nope = 0, extra = 0, v_dim = 0, kv_lora_rank = 0;
+    float eps = 1e-6f, scale = 1.f;
+    int cache_index = -1;
+    int rope_dim = 0;          // 0: no RoPE (Kimi K3's NoPE MLA)
+    float rope_base = 10000.f;
+    bool rope_neox = false;
+    const std::vector<float>* freq_factors = nullptr;  // [rope_dim / 2] or null/empty
+  };
+  void add_mla_attention(const MlaSpec& a);
   size_t weight_bytes() const;
   // Weight bytes a step of n_rows rows reads: weight_bytes() plus, for routed
   // experts, the expected number of distinct experts n rows select under

@@ -95,18 +95,41 @@ std::unique_ptr<DenseModel> DenseModel::load(const GGUFFile& f, std::optional<DT
   using T = DenseTensor;
   auto name = [](T t, int l = 0, std::string_view suffix = "weight") { return dense_tensor_name(t, l, suffix); };
 
-  c.n_layer = int_in(f, arch_key(c, "block_count"), 1, kMaxConfigLayers);
+  c.n_layer = int_in(f, arch_key(c, "block_count"));
   c.n_embd = int_in(f, arch_key(c, "embedding_length"));
   c.n_ff = int_in(f, arch_key(c, "feed_forward_length"));
   c.n_head = int_in(f, arch_key(c, "attention.head_count"));
+  if (fam.mla) {
+    // Multi-head latent attention. llama.cpp's converter writes the per-head
+    // key and value widths as key_length_mla / value_length_mla (key_length
+    // and value_length then describe its latent-space form); older files
+    // give them as key_length / value_length.
+    c.mla = true;
+    c.n_head_kv = c.n_head;
+    c.kv_lora_rank = int_in(f, arch_key(c, "attention.kv_lora_rank"));
+    c.q_lora_rank = f.has(arch_key(c, "attention.q_lora_rank")) ? int_in(f, arch_key(c, "attention.q_lora_rank")) : 0;
+    const bool mla_keys = f.has(arch_key(c, "attention.key_length_mla"));
+    c.head_dim = int_in(f, arch_key(c, mla_keys ? "attention.key_length_mla" : "attention.key_length"));
+    c.v_head_dim = int_in(f, arch_key(c, mla_keys ? "attention.value_length_mla" : "attention.value_length"));
+    c.qk_rope = int_in(f, arch_key(c, "rope.dimension_count"));
+    if (c.qk_rope % 2 != 0 || c.qk_rope >= c.head_dim)
+      fail("{}: rope.dimension_count {} must be even and below the key head size {}", f.name(), c.qk_rope, c.head_dim);
+    c.qk_nope = c.head_dim - c.qk_rope;
+    if (auto type = f.get_string_opt(arch_key(c, "rope.scaling.type")); type && *type == "yarn")
+      fail("{}: rope.scaling.type 'yarn' (DeepSeek's long-context RoPE, with its attention-scale correction) is not "
+           "supported yet; files with plain RoPE are",
+           f.name());
+  } else {
   c.n_head_kv = f.has(arch_key(c, "attention.head_count_kv")) ? int_in(f, arch_key(c, "attention.head_count_kv"))
                                                                 : c.n_head;
+  }
   if (c.n_head % c.n_head_kv != 0)
     fail("{}: head_count {} is not a multiple of head_count_kv {}", f.name(), c.n_head, c.n_head_kv);
-  c.head_dim = f.has(arch_key(c, "attention.key_length")) ? int_in(f, arch_key(c, "attention.key_length"))
-                                                           : c.n_embd / c.n_head;
+  if (!c.mla)
+    c.head_dim = f.has(arch_key(c, "attention.key_length")) ? int_in(f, arch_key(c, "attention.key_length"))
+                                                             : c.n_embd / c.n_head;
   if (c.head_dim <= 0) fail("{}: embedding_length {} is smaller than head_count {}", f.name(), c.n_embd, c.n_head);
-  if (f.has(arch_key(c, "attention.value_length")) &&
+  if (!c.mla && f.has(arch_key(c, "attention.value_length")) &&
       int_in(f, arch_key(c, "attention.value_length")) != c.head_dim)
     fail("{}: key_length and value_length differ, which this engine does not support", f.name());
   c.n_ctx_train = f.has(arch_key(c, "context_length")) ? int_in(f, arch_key(c, "context_length"), 1, int64_t{1} << 30) : 2048;
@@ -168,9 +191,36 @@ std::unique_ptr<DenseModel> DenseModel::load(const GGUFFile& f, std::optional<DT
     if (c.n_expert_used > c.n_expert || c.n_expert > 4096)
       fail("{}: expert_used_count {} must be at most expert_count {} (at most 4096)", f.name(), c.n_expert_used,
            c.n_expert);
-    c.expert_weights_norm = f.get_bool_opt(arch_key(c, "expert_weights_norm")).value_or(true);
-    if (f.has(arch_key(c, "expert_shared_count")) && f.get_int(arch_key(c, "expert_shared_count")) != 0)
+    // llama.cpp's default for deepseek2 is no renormalisation, for the others renormalisation.
+    c.expert_weights_norm = f.get_bool_opt(arch_key(c, "expert_weights_norm")).value_or(!c.mla);
+    if (c.mla) {
+      const int64_t shared = f.has(arch_key(c, "expert_shared_count")) ? f.get_int(arch_key(c, "expert_shared_count")) : 0;
+      if (shared < 0 || shared > 64) fail("{}: '{}' is {}", f.name(), arch_key(c, "expert_shared_count"), shared);
+      c.n_ff_shexp = static_cast<int>(shared) * c.n_ff_exp;
+      const int64_t lead = f.has(arch_key(c, "leading_dense_block_count"))
+                               ? f.get_int(arch_key(c, "leading_dense_block_count"))
+                               : 0;
+      if (lead < 0 || lead > c.n_layer)
+        fail("{}: '{}' is {}, it must be in [0, {}]", f.name(), arch_key(c, "leading_dense_block_count"), lead, c.n_layer);
+      c.n_dense_lead = static_cast<int>(lead);
+      const int64_t gating = f.has(arch_key(c, "expert_gating_func")) ? f.get_int(arch_key(c, "expert_gating_func")) : 1;
+      if (gating != 1 && gating != 2)
+        fail("{}: '{}' is {} (1: softmax, 2: sigmoid)", f.name(), arch_key(c, "expert_gating_func"), gating);
+      c.gating_sigmoid = gating == 2;
+      c.expert_weights_scale = bounded_float(f, arch_key(c, "expert_weights_scale"), 0.0, 1e6, 1.0);
+      const int64_t groups = f.has(arch_key(c, "expert_group_count")) ? f.get_int(arch_key(c, "expert_group_count")) : 1;
+      const int64_t used =
+          f.has(arch_key(c, "expert_group_used_count")) ? f.get_int(arch_key(c, "expert_group_used_count")) : groups;
+      c.n_group = static_cast<int>(std::max<int64_t>(groups, 1));
+      c.topk_group = static_cast<int>(std::max<int64_t>(used, 1));
+      if (groups > 1 && (c.n_expert % c.n_group != 0 || c.topk_group > c.n_group ||
+                         c.n_expert_used > c.topk_group * (c.n_expert / c.n_group) ||
+                         (c.gating_sigmoid && c.n_expert / c.n_group < 2)))
+        fail("{}: {} experts in expert_group_count {} groups with expert_group_used_count {} cannot route the top {}",
+             f.name(), c.n_expert, groups, used, c.n_expert_used);
+    } else if (f.has(arch_key(c, "expert_shared_count")) && f.get_int(arch_key(c, "expert_shared_count")) != 0) {
       fail("{}: shared experts are not supported for {}", f.name(), c.arch_name);
+    }
   }
 
   // Bounds that keep every index computation of forward() (at most
@@ -201,7 +251,9 @@ std::unique_ptr<DenseModel> DenseModel::load(const GGUFFile& f, std::optional<DT
     DenseLayer& L = m->layers_[static_cast<size_t>(l)];
     L.attn_norm = vec(f, name(T::AttnNorm, l), c.n_embd);
     L.ffn_norm = vec(f, name(T::FfnNorm, l), c.n_embd);
-    if (fam.fused_qkv) {
+    if (c.mla) {
+      m->load_mla_layer(f, l);
+    } else if (fam.fused_qkv) {
       const MatView qkv = mat(f, name(T::AttnQkv, l), c.n_embd, qdim + 2 * kvdim);
       L.wq = row_range(qkv, 0, qdim);
       L.wk = row_range(qkv, qdim, kvdim);
@@ -211,8 +263,8 @@ std::unique_ptr<DenseModel> DenseModel::load(const GGUFFile& f, std::optional<DT
       L.wk = mat(f, name(T::AttnK, l), c.n_embd, kvdim);
       L.wv = mat(f, name(T::AttnV, l), c.n_embd, kvdim);
     }
-    L.wo = mat(f, name(T::AttnOut, l), qdim, c.n_embd);
-    if (fam.moe) {
+    if (!c.mla) L.wo = mat(f, name(T::AttnOut, l), qdim, c.n_embd);
+    if (c.layer_moe(l)) {
       L.router = mat(f, name(T::FfnGateInp, l), c.n_embd, c.n_expert);
       ExpertBank& B = L.experts;
       B.n_expert = c.n_expert;
@@ -239,6 +291,14 @@ std::unique_ptr<DenseModel> DenseModel::load(const GGUFFile& f, std::optional<DT
       slabs(T::FfnGateExps, c.n_embd, c.n_ff_exp, B.gate);
       slabs(T::FfnUpExps, c.n_embd, c.n_ff_exp, B.up);
       slabs(T::FfnDownExps, c.n_ff_exp, c.n_embd, B.down);
+      if (c.mla) {
+        if (f.find_tensor(name(T::FfnExpProbsB, l, "bias"))) L.router_bias = vec(f, name(T::FfnExpProbsB, l, "bias"), c.n_expert);
+        if (c.n_ff_shexp > 0) {
+          L.sh_gate = mat(f, name(T::FfnGateShexp, l), c.n_embd, c.n_ff_shexp);
+          L.sh_up = mat(f, name(T::FfnUpShexp, l), c.n_embd, c.n_ff_shexp);
+          L.sh_down = mat(f, name(T::FfnDownShexp, l), c.n_ff_shexp, c.n_embd);
+        }
+      }
     } else if (fam.fused_gate_up) {
       const MatView gu = mat(f, name(T::FfnUp, l), c.n_embd, 2 * int64_t{c.n_ff});
       L.w_gate = row_range(gu, 0, c.n_ff);
@@ -247,7 +307,8 @@ std::unique_ptr<DenseModel> DenseModel::load(const GGUFFile& f, std::optional<DT
       L.w_gate = mat(f, name(T::FfnGate, l), c.n_embd, c.n_ff);
       L.w_up = mat(f, name(T::FfnUp, l), c.n_embd, c.n_ff);
     }
-    if (!fam.moe) L.w_down = mat(f, name(T::FfnDown, l), c.n_ff, c.n_embd);
+    if (!c.layer_moe(l)) L.w_down = mat(f, name(T::FfnDown, l), c.n_ff, c.n_embd);
+    if (c.mla) continue;
     // q/k/v biases: required where the family has them, read where a file
     // of another family carries them (some llama conversions do).
     for (auto [t, dst, n] : {std::tuple{T::AttnQ, &L.bq, qdim}, std::tuple{T::AttnK, &L.bk, kvdim},
@@ -274,6 +335,70 @@ std::unique_ptr<DenseModel> DenseModel::load(const GGUFFile& f, std::optional<DT
   return m;
 }
 
+// One MLA layer's attention tensors (deepseek2). The key and value
+// expansions come as the fused attn_kv_b (per head: nope key rows, then v
+// value rows; the rows are gathered into one matrix each, in the file's
+// format) or as attn_k_b (each head's block transposed; transposed back, in
+// f32) and attn_v_b (a view).
+void DenseModel::load_mla_layer(const GGUFFile& f, int l) {
+  using T = DenseTensor;
+  const DenseConfig& c = cfg_;
+  DenseLayer& L = layers_[static_cast<size_t>(l)];
+  auto name = [l](T t) { return dense_tensor_name(t, l); };
+  const int64_t nh = c.n_head, Dk = c.head_dim, kvl = c.kv_lora_rank, nope = c.qk_nope, Dv = c.v_head_dim;
+  if (c.q_lora_rank > 0) {
+    L.q_a = mat(f, name(T::AttnQA), c.n_embd, c.q_lora_rank);
+    L.q_a_norm = vec(f, name(T::AttnQANorm), c.q_lora_rank);
+    L.q_b = mat(f, name(T::AttnQB), c.q_lora_rank, nh * Dk);
+  } else {
+    L.q_b = mat(f, name(T::AttnQ), c.n_embd, nh * Dk);
+  }
+  L.kv_a = mat(f, name(T::AttnKvAMqa), c.n_embd, kvl + c.qk_rope);
+  L.kv_a_norm = vec(f, name(T::AttnKvANorm), kvl);
+  L.wo = mat(f, name(T::AttnOut), nh * Dv, c.n_embd);
+  auto tensor3 = [&](T kind, int64_t d0, int64_t d1) -> const GGUFTensorInfo& {
+    const GGUFTensorInfo& t = f.tensor(name(kind));
+    if (t.shape.size() != 3 || t.shape[0] != d0 || t.shape[1] != d1 || t.shape[2] != nh)
+      fail("{}: tensor '{}' has shape [{}], expected [{}, {}, {}]", f.name(), name(kind), fmt::join(t.shape, ", "), d0,
+           d1, nh);
+    return t;
+  };
+  if (f.find_tensor(name(T::AttnKB))) {
+    const GGUFTensorInfo& kb = tensor3(T::AttnKB, nope, kvl);
+    const GGUFTensorInfo& vb = tensor3(T::AttnVB, kvl, Dv);
+    std::vector<float> src(static_cast<size_t>(nh * kvl * nope)), k(src.size());
+    dtype_traits(kb.type).dequantize(kb.data, src.data(), static_cast<int64_t>(src.size()));
+    for (int64_t h = 0; h < nh; ++h)  // src[h][j][i] (j < kvl, i < nope) -> k[h * nope + i][j]
+      for (int64_t j = 0; j < kvl; ++j)
+        for (int64_t i = 0; i < nope; ++i)
+          k[static_cast<size_t>((h * nope + i) * kvl + j)] = src[static_cast<size_t>((h * kvl + j) * nope + i)];
+    L.kv_b_k = MatView{};
+    L.kv_b_k.type = DType::F32;
+    L.kv_b_k.rows = nh * nope;
+    L.kv_b_k.cols = kvl;
+    L.kv_b_k.row_bytes = row_bytes(DType::F32, kvl);
+    L.kv_b_k.data = reinterpret_cast<const uint8_t*>(k.data());
+    owned_.push_back(std::move(k));
+    L.kv_b_v.type = vb.type;
+    L.kv_b_v.rows = nh * Dv;
+    L.kv_b_v.cols = kvl;
+    L.kv_b_v.row_bytes = row_bytes(vb.type, kvl);
+    L.kv_b_v.data = vb.data;
+  } else {
+    const MatView kvb = mat(f, name(T::AttnKvB), kvl, nh * (nope + Dv));
+    for (auto [dst, first, n] : {std::tuple{&L.kv_b_k, int64_t{0}, nope}, std::tuple{&L.kv_b_v, nope, Dv}}) {
+      std::vector<uint8_t> bytes(static_cast<size_t>(nh * n) * kvb.row_bytes);
+      for (int64_t h = 0; h < nh; ++h)
+        std::memcpy(bytes.data() + static_cast<size_t>(h * n) * kvb.row_bytes, kvb.row(h * (nope + Dv) + first),
+                    static_cast<size_t>(n) * kvb.row_bytes);
+      *dst = kvb;
+      dst->rows = nh * n;
+      dst->data = bytes.data();
+      owned_bytes_.push_back(std::move(bytes));
+    }
+  }
+}
+
 void DenseModel::dequantize_all_to_f32() {
   // A tied output matrix is the embedding: it is converted once and both
   // views keep pointing at the same storage.
@@ -293,7 +418,8 @@ void DenseModel::dequantize_all_to_f32() {
   else
     convert(output_);
   for (DenseLayer& L : layers_) {
-    for (MatView* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down, &L.router})
+    for (MatView* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down, &L.router, &L.q_a, &L.q_b, &L.kv_a,
+                       &L.kv_b_k, &L.kv_b_v, &L.sh_gate, &L.sh_up, &L.sh_down})
       if (m->data) convert(*m);
     for (auto* v : {&L.experts.gate, &L.experts.up, &L.experts.down})
       for (MatView& m : *v) convert(m);
@@ -305,6 +431,7 @@ size_t DenseModel::weight_bytes() const {
   size_t total = b(output_);
   for (const auto& L : layers_) {
     total += b(L.wq) + b(L.wk) + b(L.wv) + b(L.wo) + b(L.w_gate) + b(L.w_up) + b(L.w_down) + b(L.router);
+    total += b(L.q_a) + b(L.q_b) + b(L.kv_a) + b(L.kv_b_k) + b(L.kv_b_v) + b(L.sh_gate) + b(L.sh_up) + b(L.sh_down);
     // The routed experts a token selects: top_k of the layer's.
     for (int e = 0; e < cfg_.n_expert_used && e < L.experts.n_expert; ++e)
       total += L.experts.glu_bytes(e) + L.experts.down_bytes(e);
@@ -318,8 +445,9 @@ void DenseModel::forward(ThreadPool& pool, KVCache& cache, const int32_t* tokens
   if (n <= 0) fail("forward needs at least one token");
   if (n_out < 0 || n_out > n) fail("forward: n_out {} must be in [0, {}]", n_out, n);
   if (cache.n_layer != c.n_layer || cache.kv_dim != c.n_head_kv * c.head_dim ||
+      cache.v_width() != c.n_head_kv * c.v_dim() ||
       cache.k.size() < static_cast<size_t>(c.n_layer) * cache.n_ctx * cache.kv_dim ||
-      cache.v.size() != cache.k.size())
+      cache.v.size() < static_cast<size_t>(c.n_layer) * cache.n_ctx * cache.v_width())
     fail("forward: the KV cache was not made for this model");
   if (pos0 < 0 || static_cast<int64_t>(pos0) + n > cache.n_ctx)
     fail("context full: positions {}..{} do not fit in a context of {} tokens", pos0, static_cast<int64_t>(pos0) + n - 1,

@@ -52,6 +52,19 @@ struct DenseConfig {
   // width, and whether the selected softmax scores are renormalised.
   int n_expert = 0, n_expert_used = 0, n_ff_exp = 0;
   bool expert_weights_norm = true;
+  // deepseek2: multi-head latent attention (n_head_kv = n_head, head_dim =
+  // qk_nope + qk_rope, the value heads v_head_dim wide), the leading
+  // n_dense_lead layers dense (n_ff), the others routed experts plus
+  // n_ff_shexp of shared expert; sigmoid or softmax scores, group-limited,
+  // the weights times expert_weights_scale.
+  bool mla = false;
+  int q_lora_rank = 0, kv_lora_rank = 0, qk_nope = 0, qk_rope = 0, v_head_dim = 0;
+  int n_dense_lead = 0, n_ff_shexp = 0;
+  bool gating_sigmoid = false;
+  float expert_weights_scale = 1.f;
+  int n_group = 1, topk_group = 1;
+  int v_dim() const { return mla ? v_head_dim : head_dim; }
+  bool layer_moe(int l) const { return n_expert > 0 && l >= n_dense_lead; }
 };
 
 struct DenseLayer {
@@ -68,6 +81,11 @@ struct DenseLayer {
   // (views into the file's 3-D tensors); w_gate / w_up / w_down are unused.
   MatView router;
   ExpertBank experts;
+  std::vector<float> router_bias;  // [n_expert] selection bias (deepseek2), or empty
+  MatView sh_gate, sh_up, sh_down; // shared experts (deepseek2)
+  // MLA (deepseek2): see DecodeProgram::MlaSpec.
+  MatView q_a, q_b, kv_a, kv_b_k, kv_b_v;
+  std::vector<float> q_a_norm, kv_a_norm;
 };
 
 class DenseModel {
@@ -116,7 +134,9 @@ class DenseModel {
   // Storage of matrices dequantised at load (load with weights = F32); the
   // MatViews above point into it.
   std::vector<std::vector<float>> owned_;
+  std::vector<std::vector<uint8_t>> owned_bytes_;  // rows gathered from a fused tensor, in its format
   void dequantize_all_to_f32();
+  void load_mla_layer(const GGUFFile& f, int layer);
 };
 
 }  // namespace megakern

@@ -34,6 +34,18 @@ constexpr std::array<std::string_view, kDenseTensorKinds> kGgufNames = {
     "blk.{}.ffn_gate_exps",  // FfnGateExps
     "blk.{}.ffn_up_exps",    // FfnUpExps
     "blk.{}.ffn_down_exps",  // FfnDownExps
+    "blk.{}.attn_q_a",       // AttnQA
+    "blk.{}.attn_q_a_norm",  // AttnQANorm
+    "blk.{}.attn_q_b",       // AttnQB
+    "blk.{}.attn_kv_a_mqa",  // AttnKvAMqa
+    "blk.{}.attn_kv_a_norm", // AttnKvANorm
+    "blk.{}.attn_kv_b",      // AttnKvB
+    "blk.{}.attn_k_b",       // AttnKB
+    "blk.{}.attn_v_b",       // AttnVB
+    "blk.{}.ffn_gate_shexp", // FfnGateShexp
+    "blk.{}.ffn_up_shexp",   // FfnUpShexp
+    "blk.{}.ffn_down_shexp", // FfnDownShexp
+    "blk.{}.exp_probs_b",    // FfnExpProbsB (suffix "bias")
 };
 
 // Hugging Face names shared by the llama-like families.
@@ -131,6 +143,45 @@ std::vector<DenseFamily> make_families() {
     v.push_back(std::move(f));
   }
   {
+    // DeepSeek-V2 / V3: multi-head latent attention, leading dense layers,
+    // then routed experts (softmax or sigmoid scores, group-limited) plus
+    // shared experts. RoPE on adjacent pairs of the trailing q/k dims.
+    DenseFamily f;
+    f.name = "deepseek2";
+    f.gguf_arch = "deepseek2";
+    f.hf_types = {"deepseek_v2", "deepseek_v3"};
+    f.rope_neox = false;
+    f.moe = true;
+    f.mla = true;
+    f.hf_names = {
+        {T::TokenEmbd, "model.embed_tokens"},
+        {T::Output, "lm_head"},
+        {T::OutputNorm, "model.norm"},
+        {T::AttnNorm, "model.layers.{}.input_layernorm"},
+        {T::AttnQ, "model.layers.{}.self_attn.q_proj"},
+        {T::AttnQA, "model.layers.{}.self_attn.q_a_proj"},
+        {T::AttnQANorm, "model.layers.{}.self_attn.q_a_layernorm"},
+        {T::AttnQB, "model.layers.{}.self_attn.q_b_proj"},
+        {T::AttnKvAMqa, "model.layers.{}.self_attn.kv_a_proj_with_mqa"},
+        {T::AttnKvANorm, "model.layers.{}.self_attn.kv_a_layernorm"},
+        {T::AttnKvB, "model.layers.{}.self_attn.kv_b_proj"},
+        {T::AttnOut, "model.layers.{}.self_attn.o_proj"},
+        {T::FfnNorm, "model.layers.{}.post_attention_layernorm"},
+        {T::FfnGate, "model.layers.{}.mlp.gate_proj"},
+        {T::FfnUp, "model.layers.{}.mlp.up_proj"},
+        {T::FfnDown, "model.layers.{}.mlp.down_proj"},
+        {T::FfnGateInp, "model.layers.{0}.mlp.gate"},
+        {T::FfnExpProbsB, "model.layers.{0}.mlp.gate"},  // suffix e_score_correction_bias
+        {T::FfnGateExps, "model.layers.{0}.mlp.experts.{1}.gate_proj"},
+        {T::FfnUpExps, "model.layers.{0}.mlp.experts.{1}.up_proj"},
+        {T::FfnDownExps, "model.layers.{0}.mlp.experts.{1}.down_proj"},
+        {T::FfnGateShexp, "model.layers.{}.mlp.shared_experts.gate_proj"},
+        {T::FfnUpShexp, "model.layers.{}.mlp.shared_experts.up_proj"},
+        {T::FfnDownShexp, "model.layers.{}.mlp.shared_experts.down_proj"},
+    };
+    v.push_back(std::move(f));
+  }
+  {
     DenseFamily f;
     f.name = "phi3";
     f.gguf_arch = "phi3";
@@ -220,7 +271,6 @@ std::optional<std::string> unsupported_gguf_reason(std::string_view a) {
   static constexpr Known kKnown[] = {
       {"qwen2moe", "Qwen2-MoE is not read from GGUF yet"},
       {"gpt-oss", "gpt-oss (MXFP4 experts, attention sinks, YaRN) is not read from GGUF yet"},
-      {"deepseek2", "DeepSeek-V2/V3 (MLA with routed experts) is not read from GGUF yet"},
       {"qwen3next", "Qwen3-Next (Gated DeltaNet hybrid with routed and shared experts) is not supported yet; "
                     "its dense relative Qwen3.5 runs from a Hugging Face directory (model_type qwen3_5_text)"},
       {"qwen35", "Qwen3.5 GGUF files are not read yet; a Hugging Face Qwen3.5 directory (model_type "

@@ -40,8 +40,21 @@ enum class DenseTensor {
   FfnGateExps,   // [n_expert][n_ff_exp][n_embd] routed experts' gate matrices (GGUF: one 3-D tensor)
   FfnUpExps,     // [n_expert][n_ff_exp][n_embd]
   FfnDownExps,   // [n_expert][n_embd][n_ff_exp]
+  // Multi-head latent attention (deepseek2); per head q and k are [nope | rope].
+  AttnQA,        // [q_lora_rank][n_embd]
+  AttnQANorm,    // [q_lora_rank]
+  AttnQB,        // [n_head * (nope + rope)][q_lora_rank]; AttnQ instead without a q rank
+  AttnKvAMqa,    // [kv_lora_rank + rope][n_embd]: the latent, then the key dims shared by all heads
+  AttnKvANorm,   // [kv_lora_rank]
+  AttnKvB,       // [n_head * (nope + v)][kv_lora_rank], per head key rows then value rows (older converters)
+  AttnKB,        // GGUF shape {nope, kv_lora_rank, n_head}: the key part of AttnKvB, each head's block transposed
+  AttnVB,        // GGUF shape {kv_lora_rank, v, n_head} (the value part of AttnKvB)
+  FfnGateShexp,  // [n_ff_shexp][n_embd] shared experts' gate (all shared experts as one MLP)
+  FfnUpShexp,    // [n_ff_shexp][n_embd]
+  FfnDownShexp,  // [n_embd][n_ff_shexp]
+  FfnExpProbsB,  // [n_expert] the router's selection bias (DeepSeek-V3's e_score_correction_bias)
 };
-inline constexpr int kDenseTensorKinds = static_cast<int>(DenseTensor::FfnDownExps) + 1;
+inline constexpr int kDenseTensorKinds = static_cast<int>(DenseTensor::FfnExpProbsB) + 1;
 
 // Which layers use the sliding window.
 enum class SwaPattern {
@@ -67,7 +80,8 @@ struct DenseFamily {
   bool window_all = false;        // a window key, when present, applies to every layer
   SwaPattern swa = SwaPattern::None;
   float rope_base_local = 0.f;    // RoPE base of the sliding-window layers (0: the global base)
-  bool moe = false;               // the MLP is a softmax-routed mixture of experts in every layer
+  bool moe = false;               // the MLP is a routed mixture of experts (after any leading dense layers)
+  bool mla = false;               // multi-head latent attention with shared and routed experts (deepseek2)
   // Hugging Face tensor name patterns ("{0}" or "{}" is the layer, "{1}" the
   // expert), indexed by DenseTensor; empty where the family has no such tensor.
   std::vector<std::pair<DenseTensor, std::string_view>> hf_names;

@@ -184,6 +184,111 @@ class Converter {
   GGUFWriter w_;
 };
 
+// DeepSeek-V2 / V3 (model_type deepseek_v2 / deepseek_v3) as the deepseek2
+// GGUF form: the MLA key and value expansion kept fused (attn_kv_b), the
+// routing settings as llama.cpp's keys.
+void deepseek_from_hf(const HFConfig& hf, const DenseFamily& fam, const SafetensorsModel& st, Converter& cv,
+                      int n_layer, int n_embd, int n_ff, int n_head, int n_vocab, double eps) {
+  GGUFWriter& w = cv.writer();
+  const std::string a(fam.gguf_arch), mt = hf.model_type();
+  const bool v3 = mt == "deepseek_v3";
+  auto pos = [&](const char* k) { return static_cast<int>(hf.get_int_in(k, 1, kMaxConfigDim)); };
+  int q_lora = 0;
+  if (const nlohmann::json* q = hf.find("q_lora_rank"); q && !q->is_null()) q_lora = pos("q_lora_rank");
+  const int kvl = pos("kv_lora_rank"), nope = pos("qk_nope_head_dim"), rope = pos("qk_rope_head_dim"),
+            vd = pos("v_head_dim"), n_exp = pos("n_routed_experts"), used = pos("num_experts_per_tok"),
+            ff_exp = pos("moe_intermediate_size");
+  const int shared = static_cast<int>(hf.get_int_or("n_shared_experts", 0));
+  const int lead = static_cast<int>(hf.get_int_or("first_k_dense_replace", 0));
+  if (shared < 0 || lead < 0 || lead > n_layer)
+    fail("{}: n_shared_experts {} / first_k_dense_replace {} out of range", hf.name(), shared, lead);
+  if (hf.get_int_or("moe_layer_freq", 1) != 1) fail("{}: 'moe_layer_freq' other than 1 is not supported", hf.name());
+  if (hf.get_bool_or("attention_bias", false)) fail("{}: 'attention_bias' true is not supported", hf.name());
+  const std::string scoring = hf.get_string_or("scoring_func", v3 ? "sigmoid" : "softmax");
+  if (scoring != "sigmoid" && scoring != "softmax") fail("{}: scoring_func '{}' is not supported", hf.name(), scoring);
+  if (scoring != (v3 ? "sigmoid" : "softmax"))
+    fail("{}: scoring_func '{}' is not the one transformers' {} router computes", hf.name(), scoring, mt);
+  int n_group = static_cast<int>(hf.get_int_or("n_group", 1)), topk_group = static_cast<int>(hf.get_int_or("topk_group", 1));
+  if (!v3 && hf.get_string_or("topk_method", "greedy") == "greedy") n_group = topk_group = 1;
+  if (n_group < 1 || topk_group < 1) fail("{}: n_group {} / topk_group {} must be positive", hf.name(), n_group, topk_group);
+  const double scale = hf.get_float_or("routed_scaling_factor", 1.0);
+  const Rope r = read_rope(hf, "full_attention");
+  if (r.type == "yarn")
+    fail("{}: YaRN RoPE scaling (DeepSeek's long-context setting, with its attention-scale correction) is not "
+         "supported yet; checkpoints with plain RoPE are",
+         hf.name());
+  if (r.type != "default") fail("{}: RoPE scaling '{}' is not supported for {}", hf.name(), r.type, mt);
+
+  w.set_u32(a + ".block_count", static_cast<uint32_t>(n_layer));
+  w.set_u32(a + ".context_length", static_cast<uint32_t>(hf.get_int_or("max_position_embeddings", 2048)));
+  w.set_u32(a + ".embedding_length", static_cast<uint32_t>(n_embd));
+  w.set_u32(a + ".feed_forward_length", static_cast<uint32_t>(n_ff));
+  w.set_u32(a + ".attention.head_count", static_cast<uint32_t>(n_head));
+  w.set_u32(a + ".attention.head_count_kv", static_cast<uint32_t>(n_head));
+  w.set_u32(a + ".attention.key_length", static_cast<uint32_t>(nope + rope));
+  w.set_u32(a + ".attention.value_length", static_cast<uint32_t>(vd));
+  w.set_u32(a + ".attention.kv_lora_rank", static_cast<uint32_t>(kvl));
+  if (q_lora > 0) w.set_u32(a + ".attention.q_lora_rank", static_cast<uint32_t>(q_lora));
+  w.set_f32(a + ".attention.layer_norm_rms_epsilon", static_cast<float>(eps));
+  w.set_u32(a + ".rope.dimension_count", static_cast<uint32_t>(rope));
+  w.set_f32(a + ".rope.freq_base", static_cast<float>(r.theta));
+  w.set_u32(a + ".leading_dense_block_count", static_cast<uint32_t>(lead));
+  w.set_u32(a + ".expert_count", static_cast<uint32_t>(n_exp));
+  w.set_u32(a + ".expert_used_count", static_cast<uint32_t>(used));
+  w.set_u32(a + ".expert_feed_forward_length", static_cast<uint32_t>(ff_exp));
+  w.set_u32(a + ".expert_shared_count", static_cast<uint32_t>(shared));
+  w.set_f32(a + ".expert_weights_scale", static_cast<float>(scale));
+  // transformers' V2 router never renormalises; V3's does per norm_topk_prob.
+  w.set_bool(a + ".expert_weights_norm", v3 && hf.get_bool_or("norm_topk_prob", true));
+  w.set_u32(a + ".expert_gating_func", v3 ? 2u : 1u);
+  w.set_u32(a + ".expert_group_count", static_cast<uint32_t>(n_group));
+  w.set_u32(a + ".expert_group_used_count", static_cast<uint32_t>(topk_group));
+
+  const int Dk = nope + rope;
+  cv.mat(T::TokenEmbd, 0, n_vocab, n_embd);
+  const bool tied = !st.find(*hf_tensor_name(fam, T::Output, 0)) || hf.get_bool_or("tie_word_embeddings", false);
+  if (!tied) cv.mat(T::Output, 0, n_vocab, n_embd);
+  cv.vec(T::OutputNorm, 0, n_embd, true);
+  for (int l = 0; l < n_layer; ++l) {
+    cv.vec(T::AttnNorm, l, n_embd, true);
+    if (q_lora > 0) {
+      cv.mat(T::AttnQA, l, q_lora, n_embd);
+      cv.vec(T::AttnQANorm, l, q_lora, true);
+      cv.mat(T::AttnQB, l, int64_t{n_head} * Dk, q_lora);
+    } else {
+      cv.mat(T::AttnQ, l, int64_t{n_head} * Dk, n_embd);
+    }
+    cv.mat(T::AttnKvAMqa, l, kvl + rope, n_embd);
+    cv.vec(T::AttnKvANorm, l, kvl, true);
+    cv.mat(T::AttnKvB, l, int64_t{n_head} * (nope + vd), kvl);
+    cv.mat(T::AttnOut, l, n_embd, int64_t{n_head} * vd);
+    cv.vec(T::FfnNorm, l, n_embd, true);
+    if (l < lead) {
+      cv.mat(T::FfnGate, l, n_ff, n_embd);
+      cv.mat(T::FfnUp, l, n_ff, n_embd);
+      cv.mat(T::FfnDown, l, n_embd, n_ff);
+      continue;
+    }
+    cv.mat(T::FfnGateInp, l, n_exp, n_embd);
+    if (st.find(*hf_tensor_name(fam, T::FfnExpProbsB, l, "e_score_correction_bias"))) {
+      const std::string src = *hf_tensor_name(fam, T::FfnExpProbsB, l, "e_score_correction_bias");
+      std::vector<float> b = to_f32(cv.get(src, {n_exp}), st.path());
+      w.add_tensor(dense_tensor_name(T::FfnExpProbsB, l, "bias"), DType::F32, {n_exp}, b.data(), b.size() * 4);
+    } else if (v3) {
+      fail("{}: tensor '{}' is missing", st.path(), *hf_tensor_name(fam, T::FfnExpProbsB, l, "e_score_correction_bias"));
+    }
+    cv.mat(T::FfnGateExps, l, ff_exp, n_embd, 0, n_exp);
+    cv.mat(T::FfnUpExps, l, ff_exp, n_embd, 0, n_exp);
+    cv.mat(T::FfnDownExps, l, n_embd, ff_exp, 0, n_exp);
+    if (shared > 0) {
+      const int64_t sf = int64_t{shared} * ff_exp;
+      cv.mat(T::FfnGateShexp, l, sf, n_embd);
+      cv.mat(T::FfnUpShexp, l, sf, n_embd);
+      cv.mat(T::FfnDownShexp, l, n_embd, sf);
+    }
+  }
+}
+
 }  // namespace
 
 std::vector<uint8_t> dense_gguf_from_hf(const std::string& dir, std::optional<DType> weights) {
@@ -216,6 +321,13 @@ std::vector<uint8_t> dense_gguf_from_hf(const std::string& dir, std::optional<DT
   if (hf.get_bool_or("mlp_bias", false)) fail("{}: 'mlp_bias' true is not supported", hf.name());
   if (hf.get_bool_or("use_sliding_window", false))
     fail("{}: 'use_sliding_window' true is not supported for {}", hf.name(), mt);
+  if (fam.mla) {
+    Converter cv(hf, fam, st, weights);
+    cv.writer().set_string("general.architecture", std::string(fam.gguf_arch));
+    cv.writer().set_string("general.name", hf.name());
+    deepseek_from_hf(hf, fam, st, cv, n_layer, n_embd, n_ff, n_head, n_vocab, eps);
+    return cv.writer().serialize();
+  }
   int n_expert = 0, n_expert_used = 0, n_ff_exp = 0;
   if (fam.moe) {
     // Qwen3-MoE names the expert count num_experts (transformers 5 writes

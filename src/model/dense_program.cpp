@@ -13,6 +13,7 @@ DecodeProgram build_dense_program(const DenseModel& model, int max_rows) {
   p.max_rows = max_rows;
   p.n_vocab = c.n_vocab;
   p.kv_dim = c.n_head_kv * c.head_dim;
+  if (c.mla) p.v_dim = c.n_head * c.v_head_dim;
   const int D = c.n_embd, qd = c.n_head * c.head_dim, kvd = p.kv_dim;
 
   // Activation slots, shared by all layers (the executors order the reuse).
@@ -20,13 +21,34 @@ DecodeProgram build_dense_program(const DenseModel& model, int max_rows) {
   const int xn = p.add_slot("xn", -1, D);        // normed sublayer input
   const int q = p.add_slot("q", -1, qd);
   const int k = p.add_slot("k", -1, kvd);
-  const int v = p.add_slot("v", -1, kvd);
-  const int att = p.add_slot("att", -1, qd);     // attention output
+  const int v = p.add_slot("v", -1, c.mla ? p.v_dim : kvd);
+  const int att = p.add_slot("att", -1, c.n_head * c.v_dim());  // attention output
   const int proj = p.add_slot("proj", -1, D);    // sublayer output
   const int gate = p.add_slot("gate", -1, c.n_ff);
   const int up = p.add_slot("up", -1, c.n_ff);
   const int act = p.add_slot("act", -1, c.n_ff);
-  int rlog = -1, route = -1, eh = -1, ye = -1;
+  DecodeProgram::MlaSpec mla;
+  if (c.mla) {
+    mla.q = q;
+    mla.att = att;
+    mla.key = k;
+    mla.val = v;
+    if (c.q_lora_rank > 0) {
+      mla.qa = p.add_slot("mla_q_a", -1, c.q_lora_rank);
+      mla.qan = p.add_slot("mla_q_a_norm", -1, c.q_lora_rank);
+    }
+    mla.clat = p.add_slot("mla_c", -1, c.kv_lora_rank);
+    mla.cn = p.add_slot("mla_c_norm", -1, c.kv_lora_rank);
+    mla.kext = p.add_slot("mla_k_extra", -1, c.qk_rope);
+    mla.knope = p.add_slot("mla_k_nope", -1, c.n_head * c.qk_nope);
+  }
+  int rlog = -1, route = -1, eh = -1, ye = -1, sgate = -1, sup = -1, sact = -1, sout = -1;
+  if (c.n_ff_shexp > 0) {
+    sgate = p.add_slot("shared_gate", -1, c.n_ff_shexp);
+    sup = p.add_slot("shared_up", -1, c.n_ff_shexp);
+    sact = p.add_slot("shared_act", -1, c.n_ff_shexp);
+    sout = p.add_slot("shared_out", -1, D);
+  }
   if (c.n_expert > 0) {
     rlog = p.add_slot("router_logits", -1, c.n_expert);
     route = p.add_slot("route", -1, 2 * c.n_expert_used);
@@ -43,6 +65,32 @@ DecodeProgram build_dense_program(const DenseModel& model, int max_rows) {
     const DenseLayer& L = model.layers()[static_cast<size_t>(l)];
     const bool swa = c.layer_swa[static_cast<size_t>(l)];
     p.add_rmsnorm(l, "attn_norm", L.attn_norm, c.eps, x, xn);
+    if (c.mla) {
+      DecodeProgram::MlaSpec a = mla;
+      a.layer = l;
+      a.in = xn;
+      a.out = proj;
+      a.q_a = L.q_a;
+      a.q_b = L.q_b;
+      a.kv_a = L.kv_a;
+      a.kv_b_k = L.kv_b_k;
+      a.kv_b_v = L.kv_b_v;
+      a.o = L.wo;
+      a.q_a_norm = &L.q_a_norm;
+      a.kv_a_norm = &L.kv_a_norm;
+      a.n_head = c.n_head;
+      a.nope = c.qk_nope;
+      a.extra = c.qk_rope;
+      a.v_dim = c.v_head_dim;
+      a.kv_lora_rank = c.kv_lora_rank;
+      a.eps = c.eps;
+      a.scale = c.attn_scale;
+      a.rope_dim = c.rope_dim;
+      a.rope_base = c.rope_base;
+      a.rope_neox = c.rope_neox;
+      a.freq_factors = &model.rope_freqs();
+      p.add_mla_attention(a);
+    } else {
     p.add_matmul(l, "attn_q", L.wq, xn, q).as<ops::MatMul>().bias = L.bq;
     p.add_matmul(l, "attn_k", L.wk, xn, k).as<ops::MatMul>().bias = L.bk;
     p.add_matmul(l, "attn_v", L.wv, xn, v).as<ops::MatMul>().bias = L.bv;
@@ -53,21 +101,35 @@ DecodeProgram build_dense_program(const DenseModel& model, int max_rows) {
                           .window = swa ? c.sliding_window : 0, .freq_factors = &model.rope_freqs(),
                           .softcap = c.attn_softcap});
     p.add_matmul(l, "attn_output", L.wo, att, proj);
+    }
     p.add_residual(l, "attn_residual", x, proj, L.post_attn_norm, c.eps);
     p.add_rmsnorm(l, "ffn_norm", L.ffn_norm, c.eps, x, xn);
-    if (c.n_expert > 0) {
-      // Softmax routing over every expert, the top k, their SwiGLU outputs
-      // summed with the (renormalised) scores as weights.
+    if (c.layer_moe(l)) {
+      // Softmax (or sigmoid) routing over every expert, the top k (of the
+      // best groups), their SwiGLU outputs summed with the (renormalised,
+      // scaled) scores as weights; plus the shared experts' MLP.
       p.add_matmul(l, "ffn_gate_inp", L.router, xn, rlog);
       Op& rt = p.add_op(OpKind::MoeRoute, l, "moe_route");
       rt.in = rlog;
       rt.out = route;
       auto& r = rt.as<ops::MoeRoute>();
       r.top_k = c.n_expert_used;
-      r.softmax = true;
+      r.softmax = !c.gating_sigmoid;
       r.normalize = c.expert_weights_norm;
       r.eps = 0.f;
+      r.bias = L.router_bias;
+      r.weight_scale = c.expert_weights_scale;
+      r.n_group = c.n_group;
+      r.topk_group = c.topk_group;
+      r.group_top2 = c.gating_sigmoid;  // DeepSeek-V3 scores a group by its two best; V2 by its best
       p.add_moe_experts(l, &L.experts, c.n_expert_used, route, xn, eh, ye, proj);
+      if (c.n_ff_shexp > 0) {
+        p.add_matmul(l, "ffn_gate_shexp", L.sh_gate, xn, sgate);
+        p.add_matmul(l, "ffn_up_shexp", L.sh_up, xn, sup);
+        p.add_glu(l, "ffn_act_shexp", sgate, sup, sact, GluKind::SiLU);
+        p.add_matmul(l, "ffn_down_shexp", L.sh_down, sact, sout);
+        p.add_residual(l, "moe_plus_shared", proj, sout, {}, c.eps);
+      }
     } else {
       p.add_matmul(l, "ffn_gate", L.w_gate, xn, gate);
       p.add_matmul(l, "ffn_up", L.w_up, xn, up);

@@ -266,41 +266,13 @@ DecodeProgram build_kimi_program(const KimiModel& model, int max_rows) {
     mixture(l, "attn_res_mix", L.attn_res, restart ? blk : blk + 1);
     p.add_rmsnorm(l, "attn_norm", L.attn_norm, eps, mix, xn);
     if (L.mla) {
-      p.add_matmul(l, "mla_q_a", L.q_a, xn, qa);
-      p.add_rmsnorm(l, "mla_q_a_norm", L.q_a_norm, eps, qa, qan);
-      p.add_matmul(l, "mla_q_b", L.q_b, qan, q);
-      p.add_matmul(l, "mla_kv_a", row_range(L.kv_a, 0, c.kv_lora_rank), xn, clat);
-      p.add_matmul(l, "mla_k_extra", row_range(L.kv_a, c.kv_lora_rank, c.qk_extra_dim), xn, kext);
-      p.add_matmul(l, "mla_gate", L.gate, xn, mgate);
-      p.add_rmsnorm(l, "mla_kv_a_norm", L.kv_a_norm, eps, clat, cn);
-      p.add_matmul(l, "mla_k_b", L.kv_b_k, cn, knope);
-      p.add_matmul(l, "mla_v_b", L.kv_b_v, cn, val);
-      Op& mk = p.add_op(OpKind::MlaKey, l, "mla_key");
-      mk.in = knope;
-      mk.in2 = kext;
-      mk.out = key;
-      mk.as<ops::MlaKey>().n_head = mh;
-      mk.as<ops::MlaKey>().head_dim = Dk;
-      const int marker = p.add_slot("kv_cache", l, 0);
-      Op& sk = p.add_op(OpKind::StoreKV, l, "store_kv");
-      sk.in = key;
-      sk.in2 = val;
-      sk.out = marker;
-      sk.as<ops::StoreKV>().cache_index = L.cache_index;
-      Op& at = p.add_op(OpKind::Attention, l, "attention");
-      at.in = q;
-      at.in2 = marker;
-      at.out = att;
-      at.as<ops::Attention>().n_head = mh;
-      at.as<ops::Attention>().n_head_kv = mh;
-      at.as<ops::Attention>().head_dim = Dk;
-      at.as<ops::Attention>().v_head_dim = Dv;
-      at.as<ops::Attention>().scale = 1.f / std::sqrt(static_cast<float>(Dk));
-      at.as<ops::Attention>().cache_index = L.cache_index;
-      Op& g = p.add_op(OpKind::SigmoidGate, l, "mla_out_gate");
-      g.in = mgate;
-      g.out = att;
-      p.add_matmul(l, "mla_o", L.o_proj, att, proj);
+      p.add_mla_attention({.layer = l, .in = xn, .out = proj, .qa = qa, .qan = qan, .q = q, .clat = clat, .cn = cn,
+                           .kext = kext, .knope = knope, .key = key, .val = val, .att = att, .gate = mgate,
+                           .q_a = L.q_a, .q_b = L.q_b, .kv_a = L.kv_a, .kv_b_k = L.kv_b_k, .kv_b_v = L.kv_b_v,
+                           .gate_w = L.gate, .o = L.o_proj, .q_a_norm = &L.q_a_norm, .kv_a_norm = &L.kv_a_norm,
+                           .n_head = mh, .nope = c.qk_nope_dim, .extra = c.qk_extra_dim, .v_dim = Dv,
+                           .kv_lora_rank = c.kv_lora_rank, .eps = eps, .scale = 1.f / std::sqrt(static_cast<float>(Dk)),
+                           .cache_index = L.cache_index});
     } else {
       // The fused input projection, issued as three products over
       // consecutive row ranges of one matrix.

@@ -41,7 +41,7 @@ void head_norm_rope_tile(const Op& op, const StepContext& ctx, int t, int) {
   for (int h = 0; h < a.n_head; ++h) {
     float* vh = v + h * a.head_dim;
     if (!a.head_norm.empty()) rmsnorm(vh, a.head_norm.data(), a.head_dim, a.eps, vh);
-    rope_apply(vh, a.rope_dim, angles, a.rope_neox);
+    rope_apply(vh + a.rope_offset, a.rope_dim, angles, a.rope_neox);
   }
 }
 
@@ -134,7 +134,9 @@ extern const OpInfo kHeadNormRopeOp = {
     .verify = [](const Op& op, const VerifyContext& v) {
       const auto& a = op.as<ops::HeadNormRope>();
       MK_CHECK(a.n_head > 0 && a.head_dim > 0 && a.n_head * a.head_dim == v.width(op.out), "{}: heads", v.where);
-      MK_CHECK(a.rope_dim >= 0 && a.rope_dim % 2 == 0 && a.rope_dim <= a.head_dim, "{}: rope_dim", v.where);
+      MK_CHECK(a.rope_dim >= 0 && a.rope_dim % 2 == 0 && a.rope_offset >= 0 &&
+                   a.rope_offset + a.rope_dim <= a.head_dim,
+               "{}: rope_dim", v.where);
       MK_CHECK(a.freq_factors.empty() || static_cast<int>(a.freq_factors.size()) == a.rope_dim / 2,
                "{}: {} rope frequency factors for a rotated width of {}", v.where, a.freq_factors.size(), a.rope_dim);
       MK_CHECK(a.head_norm.empty() || a.head_norm.size() == static_cast<size_t>(a.head_dim), "{}: head norm length",

@@ -162,6 +162,38 @@ void moe_route_tile(const Op& op, const StepContext& ctx, int r, int) {
   }
   for (int e = 0; e < E; ++e)
     key[static_cast<size_t>(e)] = score[static_cast<size_t>(e)] + (a.bias.empty() ? 0.f : a.bias[static_cast<size_t>(e)]);
+  if (a.n_group > 1) {
+    // Group-limited routing: each group scored by its best key (or the sum
+    // of its two best), the topk_group best groups kept, the others' keys
+    // removed before the top-k.
+    const int G = a.n_group, per = E / G;
+    thread_local std::vector<float> gscore;
+    gscore.assign(static_cast<size_t>(G), 0.f);
+    for (int g = 0; g < G; ++g) {
+      float b1 = -INFINITY, b2 = -INFINITY;
+      for (int e = g * per; e < (g + 1) * per; ++e) {
+        const float v = key[static_cast<size_t>(e)];
+        if (v > b1) {
+          b2 = b1;
+          b1 = v;
+        } else if (v > b2) {
+          b2 = v;
+        }
+      }
+      gscore[static_cast<size_t>(g)] = a.group_top2 ? b1 + b2 : b1;
+    }
+    thread_local std::vector<char> keep;
+    keep.assign(static_cast<size_t>(G), 0);
+    for (int j = 0; j < a.topk_group; ++j) {
+      int best = -1;
+      for (int g = 0; g < G; ++g)
+        if (!keep[static_cast<size_t>(g)] && (best < 0 || gscore[static_cast<size_t>(g)] > gscore[static_cast<size_t>(best)]))
+          best = g;
+      keep[static_cast<size_t>(best)] = 1;
+    }
+    for (int e = 0; e < E; ++e)
+      if (!keep[static_cast<size_t>(e / per)]) key[static_cast<size_t>(e)] = -INFINITY;
+  }
   // k passes of an arg-max, strictly greater wins, so ties go to the lowest
   // index; taken entries are marked -inf (a NaN key is never selected
   // unless nothing else is left, then the lowest free index is).
@@ -178,9 +210,12 @@ void moe_route_tile(const Op& op, const StepContext& ctx, int r, int) {
     out[k + j] = score[static_cast<size_t>(best)];
     sum += score[static_cast<size_t>(best)];
   }
-  if (!a.normalize) return;
-  const float den = sum + a.eps;
-  for (int j = 0; j < k; ++j) out[k + j] = den > 0.f ? out[k + j] / den : 0.f;
+  if (a.normalize) {
+    const float den = sum + a.eps;
+    for (int j = 0; j < k; ++j) out[k + j] = den > 0.f ? out[k + j] / den : 0.f;
+  }
+  if (a.weight_scale != 1.f)
+    for (int j = 0; j < k; ++j) out[k + j] *= a.weight_scale;
 }
 
 // Y[i][o] = W[o] . X[i] for o in [b, e): X [m][W.cols], Y [m][ldy].
@@ -311,6 +346,13 @@ extern const OpInfo kMoeRouteOp = {
                op.in >= 0 ? v.width(op.in) : 0);
       MK_CHECK(v.width(op.out) == 2 * a.top_k, "{}: route slot width {} vs 2 x top_k", v.where, v.width(op.out));
       MK_CHECK(a.bias.empty() || a.bias.size() == static_cast<size_t>(v.width(op.in)), "{}: bias length", v.where);
+      MK_CHECK(std::isfinite(a.weight_scale), "{}: weight_scale", v.where);
+      if (a.n_group != 1) {
+        const int E = op.in >= 0 ? v.width(op.in) : 0;
+        MK_CHECK(a.n_group > 1 && E % a.n_group == 0 && a.topk_group >= 1 && a.topk_group <= a.n_group &&
+                     a.top_k <= a.topk_group * (E / a.n_group) && (!a.group_top2 || E / a.n_group >= 2),
+                 "{}: {} experts in {} groups, {} groups kept, top {}", v.where, E, a.n_group, a.topk_group, a.top_k);
+      }
     },
     .ref = moe_route_tile,
     .fast = moe_route_tile,
