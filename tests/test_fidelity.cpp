@@ -35,6 +35,25 @@ struct Agreement {
   double max_lse = 0;
 };
 
+// One row of logits against the fixture's position entry: top-1, the
+// reference's top-k logits and the log-sum-exp.
+void add_position(const float* l, int V, const nlohmann::json& ref, Agreement& a) {
+  a.positions++;
+  a.top1_match += argmax(l, V) == ref.at("top1").get<int>();
+  const auto ids = ref.at("topk_ids").get<std::vector<int>>();
+  const auto vals = ref.at("topk_logits").get<std::vector<double>>();
+  for (size_t k = 0; k < ids.size(); ++k) {
+    const double d = std::fabs(l[ids[k]] - vals[k]);
+    a.max_abs = std::max(a.max_abs, d);
+    a.sum_abs += d;
+    a.n_abs++;
+  }
+  double mx = -INFINITY, s = 0;
+  for (int v = 0; v < V; ++v) mx = std::max(mx, static_cast<double>(l[v]));
+  for (int v = 0; v < V; ++v) s += std::exp(l[v] - mx);
+  a.max_lse = std::max(a.max_lse, std::fabs(mx + std::log(s) - ref.at("lse").get<double>()));
+}
+
 Agreement check_model(const std::string& model_name, const std::string& fixture) {
   Agreement a;
   std::ifstream in(fixture_path(fixture));
@@ -54,22 +73,7 @@ Agreement check_model(const std::string& model_name, const std::string& fixture)
     std::vector<float> logits(static_cast<size_t>(n) * V);
     m->forward(pool, cache, toks.data(), n, 0, n, logits.data());
     for (int t = 0; t < n && t < static_cast<int>(pos.size()); ++t) {
-      const float* l = &logits[static_cast<size_t>(t) * V];
-      const auto& ref = pos[static_cast<size_t>(t)];
-      a.positions++;
-      a.top1_match += argmax(l, V) == ref.at("top1").get<int>();
-      const auto ids = ref.at("topk_ids").get<std::vector<int>>();
-      const auto vals = ref.at("topk_logits").get<std::vector<double>>();
-      for (size_t k = 0; k < ids.size(); ++k) {
-        const double d = std::fabs(l[ids[k]] - vals[k]);
-        a.max_abs = std::max(a.max_abs, d);
-        a.sum_abs += d;
-        a.n_abs++;
-      }
-      double mx = -INFINITY, s = 0;
-      for (int v = 0; v < V; ++v) mx = std::max(mx, static_cast<double>(l[v]));
-      for (int v = 0; v < V; ++v) s += std::exp(l[v] - mx);
-      a.max_lse = std::max(a.max_lse, std::fabs(mx + std::log(s) - ref.at("lse").get<double>()));
+      add_position(&logits[static_cast<size_t>(t) * V], V, pos[static_cast<size_t>(t)], a);
     }
   }
   return a;
@@ -159,24 +163,7 @@ Agreement agreement(const EngineRun& r, const nlohmann::json& j) {
   for (const auto& p : j.at("prompts")) {
     const auto& pos = p.at("positions");
     const std::vector<float>& l = r.logits[i++];
-    for (size_t t = 0; t < pos.size(); ++t) {
-      const float* row = &l[t * r.V];
-      const auto& ref = pos[t];
-      a.positions++;
-      a.top1_match += argmax(row, r.V) == ref.at("top1").get<int>();
-      const auto ids = ref.at("topk_ids").get<std::vector<int>>();
-      const auto vals = ref.at("topk_logits").get<std::vector<double>>();
-      for (size_t k = 0; k < ids.size(); ++k) {
-        const double d = std::fabs(row[ids[k]] - vals[k]);
-        a.max_abs = std::max(a.max_abs, d);
-        a.sum_abs += d;
-        a.n_abs++;
-      }
-      double mx = -INFINITY, z = 0;
-      for (int v = 0; v < r.V; ++v) mx = std::max(mx, static_cast<double>(row[v]));
-      for (int v = 0; v < r.V; ++v) z += std::exp(row[v] - mx);
-      a.max_lse = std::max(a.max_lse, std::fabs(mx + std::log(z) - ref.at("lse").get<double>()));
-    }
+    for (size_t t = 0; t < pos.size(); ++t) add_position(&l[t * r.V], r.V, pos[t], a);
   }
   return a;
 }
