@@ -78,6 +78,7 @@
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/qmatmul_fast.h"
+#include "kernels/cpu/repack.h"
 
 namespace {
 
@@ -441,13 +442,23 @@ const Matrix& matrix(DType t) {
   return *m;
 }
 
-void BM_Matmul(benchmark::State& state, DType t, Numerics numerics) {
+// The matrix of matrix(t) with its packed copy (kernels/cpu/repack.h).
+const MatView& packed_matrix(DType t) {
+  static PackedWeights store;
+  static MatView v;
+  if (v.type != t || v.packed == nullptr || v.data != matrix(t).view.data) v = store.pack(matrix(t).view);
+  return v;
+}
+
+// in_cache: the first kFastRows rows only (what the kernels compute, not
+// what memory delivers).
+void BM_Matmul(benchmark::State& state, DType t, Numerics numerics, bool packed, bool in_cache) {
   const int64_t n_x = state.range(0);
   const int threads = (int)state.range(1);
   const double probe = probe_gbps(threads);
   const Matrix& m = matrix(t);
-  MatView W = m.view;
-  if (numerics == Numerics::Fast) W.rows = std::min<int64_t>(W.rows, kFastRows);
+  MatView W = packed ? packed_matrix(t) : m.view;
+  if (in_cache) W.rows = std::min<int64_t>(W.rows, kFastRows);
   ThreadPool& p = pool(threads);
   std::vector<float> X((size_t)(n_x * kCols)), Y((size_t)(n_x * W.rows));
   std::mt19937 rng(7);
@@ -638,7 +649,7 @@ void register_all() {
   for (size_t i = 0; i < n; ++i) {
     const DType t = all[i];
     const std::string name = std::string("BM_Matmul/") + dtype_traits(t).name;
-    auto* b = benchmark::RegisterBenchmark(name.c_str(), [t](benchmark::State& s) { BM_Matmul(s, t, Numerics::Exact); });
+    auto* b = benchmark::RegisterBenchmark(name.c_str(), [t](benchmark::State& s) { BM_Matmul(s, t, Numerics::Exact, false, false); });
     b->ArgNames({"rows", "threads"})->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(0.3);
     for (int64_t rows : {1, 2, 4, 8, 16, 64})
       for (int threads : {1, 2}) b->Args({rows, threads});
@@ -647,11 +658,33 @@ void register_all() {
     const DType t = all[i];
     if (!uses_fast_acts(t)) continue;
     const std::string name = std::string("BM_MatmulFast/") + dtype_traits(t).name;
-    auto* b = benchmark::RegisterBenchmark(name.c_str(), [t](benchmark::State& s) { BM_Matmul(s, t, Numerics::Fast); });
+    auto* b = benchmark::RegisterBenchmark(name.c_str(), [t](benchmark::State& s) { BM_Matmul(s, t, Numerics::Fast, false, true); });
     b->ArgNames({"rows", "threads"})->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(0.3);
     for (int64_t rows : {1, 4, 16, 64})
       for (int threads : {1, 2}) b->Args({rows, threads});
   }
+  // The packed layout's kernels (hosts with AVX512-VNNI): both modes with the
+  // matrices in memory, and the fast mode's in cache (compute), each beside
+  // the same matrix in its original layout.
+  if (repack_enabled())
+    for (size_t i = 0; i < n; ++i) {
+      const DType t = all[i];
+      if (!r16_supports(t)) continue;
+      for (int v = 0; v < 8; ++v) {
+        // exact in memory, fast in memory, fast in cache, exact in cache
+        const bool pk = v % 2 == 1;
+        const Numerics nm = v < 2 || v >= 6 ? Numerics::Exact : Numerics::Fast;
+        const bool dram = v < 4;
+        const char* kind[] = {"BM_MatmulR16/", "BM_MatmulFastDramR16/", "BM_MatmulFastR16/", "BM_MatmulCacheR16/"};
+        const std::string name = std::string(kind[v / 2]) +
+                                 dtype_traits(t).name + (pk ? "/packed" : "/original");
+        auto* b = benchmark::RegisterBenchmark(name.c_str(),
+                                               [=](benchmark::State& s) { BM_Matmul(s, t, nm, pk, !dram); });
+        b->ArgNames({"rows", "threads"})->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(0.3);
+        for (int64_t rows : {1, 2, 4, 8})
+          for (int threads : {1, 2}) b->Args({rows, threads});
+      }
+    }
   for (int threads : {1, 2}) {
     for (int64_t ctx : {512, 4096, 32768})
       benchmark::RegisterBenchmark("BM_Attention", BM_Attention)

@@ -18,6 +18,10 @@ struct MatView {
   int64_t rows = 0;
   const uint8_t* data = nullptr;
   size_t row_bytes = 0;
+  // When set: the first 16 * floor(rows / 16) rows again, in the layout of
+  // kernels/cpu/repack.h, which the kernels read instead of `data` where
+  // they can (the same results either way). Owned by the model.
+  const uint8_t* packed = nullptr;
   const uint8_t* row(int64_t j) const { return data + static_cast<size_t>(j) * row_bytes; }
 };
 

@@ -24,10 +24,13 @@ void RefKernels::dequantize_row(const MatView& W, int64_t j, float* out) {
 }
 void FastKernels::dequantize_row(const MatView& W, int64_t j, float* out) { megakern::dequantize_row(W, j, out); }
 
+// Tiles are whole units of rows: 4, or for a matrix with a packed copy its
+// groups of 16 (kernels/cpu/repack.h), so no group is computed twice.
 void matmul_tile_range(const Op& op, int t, int n, int64_t& begin, int64_t& end) {
-  const int64_t units = (op.mat.rows + 3) / 4;
-  begin = std::min(op.mat.rows, units * t / n * 4);
-  end = std::min(op.mat.rows, units * (t + 1) / n * 4);
+  const int64_t unit = op.mat.packed != nullptr ? 16 : 4;
+  const int64_t units = (op.mat.rows + unit - 1) / unit;
+  begin = std::min(op.mat.rows, units * t / n * unit);
+  end = std::min(op.mat.rows, units * (t + 1) / n * unit);
 }
 
 namespace {

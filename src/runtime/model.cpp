@@ -15,6 +15,16 @@ namespace megakern {
 
 Model::~Model() = default;
 
+DecodeProgram Model::build_program(int max_rows) const {
+  DecodeProgram p = build_program_for(max_rows);
+  p.numerics = numerics_;
+  for (Op& op : p.ops)
+    if (op.kind == OpKind::MatMul) op.mat = packed_->pack(op.mat);
+  return p;
+}
+
+size_t Model::packed_weight_bytes() const { return packed_->bytes(); }
+
 bool Model::prompt_forward(ThreadPool&, SequenceState&, const int32_t*, int, int, float*) const { return false; }
 bool Model::prompt_forward_logits(ThreadPool&, SequenceState&, const int32_t*, int, int, int, float*) const {
   return false;

@@ -29,6 +29,7 @@
 #include "exec/executor.h"
 #include "ir/sequence_state.h"
 #include "ir/program.h"
+#include "kernels/cpu/repack.h"
 #include "model/architecture.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -54,11 +55,12 @@ class Model {
 
   // The model's decode program for steps of up to max_rows rows, in the
   // model's numerics mode.
-  DecodeProgram build_program(int max_rows) const {
-    DecodeProgram p = build_program_for(max_rows);
-    p.numerics = numerics_;
-    return p;
-  }
+  // Its matrix products read the weights repacked for the host's kernels
+  // where it has them (kernels/cpu/repack.h), one copy per matrix kept by
+  // the model.
+  DecodeProgram build_program(int max_rows) const;
+  // Bytes of the repacked copies made so far.
+  size_t packed_weight_bytes() const;
   // How activations meet quantised weights (ModelOptions::numerics); every
   // program and prompt pass of this model uses it.
   Numerics numerics() const { return numerics_; }
@@ -114,6 +116,7 @@ class Model {
   Numerics numerics_ = Numerics::Exact;
   SequenceShape shape_;
   int ring_block_ = 0;
+  std::shared_ptr<PackedWeights> packed_ = std::make_shared<PackedWeights>();
 };
 
 // Throws megakern::Error naming what could not be found or read.

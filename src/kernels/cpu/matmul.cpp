@@ -13,11 +13,19 @@
 #include "kernels/cpu/qmatmul.h"
 #include "kernels/cpu/qmatmul_fast.h"
 #include "kernels/cpu/quant_rows.h"
+#include "kernels/cpu/repack.h"
 #include "kernels/cpu/vec.h"
 #include "kernels/ref/i16_ref.h"
 
 namespace megakern {
 namespace {
+
+// The rows [row_begin, end) that W's packed copy serves for n_x inputs
+// (end <= row_begin: none), the rest left to the original rows' kernels.
+int64_t packed_end(const MatView& W, int64_t n_x, int64_t row_begin, int64_t row_end, Numerics numerics) {
+  if (W.packed == nullptr || n_x > r16_max_inputs(numerics) || !repack_enabled()) return row_begin;
+  return std::min(row_end, W.rows / kR16Rows * kR16Rows);
+}
 
 // Rows [row_begin, row_end) with the inputs already quantised when the
 // format needs it (A non-null exactly when uses_i16_acts(W.type)). Every
@@ -28,6 +36,10 @@ namespace {
 void rows_prepared(const MatView& W, const float* X, const QuantizedActs* A, int64_t n_x, float* Y, int64_t ldy,
                    int64_t row_begin, int64_t row_end) {
   if (A != nullptr) {
+    const int64_t p = packed_end(W, n_x, row_begin, row_end, Numerics::Exact);
+    if (p > row_begin) matmul_rows_i16_r16_evex(W, *A, Y, ldy, row_begin, p);
+    row_begin = std::max(row_begin, p);
+    if (row_begin == row_end) return;
     if (const IntKernelBuild* b = active_int_build())
       b->i16_rows(W, *A, Y, ldy, row_begin, row_end);
     else
@@ -55,6 +67,10 @@ void rows_prepared(const MatView& W, const float* X, const QuantizedActs* A, int
 
 // The fast mode's path: 8-bit activations for the formats that have it.
 void rows_fast(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t row_begin, int64_t row_end) {
+  const int64_t p = packed_end(W, A.n_x, row_begin, row_end, Numerics::Fast);
+  if (p > row_begin) matmul_rows_fast_r16_evex(W, A, Y, ldy, row_begin, p);
+  row_begin = std::max(row_begin, p);
+  if (row_begin == row_end) return;
   if (use_avx2())
     matmul_rows_fast_avx2(W, A, Y, ldy, row_begin, row_end);
   else

@@ -1,0 +1,372 @@
+// The row-interleaved kernels of both numerics modes on weights packed as
+// kernels/cpu/repack.h lays them out, with AVX-512 VNNI on 512-bit vectors:
+// one vector element per weight row, sixteen rows at a time, so the exact
+// integer sums come out of vpdpbusd already separated by row (no horizontal
+// reduction) and the float steps run on sixteen rows at once. Compiled for
+// AVX2 like every *_avx2.cpp, the kernels for AVX-512 as well, reached only
+// on CPUs that report AVX512-VNNI (repack_enabled). Same bits as the scalar
+// oracle of each mode:
+//  * fast (qmatmul_fast.h): isum of block k = sum of w * q over its 32
+//    values; acc[k % 2] = fma((float)isum, sc * dx, acc[k % 2]); Y = acc0 + acc1.
+//  * exact (qmatmul.h): lane L's sum over the lane's four columns, with
+//    int16 inputs split as q = 256 * hi + lo (hi signed, lo unsigned bytes):
+//    sum(w * q) = 256 * sum(w * hi) + sum(w * lo), both exact; the lanes'
+//    float steps, pairs of sub-blocks summed from zero, and the final
+//    ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7)).
+// vpdpbusd multiplies unsigned by signed bytes: the weights' unsigned codes
+// c = w + off meet the signed inputs (less off times the inputs' sum), and
+// the signed weights meet the unsigned low bytes.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/qmatmul.h"
+#include "kernels/cpu/qmatmul_fast.h"
+#include "kernels/cpu/repack.h"
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx512dq")
+// GCC 12 reports the AVX-512 intrinsics' own undefined-vector idiom.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+namespace megakern {
+namespace {
+
+// Column of lane L's i-th value (repack.h).
+constexpr int lane_col(int L, int i) { return i < 2 ? 2 * L + i : 16 + 2 * L + (i - 2); }
+
+template <DType T>
+constexpr int kOff = T == DType::Q4_0 ? 8 : T == DType::Q5_0 ? 16 : 128;
+
+// Lane L of a block of the sixteen rows: the unsigned codes c = w + off.
+template <DType T, int L>
+inline __m512i lane_codes(const uint8_t* codes, const uint8_t* bits) {
+  if constexpr (T == DType::Q8_0) {
+    return _mm512_xor_si512(_mm512_loadu_si512(codes + 64 * L), _mm512_set1_epi8((char)0x80));
+  } else {
+    const __m512i raw = _mm512_loadu_si512(codes + 64 * (L & 3));
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    __m512i c = L < 4 ? _mm512_and_si512(raw, m4) : _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
+    if constexpr (T == DType::Q5_0) {
+      // Bit L of each byte to bit 4 (a 16-bit shift moves no other byte's
+      // bit into bit 4 of either byte), then (s & 0x10) | c.
+      const __m512i hb = _mm512_loadu_si512(bits);
+      const __m512i s = L <= 4 ? _mm512_slli_epi16(hb, 4 - L) : _mm512_srli_epi16(hb, L - 4);
+      c = _mm512_ternarylogic_epi32(s, _mm512_set1_epi8(0x10), c, 0xEA);
+    }
+    return c;
+  }
+}
+
+// The signed weights w = c - off of the same lane.
+template <DType T, int L>
+inline __m512i lane_weights(const uint8_t* codes, const __m512i c) {
+  if constexpr (T == DType::Q8_0) {
+    (void)c;
+    return _mm512_loadu_si512(codes + 64 * L);
+  } else {
+    (void)codes;
+    return _mm512_sub_epi8(c, _mm512_set1_epi8((char)kOff<T>));
+  }
+}
+
+template <class F, int... L>
+inline void for_lanes(F&& f, std::integer_sequence<int, L...>) {
+  (f(std::integral_constant<int, L>{}), ...);
+}
+template <class F>
+inline void for_lanes(F&& f) {
+  for_lanes(std::forward<F>(f), std::make_integer_sequence<int, 8>{});
+}
+
+struct Group {
+  const uint8_t* codes;
+  const uint8_t* bits;
+  const uint8_t* scales;
+  size_t cb, hb;
+  const uint8_t* c(int64_t k) const { return codes + (size_t)k * cb; }
+  const uint8_t* h(int64_t k) const { return bits + (size_t)k * hb; }
+  __m512 sc(int64_t k) const {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + 32 * (size_t)k)));
+  }
+};
+
+Group group_at(const MatView& W, int64_t g, int64_t nb) {
+  Group G;
+  G.cb = r16_code_bytes(W.type);
+  G.hb = r16_bit_bytes(W.type);
+  G.codes = W.packed + (size_t)g * r16_group_bytes(W.type, W.cols);
+  G.bits = G.codes + (size_t)nb * G.cb;
+  G.scales = G.bits + (size_t)nb * G.hb;
+  return G;
+}
+
+// A group two on is prefetched while one is computed, in step with its
+// blocks (a group is three runs of memory at once, more streams than the
+// hardware prefetcher follows far enough ahead at one input).
+class Ahead {
+ public:
+  Ahead(const MatView& W, int64_t g, int64_t g_end, int64_t nb) {
+    const size_t gb = r16_group_bytes(W.type, W.cols);
+    if (g + 2 >= g_end) return;
+    next_ = base_ = reinterpret_cast<const char*>(W.packed) + (size_t)(g + 2) * gb;
+    end_ = base_ + gb;
+    per_block_ = gb / (size_t)nb + 1;
+  }
+  void upto(int64_t k) {
+    if (next_ == nullptr) return;
+    const char* u = std::min(end_, base_ + per_block_ * (size_t)(k + 1));
+    for (; next_ < u; next_ += 64) _mm_prefetch(next_, _MM_HINT_T0);
+  }
+
+ private:
+  const char* next_ = nullptr;
+  const char* base_ = nullptr;
+  const char* end_ = nullptr;
+  size_t per_block_ = 0;
+};
+
+__mmask16 row_mask(int64_t r0, int64_t rb, int64_t re) {
+  const int64_t lo = std::max<int64_t>(rb - r0, 0), hi = std::min<int64_t>(re - r0, kR16Rows);
+  return (__mmask16)(((1u << hi) - 1u) & ~((1u << lo) - 1u));
+}
+
+// ---- fast mode -------------------------------------------------------------
+
+// An input's values per lane: [nb][8] dwords (lane L's four bytes), and its
+// blocks' sums of q.
+struct FastInputs {
+  std::vector<int32_t> lanes, sums;
+  uint64_t made = 0;
+};
+
+void fast_inputs(const Q8Acts& A, FastInputs& I) {
+  if (!remake_input_tables(I.made, A.id)) return;
+  I.lanes.resize((size_t)(A.n_x * A.nb * 8));
+  I.sums.resize((size_t)(A.n_x * A.nb));
+  for (int64_t t = 0; t < A.n_x; ++t)
+    for (int64_t k = 0; k < A.nb; ++k) {
+      const int8_t* q = A.q_row(t) + 32 * k;
+      for (int L = 0; L < 8; ++L) {
+        int8_t b[4];
+        for (int i = 0; i < 4; ++i) b[i] = q[lane_col(L, i)];
+        std::memcpy(&I.lanes[(size_t)((t * A.nb + k) * 8 + L)], b, 4);
+      }
+      const int16_t* s16 = A.s16_row(t) + 2 * k;
+      I.sums[(size_t)(t * A.nb + k)] = s16[0] + s16[1];
+    }
+  I.made = A.id;
+}
+
+template <DType T, int NT>
+inline void fast_block(const Group& G, const Q8Acts& A, const FastInputs& I, int64_t t0, int64_t k, __m512 acc[NT]) {
+  const int64_t nb = A.nb;
+  __m512i c[8];
+  for_lanes([&](auto L) { c[L] = lane_codes<T, L>(G.c(k), G.h(k)); });
+  const __m512 sc = G.sc(k);
+  for (int t = 0; t < NT; ++t) {
+    const int64_t ti = t0 + t;
+    const int32_t* ql = &I.lanes[(size_t)((ti * nb + k) * 8)];
+    __m512i is = _mm512_set1_epi32(-kOff<T> * I.sums[(size_t)(ti * nb + k)]);
+    for_lanes([&](auto L) { is = _mm512_dpbusd_epi32(is, c[L], _mm512_set1_epi32(ql[L])); });
+    const __m512 s = _mm512_mul_ps(sc, _mm512_set1_ps(A.d_row(ti)[k]));
+    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), s, acc[t]);
+  }
+}
+
+template <DType T, int NT>
+void fast_group(const Group& G, Ahead& ahead, const Q8Acts& A, const FastInputs& I, int64_t t0, __m512 out[NT]) {
+  const int64_t nb = A.nb;
+  __m512 acc0[NT], acc1[NT];  // even and odd blocks
+  for (int t = 0; t < NT; ++t) acc0[t] = acc1[t] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 2 <= nb; k += 2) {
+    ahead.upto(k + 1);
+    fast_block<T, NT>(G, A, I, t0, k, acc0);
+    fast_block<T, NT>(G, A, I, t0, k + 1, acc1);
+  }
+  if (k < nb) {
+    ahead.upto(k);
+    fast_block<T, NT>(G, A, I, t0, k, acc0);
+  }
+  for (int t = 0; t < NT; ++t) out[t] = _mm512_add_ps(acc0[t], acc1[t]);
+}
+
+template <DType T>
+void fast_rows(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t rb, int64_t re) {
+  thread_local FastInputs I;
+  fast_inputs(A, I);
+  const int64_t g_end = (re + kR16Rows - 1) / kR16Rows;
+  for (int64_t g = rb / kR16Rows; g * kR16Rows < re; ++g) {
+    const Group G = group_at(W, g, A.nb);
+    const __mmask16 m = row_mask(g * kR16Rows, rb, re);
+    int64_t t = 0;
+    auto run = [&](auto nt) {
+      constexpr int NT = decltype(nt)::value;
+      __m512 out[NT];
+      Ahead ahead(W, g, t == 0 ? g_end : 0, A.nb);  // the first pass over the group prefetches
+      fast_group<T, NT>(G, ahead, A, I, t, out);
+      for (int u = 0; u < NT; ++u) _mm512_mask_storeu_ps(Y + (t + u) * ldy + g * kR16Rows, m, out[u]);
+      t += NT;
+    };
+    for (; t + 4 <= A.n_x;) run(std::integral_constant<int, 4>{});
+    if (A.n_x - t == 3) run(std::integral_constant<int, 3>{});
+    if (A.n_x - t == 2) run(std::integral_constant<int, 2>{});
+    if (A.n_x - t == 1) run(std::integral_constant<int, 1>{});
+  }
+}
+
+// ---- exact mode ------------------------------------------------------------
+
+// An input's int16 values split per lane: [nb][8] dwords of high (signed)
+// bytes and of low (unsigned) bytes, and -off times the sums of the high
+// bytes (the format's offset).
+struct ExactInputs {
+  std::vector<int32_t> hi, lo, hsum;
+  uint64_t made = 0;
+  int off = 0;
+};
+
+void exact_inputs(const QuantizedActs& A, int off, ExactInputs& I) {
+  if (I.off != off) I.made = 0;
+  if (!remake_input_tables(I.made, A.id)) return;
+  I.off = off;
+  const size_t n = (size_t)(A.n_x * A.nb * 8);
+  I.hi.resize(n);
+  I.lo.resize(n);
+  I.hsum.resize(n);
+  for (int64_t t = 0; t < A.n_x; ++t)
+    for (int64_t k = 0; k < A.nb; ++k) {
+      const int16_t* q = A.q_row(t) + 32 * k;
+      for (int L = 0; L < 8; ++L) {
+        uint8_t h[4], l[4];
+        int32_t s = 0;
+        for (int i = 0; i < 4; ++i) {
+          const int v = q[lane_col(L, i)];
+          const int hv = (v - (v & 0xff)) / 256;  // floor(v / 256)
+          h[i] = (uint8_t)(int8_t)hv;
+          l[i] = (uint8_t)(v & 0xff);
+          s += hv;
+        }
+        const size_t at = (size_t)((t * A.nb + k) * 8 + L);
+        std::memcpy(&I.hi[at], h, 4);
+        std::memcpy(&I.lo[at], l, 4);
+        I.hsum[at] = -off * s;
+      }
+    }
+  I.made = A.id;
+}
+
+// Lane L's exact integer sums of block k for input ti.
+template <DType T, int L>
+inline __m512i exact_lane(const Group& G, int64_t k, const ExactInputs& I, size_t at) {
+  const __m512i c = lane_codes<T, L>(G.c(k), G.h(k));
+  const __m512i w = lane_weights<T, L>(G.c(k), c);
+  __m512i s = _mm512_dpbusd_epi32(_mm512_set1_epi32(I.hsum[at + L]), c, _mm512_set1_epi32(I.hi[at + L]));
+  s = _mm512_slli_epi32(s, 8);
+  return _mm512_dpbusd_epi32(s, _mm512_set1_epi32(I.lo[at + L]), w);
+}
+
+template <DType T, int NT>
+void exact_group(const Group& G, Ahead& ahead, const QuantizedActs& A, const ExactInputs& I, int64_t t0, __m512 out[NT]) {
+  const int64_t nb = A.nb;
+  __m512 acc[NT][8];
+  for (int t = 0; t < NT; ++t)
+    for (int L = 0; L < 8; ++L) acc[t][L] = _mm512_setzero_ps();
+  const __m512 zero = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 2 <= nb; k += 2) {
+    ahead.upto(k + 1);
+    const __m512 sc0 = G.sc(k), sc1 = G.sc(k + 1);
+    __m512 s0[NT], s1[NT];
+    size_t at0[NT], at1[NT];
+    for (int t = 0; t < NT; ++t) {
+      const int64_t ti = t0 + t;
+      s0[t] = _mm512_mul_ps(sc0, _mm512_set1_ps(A.d_row(ti)[k]));
+      s1[t] = _mm512_mul_ps(sc1, _mm512_set1_ps(A.d_row(ti)[k + 1]));
+      at0[t] = (size_t)((ti * nb + k) * 8);
+      at1[t] = at0[t] + 8;
+    }
+    for_lanes([&](auto L) {
+      for (int t = 0; t < NT; ++t) {
+        __m512 tmp = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact_lane<T, L>(G, k, I, at0[t])), s0[t], zero);
+        tmp = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact_lane<T, L>(G, k + 1, I, at1[t])), s1[t], tmp);
+        acc[t][L] = _mm512_add_ps(acc[t][L], tmp);
+      }
+    });
+  }
+  if (k < nb) {
+    ahead.upto(k);
+    const __m512 sc = G.sc(k);
+    for (int t = 0; t < NT; ++t) {
+      const int64_t ti = t0 + t;
+      const __m512 s = _mm512_mul_ps(sc, _mm512_set1_ps(A.d_row(ti)[k]));
+      const size_t at = (size_t)((ti * nb + k) * 8);
+      for_lanes([&](auto L) {
+        acc[t][L] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact_lane<T, L>(G, k, I, at)), s, acc[t][L]);
+      });
+    }
+  }
+  for (int t = 0; t < NT; ++t) {
+    const __m512* a = acc[t];
+    out[t] = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[4]), _mm512_add_ps(a[2], a[6])),
+                           _mm512_add_ps(_mm512_add_ps(a[1], a[5]), _mm512_add_ps(a[3], a[7])));
+  }
+}
+
+template <DType T>
+void exact_rows(const MatView& W, const QuantizedActs& A, float* Y, int64_t ldy, int64_t rb, int64_t re) {
+  thread_local ExactInputs I;
+  exact_inputs(A, kOff<T>, I);
+  const int64_t g_end = (re + kR16Rows - 1) / kR16Rows;
+  for (int64_t g = rb / kR16Rows; g * kR16Rows < re; ++g) {
+    const Group G = group_at(W, g, A.nb);
+    const __mmask16 m = row_mask(g * kR16Rows, rb, re);
+    int64_t t = 0;
+    for (; t + 2 <= A.n_x; t += 2) {
+      __m512 out[2];
+      Ahead ahead(W, g, t == 0 ? g_end : 0, A.nb);
+      exact_group<T, 2>(G, ahead, A, I, t, out);
+      for (int u = 0; u < 2; ++u) _mm512_mask_storeu_ps(Y + (t + u) * ldy + g * kR16Rows, m, out[u]);
+    }
+    if (t < A.n_x) {
+      __m512 out[1];
+      Ahead ahead(W, g, t == 0 ? g_end : 0, A.nb);
+      exact_group<T, 1>(G, ahead, A, I, t, out);
+      _mm512_mask_storeu_ps(Y + t * ldy + g * kR16Rows, m, out[0]);
+    }
+  }
+}
+
+}  // namespace
+
+void matmul_rows_fast_r16_evex(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t rb, int64_t re) {
+  MK_CHECK(W.packed != nullptr && re <= W.rows / kR16Rows * kR16Rows && A.block == 32 && A.cols == W.cols);
+  switch (W.type) {
+    case DType::Q4_0: fast_rows<DType::Q4_0>(W, A, Y, ldy, rb, re); break;
+    case DType::Q5_0: fast_rows<DType::Q5_0>(W, A, Y, ldy, rb, re); break;
+    case DType::Q8_0: fast_rows<DType::Q8_0>(W, A, Y, ldy, rb, re); break;
+    default: fail("packed fast kernel: no packed layout for {}", dtype_traits(W.type).name);
+  }
+}
+
+void matmul_rows_i16_r16_evex(const MatView& W, const QuantizedActs& A, float* Y, int64_t ldy, int64_t rb,
+                              int64_t re) {
+  MK_CHECK(W.packed != nullptr && re <= W.rows / kR16Rows * kR16Rows && A.cols == W.cols);
+  switch (W.type) {
+    case DType::Q4_0: exact_rows<DType::Q4_0>(W, A, Y, ldy, rb, re); break;
+    case DType::Q5_0: exact_rows<DType::Q5_0>(W, A, Y, ldy, rb, re); break;
+    case DType::Q8_0: exact_rows<DType::Q8_0>(W, A, Y, ldy, rb, re); break;
+    default: fail("packed exact kernel: no packed layout for {}", dtype_traits(W.type).name);
+  }
+}
+
+}  // namespace megakern
+
+#pragma GCC pop_options

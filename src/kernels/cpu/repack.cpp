@@ -1,0 +1,138 @@
+#include "kernels/cpu/repack.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "core/error.h"
+#include "kernels/cpu/isa.h"
+#include "kernels/cpu/matmul.h"
+
+namespace megakern {
+namespace {
+
+// Column of lane L's i-th value in a 32-element block (repack.h).
+int lane_col(int L, int i) { return i < 2 ? 2 * L + i : 16 + 2 * L + (i - 2); }
+
+// The block's 32 codes as the packed layout stores them (unsigned codes for
+// the 4- and 5-bit formats, with their fifth bits apart; signed weights for
+// Q8_0) and its scale's f16 bits.
+void block_codes(DType t, const uint8_t* b, uint8_t code[32], uint8_t high[32], uint16_t& scale) {
+  std::memcpy(&scale, b, 2);
+  switch (t) {
+    case DType::Q4_0:
+      for (int i = 0; i < 16; ++i) {
+        code[i] = b[2 + i] & 0x0f;
+        code[16 + i] = b[2 + i] >> 4;
+      }
+      std::memset(high, 0, 32);
+      break;
+    case DType::Q5_0: {
+      uint32_t qh;
+      std::memcpy(&qh, b + 2, 4);
+      for (int i = 0; i < 16; ++i) {
+        code[i] = b[6 + i] & 0x0f;
+        code[16 + i] = b[6 + i] >> 4;
+      }
+      for (int i = 0; i < 32; ++i) high[i] = (uint8_t)((qh >> i) & 1u);
+      break;
+    }
+    case DType::Q8_0:
+      std::memcpy(code, b + 2, 32);
+      std::memset(high, 0, 32);
+      break;
+    default:
+      fail("repack: no packed layout for {}", dtype_traits(t).name);
+  }
+}
+
+}  // namespace
+
+bool r16_supports(DType t) { return t == DType::Q4_0 || t == DType::Q5_0 || t == DType::Q8_0; }
+
+size_t r16_code_bytes(DType t) { return t == DType::Q8_0 ? 512 : 256; }
+size_t r16_bit_bytes(DType t) { return t == DType::Q5_0 ? 64 : 0; }
+
+size_t r16_group_bytes(DType t, int64_t cols) {
+  return (size_t)(cols / 32) * (r16_code_bytes(t) + r16_bit_bytes(t) + 2 * kR16Rows);
+}
+
+size_t r16_packed_bytes(const MatView& W) { return (size_t)(W.rows / kR16Rows) * r16_group_bytes(W.type, W.cols); }
+
+void r16_pack(const MatView& W, uint8_t* dst) {
+  MK_CHECK(r16_supports(W.type), "repack: no packed layout for {}", dtype_traits(W.type).name);
+  MK_CHECK(W.cols % 32 == 0, "repack: {} columns is not a multiple of 32", W.cols);
+  const int64_t nb = W.cols / 32, groups = W.rows / kR16Rows;
+  const size_t cb = r16_code_bytes(W.type), hb = r16_bit_bytes(W.type), bb = dtype_traits(W.type).block_bytes;
+  const bool q8 = W.type == DType::Q8_0;
+  for (int64_t g = 0; g < groups; ++g) {
+    uint8_t* codes = dst + (size_t)g * r16_group_bytes(W.type, W.cols);
+    uint8_t* bits = codes + (size_t)nb * cb;
+    uint8_t* scales = bits + (size_t)nb * hb;
+    std::memset(codes, 0, (size_t)nb * (cb + hb));
+    for (int64_t k = 0; k < nb; ++k) {
+      uint8_t* c = codes + (size_t)k * cb;
+      uint8_t* h = bits + (size_t)k * hb;
+      for (int r = 0; r < kR16Rows; ++r) {
+        uint8_t code[32], high[32];
+        uint16_t sc;
+        block_codes(W.type, W.row(g * kR16Rows + r) + (size_t)k * bb, code, high, sc);
+        std::memcpy(scales + (size_t)k * 2 * kR16Rows + 2 * r, &sc, 2);
+        for (int L = 0; L < 8; ++L)
+          for (int i = 0; i < 4; ++i) {
+            const int col = lane_col(L, i);
+            if (q8) {
+              c[64 * L + 4 * r + i] = code[col];
+            } else {
+              c[64 * (L % 4) + 4 * r + i] |= (uint8_t)(code[col] << (L < 4 ? 0 : 4));
+              if (hb) h[4 * r + i] |= (uint8_t)(high[col] << L);
+            }
+          }
+      }
+    }
+  }
+}
+
+int64_t r16_max_inputs(Numerics numerics) {
+  static const int64_t forced = threshold_from_env("MEGAKERN_R16_MAX");
+  if (forced > 0) return forced;
+  return numerics == Numerics::Fast ? 8 : 8;
+}
+
+bool repack_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("MEGAKERN_REPACK");
+    const std::string v = e ? e : "";
+    MK_CHECK(v.empty() || v == "0" || v == "1", "MEGAKERN_REPACK must be 0 or 1, got '{}'", v);
+    return v != "0" && active_isa() == KernelIsa::avx512_vnni;
+  }();
+  return on;
+}
+
+MatView PackedWeights::pack(const MatView& W) {
+  if (!repack_enabled() || !r16_supports(W.type) || W.rows < kR16Rows || W.cols % 32 != 0 || W.data == nullptr)
+    return W;
+  MatView out = W;
+  const Key key{W.data, W.type, W.rows, W.cols};
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = buffers_.find(key);
+  if (it == buffers_.end()) {
+    Buffer b;
+    b.bytes = r16_packed_bytes(W);
+    void* p = std::aligned_alloc(64, (b.bytes + 63) / 64 * 64);
+    MK_CHECK(p != nullptr, "repack: out of memory for {} bytes of packed weights", b.bytes);
+    b.p = std::unique_ptr<uint8_t, void (*)(void*)>(static_cast<uint8_t*>(p), std::free);
+    r16_pack(W, b.p.get());
+    it = buffers_.emplace(key, std::move(b)).first;
+  }
+  out.packed = it->second.p.get();
+  return out;
+}
+
+size_t PackedWeights::bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t n = 0;
+  for (const auto& [k, b] : buffers_) n += b.bytes;
+  return n;
+}
+
+}  // namespace megakern

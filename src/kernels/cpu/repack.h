@@ -1,0 +1,91 @@
+// Weights repacked at load for the AVX-512 VNNI row-interleaved kernels
+// (qmatmul_r16_evex_avx2.cpp), which both numerics modes use on hosts with
+// AVX512-VNNI for the formats r16_supports names.
+//
+// Layout. Rows are taken in groups of sixteen; a matrix's first
+// 16 * floor(rows / 16) rows are packed (the rest are read from the original
+// rows). A 32-element block k of a group's sixteen rows is cut into eight
+// lanes of four columns, lane L holding columns 2L, 2L+1, 16+2L, 17+2L (the
+// exact mode's lane of qmatmul.h), so that one 64-byte vector holds the same
+// lane of all sixteen rows: byte 4r + i is row r's value at the lane's i-th
+// column, and one vpdpbusd against the input's four values of that lane
+// broadcast gives every row's partial sum in its own 32-bit element. A
+// group is three runs over its blocks, each block's part contiguous:
+//   codes:  Q4_0 / Q5_0: 256 bytes per block, four vectors of nibbles; vector n
+//           holds lane n in its low nibbles and lane n + 4 in its high ones
+//           (the unsigned codes, 0..15). Q8_0: 512 bytes, lane L's vector the
+//           signed weights.
+//   bits:   Q5_0 only: 64 bytes per block, bit L of byte 4r + i the fifth bit
+//           of row r's code at lane L, column i.
+//   scales: 16 f16 per block, row r's block scale (as stored).
+// The packed bytes equal the original ones in number (same bandwidth), and
+// the results are those of the original layout bit for bit in each mode
+// (the kernels compute the modes' contracts, qmatmul.h / qmatmul_fast.h).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "core/mat_view.h"
+#include "core/numerics.h"
+
+namespace megakern {
+
+constexpr int64_t kR16Rows = 16;
+
+bool r16_supports(DType t);
+// Bytes of one group's block in each run, and of the packed rows.
+size_t r16_code_bytes(DType t);   // 256 or 512
+size_t r16_bit_bytes(DType t);    // 64 (Q5_0) or 0
+size_t r16_group_bytes(DType t, int64_t cols);
+size_t r16_packed_bytes(const MatView& W);
+// Writes the packed layout of W's first 16 * floor(rows / 16) rows to dst
+// (r16_packed_bytes(W) bytes). W.type must be supported, W.cols a multiple of 32.
+void r16_pack(const MatView& W, uint8_t* dst);
+
+// The kernels on packed rows [rb, re) (re at most 16 * floor(rows / 16);
+// qmatmul_r16_evex_avx2.cpp), for hosts with AVX512-VNNI only.
+struct Q8Acts;
+struct QuantizedActs;
+void matmul_rows_fast_r16_evex(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t rb, int64_t re);
+void matmul_rows_i16_r16_evex(const MatView& W, const QuantizedActs& A, float* Y, int64_t ldy, int64_t rb,
+                              int64_t re);
+// Up to how many inputs matmul_rows takes the packed kernels (more: the
+// original rows' kernels, which reuse decoded tiles across many inputs);
+// MEGAKERN_R16_MAX overrides it (A/B runs; the results are the same bits).
+int64_t r16_max_inputs(Numerics numerics);
+
+// Whether the engine repacks weights: the host runs the AVX-512 VNNI build
+// and MEGAKERN_ISA allows it (isa.h), and MEGAKERN_REPACK is not 0.
+bool repack_enabled();
+
+// The packed copies of one model's matrices, made once per matrix (keyed by
+// its data pointer and shape) and kept as long as the store. Thread-safe.
+class PackedWeights {
+ public:
+  // W with `packed` set when W's format is supported, it has at least 16
+  // rows and repacking is enabled; W unchanged otherwise.
+  MatView pack(const MatView& W);
+  // Bytes held by the packed copies.
+  size_t bytes() const;
+
+ private:
+  struct Key {
+    const uint8_t* data;
+    DType type;
+    int64_t rows, cols;
+    auto operator<=>(const Key&) const = default;
+  };
+  struct Buffer {
+    std::unique_ptr<uint8_t, void (*)(void*)> p{nullptr, nullptr};
+    size_t bytes = 0;
+  };
+  mutable std::mutex mu_;
+  std::map<Key, Buffer> buffers_;
+};
+
+}  // namespace megakern

@@ -1,0 +1,176 @@
+// The weights repacked for the AVX-512 VNNI row-interleaved kernels
+// (kernels/cpu/repack.h): their kernels against each mode's scalar oracle,
+// bit for bit, on packed rows and through matmul_rows (packed groups plus
+// the tail rows of the original layout), and the store that makes one
+// packed copy per matrix.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/isa.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/qmatmul.h"
+#include "kernels/cpu/qmatmul_fast.h"
+#include "kernels/cpu/repack.h"
+#include "kernels/ref/i16_ref.h"
+#include "weights_util.h"
+
+namespace megakern {
+namespace {
+
+const DType kFormats[] = {DType::Q4_0, DType::Q5_0, DType::Q8_0};
+
+bool host_has_r16() {
+  if (host_runs(KernelIsa::avx512_vnni)) return true;
+  std::printf("[kernels] packed r16 kernels (avx512-vnni): not run, the host lacks AVX512-VNNI\n");
+  return false;
+}
+
+std::vector<float> inputs(int64_t n_x, int64_t cols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> g(0.f, 1.f);
+  std::vector<float> x((size_t)(n_x * cols));
+  for (float& v : x) v = g(rng);
+  if (x.size() > 5) x[5] *= 40.f;  // an outlier block
+  return x;
+}
+
+struct Packed {
+  std::vector<uint8_t> buf;
+  MatView view;
+};
+
+Packed packed(const MatView& W) {
+  Packed p;
+  p.buf.assign(r16_packed_bytes(W) + 1, 0xcd);
+  r16_pack(W, p.buf.data() + 1);  // misaligned on purpose
+  p.view = W;
+  p.view.packed = p.buf.data() + 1;
+  return p;
+}
+
+// Bit for bit, except that any NaN equals any NaN (their sign and payload
+// follow which operand carried them, which the contracts do not fix).
+::testing::AssertionResult same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  for (size_t i = 0; i < a.size(); ++i)
+    if (!(std::isnan(a[i]) && std::isnan(b[i])) && std::memcmp(&a[i], &b[i], sizeof(float)) != 0)
+      return ::testing::AssertionFailure() << "element " << i << ": " << a[i] << " vs oracle " << b[i];
+  return ::testing::AssertionSuccess();
+}
+
+TEST(Repack, PackedBytesEqualOriginalBytes) {
+  for (DType t : kFormats) {
+    const Weights w = make_weights(t, 48, 256, 3, 0);
+    EXPECT_EQ(r16_packed_bytes(w.view), 48 * row_bytes(t, 256)) << dtype_traits(t).name;
+  }
+  EXPECT_FALSE(r16_supports(DType::Q4_K));
+  EXPECT_FALSE(r16_supports(DType::F32));
+}
+
+// Row ranges that start and end inside groups, odd and even block counts
+// (the exact mode's pairs of sub-blocks), one to nine inputs (the kernels'
+// input groups of four and two and their remainders).
+TEST(Repack, KernelsMatchEachModesOracleBitForBit) {
+  if (!host_has_r16()) return;
+  int cases = 0;
+  for (DType t : kFormats)
+    for (int64_t cols : {32, 96, 256, 288})
+      for (int64_t n_x : {1, 2, 3, 4, 5, 8, 9}) {
+        const int64_t rows = 48;
+        const Weights w = make_weights(t, rows, cols, (uint32_t)(cols + n_x), 1);
+        const Packed p = packed(w.view);
+        const std::vector<float> x = inputs(n_x, cols, (uint32_t)(7 * cols + n_x));
+        for (auto [rb, re] : {std::pair<int64_t, int64_t>{0, 48}, {3, 29}, {16, 32}, {17, 18}}) {
+          SCOPED_TRACE(::testing::Message() << dtype_traits(t).name << " cols " << cols << " n_x " << n_x << " rows ["
+                                            << rb << ", " << re << ")");
+          Q8Acts qa;
+          quantize_q8_acts(x.data(), n_x, cols, 32, qa);
+          std::vector<float> y((size_t)(n_x * rows), -1.f), ref = y;
+          matmul_rows_fast_r16_evex(p.view, qa, y.data(), rows, rb, re);
+          matmul_rows_fast_ref(w.view, qa, ref.data(), rows, rb, re);
+          EXPECT_TRUE(same_bits(y, ref)) << "fast";
+          QuantizedActs ia;
+          quantize_acts(x.data(), n_x, cols, ia);
+          std::fill(y.begin(), y.end(), -1.f);
+          std::fill(ref.begin(), ref.end(), -1.f);
+          matmul_rows_i16_r16_evex(p.view, ia, y.data(), rows, rb, re);
+          matmul_rows_i16_ref(w.view, ia, ref.data(), rows, rb, re);
+          EXPECT_TRUE(same_bits(y, ref)) << "exact";
+          ++cases;
+        }
+      }
+  std::printf("[kernels] packed r16 kernels (avx512-vnni): %d cases per mode against the scalar oracles\n", cases);
+}
+
+// Random bytes as weights: every code, and scales that are inf, NaN or
+// subnormal; inputs with an inf.
+TEST(Repack, RandomBitPatternsMatchOracle) {
+  if (!host_has_r16()) return;
+  std::mt19937 rng(11);
+  for (DType t : kFormats) {
+    const int64_t rows = 32, cols = 128;
+    const size_t rb = row_bytes(t, cols);
+    std::vector<uint8_t> raw(rb * rows);
+    for (uint8_t& b : raw) b = (uint8_t)rng();
+    const MatView W{t, cols, rows, raw.data(), rb};
+    const Packed p = packed(W);
+    std::vector<float> x = inputs(3, cols, 5);
+    x[40] = INFINITY;
+    for (int mode = 0; mode < 2; ++mode) {
+      std::vector<float> y((size_t)(3 * rows)), ref = y;
+      if (mode == 0) {
+        Q8Acts qa;
+        quantize_q8_acts(x.data(), 3, cols, 32, qa);
+        matmul_rows_fast_r16_evex(p.view, qa, y.data(), rows, 0, rows);
+        matmul_rows_fast_ref(W, qa, ref.data(), rows, 0, rows);
+      } else {
+        QuantizedActs ia;
+        quantize_acts(x.data(), 3, cols, ia);
+        matmul_rows_i16_r16_evex(p.view, ia, y.data(), rows, 0, rows);
+        matmul_rows_i16_ref(W, ia, ref.data(), rows, 0, rows);
+      }
+      EXPECT_TRUE(same_bits(y, ref)) << dtype_traits(t).name << (mode ? " exact" : " fast");
+    }
+  }
+}
+
+// matmul_rows with a packed copy: the packed groups and the original rows
+// past them give what the original layout alone gives, in both modes.
+TEST(Repack, MatmulRowsWithPackedCopyMatchesOriginal) {
+  if (!host_has_r16()) return;
+  for (DType t : kFormats)
+    for (Numerics nm : {Numerics::Exact, Numerics::Fast}) {
+      const int64_t rows = 77, cols = 160, n_x = 3;  // 4 groups and 13 tail rows
+      const Weights w = make_weights(t, rows, cols, 21, 0);
+      const Packed p = packed(w.view);
+      const std::vector<float> x = inputs(n_x, cols, 8);
+      std::vector<float> y((size_t)(n_x * rows)), ref = y;
+      matmul_rows(p.view, x.data(), n_x, y.data(), rows, 5, rows, nm);
+      matmul_rows(w.view, x.data(), n_x, ref.data(), rows, 5, rows, nm);
+      EXPECT_TRUE(same_bits(y, ref)) << dtype_traits(t).name << ' ' << numerics_name(nm);
+    }
+}
+
+TEST(Repack, StoreMakesOneCopyPerMatrix) {
+  PackedWeights store;
+  const Weights a = make_weights(DType::Q8_0, 40, 64, 1, 0), b = make_weights(DType::Q4_K, 40, 256, 2, 0);
+  const MatView pa = store.pack(a.view), pa2 = store.pack(a.view), pb = store.pack(b.view);
+  EXPECT_EQ(pb.packed, nullptr);  // no packed layout for Q4_K
+  if (!repack_enabled()) {
+    EXPECT_EQ(pa.packed, nullptr);
+    EXPECT_EQ(store.bytes(), 0u);
+    return;
+  }
+  ASSERT_NE(pa.packed, nullptr);
+  EXPECT_EQ(pa.packed, pa2.packed);
+  EXPECT_EQ(pa.data, a.view.data);
+  EXPECT_EQ(store.bytes(), r16_packed_bytes(a.view));
+  EXPECT_EQ(0, std::memcmp(pa.packed, packed(a.view).view.packed, r16_packed_bytes(a.view)));
+}
+
+}  // namespace
+}  // namespace megakern
