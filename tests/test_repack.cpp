@@ -11,6 +11,9 @@
 #include <random>
 #include <vector>
 
+#include <unistd.h>
+
+#include "io/mmap_file.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/qmatmul.h"
@@ -170,6 +173,76 @@ TEST(Repack, StoreMakesOneCopyPerMatrix) {
   EXPECT_EQ(pa.data, a.view.data);
   EXPECT_EQ(store.bytes(), r16_packed_bytes(a.view));
   EXPECT_EQ(0, std::memcmp(pa.packed, packed(a.view).view.packed, r16_packed_bytes(a.view)));
+}
+
+}  // namespace
+}  // namespace megakern
+
+namespace megakern {
+namespace {
+
+// The original pages of repacked weights leave memory only when they belong
+// to a mapped file, and read back unchanged afterwards.
+TEST(Repack, ReleasesOnlyMappedFilePages) {
+  char path[] = "/tmp/megakern_release_XXXXXX";
+  const int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  std::vector<uint8_t> bytes(1 << 20);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = (uint8_t)(i * 131 + 7);
+  ASSERT_EQ(write(fd, bytes.data(), bytes.size()), (ssize_t)bytes.size());
+  close(fd);
+  {
+    MappedFile f(path);
+    uint64_t sum = 0;
+    for (size_t i = 0; i < f.size(); i += 4096) sum += f.data()[i];
+    EXPECT_GT(sum, 0u);
+    EXPECT_TRUE(release_mapped_pages(f.data() + 100, f.size() - 200));
+    EXPECT_EQ(0, std::memcmp(f.data(), bytes.data(), bytes.size()));
+    EXPECT_FALSE(release_mapped_pages(f.data() + f.size() - 10, 20));  // runs past the mapping
+  }
+  EXPECT_FALSE(release_mapped_pages(bytes.data(), bytes.size()));  // heap
+  const std::vector<uint8_t> copy = bytes;
+  EXPECT_EQ(copy, bytes);
+  unlink(path);
+}
+
+}  // namespace
+}  // namespace megakern
+
+#include "core/thread_pool.h"
+#include "runtime/engine.h"
+#include "runtime/model.h"
+
+namespace megakern {
+namespace {
+
+// A whole model: the engine on repacked weights gives the bits of the same
+// engine on the original layout, in both numerics modes, batch 1 and 3
+// (Qwen3.8 mini, its matrices converted to each packed format; the formats'
+// matrices are what the program's products read, the embedding and the
+// reference paths read the original rows).
+TEST(Repack, EngineOnRepackedWeightsGivesTheOriginalBits) {
+  if (!host_has_r16()) return;
+  ThreadPool pool(2);
+  for (DType t : kFormats)
+    for (Numerics nm : {Numerics::Exact, Numerics::Fast}) {
+      SCOPED_TRACE(::testing::Message() << dtype_traits(t).name << ' ' << numerics_name(nm));
+      ModelOptions o;
+      o.weights = t;
+      o.numerics = nm;
+      auto m = load_model("qwen3.8-mini", o);
+      std::vector<float> logits[2];
+      for (int packed = 0; packed < 2; ++packed) {
+        m->set_repack_weights(packed == 1);
+        Engine e(*m, pool, 4);
+        SequenceState seq = m->new_sequence(64);
+        const std::vector<int32_t> toks = {1, 17, 42, 99, 5, 64, 3, 250, 8, 11};
+        logits[packed].resize((size_t)toks.size() * m->n_vocab());
+        e.teacher_forced_logits(seq, toks.data(), (int)toks.size(), 0, (int)toks.size(), logits[packed].data(), false);
+      }
+      EXPECT_GT(m->packed_weight_bytes(), 0u);
+      EXPECT_TRUE(same_bits(logits[1], logits[0]));
+    }
 }
 
 }  // namespace

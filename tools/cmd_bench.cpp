@@ -13,6 +13,7 @@
 #include <string>
 #include <thread>
 
+#include "io/mmap_file.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "exec/executor.h"
@@ -333,6 +334,8 @@ void bench_cmd(const BenchOptions& o) {
              "megakernel prefetch {} KiB\n",
              pool.size(), probe, o.steps, o.rounds, o.prefetch_kib);
   fmt::print("kernels: {}\n", isa_report());
+  fmt::print("weights repacked for the host's kernels: {:.1f} MB; resident memory after load {:.1f} MB\n",
+             (double)M.packed_weight_bytes() / 1e6, (double)resident_bytes() / 1e6);
   for (size_t i = 0; i < names.size(); ++i)
     fmt::print("schedule build ({}, batch sizes {}): {:.2f} ms\n", names[i], o.batches, build_ms[i]);
   if (prog.has_routed_experts())
@@ -371,6 +374,8 @@ void bench_cmd(const BenchOptions& o) {
                  r.ms_per_step, r.tokens_per_s, r.mb_per_step, r.gbs, 100.0 * r.gbs / probe, base / best[i]);
     }
   }
+  const size_t rss_run = resident_bytes();
+  fmt::print("resident memory after the timed steps: {:.1f} MB\n", (double)rss_run / 1e6);
   if (!o.trace.empty()) {
     // One traced step per executor at the largest batch.
     std::vector<std::string> bodies;
@@ -395,6 +400,8 @@ void bench_cmd(const BenchOptions& o) {
     j["probe_gbs"] = probe;
     j["kernels"] = isa_name(active_isa());
     j["weight_bytes_per_step"] = prog.weight_bytes();
+    j["packed_weight_bytes"] = M.packed_weight_bytes();
+    j["resident_bytes_after_steps"] = rss_run;
     j["steps"] = o.steps;
     for (size_t i = 0; i < names.size(); ++i) j["schedule_build_ms"][names[i]] = build_ms[i];
     for (const auto& r : results)

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "io/gguf.h"
+#include "io/mmap_file.h"
 #include "io/hf_config.h"
 #include "model/dense_families.h"
 #include "runtime/session.h"
@@ -18,8 +19,15 @@ Model::~Model() = default;
 DecodeProgram Model::build_program(int max_rows) const {
   DecodeProgram p = build_program_for(max_rows);
   p.numerics = numerics_;
-  for (Op& op : p.ops)
-    if (op.kind == OpKind::MatMul) op.mat = packed_->pack(op.mat);
+  for (Op& op : p.ops) {
+    if (op.kind != OpKind::MatMul || !repack_) continue;
+    op.mat = packed_->pack(op.mat);
+    // One copy in memory: the packed rows' original pages leave (they come
+    // back from the file only if something reads them: an embedding row,
+    // the tail rows, a path without packed kernels).
+    if (op.mat.packed != nullptr)
+      release_mapped_pages(op.mat.data, (size_t)(op.mat.rows / kR16Rows * kR16Rows) * op.mat.row_bytes);
+  }
   return p;
 }
 

@@ -61,6 +61,9 @@ class Model {
   DecodeProgram build_program(int max_rows) const;
   // Bytes of the repacked copies made so far.
   size_t packed_weight_bytes() const;
+  // Whether programs built from now on read repacked weights (default: yes,
+  // where the host has kernels for them; the results are the same bits).
+  void set_repack_weights(bool on) { repack_ = on; }
   // How activations meet quantised weights (ModelOptions::numerics); every
   // program and prompt pass of this model uses it.
   Numerics numerics() const { return numerics_; }
@@ -117,6 +120,7 @@ class Model {
   SequenceShape shape_;
   int ring_block_ = 0;
   std::shared_ptr<PackedWeights> packed_ = std::make_shared<PackedWeights>();
+  bool repack_ = true;
 };
 
 // Throws megakern::Error naming what could not be found or read.
