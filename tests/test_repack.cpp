@@ -25,7 +25,7 @@
 namespace megakern {
 namespace {
 
-const DType kFormats[] = {DType::Q4_0, DType::Q5_0, DType::Q8_0};
+const DType kFormats[] = {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q8_0};
 
 bool host_has_r16() {
   if (host_runs(KernelIsa::avx512_vnni)) return true;

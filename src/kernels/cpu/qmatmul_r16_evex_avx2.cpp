@@ -7,11 +7,13 @@
 // on CPUs that report AVX512-VNNI (repack_enabled). Same bits as the scalar
 // oracle of each mode:
 //  * fast (qmatmul_fast.h): isum of block k = sum of w * q over its 32
-//    values; acc[k % 2] = fma((float)isum, sc * dx, acc[k % 2]); Y = acc0 + acc1.
+//    values; acc[k % 2] = fma((float)isum, sc * dx, acc[k % 2]) (Q4_1: then
+//    fma(mn, sx, acc[k % 2])); Y = acc0 + acc1.
 //  * exact (qmatmul.h): lane L's sum over the lane's four columns, with
 //    int16 inputs split as q = 256 * hi + lo (hi signed, lo unsigned bytes):
 //    sum(w * q) = 256 * sum(w * hi) + sum(w * lo), both exact; the lanes'
-//    float steps, pairs of sub-blocks summed from zero, and the final
+//    float steps, pairs of sub-blocks summed from zero, Q4_1's mins once per
+//    eight sub-blocks (lane l taking the l-th), and the final
 //    ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7)).
 // vpdpbusd multiplies unsigned by signed bytes: the weights' unsigned codes
 // c = w + off meet the signed inputs (less off times the inputs' sum), and
@@ -42,7 +44,9 @@ namespace {
 constexpr int lane_col(int L, int i) { return i < 2 ? 2 * L + i : 16 + 2 * L + (i - 2); }
 
 template <DType T>
-constexpr int kOff = T == DType::Q4_0 ? 8 : T == DType::Q5_0 ? 16 : 128;
+constexpr int kOff = T == DType::Q4_0 ? 8 : T == DType::Q5_0 ? 16 : T == DType::Q4_1 ? 0 : 128;
+template <DType T>
+constexpr bool kMins = T == DType::Q4_1;
 
 // Lane L of a block of the sixteen rows: the unsigned codes c = w + off.
 template <DType T, int L>
@@ -89,11 +93,15 @@ struct Group {
   const uint8_t* codes;
   const uint8_t* bits;
   const uint8_t* scales;
+  const uint8_t* mins;
   size_t cb, hb;
   const uint8_t* c(int64_t k) const { return codes + (size_t)k * cb; }
   const uint8_t* h(int64_t k) const { return bits + (size_t)k * hb; }
   __m512 sc(int64_t k) const {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + 32 * (size_t)k)));
+  }
+  __m512 mn(int64_t k) const {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(mins + 32 * (size_t)k)));
   }
 };
 
@@ -104,6 +112,7 @@ Group group_at(const MatView& W, int64_t g, int64_t nb) {
   G.codes = W.packed + (size_t)g * r16_group_bytes(W.type, W.cols);
   G.bits = G.codes + (size_t)nb * G.cb;
   G.scales = G.bits + (size_t)nb * G.hb;
+  G.mins = G.scales + (size_t)nb * 2 * kR16Rows;
   return G;
 }
 
@@ -177,6 +186,7 @@ inline void fast_block(const Group& G, const Q8Acts& A, const FastInputs& I, int
     for_lanes([&](auto L) { is = _mm512_dpbusd_epi32(is, c[L], _mm512_set1_epi32(ql[L])); });
     const __m512 s = _mm512_mul_ps(sc, _mm512_set1_ps(A.d_row(ti)[k]));
     acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), s, acc[t]);
+    if constexpr (kMins<T>) acc[t] = _mm512_fmadd_ps(G.mn(k), _mm512_set1_ps(A.sx_row(ti)[k]), acc[t]);
   }
 }
 
@@ -280,6 +290,16 @@ void exact_group(const Group& G, Ahead& ahead, const QuantizedActs& A, const Exa
   for (int t = 0; t < NT; ++t)
     for (int L = 0; L < 8; ++L) acc[t][L] = _mm512_setzero_ps();
   const __m512 zero = _mm512_setzero_ps();
+  // The mins of sub-blocks k0 .. k0 + n - 1, lane l taking sub-block k0 + l
+  // (qmatmul.h).
+  auto group_mins = [&](int64_t k0, int64_t n) {
+    for (int64_t l = 0; l < n; ++l) {
+      const __m512 mn = G.mn(k0 + l);
+      for (int t = 0; t < NT; ++t)
+        acc[t][l] = _mm512_fmadd_ps(mn, _mm512_set1_ps(A.sum_row(t0 + t)[k0 + l]), acc[t][l]);
+    }
+  };
+  (void)group_mins;
   int64_t k = 0;
   for (; k + 2 <= nb; k += 2) {
     ahead.upto(k + 1);
@@ -300,6 +320,8 @@ void exact_group(const Group& G, Ahead& ahead, const QuantizedActs& A, const Exa
         acc[t][L] = _mm512_add_ps(acc[t][L], tmp);
       }
     });
+    if constexpr (kMins<T>)
+      if ((k + 2) % 8 == 0) group_mins(k + 2 - 8, 8);
   }
   if (k < nb) {
     ahead.upto(k);
@@ -313,6 +335,8 @@ void exact_group(const Group& G, Ahead& ahead, const QuantizedActs& A, const Exa
       });
     }
   }
+  if constexpr (kMins<T>)
+    if (nb % 8 != 0) group_mins(nb - nb % 8, nb % 8);
   for (int t = 0; t < NT; ++t) {
     const __m512* a = acc[t];
     out[t] = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[4]), _mm512_add_ps(a[2], a[6])),
@@ -350,6 +374,7 @@ void matmul_rows_fast_r16_evex(const MatView& W, const Q8Acts& A, float* Y, int6
   MK_CHECK(W.packed != nullptr && re <= W.rows / kR16Rows * kR16Rows && A.block == 32 && A.cols == W.cols);
   switch (W.type) {
     case DType::Q4_0: fast_rows<DType::Q4_0>(W, A, Y, ldy, rb, re); break;
+    case DType::Q4_1: fast_rows<DType::Q4_1>(W, A, Y, ldy, rb, re); break;
     case DType::Q5_0: fast_rows<DType::Q5_0>(W, A, Y, ldy, rb, re); break;
     case DType::Q8_0: fast_rows<DType::Q8_0>(W, A, Y, ldy, rb, re); break;
     default: fail("packed fast kernel: no packed layout for {}", dtype_traits(W.type).name);
@@ -361,6 +386,7 @@ void matmul_rows_i16_r16_evex(const MatView& W, const QuantizedActs& A, float* Y
   MK_CHECK(W.packed != nullptr && re <= W.rows / kR16Rows * kR16Rows && A.cols == W.cols);
   switch (W.type) {
     case DType::Q4_0: exact_rows<DType::Q4_0>(W, A, Y, ldy, rb, re); break;
+    case DType::Q4_1: exact_rows<DType::Q4_1>(W, A, Y, ldy, rb, re); break;
     case DType::Q5_0: exact_rows<DType::Q5_0>(W, A, Y, ldy, rb, re); break;
     case DType::Q8_0: exact_rows<DType::Q8_0>(W, A, Y, ldy, rb, re); break;
     default: fail("packed exact kernel: no packed layout for {}", dtype_traits(W.type).name);

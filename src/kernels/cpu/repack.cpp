@@ -26,6 +26,13 @@ void block_codes(DType t, const uint8_t* b, uint8_t code[32], uint8_t high[32], 
       }
       std::memset(high, 0, 32);
       break;
+    case DType::Q4_1:
+      for (int i = 0; i < 16; ++i) {
+        code[i] = b[4 + i] & 0x0f;
+        code[16 + i] = b[4 + i] >> 4;
+      }
+      std::memset(high, 0, 32);
+      break;
     case DType::Q5_0: {
       uint32_t qh;
       std::memcpy(&qh, b + 2, 4);
@@ -47,13 +54,16 @@ void block_codes(DType t, const uint8_t* b, uint8_t code[32], uint8_t high[32], 
 
 }  // namespace
 
-bool r16_supports(DType t) { return t == DType::Q4_0 || t == DType::Q5_0 || t == DType::Q8_0; }
+bool r16_supports(DType t) {
+  return t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q5_0 || t == DType::Q8_0;
+}
 
 size_t r16_code_bytes(DType t) { return t == DType::Q8_0 ? 512 : 256; }
 size_t r16_bit_bytes(DType t) { return t == DType::Q5_0 ? 64 : 0; }
+size_t r16_min_bytes(DType t) { return t == DType::Q4_1 ? 2 * kR16Rows : 0; }
 
 size_t r16_group_bytes(DType t, int64_t cols) {
-  return (size_t)(cols / 32) * (r16_code_bytes(t) + r16_bit_bytes(t) + 2 * kR16Rows);
+  return (size_t)(cols / 32) * (r16_code_bytes(t) + r16_bit_bytes(t) + 2 * kR16Rows + r16_min_bytes(t));
 }
 
 size_t r16_packed_bytes(const MatView& W) { return (size_t)(W.rows / kR16Rows) * r16_group_bytes(W.type, W.cols); }
@@ -68,6 +78,7 @@ void r16_pack(const MatView& W, uint8_t* dst) {
     uint8_t* codes = dst + (size_t)g * r16_group_bytes(W.type, W.cols);
     uint8_t* bits = codes + (size_t)nb * cb;
     uint8_t* scales = bits + (size_t)nb * hb;
+    uint8_t* mins = scales + (size_t)nb * 2 * kR16Rows;
     std::memset(codes, 0, (size_t)nb * (cb + hb));
     for (int64_t k = 0; k < nb; ++k) {
       uint8_t* c = codes + (size_t)k * cb;
@@ -77,6 +88,7 @@ void r16_pack(const MatView& W, uint8_t* dst) {
         uint16_t sc;
         block_codes(W.type, W.row(g * kR16Rows + r) + (size_t)k * bb, code, high, sc);
         std::memcpy(scales + (size_t)k * 2 * kR16Rows + 2 * r, &sc, 2);
+        if (W.type == DType::Q4_1) std::memcpy(mins + (size_t)k * 2 * kR16Rows + 2 * r, W.row(g * kR16Rows + r) + (size_t)k * bb + 2, 2);
         for (int L = 0; L < 8; ++L)
           for (int i = 0; i < 4; ++i) {
             const int col = lane_col(L, i);

@@ -11,13 +11,14 @@
 // column, and one vpdpbusd against the input's four values of that lane
 // broadcast gives every row's partial sum in its own 32-bit element. A
 // group is three runs over its blocks, each block's part contiguous:
-//   codes:  Q4_0 / Q5_0: 256 bytes per block, four vectors of nibbles; vector n
+//   codes:  Q4_0 / Q4_1 / Q5_0: 256 bytes per block, four vectors of nibbles; vector n
 //           holds lane n in its low nibbles and lane n + 4 in its high ones
 //           (the unsigned codes, 0..15). Q8_0: 512 bytes, lane L's vector the
 //           signed weights.
 //   bits:   Q5_0 only: 64 bytes per block, bit L of byte 4r + i the fifth bit
 //           of row r's code at lane L, column i.
 //   scales: 16 f16 per block, row r's block scale (as stored).
+//   mins:   Q4_1 only: 16 f16 per block, row r's block min.
 // The packed bytes equal the original ones in number (same bandwidth), and
 // the results are those of the original layout bit for bit in each mode
 // (the kernels compute the modes' contracts, qmatmul.h / qmatmul_fast.h).
@@ -41,6 +42,7 @@ bool r16_supports(DType t);
 // Bytes of one group's block in each run, and of the packed rows.
 size_t r16_code_bytes(DType t);   // 256 or 512
 size_t r16_bit_bytes(DType t);    // 64 (Q5_0) or 0
+size_t r16_min_bytes(DType t);    // 32 (Q4_1) or 0
 size_t r16_group_bytes(DType t, int64_t cols);
 size_t r16_packed_bytes(const MatView& W);
 // Writes the packed layout of W's first 16 * floor(rows / 16) rows to dst
