@@ -114,7 +114,7 @@ bool repack_enabled() {
   static const bool on = [] {
     const char* e = std::getenv("MEGAKERN_REPACK");
     const std::string v = e ? e : "";
-    MK_CHECK(v.empty() || v == "0" || v == "1", "MEGAKERN_REPACK must be 0 or 1, got '{}'", v);
+    if (!v.empty() && v != "0" && v != "1") fail("MEGAKERN_REPACK must be 0 or 1, got '{}'", v);
     return v != "0" && active_isa() == KernelIsa::avx512_vnni;
   }();
   return on;
