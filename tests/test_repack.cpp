@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -203,6 +204,29 @@ TEST(Repack, ReleasesOnlyMappedFilePages) {
   EXPECT_FALSE(release_mapped_pages(bytes.data(), bytes.size()));  // heap
   const std::vector<uint8_t> copy = bytes;
   EXPECT_EQ(copy, bytes);
+  unlink(path);
+}
+
+// A MappedFile owned by a static object that exists before the first mapping
+// of the process (a test's model cache, say) is destroyed after everything
+// constructed later; its unregistering at exit must not touch a destroyed
+// registry. Run in a fresh process (threadsafe style re-executes the binary),
+// where this is the first mapping.
+TEST(Repack, MappedFileHeldByAnEarlierStaticUnmapsCleanlyAtExit) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  char path[] = "/tmp/megakern_static_map_XXXXXX";
+  const int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  const std::vector<uint8_t> bytes(8192, 5);
+  ASSERT_EQ(write(fd, bytes.data(), bytes.size()), (ssize_t)bytes.size());
+  close(fd);
+  EXPECT_EXIT(
+      {
+        static std::unique_ptr<MappedFile> held;  // constructed before any mapping
+        held = std::make_unique<MappedFile>(path);
+        std::exit(held->data()[0] == 5 ? 0 : 3);
+      },
+      ::testing::ExitedWithCode(0), "");
   unlink(path);
 }
 

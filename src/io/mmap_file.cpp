@@ -17,14 +17,17 @@
 namespace megakern {
 namespace {
 
-// The live mappings, start -> end, for release_mapped_pages.
+// The live mappings, start -> end, for release_mapped_pages. Never
+// destroyed: a MappedFile held by a static object that was constructed before
+// the first mapping (so destroyed after these would be) still unregisters
+// itself at exit.
 std::mutex& maps_mu() {
-  static std::mutex m;
-  return m;
+  static std::mutex* m = new std::mutex;
+  return *m;
 }
 std::map<uintptr_t, uintptr_t>& maps() {
-  static std::map<uintptr_t, uintptr_t> m;
-  return m;
+  static auto* m = new std::map<uintptr_t, uintptr_t>;
+  return *m;
 }
 
 }  // namespace

@@ -29,6 +29,9 @@ struct FormatKernels {
   int r8_min_inputs_vnni;
   // The AVX2 row decoder (quant_rows.h) handles the format.
   bool avx2_rows;
+  // Repacked at load into row-interleaved groups for the AVX-512 VNNI
+  // kernels of both modes (repack.h), on hosts that have them.
+  bool r16;
 };
 
 // The row of a format; every DType of all_dtypes() has one.

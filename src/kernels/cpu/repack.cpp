@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "kernels/cpu/format_kernels.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/matmul.h"
 
@@ -54,9 +55,7 @@ void block_codes(DType t, const uint8_t* b, uint8_t code[32], uint8_t high[32], 
 
 }  // namespace
 
-bool r16_supports(DType t) {
-  return t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q5_0 || t == DType::Q8_0;
-}
+bool r16_supports(DType t) { return format_kernels(t).r16; }
 
 size_t r16_code_bytes(DType t) { return t == DType::Q8_0 ? 512 : 256; }
 size_t r16_bit_bytes(DType t) { return t == DType::Q5_0 ? 64 : 0; }
