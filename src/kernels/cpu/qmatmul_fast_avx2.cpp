@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "core/dtype.h"
@@ -469,6 +470,126 @@ void fastk_group(const uint8_t* const rows[kRows], const uint8_t* const ahead[kR
   }
 }
 
+// Up to three inputs (below the register-blocked kernel's thresholds, so
+// mostly one): each row's block is decoded in registers and met by the
+// inputs at once, with no scratch (at one input the scratch's stores and
+// reloads cost more than the products they feed). Per output the same
+// integer sums and the same two float steps as fastk_group, so the same bits.
+// Row r's block b of a K-quant against N inputs: ia[t] += its lane sums of
+// sc_g * w * q (for Q6_K including the -32 offset term), into lanes whose
+// total is the row's isum; mn (Q4_K) the row's eight mins as int16 lanes
+// 0..7, zero above; d and -dmin.
+struct KRow {
+  __m256i mn;
+  float d, nmin;
+};
+
+template <int N>
+inline void q4k_row(const uint8_t* b, const int8_t* const q[N], __m256i ia[N], KRow& out) {
+  uint32_t u[4];
+  avx2::unpack_k_scales(b + 4, u);
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(u));  // sc[0..7], m[0..7]
+  const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(bytes));
+  out.mn = _mm256_zextsi128_si256(_mm_cvtepu8_epi16(_mm_srli_si128(bytes, 8)));
+  const __m128 dm = avx2::load_f16x2(b);
+  out.d = _mm_cvtss_f32(dm);
+  out.nmin = -_mm_cvtss_f32(_mm_movehdup_ps(dm));
+  const __m256i m4 = _mm256_set1_epi8(0x0f);
+  for (int t = 0; t < N; ++t) ia[t] = _mm256_setzero_si256();
+  for (int c = 0; c < 4; ++c) {
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16 + 32 * c));
+    const __m256i w0 = _mm256_and_si256(raw, m4), w1 = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+    const int j0 = 2 * c, j1 = 2 * c + 1;
+    const __m256i s0 = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)(0x0100 * (2 * j0 + 1) + 2 * j0)));
+    const __m256i s1 = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)(0x0100 * (2 * j1 + 1) + 2 * j1)));
+    for (int t = 0; t < N; ++t) {
+      const __m256i q0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q[t] + 32 * j0));
+      const __m256i q1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q[t] + 32 * j1));
+      ia[t] = _mm256_add_epi32(ia[t], _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(w0, q0), s0),
+                                                       _mm256_madd_epi16(_mm256_maddubs_epi16(w1, q1), s1)));
+    }
+  }
+}
+
+template <int N>
+inline void q6k_row(const uint8_t* b, const int8_t* const q[N], const __m256i b16[N], __m256i ia[N], KRow& out) {
+  const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192)));
+  const __m256i cv = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc, 5));
+  for (int t = 0; t < N; ++t) ia[t] = _mm256_madd_epi16(cv, b16[t]);  // the -32 offset term
+  const __m256i halves[2] = {_mm256_permute4x64_epi64(sc, 0x44), _mm256_permute4x64_epi64(sc, 0xee)};
+  const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x30);
+  for (int h = 0; h < 2; ++h) {
+    const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h));
+    const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h + 32));
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h));
+    const __m256i c[4] = {
+        _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m2)),
+        _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m2)),
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, m2)),
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2))};
+    for (int u = 0; u < 4; ++u) {
+      // Sub-block 4h + u: lanes 0..7 take scale 2u of this half, 8..15 scale 2u + 1.
+      const int w0 = 2 * u, w1 = w0 + 1;
+      const __m256i pat = _mm256_setr_m128i(_mm_set1_epi16((short)(0x0100 * (2 * w0 + 1) + 2 * w0)),
+                                            _mm_set1_epi16((short)(0x0100 * (2 * w1 + 1) + 2 * w1)));
+      const __m256i s = _mm256_shuffle_epi8(halves[h], pat);
+      for (int t = 0; t < N; ++t) {
+        const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q[t] + 32 * (4 * h + u)));
+        ia[t] = _mm256_add_epi32(ia[t], _mm256_madd_epi16(_mm256_maddubs_epi16(c[u], qv), s));
+      }
+    }
+  }
+  out.d = f16_at(b + 208);
+}
+
+template <class F, int N>
+void fastk_few(const uint8_t* const rows[kRows], const uint8_t* const ahead[kRows], size_t block_bytes,
+               const Q8Acts& A, __m256* acc) {
+  static_assert(std::is_same_v<F, FQ4_K> || std::is_same_v<F, FQ6_K>);
+  const __m256i ones = _mm256_set1_epi16(1);
+  GroupAhead next(ahead, block_bytes * (size_t)A.nb, A.nb);
+  for (int64_t k = 0; k < A.nb; ++k) {
+    next.upto(k);
+    const int8_t* q[N];
+    __m256i b16[N], bb[N];
+    for (int t = 0; t < N; ++t) {
+      q[t] = A.q_row(t) + 256 * k;
+      b16[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(A.s16_row(t) + 16 * k));
+      if constexpr (F::kMin) {
+        // Sums of q over the 32-element groups as int16, lanes 0..7 (and again above).
+        const __m256i s32 = _mm256_madd_epi16(b16[t], ones);
+        bb[t] = _mm256_broadcastsi128_si256(
+            _mm_packs_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1)));
+      }
+    }
+    __m256i ia[N][kRows], mv[N][kRows];
+    alignas(32) float d[kRows], nmin[kRows];
+    for (int r = 0; r < kRows; ++r) {
+      const uint8_t* b = rows[r] + k * block_bytes;
+      __m256i row_ia[N];
+      KRow kr;
+      if constexpr (std::is_same_v<F, FQ4_K>)
+        q4k_row<N>(b, q, row_ia, kr);
+      else
+        q6k_row<N>(b, q, b16, row_ia, kr);
+      d[r] = kr.d;
+      for (int t = 0; t < N; ++t) {
+        ia[t][r] = row_ia[t];
+        if constexpr (F::kMin) mv[t][r] = _mm256_madd_epi16(kr.mn, bb[t]);
+      }
+      if constexpr (F::kMin) nmin[r] = kr.nmin;
+    }
+    const __m256 dw = _mm256_load_ps(d);
+    for (int t = 0; t < N; ++t) {
+      const __m256 dxv = _mm256_set1_ps(A.d_row(t)[k]);
+      __m256 a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8(ia[t])), _mm256_mul_ps(dw, dxv), acc[2 * t]);
+      if constexpr (F::kMin)
+        a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8(mv[t])), _mm256_mul_ps(_mm256_load_ps(nmin), dxv), a);
+      acc[2 * t] = a;
+    }
+  }
+}
+
 // Rows [rb, re) in groups of eight; a last partial group repeats row rb in
 // its missing places and stores only its valid outputs (each output's
 // arithmetic is its own, so the padding changes nothing).
@@ -520,6 +641,14 @@ void fastk_rows(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_
   thread_local ScratchK S;
   const size_t bytes = dtype_traits(W.type).block_bytes;
   run_groups(W, A, Y, ldy, rb, re, false, [&](const uint8_t* const* rows, const uint8_t* const* ahead, __m256* acc) {
+    if constexpr (std::is_same_v<F, FQ4_K> || std::is_same_v<F, FQ6_K>) {
+      switch (A.n_x) {
+        case 1: return fastk_few<F, 1>(rows, ahead, bytes, A, acc);
+        case 2: return fastk_few<F, 2>(rows, ahead, bytes, A, acc);
+        case 3: return fastk_few<F, 3>(rows, ahead, bytes, A, acc);
+        default: break;
+      }
+    }
     fastk_group<F>(rows, ahead, bytes, A, acc, S);
   });
 }
