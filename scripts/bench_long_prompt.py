@@ -10,7 +10,7 @@ during and after the long prompt, and the long prompt's time to first token.
 
 The long prompt is token ids (the tokenized text of bench/data/gpl-3.0.txt,
 repeated as needed, cut to --long-prompt-tokens), so its length is exact.
-A gap is the time between two consecutive server-sent events of a stream
+The server's --max-tokens must allow --output-len. A gap is the time between two consecutive server-sent events of a stream
 that carry text; the first event (time to first token) is not a gap.
 Exits 1 when a request fails, or with --max-ratio R when some stream's
 longest gap exceeds R times its median gap.
@@ -118,16 +118,18 @@ def main():
     print(f"{a.streams} streams x {a.output_len} tokens; a {a.long_prompt_tokens}-token prompt sent at "
           f"{sent - t0:.2f} s, first token after {1000 * (first - sent):.0f} ms")
     print(f"{'stream':>6} {'tokens':>6} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'max/p50':>8} "
-          f"{'max during':>10} {'p50 during':>10}")
+          f"{'p50 before':>10} {'max during':>10} {'p50 during':>10}")
     worst = 0.0
     for i, o in enumerate(outs):
         ts = o["times"]
         gaps = [1000 * (b - x) for x, b in zip(ts, ts[1:])]
         during = [1000 * (b - x) for x, b in zip(ts, ts[1:]) if b > sent and x < first]
+        before = [1000 * (b - x) for x, b in zip(ts, ts[1:]) if b <= sent]
         p50 = statistics.median(gaps)
         ratio = max(gaps) / p50
         worst = max(worst, ratio)
         print(f"{i:>6} {len(ts):>6} {p50:>8.1f} {pct(gaps, 0.99):>8.1f} {max(gaps):>8.1f} {ratio:>7.1f}x "
+              f"{(statistics.median(before) if before else float('nan')):>10.1f} "
               f"{(max(during) if during else float('nan')):>10.1f} "
               f"{(statistics.median(during) if during else float('nan')):>10.1f}")
     print(f"worst max/median gap: {worst:.2f}x")

@@ -98,16 +98,21 @@ class Job {
   std::function<void()> listener_;  // under mu_
 };
 
-// How a step's prompt rows are bounded, measured with SmolLM2 135M (Q8_0,
-// megakernel, 2 threads, AVX-512 VNNI, `megakern bench --batch`), whose steps
-// cost by rows 1: 5.9 ms, 2: 5.9, 3: 7.2, 4: 9.1, 6: 13.9, 8: 14.8, 12: 23.4,
-// 16: 35, 20: 43, 24: 49, 32: 57, 40: 71. A step of d decode rows plus
-// max(6, 1.5 d) prompt rows then costs 2.1x to 2.9x a step of the d rows
-// alone (d = 1..8), under the 3x the other streams' inter-token gaps may
-// grow by. With nothing decoding, 32 rows reach the best prompt throughput
-// (558 tokens/s against 560 at 40).
-inline constexpr double kPromptRowsPerDecodeRow = 1.5;
-inline constexpr int kMinPromptRows = 6;
+// How a step's prompt rows are bounded, measured with SmolLM2 135M (Q4_1,
+// exact numerics, megakernel, 2 threads on a shared 2-core AVX-512 VNNI
+// machine). `megakern bench --batch` gives a step's cost by rows, 1: 5.9 ms,
+// 2: 5.9, 3: 7.2, 4: 9.1, 6: 13.9, 8: 14.8, 12: 23.4, 16: 35, 24: 49, 32: 57,
+// 40: 71; prompt rows cost more than that at long positions (their
+// attention: a 2000-token prompt in steps of 8 rows runs at 3.1 ms a row
+// against 2.4 for 256 tokens) and pay the output head. In the server (scripts/
+// bench_long_prompt.py, 4 streams, a 2000-token prompt arriving) 1.5 prompt
+// rows per decode row, at least 6, made the steps with a chunk 3.2x to 4.3x a
+// stream's gap before the prompt arrived; 1 per decode row, at least 4, 2.3x
+// (median) and 3.2x (longest), 1.8x the stream's median gap. With nothing
+// decoding, 32 rows a step reach the best prompt throughput (558 tokens/s
+// against 560 at 40).
+inline constexpr double kPromptRowsPerDecodeRow = 1;
+inline constexpr int kMinPromptRows = 4;
 inline constexpr int kDefaultStepTokens = 32;
 
 struct SchedulerOptions {
