@@ -137,11 +137,13 @@ TEST(StepPolicy, PromptRowsScaleWithTheDecodeRows) {
   EXPECT_EQ(p.schedule().prompt_rows(), 31);
 }
 
-TEST(StepPolicy, OldestPromptFirstAndSeveralChunksInOneStep) {
-  StepPolicy p(opts(3, 10));
+// The prompt with the fewest tokens left goes first (ties: the oldest), and
+// several prompts share a step.
+TEST(StepPolicy, ShortestPromptFirstAndSeveralChunksInOneStep) {
+  StepPolicy p(opts(4, 10));
+  p.add(3, 20);
   p.add(1, 4);
   p.add(2, 4);
-  p.add(3, 20);
   StepPlan s = p.schedule();
   ASSERT_EQ(s.prefill.size(), 3u);
   EXPECT_EQ(s.prefill[0].id, 1u);
@@ -151,11 +153,16 @@ TEST(StepPolicy, OldestPromptFirstAndSeveralChunksInOneStep) {
   EXPECT_FALSE(s.prefill[2].last);
   EXPECT_EQ(s.rows(), 10);
   p.postprocess(s, {1});  // 1 ended on its first token
+  // A short prompt arriving while the long one is computed goes before it.
+  p.add(4, 3);
   s = p.schedule();
   EXPECT_EQ(decode_ids(s), (std::vector<SeqId>{2}));
-  ASSERT_EQ(s.prefill.size(), 1u);
-  EXPECT_EQ(s.prefill[0].begin, 2);
-  EXPECT_EQ(s.prefill[0].n, 9);
+  ASSERT_EQ(s.prefill.size(), 2u);
+  EXPECT_EQ(s.prefill[0].id, 4u);
+  EXPECT_EQ(s.prefill[0].n, 3);
+  EXPECT_EQ(s.prefill[1].id, 3u);
+  EXPECT_EQ(s.prefill[1].begin, 2);
+  EXPECT_EQ(s.prefill[1].n, 6);
   p.postprocess(s, {});
 }
 

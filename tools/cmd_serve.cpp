@@ -129,8 +129,8 @@ void register_serve(CLI::App& app) {
                   "Most rows of one engine step: the decode rows of every active sequence plus chunks of pending "
                   "prompts (default: " + std::to_string(server::kDefaultStepTokens) +
                       ", or --batch plus one prompt chunk when that is more). Beside d decode rows a step takes at "
-                      "most max(" + std::to_string(server::kMinPromptRows) + ", " +
-                      fmt::format("{}", server::kPromptRowsPerDecodeRow) + " d) prompt rows")
+                      "most " + fmt::format("max({}, {:g} x d)", server::kMinPromptRows, server::kPromptRowsPerDecodeRow) +
+                      " prompt rows")
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--queue", o->server.queue, "Requests that may wait for a batch row; beyond that, HTTP 503")
       ->capture_default_str()

@@ -90,12 +90,15 @@ StepPlan StepPolicy::schedule() {
     const Slot& s = slots_[i];
     if (s.used && s.decoding()) plan.decode.push_back({s.id, static_cast<int>(i), s.cached});
   }
-  // 3. Prompt chunks in the rows left, oldest prompt first.
+  // 3. Prompt chunks in the rows left, the fewest tokens left first.
   std::vector<int> pending;
   for (size_t i = 0; i < slots_.size(); ++i)
     if (slots_[i].used && !slots_[i].decoding()) pending.push_back(static_cast<int>(i));
   std::sort(pending.begin(), pending.end(), [&](int a, int b) {
-    return slots_[static_cast<size_t>(a)].order < slots_[static_cast<size_t>(b)].order;
+    const Slot& x = slots_[static_cast<size_t>(a)];
+    const Slot& y = slots_[static_cast<size_t>(b)];
+    const int lx = x.prompt_len - x.cached, ly = y.prompt_len - y.cached;
+    return lx != ly ? lx < ly : x.order < y.order;
   });
   const int n_decode = static_cast<int>(plan.decode.size());
   int budget = opts_.step_tokens - n_decode;

@@ -8,9 +8,12 @@
 // Rules, in the order schedule() applies them:
 //  1. Waiting sequences take free slots in the order they were added.
 //  2. Every sequence whose prompt is done decodes one row (its newest token).
-//  3. The rows left in the budget go to the prompts not yet done, oldest
-//     first: each gets the next chunk of its prompt, as many positions as
-//     fit. The budget is step_tokens minus the decode rows and, when some
+//  3. The rows left in the budget go to the prompts not yet done, the one
+//     with the fewest tokens left first (then the oldest): each gets the
+//     next chunk of its prompt, as many positions as fit. A short request
+//     arriving while a long prompt is computed so starts at once instead of
+//     after it; the long one cannot be put off for long, since a short
+//     prompt soon decodes and only free slots let new ones in. The budget is step_tokens minus the decode rows and, when some
 //     sequence decodes and prompt_per_decode > 0, at most
 //     max(min_prompt_rows, prompt_per_decode x decode rows): on a machine
 //     where a step's cost grows with its rows, a chunk in proportion to the
@@ -124,7 +127,7 @@ class StepPolicy {
     SeqId id = 0;
     int prompt_len = 0;
     int cached = 0;        // positions computed: prompt first, then decoded tokens
-    uint64_t order = 0;    // admission order, for oldest-first prompt chunks
+    uint64_t order = 0;    // admission order, to break ties between prompts
     bool decoding() const { return cached >= prompt_len; }
   };
   struct Waiting {
