@@ -590,6 +590,97 @@ void expect_batch_independence(const std::string& model) {
 TEST(ServerHttp, GreedyOutputDoesNotDependOnTheBatchDense) { expect_batch_independence("dense-mini"); }
 TEST(ServerHttp, GreedyOutputDoesNotDependOnTheBatchRecurrent) { expect_batch_independence("qwen3.8-mini"); }
 
+// A long prompt admitted while other requests stream is computed in chunks
+// beside their decode rows (mixed steps, never more than the step's budget),
+// and every request's greedy output is the same as when it runs alone: a
+// dense model (rows independent) and a recurrent one (its state carried from
+// chunk to chunk, in the same blocks as alone).
+void expect_long_prompt_mid_stream(const std::string& model_name) {
+  auto m = load_model(model_name);
+  ThreadPool pool(2);
+  server::SchedulerOptions so;
+  so.max_rows = 4;
+  so.n_ctx = 512;
+  so.step_tokens = 12;
+  server::Scheduler sched(*m, pool, so);
+  const Tokenizer& tok = m->tokenizer();
+  std::ifstream in(std::string(MEGAKERN_SOURCE_DIR) + "/bench/data/gpl-3.0.txt", std::ios::binary);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<int32_t> long_prompt = tok.encode(text, tok.add_bos_default(), false);
+  ASSERT_GE(long_prompt.size(), 301u);
+  long_prompt.resize(301);  // not a multiple of the recurrent block (4)
+  std::vector<std::vector<int32_t>> prompts;
+  for (const char* p : {"The cat", "Numbers: 1 2 3", "Once upon a time"})
+    prompts.push_back(tok.encode(p, tok.add_bos_default(), false));
+  auto req = [](const std::vector<int32_t>& prompt, int n) {
+    server::GenRequest r;
+    r.prompt = prompt;
+    r.max_tokens = n;
+    r.sampling.temperature = 0;
+    r.ignore_eos = true;
+    return r;
+  };
+  const int n_short = 120, n_long = 12;
+  std::vector<std::string> alone;
+  for (const auto& p : prompts) alone.push_back(sched.submit(req(p, n_short))->wait_all().text);
+  const std::string long_alone = sched.submit(req(long_prompt, n_long))->wait_all().text;
+  ASSERT_FALSE(long_alone.empty());
+  const auto before = sched.stats();
+
+  std::vector<std::shared_ptr<server::Job>> jobs;
+  for (const auto& p : prompts) jobs.push_back(sched.submit(req(p, n_short)));
+  // Once the first stream has produced text, the long prompt arrives.
+  std::string first_text;
+  while (first_text.empty()) {
+    const auto u = jobs[0]->take(std::chrono::milliseconds(1000));
+    ASSERT_FALSE(u.finished);
+    first_text += u.text;
+  }
+  auto long_job = sched.submit(req(long_prompt, n_long));
+  ASSERT_NE(long_job, nullptr);
+  EXPECT_EQ(long_job->wait_all().text, long_alone) << model_name;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const auto u = jobs[i]->wait_all();
+    EXPECT_EQ((i == 0 ? first_text : std::string()) + u.text, alone[i]) << model_name << ": prompt " << i;
+  }
+  const auto after = sched.stats();
+  // The long prompt went in chunks beside the streams' decode rows: at most
+  // 12 - 3 rows a step, so at least 301 / 9 steps with both kinds of rows.
+  EXPECT_GE(after.mixed_steps - before.mixed_steps, 301u / 9) << model_name;
+  EXPECT_GE(after.prompt_rows - before.prompt_rows, 301u);
+  EXPECT_EQ(after.prefills - before.prefills, 4u);
+}
+
+TEST(ServerScheduler, LongPromptMidStreamKeepsEveryOutputDense) { expect_long_prompt_mid_stream("dense-mini"); }
+TEST(ServerScheduler, LongPromptMidStreamKeepsEveryOutputRecurrent) { expect_long_prompt_mid_stream("qwen3.8-mini"); }
+
+// --step-tokens that no step can have, or too few for a full decode batch
+// and a prompt chunk beside it, stop the start with the reason.
+TEST(ServerCli, AbsurdStepTokensAreRefusedAtStartup) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--step-tokens 100000", "more rows than a step of dense-mini can have (512)"},
+      {"--batch 8 --step-tokens 4", "must be at least 9"},
+      {"-m qwen3.8-mini --batch 8 --step-tokens 12", "must be at least 16"},
+      {"--step-tokens 0", "--step-tokens"},
+      {"--step-tokens -3", "--step-tokens"},
+  };
+  for (const auto& [flags, want] : cases) {
+    const std::string model = flags.find("-m ") == std::string::npos ? "-m dense-mini " : "";
+    const std::string cmd = fmt::format("timeout 30 {} serve {}--port 0 {} 2>&1", MEGAKERN_BINARY, model, flags);
+    FILE* p = popen(cmd.c_str(), "r");
+    ASSERT_NE(p, nullptr);
+    std::string out;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+    const int st = pclose(p);
+    ASSERT_TRUE(WIFEXITED(st));
+    EXPECT_NE(WEXITSTATUS(st), 0) << flags << ": " << out;
+    EXPECT_NE(WEXITSTATUS(st), 124) << "the server started with " << flags << ": " << out;
+    EXPECT_NE(out.find(want), std::string::npos) << flags << ": " << out;
+  }
+}
+
 TEST(ServerHttp, StopStringsCutTheTextAndAreNeverSent) {
   // qwen3.8-mini's random weights emit bytes of every kind; the stop string
   // is two ASCII bytes from the middle of its greedy text (bytes that are not

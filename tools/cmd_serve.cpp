@@ -59,8 +59,10 @@ void serve_cmd(const ServeOptions& o) {
   server::HttpServer srv(*model, pool, so);
   const int port = srv.start();
   fmt::print(stderr,
-             "megakern serve: {} ({}) on http://{}:{} | batch {} | context {} | {} threads | {} executor | {} numerics\n",
-             srv.model_id(), model->description(), so.host, port, so.batch, so.n_ctx, pool.size(), so.executor,
+             "megakern serve: {} ({}) on http://{}:{} | batch {} | step tokens {} | context {} | {} threads | {} executor | "
+             "{} numerics\n",
+             srv.model_id(), model->description(), so.host, port, so.batch, srv.scheduler().options().step_tokens,
+             so.n_ctx, pool.size(), so.executor,
              numerics_name(model->numerics()));
   if (!so.api_key.empty()) fmt::print(stderr, "megakern serve: an API key is required (Authorization: Bearer ...)\n");
   std::fflush(stderr);
@@ -123,6 +125,13 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--batch", o->server.batch, "Sequences decoded together (rows of one decode step)")
       ->capture_default_str()
       ->check(CLI::Range(1, 64));
+  cmd->add_option("--step-tokens", o->server.step_tokens,
+                  "Most rows of one engine step: the decode rows of every active sequence plus chunks of pending "
+                  "prompts (default: " + std::to_string(server::kDefaultStepTokens) +
+                      ", or --batch plus one prompt chunk when that is more). Beside d decode rows a step takes at "
+                      "most " + fmt::format("max({}, {:g} x d)", server::kMinPromptRows, server::kPromptRowsPerDecodeRow) +
+                      " prompt rows")
+      ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--queue", o->server.queue, "Requests that may wait for a batch row; beyond that, HTTP 503")
       ->capture_default_str()
       ->check(CLI::Range(0, 100000));

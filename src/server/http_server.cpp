@@ -284,6 +284,7 @@ HttpServer::HttpServer(const Model& model, ThreadPool& pool, ServerOptions opts)
   if (opts_.max_connections < 1) fail("--max-connections must be at least 1, got {}", opts_.max_connections);
   SchedulerOptions so;
   so.max_rows = opts_.batch;
+  so.step_tokens = opts_.step_tokens;
   so.n_ctx = opts_.n_ctx;
   so.queue_limit = opts_.queue;
   so.executor = opts_.executor;
@@ -380,11 +381,19 @@ std::string HttpServer::metrics_text() const {
          line("megakern_active_sequences", s.active));
   metric("megakern_batch_rows", "gauge", "Rows per decode step (--batch).",
          line("megakern_batch_rows", scheduler_->options().max_rows));
-  metric("megakern_step_seconds", "summary", "Time in decode steps (one step advances every active sequence).",
+  metric("megakern_step_tokens", "gauge", "Most rows per engine step, decode and prompt rows (--step-tokens).",
+         line("megakern_step_tokens", scheduler_->options().step_tokens));
+  metric("megakern_step_seconds", "summary",
+         "Time in engine steps (one step advances every decoding sequence and computes chunks of pending prompts).",
          line("megakern_step_seconds_sum", s.step_seconds) + line("megakern_step_seconds_count", s.steps));
-  metric("megakern_step_rows_total", "counter", "Rows computed over all decode steps.",
+  metric("megakern_step_rows_total", "counter", "Rows computed over all engine steps, decode and prompt rows.",
          line("megakern_step_rows_total", s.step_rows));
-  metric("megakern_prefill_seconds", "summary", "Time in prompt prefills.",
+  metric("megakern_step_prompt_rows_total", "counter", "Prompt rows computed over all engine steps.",
+         line("megakern_step_prompt_rows_total", s.prompt_rows));
+  metric("megakern_mixed_steps_total", "counter", "Engine steps with both decode rows and prompt rows.",
+         line("megakern_mixed_steps_total", s.mixed_steps));
+  metric("megakern_prefill_seconds", "summary",
+         "Prompt rows' share of step time (a step's time split by rows); count: prompts completed.",
          line("megakern_prefill_seconds_sum", s.prefill_seconds) + line("megakern_prefill_seconds_count", s.prefills));
   return out;
 }
@@ -453,6 +462,7 @@ void HttpServer::setup_routes() {
                                      {"executor", opts_.executor},
                                      {"numerics", numerics_name(model_.numerics())},
                                      {"batch", opts_.batch},
+                                     {"step_tokens", scheduler_->options().step_tokens},
                                      {"context", opts_.n_ctx},
                                      {"max_tokens", opts_.max_tokens}}));
   });

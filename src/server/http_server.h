@@ -28,6 +28,7 @@ struct ServerOptions {
   int n_ctx = 2048;         // positions per sequence
   int max_tokens = 256;     // default and upper limit of a request's max_tokens
   int batch = 8;            // sequences decoded together
+  int step_tokens = 0;      // rows per engine step, decode and prompt rows (0: SchedulerOptions' default)
   int queue = 64;           // requests that may wait for a row before 503
   std::string executor = "mega";
   std::string model_id;     // the name reported and accepted in "model" (empty: the model's name)

@@ -82,14 +82,19 @@ void Job::finish(FinishReason reason, int completion_tokens, const std::string& 
 
 // ---- Scheduler -----------------------------------------------------------------
 
-// One row of the batch: a sequence state and, while in use, the request it
+// One slot of the batch: a sequence state and, while in use, the request it
 // serves with that request's sampler and Generation (detokenizer, stop
 // strings, limits).
 struct Scheduler::BatchRow {
   SequenceState seq;
+  SeqId id = 0;              // the policy's id of the sequence; 0 while free
   std::shared_ptr<Job> job;  // null while free
   std::unique_ptr<Sampler> sampler;
-  std::unique_ptr<Generation> gen;
+  std::unique_ptr<Generation> gen;  // null when only the prompt is scored (max_tokens 0)
+  // Echo with logprobs: the prompt tokens' entries, gathered chunk by chunk
+  // and handed to the job once the prompt is done.
+  bool score = false;
+  std::vector<TokenLogprob> prompt_logprobs;
 };
 
 Scheduler::Scheduler(const Model& model, ThreadPool& pool, const SchedulerOptions& opts)
@@ -97,7 +102,23 @@ Scheduler::Scheduler(const Model& model, ThreadPool& pool, const SchedulerOption
   if (opts_.max_rows < 1) fail("--batch must be at least 1, got {}", opts_.max_rows);
   if (opts_.n_ctx < 2) fail("--context must be at least 2, got {}", opts_.n_ctx);
   if (opts_.queue_limit < 0) fail("--queue must be >= 0, got {}", opts_.queue_limit);
-  engine_ = std::make_unique<Engine>(model_, pool, opts_.max_rows, opts_.executor);
+  // A recurrent model's prompt goes in blocks of --batch positions, as it
+  // always has here; the others' prompt rows may be cut anywhere.
+  PolicyOptions po;
+  po.max_seqs = opts_.max_rows;
+  po.prompt_block = model_.recurrent() ? opts_.max_rows : 0;
+  po.prompt_per_decode = opts_.prompt_per_decode;
+  po.min_prompt_rows = opts_.min_prompt_rows;
+  if (opts_.step_tokens == 0)
+    opts_.step_tokens = std::max(kDefaultStepTokens, opts_.max_rows + std::max(1, po.prompt_block));
+  if (opts_.step_tokens < 0) fail("--step-tokens must be positive, got {}", opts_.step_tokens);
+  if (opts_.step_tokens > model_.max_program_rows())
+    fail("--step-tokens {} is more rows than a step of {} can have ({}): use a smaller --step-tokens{}",
+         opts_.step_tokens, model_.name(), model_.max_program_rows(),
+         opts_.max_rows + std::max(1, po.prompt_block) > model_.max_program_rows() ? " and --batch" : "");
+  po.step_tokens = opts_.step_tokens;
+  policy_ = std::make_unique<StepPolicy>(po);
+  engine_ = std::make_unique<Engine>(model_, pool, opts_.step_tokens, opts_.executor);
   for (int i = 0; i < opts_.max_rows; ++i) {
     auto s = std::make_unique<BatchRow>();
     s->seq = model_.new_sequence(opts_.n_ctx);
@@ -112,7 +133,11 @@ Scheduler::Scheduler(const Model& model, ThreadPool& pool, const SchedulerOption
     fail("--batch {} x --context {} needs KV caches of {} in all, more than the {} of physical memory: use a "
          "smaller --batch or --context",
          opts_.max_rows, opts_.n_ctx, human_bytes(kv_bytes), human_bytes(static_cast<double>(phys)));
-  logits_.resize(static_cast<size_t>(opts_.max_rows) * static_cast<size_t>(engine_->n_vocab()));
+  logits_.resize(static_cast<size_t>(opts_.step_tokens) * static_cast<size_t>(engine_->n_vocab()));
+  // Steps take any number of rows up to step_tokens; the megakernel compiles
+  // a schedule per row count at its first use, which would land in the
+  // middle of some stream. Compile them all now.
+  for (int n = 1; n <= opts_.step_tokens; ++n) engine_->executor().prepare(n);
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -195,131 +220,171 @@ void Scheduler::loop() {
       if (stop_ && active_ == 0) return;
     }
     for (auto& s : rows_)
-      if (s->job && (cancel_everything || s->job->cancelled())) release(*s, FinishReason::Cancelled);
+      if (s->job && (cancel_everything || s->job->cancelled())) {
+        policy_->remove(s->id);
+        release(*s, FinishReason::Cancelled);
+      }
     if (cancel_everything) {
       std::lock_guard<std::mutex> lock(mu_);
       cancel_all_ = false;
       if (stop_) return;
       continue;
     }
-    admit();
-    if (std::any_of(rows_.begin(), rows_.end(), [](const auto& s) { return s->job != nullptr; })) decode_step();
+    take_queued();
+    const StepPlan plan = policy_->schedule();
+    for (const auto& a : plan.admitted) {
+      BatchRow& s = *rows_[static_cast<size_t>(a.slot)];
+      MK_CHECK(!s.job && !admitting_.empty() && admitting_.front().first == a.id,
+               "the policy admitted sequence {} out of order", a.id);
+      s.id = a.id;
+      s.job = std::move(admitting_.front().second);
+      admitting_.pop_front();
+      start(s);
+    }
+    MK_CHECK(admitting_.empty(), "{} queued sequences were not admitted", admitting_.size());
+    const std::vector<SeqId> finished = plan.empty() ? std::vector<SeqId>{} : run_step(plan);
+    policy_->postprocess(plan, finished);
   }
 }
 
-void Scheduler::admit() {
-  for (auto& row : rows_) {
-    if (row->job) continue;
-    std::shared_ptr<Job> job;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (queue_.empty()) return;
-      job = queue_.front();
+void Scheduler::take_queued() {
+  std::vector<std::shared_ptr<Job>> nothing_to_compute;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    while (!queue_.empty() && policy_->free_slots() > policy_->waiting()) {
+      std::shared_ptr<Job> job = std::move(queue_.front());
       queue_.pop_front();
+      const GenRequest& req = job->request;
+      if (req.max_tokens == 0 && !(req.echo && req.logprobs >= 0)) {
+        // Echo alone: the text is the prompt, nothing to compute.
+        ++stats_.finished_length;
+        nothing_to_compute.push_back(std::move(job));
+        continue;
+      }
       ++active_;
+      const SeqId id = next_id_++;
+      policy_->add(id, static_cast<int>(req.prompt.size()));
+      admitting_.emplace_back(id, std::move(job));
     }
-    BatchRow& s = *row;
-    s.job = job;
-    const GenRequest& req = job->request;
-    const auto& prompt = req.prompt;
-    s.sampler = std::make_unique<Sampler>(req.sampling);
-    GenerationParams gp;
-    gp.max_tokens = req.max_tokens;
-    gp.stop = req.stop;
-    gp.ignore_eos = req.ignore_eos;
-    const bool score = req.echo && req.logprobs >= 0;
-    if (req.max_tokens == 0 && !score) {
-      // Echo alone: nothing to compute.
-      release(s, FinishReason::Length);
-      continue;
-    }
-    const auto t0 = Clock::now();
-    try {
-      if (req.max_tokens > 0)
-        s.gen = std::make_unique<Generation>(model_.tokenizer(), gp, static_cast<int>(prompt.size()), s.seq.n_ctx(),
-                                             s.sampler.get());
-      s.seq.clear();
-      // The logits of the last prompt token land in row 0 of logits_; no
-      // other row is live between steps.
-      if (score)
-        score_prompt(s);
-      else
-        engine_->prefill(s.seq, prompt.data(), static_cast<int>(prompt.size()), 0, logits_.data());
-    } catch (const std::exception& e) {
-      release(s, FinishReason::Error, fmt::format("prefill failed: {}", e.what()));
-      continue;
-    }
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stats_.prefill_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
-      ++stats_.prefills;
-      stats_.prompt_tokens += prompt.size();
-    }
-    if (!s.gen) {
-      release(s, FinishReason::Length);  // max_tokens 0: the prompt scored, nothing generated
-      continue;
-    }
-    take_token(s, logits_.data());
   }
+  for (auto& job : nothing_to_compute) job->finish(FinishReason::Length, 0);
 }
 
-void Scheduler::score_prompt(BatchRow& s) {
+void Scheduler::start(BatchRow& s) {
   const GenRequest& req = s.job->request;
-  const std::vector<int32_t>& prompt = req.prompt;
-  const int n = static_cast<int>(prompt.size());
-  const int64_t V = engine_->n_vocab();
-  // Chunks of whole blocks of max_rows positions (a recurrent model's
-  // blocks then fall where prefill's do), of about 128 positions, so that
-  // the logits held stay small whatever the prompt's length.
-  const int rows = engine_->max_rows();
-  const int chunk = std::max(1, 128 / rows) * rows;
-  std::vector<float> buf(static_cast<size_t>(std::min(chunk, n)) * static_cast<size_t>(V));
-  std::vector<TokenLogprob> entries;
-  entries.reserve(static_cast<size_t>(n));
-  TokenLogprob first;
-  first.token = prompt[0];  // nothing predicts it: null
-  entries.push_back(first);
-  for (int i = 0; i < n; i += chunk) {
-    const int m = std::min(chunk, n - i);
-    engine_->teacher_forced_logits(s.seq, prompt.data() + i, m, i, m, buf.data());
-    for (int r = 0; r < m; ++r) {
-      const float* row = buf.data() + static_cast<size_t>(r) * static_cast<size_t>(V);
-      if (i + r + 1 < n)
-        entries.push_back(token_logprob(row, V, prompt[static_cast<size_t>(i + r + 1)], req.logprobs));
-      else
-        std::copy_n(row, V, logits_.data());
-    }
+  s.sampler = std::make_unique<Sampler>(req.sampling);
+  s.score = req.echo && req.logprobs >= 0;
+  s.prompt_logprobs.clear();
+  if (s.score) {
+    TokenLogprob first;
+    first.token = req.prompt[0];  // nothing predicts it: null
+    s.prompt_logprobs.push_back(first);
   }
-  s.job->add_logprobs(std::move(entries));
+  GenerationParams gp;
+  gp.max_tokens = req.max_tokens;
+  gp.stop = req.stop;
+  gp.ignore_eos = req.ignore_eos;
+  try {
+    if (req.max_tokens > 0)
+      s.gen = std::make_unique<Generation>(model_.tokenizer(), gp, static_cast<int>(req.prompt.size()), s.seq.n_ctx(),
+                                           s.sampler.get());
+  } catch (const std::exception& e) {
+    policy_->remove(s.id);
+    release(s, FinishReason::Error, fmt::format("prefill failed: {}", e.what()));
+    return;
+  }
+  s.seq.clear();
 }
 
-void Scheduler::decode_step() {
+std::vector<SeqId> Scheduler::run_step(const StepPlan& plan) {
   const size_t V = static_cast<size_t>(engine_->n_vocab());
+  // Entries of the plan whose sequence failed to start have no row.
+  auto live = [&](int slot, SeqId id) -> BatchRow* {
+    BatchRow* s = rows_[static_cast<size_t>(slot)].get();
+    if (s->job && s->id == id) return s;
+    MK_CHECK(policy_->cached(id) < 0, "sequence {} is planned and held by the policy but has no row", id);
+    return nullptr;
+  };
   std::vector<RowInput> rows;
-  std::vector<BatchRow*> order;
-  for (auto& s : rows_) {
-    if (!s->job) continue;
-    rows.push_back(s->seq.row(s->gen->last_token(), s->gen->position()));
-    order.push_back(s.get());
+  rows.reserve(static_cast<size_t>(plan.rows()));
+  std::vector<BatchRow*> decode_rows;
+  std::vector<std::pair<BatchRow*, const PromptChunk*>> chunks;
+  for (const DecodeRow& d : plan.decode) {
+    BatchRow* s = live(d.slot, d.id);
+    if (!s) continue;
+    MK_CHECK(s->gen && s->gen->position() == d.pos, "sequence {}: the plan decodes position {}, the generation is at {}",
+             d.id, d.pos, s->gen ? s->gen->position() : -1);
+    rows.push_back(s->seq.row(s->gen->last_token(), d.pos));
+    decode_rows.push_back(s);
   }
+  for (const PromptChunk& c : plan.prefill) {
+    BatchRow* s = live(c.slot, c.id);
+    if (!s) continue;
+    const auto& prompt = s->job->request.prompt;
+    for (int r = 0; r < c.n; ++r) rows.push_back(s->seq.row(prompt[static_cast<size_t>(c.begin + r)], c.begin + r));
+    chunks.emplace_back(s, &c);
+  }
+  std::vector<SeqId> finished;
+  if (rows.empty()) return finished;
   const auto t0 = Clock::now();
   try {
     engine_->step(rows, logits_.data());
   } catch (const std::exception& e) {
-    for (BatchRow* s : order) release(*s, FinishReason::Error, fmt::format("decode step failed: {}", e.what()));
-    return;
+    for (BatchRow* s : decode_rows) {
+      finished.push_back(s->id);
+      release(*s, FinishReason::Error, fmt::format("decode step failed: {}", e.what()));
+    }
+    for (auto& [s, c] : chunks) {
+      finished.push_back(s->id);
+      release(*s, FinishReason::Error, fmt::format("prefill failed: {}", e.what()));
+    }
+    return finished;
   }
   const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+  const size_t n_prompt = rows.size() - decode_rows.size();
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.steps;
     stats_.step_rows += rows.size();
+    stats_.prompt_rows += n_prompt;
+    if (n_prompt > 0 && !decode_rows.empty()) ++stats_.mixed_steps;
     stats_.step_seconds += dt;
+    stats_.prefill_seconds += dt * static_cast<double>(n_prompt) / static_cast<double>(rows.size());
+    stats_.prompt_tokens += n_prompt;
+    for (auto& [s, c] : chunks) stats_.prefills += c->last ? 1 : 0;
   }
-  for (size_t i = 0; i < order.size(); ++i) take_token(*order[i], logits_.data() + i * V);
+  for (size_t i = 0; i < decode_rows.size(); ++i) {
+    const SeqId id = decode_rows[i]->id;  // release() clears it
+    if (take_token(*decode_rows[i], logits_.data() + i * V)) finished.push_back(id);
+  }
+  size_t at = decode_rows.size();  // the chunk's first row
+  for (auto& [s, c] : chunks) {
+    const GenRequest& req = s->job->request;
+    const int n_prompt_tokens = static_cast<int>(req.prompt.size());
+    if (s->score)
+      for (int r = 0; r < c->n; ++r) {
+        const int next = c->begin + r + 1;  // the prompt token this row's logits predict
+        if (next < n_prompt_tokens)
+          s->prompt_logprobs.push_back(token_logprob(logits_.data() + (at + static_cast<size_t>(r)) * V,
+                                                     engine_->n_vocab(), req.prompt[static_cast<size_t>(next)],
+                                                     req.logprobs));
+      }
+    const float* last = logits_.data() + (at + static_cast<size_t>(c->n) - 1) * V;
+    at += static_cast<size_t>(c->n);
+    if (!c->last) continue;
+    if (s->score) s->job->add_logprobs(std::move(s->prompt_logprobs));
+    const SeqId id = s->id;
+    if (!s->gen) {
+      release(*s, FinishReason::Length);  // max_tokens 0: the prompt scored, nothing generated
+      finished.push_back(id);
+    } else if (take_token(*s, last)) {
+      finished.push_back(id);
+    }
+  }
+  return finished;
 }
 
-void Scheduler::take_token(BatchRow& s, const float* logits) {
+bool Scheduler::take_token(BatchRow& s, const float* logits) {
   Generation& g = *s.gen;
   const int before = g.generated();
   const int32_t token = g.sample(logits, engine_->n_vocab());
@@ -338,14 +403,20 @@ void Scheduler::take_token(BatchRow& s, const float* logits) {
     s.job->append(d.text, d.generated);
   }
   const bool length = d.stop == StopReason::MaxTokens || d.stop == StopReason::ContextFull;
-  if (d.done()) release(s, length ? FinishReason::Length : FinishReason::Stop);
+  if (!d.done()) return false;
+  release(s, length ? FinishReason::Length : FinishReason::Stop);
+  return true;
 }
 
 void Scheduler::release(BatchRow& s, FinishReason reason, const std::string& error) {
   std::shared_ptr<Job> job = std::move(s.job);
   const int generated = s.gen ? s.gen->generated() : 0;
+  s.job.reset();
+  s.id = 0;
   s.gen.reset();
   s.sampler.reset();
+  s.score = false;
+  s.prompt_logprobs.clear();
   // The counters move before the job is marked finished, so that a client
   // who has its answer sees them include it.
   {

@@ -1,9 +1,12 @@
-// Continuous batching: one thread owns the Engine and the sequence states.
-// Each iteration it admits queued requests (prefill), then runs ONE engine
-// step over the newest token of every active sequence, each sequence one row,
-// samples each row with its request's sampler, and hands the new text to the
-// request. Finished, stopped and cancelled requests leave the batch at once,
-// so their rows go to waiting requests on the next iteration.
+// Continuous batching with chunked prefill: one thread owns the Engine and
+// the sequence states. Each iteration it asks the policy (server/
+// step_policy.h, which holds no locks and does no I/O) for a step plan, runs
+// ONE engine step whose rows are the newest token of every decoding sequence
+// plus chunks of the prompts not yet computed, within --step-tokens rows,
+// samples each decode row (and each prompt's last row) with its request's
+// sampler, hands the new text to the request, and reports back to the
+// policy. Finished, stopped and cancelled requests leave the batch at once,
+// so their slots go to waiting requests on the next iteration.
 //
 // Thread safety: submit(), cancel(), begin_shutdown(), stats() and the Job
 // accessors may be called from any thread; everything else is private to the
@@ -23,6 +26,7 @@
 #include <vector>
 
 #include "server/api.h"
+#include "server/step_policy.h"
 
 namespace megakern {
 class Model;
@@ -94,8 +98,33 @@ class Job {
   std::function<void()> listener_;  // under mu_
 };
 
+// How a step's prompt rows are bounded, measured with SmolLM2 135M (Q4_1,
+// exact numerics, megakernel, 2 threads on a shared 2-core AVX-512 VNNI
+// machine). `megakern bench --batch` gives a step's cost by rows, 1: 5.9 ms,
+// 2: 5.9, 3: 7.2, 4: 9.1, 6: 13.9, 8: 14.8, 12: 23.4, 16: 35, 24: 49, 32: 57,
+// 40: 71; prompt rows cost more than that at long positions (their
+// attention: a 2000-token prompt in steps of 8 rows runs at 3.1 ms a row
+// against 2.4 for 256 tokens) and pay the output head. In the server (scripts/
+// bench_long_prompt.py, 4 streams, a 2000-token prompt arriving) 1.5 prompt
+// rows per decode row, at least 6, made the steps with a chunk 3.2x to 4.3x a
+// stream's gap before the prompt arrived; 1 per decode row, at least 4, 2.3x
+// (median) and 3.2x (longest), 1.8x the stream's median gap. With nothing
+// decoding, 32 rows a step reach the best prompt throughput (558 tokens/s
+// against 560 at 40).
+inline constexpr double kPromptRowsPerDecodeRow = 1;
+inline constexpr int kMinPromptRows = 4;
+inline constexpr int kDefaultStepTokens = 32;
+
 struct SchedulerOptions {
-  int max_rows = 8;        // sequences decoded together (rows of one step)
+  int max_rows = 8;        // sequences decoded together (decode rows of one step)
+  // Rows of one engine step, decode rows and prompt rows together; 0: the
+  // default, max(kDefaultStepTokens, max_rows + the least prompt chunk).
+  int step_tokens = 0;
+  // Beside d decode rows, a step computes at most max(min_prompt_rows,
+  // prompt_per_decode * d) prompt rows (PolicyOptions); with nothing to
+  // decode, step_tokens of them.
+  double prompt_per_decode = kPromptRowsPerDecodeRow;
+  int min_prompt_rows = kMinPromptRows;
   int n_ctx = 2048;        // positions per sequence
   int queue_limit = 64;    // requests waiting for a row; more are refused
   std::string executor = "mega";
@@ -109,10 +138,12 @@ struct SchedulerStats {
   uint64_t prompt_tokens = 0;      // prefilled
   uint64_t generated_tokens = 0;   // sampled
   uint64_t steps = 0;              // engine steps
-  uint64_t step_rows = 0;          // rows over all steps
+  uint64_t step_rows = 0;          // rows over all steps, decode and prompt rows
+  uint64_t prompt_rows = 0;        // of which prompt rows
+  uint64_t mixed_steps = 0;        // steps with both decode rows and prompt rows
   double step_seconds = 0;         // time in engine steps
-  double prefill_seconds = 0;
-  uint64_t prefills = 0;
+  double prefill_seconds = 0;      // of which the prompt rows' share (by rows)
+  uint64_t prefills = 0;           // prompts completed
   int queue_depth = 0;
   int active = 0;
 };
@@ -146,23 +177,28 @@ class Scheduler {
  private:
   struct BatchRow;
   void loop();
-  void admit();
-  void decode_step();
+  // Moves queued jobs into the policy while it has slots for them.
+  void take_queued();
+  // Sets up the row of a sequence the policy just admitted.
+  void start(BatchRow& s);
+  // Runs one plan through the engine and samples; returns the sequences
+  // whose generation ended.
+  std::vector<SeqId> run_step(const StepPlan& plan);
   // Samples a batch row's next token from its logits and hands the text to its
-  // request, releasing the row when the generation is over.
-  void take_token(BatchRow& s, const float* logits);
-  // Echo with logprobs: computes every position of the row's prompt by
-  // teacher forcing, hands the prompt tokens' log-probabilities to its job,
-  // and leaves the last position's logits in row 0 of logits_ and the
-  // sequence as prefill would.
-  void score_prompt(BatchRow& s);
+  // request; true when the generation is over (the row is then released).
+  bool take_token(BatchRow& s, const float* logits);
   void release(BatchRow& s, FinishReason reason, const std::string& error = {});
 
   const Model& model_;
   SchedulerOptions opts_;
   std::unique_ptr<Engine> engine_;
-  std::vector<std::unique_ptr<BatchRow>> rows_;  // max_rows of them
-  std::vector<float> logits_;                 // [max_rows][n_vocab]
+  std::vector<std::unique_ptr<BatchRow>> rows_;  // max_rows of them: the policy's slots
+  std::vector<float> logits_;                 // [step_tokens][n_vocab]
+  // Owned by the scheduler thread (like the rows): no lock.
+  std::unique_ptr<StepPolicy> policy_;
+  SeqId next_id_ = 1;
+  // Admitted by the policy but not yet given a row: id -> job, in order.
+  std::deque<std::pair<SeqId, std::shared_ptr<Job>>> admitting_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -1,0 +1,145 @@
+#include "server/step_policy.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace megakern::server {
+
+int StepPlan::rows() const { return static_cast<int>(decode.size()) + prompt_rows(); }
+
+int StepPlan::prompt_rows() const {
+  int n = 0;
+  for (const auto& c : prefill) n += c.n;
+  return n;
+}
+
+StepPolicy::StepPolicy(const PolicyOptions& opts) : opts_(opts) {
+  if (opts_.max_seqs < 1) fail("--batch must be at least 1, got {}", opts_.max_seqs);
+  if (opts_.prompt_block < 0) fail("prompt block must be >= 0, got {}", opts_.prompt_block);
+  if (opts_.prompt_per_decode < 0 || !(opts_.prompt_per_decode == opts_.prompt_per_decode))
+    fail("prompt rows per decode row must be >= 0, got {}", opts_.prompt_per_decode);
+  if (opts_.min_prompt_rows < 1) fail("the least prompt rows of a step must be at least 1, got {}", opts_.min_prompt_rows);
+  // A recurrent prompt's chunk is a whole block: the floor must hold one, or
+  // a prompt would wait for as long as anything decodes.
+  opts_.min_prompt_rows = std::max(opts_.min_prompt_rows, opts_.prompt_block);
+  const int chunk = std::max(1, opts_.prompt_block);
+  if (opts_.step_tokens < opts_.max_seqs + chunk)
+    fail("--step-tokens {} cannot hold a full decode batch of --batch {} and a prompt chunk of {} beside it: "
+         "it must be at least {}",
+         opts_.step_tokens, opts_.max_seqs, chunk, opts_.max_seqs + chunk);
+  slots_.resize(static_cast<size_t>(opts_.max_seqs));
+}
+
+StepPolicy::Slot* StepPolicy::find(SeqId id) {
+  for (auto& s : slots_)
+    if (s.used && s.id == id) return &s;
+  return nullptr;
+}
+
+const StepPolicy::Slot* StepPolicy::find(SeqId id) const {
+  for (const auto& s : slots_)
+    if (s.used && s.id == id) return &s;
+  return nullptr;
+}
+
+void StepPolicy::add(SeqId id, int prompt_len) {
+  if (prompt_len < 1) fail("a sequence needs a prompt of at least 1 token, got {}", prompt_len);
+  MK_CHECK(!find(id) && std::none_of(waiting_.begin(), waiting_.end(), [&](const Waiting& w) { return w.id == id; }),
+           "sequence {} added twice", id);
+  waiting_.push_back({id, prompt_len});
+}
+
+bool StepPolicy::remove(SeqId id) {
+  if (Slot* s = find(id)) {
+    *s = Slot{};
+    return true;
+  }
+  for (auto it = waiting_.begin(); it != waiting_.end(); ++it)
+    if (it->id == id) {
+      waiting_.erase(it);
+      return true;
+    }
+  return false;
+}
+
+int StepPolicy::free_slots() const {
+  return static_cast<int>(std::count_if(slots_.begin(), slots_.end(), [](const Slot& s) { return !s.used; }));
+}
+
+int StepPolicy::running() const { return static_cast<int>(slots_.size()) - free_slots(); }
+
+int StepPolicy::cached(SeqId id) const {
+  const Slot* s = find(id);
+  return s ? s->cached : -1;
+}
+
+StepPlan StepPolicy::schedule() {
+  MK_CHECK(!planned_, "schedule() called twice without postprocess()");
+  StepPlan plan;
+  // 1. Admission, first come first served.
+  for (size_t i = 0; i < slots_.size() && !waiting_.empty(); ++i) {
+    if (slots_[i].used) continue;
+    const Waiting w = waiting_.front();
+    waiting_.pop_front();
+    slots_[i] = Slot{true, w.id, w.prompt_len, 0, next_order_++};
+    plan.admitted.push_back({w.id, static_cast<int>(i)});
+  }
+  // 2. A row for every decoding sequence.
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const Slot& s = slots_[i];
+    if (s.used && s.decoding()) plan.decode.push_back({s.id, static_cast<int>(i), s.cached});
+  }
+  // 3. Prompt chunks in the rows left, the fewest tokens left first.
+  std::vector<int> pending;
+  for (size_t i = 0; i < slots_.size(); ++i)
+    if (slots_[i].used && !slots_[i].decoding()) pending.push_back(static_cast<int>(i));
+  std::sort(pending.begin(), pending.end(), [&](int a, int b) {
+    const Slot& x = slots_[static_cast<size_t>(a)];
+    const Slot& y = slots_[static_cast<size_t>(b)];
+    const int lx = x.prompt_len - x.cached, ly = y.prompt_len - y.cached;
+    return lx != ly ? lx < ly : x.order < y.order;
+  });
+  const int n_decode = static_cast<int>(plan.decode.size());
+  int budget = opts_.step_tokens - n_decode;
+  if (n_decode > 0 && opts_.prompt_per_decode > 0)
+    budget = std::min(budget, std::max(opts_.min_prompt_rows,
+                                       static_cast<int>(opts_.prompt_per_decode * static_cast<double>(n_decode))));
+  for (int i : pending) {
+    if (budget <= 0) break;
+    const Slot& s = slots_[static_cast<size_t>(i)];
+    const int left = s.prompt_len - s.cached;
+    int n = 0;
+    if (opts_.prompt_block > 0) {
+      n = std::min(opts_.prompt_block, left);
+      if (n > budget) continue;  // its block does not fit this step; a later, shorter tail may
+    } else {
+      n = std::min(budget, left);
+    }
+    plan.prefill.push_back({s.id, i, s.cached, n, n == left});
+    budget -= n;
+  }
+  MK_CHECK(plan.rows() <= opts_.step_tokens, "plan of {} rows over the budget of {}", plan.rows(), opts_.step_tokens);
+  planned_ = true;
+  return plan;
+}
+
+void StepPolicy::postprocess(const StepPlan& plan, const std::vector<SeqId>& finished) {
+  MK_CHECK(planned_, "postprocess() without a schedule()");
+  planned_ = false;
+  for (const DecodeRow& d : plan.decode) {
+    Slot* s = find(d.id);
+    if (!s) continue;  // removed during the step
+    MK_CHECK(s->cached == d.pos, "sequence {} decoded at {} but holds {} positions", d.id, d.pos, s->cached);
+    ++s->cached;
+  }
+  for (const PromptChunk& c : plan.prefill) {
+    Slot* s = find(c.id);
+    if (!s) continue;
+    MK_CHECK(s->cached == c.begin, "sequence {} chunk at {} but holds {} positions", c.id, c.begin, s->cached);
+    s->cached += c.n;
+  }
+  for (SeqId id : finished) remove(id);
+}
+
+}  // namespace megakern::server

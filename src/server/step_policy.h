@@ -1,0 +1,147 @@
+// The server's scheduling policy, apart from everything that makes it run:
+// which sequences hold a row slot, which of them decode in the next engine
+// step, and which chunks of their prompts are computed next to those decode
+// rows, within a budget of rows per step. It has no threads, locks, clocks
+// or model; the scheduler thread (server/scheduler.h) calls schedule(), runs
+// the plan through the engine, samples, and reports back with postprocess().
+//
+// Rules, in the order schedule() applies them:
+//  1. Waiting sequences take free slots in the order they were added.
+//  2. Every sequence whose prompt is done decodes one row (its newest token).
+//  3. The rows left in the budget go to the prompts not yet done, the one
+//     with the fewest tokens left first (then the oldest): each gets the
+//     next chunk of its prompt, as many positions as fit. A short request
+//     arriving while a long prompt is computed so starts at once instead of
+//     after it; the long one cannot be put off for long, since a short
+//     prompt soon decodes and only free slots let new ones in. The budget is step_tokens minus the decode rows and, when some
+//     sequence decodes and prompt_per_decode > 0, at most
+//     max(min_prompt_rows, prompt_per_decode x decode rows): on a machine
+//     where a step's cost grows with its rows, a chunk in proportion to the
+//     decode rows bounds how much longer than a plain decode step a step
+//     with a chunk is, whether one sequence decodes or a full batch. With
+//     nothing decoding, a prompt takes the whole step. With a prompt block (recurrent
+//     models), a chunk is exactly the next block of prompt_block positions
+//     counted from position 0 (the prompt's tail may be shorter) and a prompt
+//     whose next block does not fit waits: a recurrent model's rows of one
+//     sequence in one step are computed in a chunked form that depends on the
+//     block, so fixed blocks keep its output the same whatever else is in the
+//     step.
+// Since decode rows always come first and the budget leaves room for at
+// least one chunk beside a full decode batch, a long prompt delays the other
+// sequences by the cost of one step of step_tokens rows, never by its whole
+// prompt.
+//
+// Not thread-safe: one thread owns a StepPolicy.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <vector>
+
+namespace megakern::server {
+
+struct PolicyOptions {
+  int max_seqs = 8;       // sequences holding a slot at once (rows of a decode step)
+  int step_tokens = 32;   // rows of one engine step: decode rows plus prompt rows
+  int prompt_block = 0;   // > 0: prompt chunks are whole blocks of this many positions
+  // Prompt rows beside d > 0 decode rows: at most max(min_prompt_rows,
+  // prompt_per_decode * d) (and what step_tokens leaves); 0: no such limit.
+  double prompt_per_decode = 0;
+  int min_prompt_rows = 1;  // raised to prompt_block when that is larger
+};
+
+using SeqId = uint64_t;
+
+// One decode row: the sequence's newest token at position `pos`.
+struct DecodeRow {
+  SeqId id = 0;
+  int slot = 0;
+  int pos = 0;
+};
+
+// Prompt positions [begin, begin + n) of one sequence; `last` when they end
+// its prompt (the last row's logits then give the first generated token).
+struct PromptChunk {
+  SeqId id = 0;
+  int slot = 0;
+  int begin = 0;
+  int n = 0;
+  bool last = false;
+};
+
+// What one engine step computes. Its rows are the decode rows in order, then
+// each chunk's rows in order; `admitted` lists the sequences that took a
+// slot in this schedule() (their chunks, if any, are in `prefill`).
+struct StepPlan {
+  struct Admission {
+    SeqId id = 0;
+    int slot = 0;
+  };
+  std::vector<Admission> admitted;
+  std::vector<DecodeRow> decode;
+  std::vector<PromptChunk> prefill;
+  int rows() const;
+  int prompt_rows() const;
+  bool empty() const { return decode.empty() && prefill.empty(); }
+};
+
+class StepPolicy {
+ public:
+  // Throws megakern::Error naming the option when the budget cannot hold a
+  // full decode batch and a chunk beside it (step_tokens < max_seqs +
+  // max(1, prompt_block)), or when a value is below 1 (prompt_block and
+  // prompt_per_decode below 0).
+  explicit StepPolicy(const PolicyOptions& opts);
+
+  // Queues a sequence whose prompt has prompt_len tokens (at least 1); ids
+  // are the caller's and must be unique among the sequences held.
+  void add(SeqId id, int prompt_len);
+  // Forgets a sequence wherever it is (cancelled, failed): its slot is free
+  // for the next schedule(). False when it is not held. Allowed between
+  // schedule() and postprocess(): the plan's rows of that sequence are then
+  // ignored by postprocess().
+  bool remove(SeqId id);
+
+  // The next step. Empty when nothing can run (no sequences held). Must be
+  // followed by postprocess() before the next schedule().
+  StepPlan schedule();
+  // Accounts for the step that ran `plan` (the last schedule()): decode rows
+  // advance their sequence by one position, chunks advance their prompt, and
+  // a last chunk makes its sequence decode from the next step on. Sequences
+  // in `finished` (their generation ended on this step's row) leave and free
+  // their slots.
+  void postprocess(const StepPlan& plan, const std::vector<SeqId>& finished);
+
+  const PolicyOptions& options() const { return opts_; }
+  int free_slots() const;
+  int waiting() const { return static_cast<int>(waiting_.size()); }
+  int running() const;  // sequences holding a slot
+  bool empty() const { return waiting_.empty() && running() == 0; }
+  // Positions of the sequence computed so far (its prompt's done part, then
+  // each decoded token); -1 when it is not held or still waiting.
+  int cached(SeqId id) const;
+
+ private:
+  struct Slot {
+    bool used = false;
+    SeqId id = 0;
+    int prompt_len = 0;
+    int cached = 0;        // positions computed: prompt first, then decoded tokens
+    uint64_t order = 0;    // admission order, to break ties between prompts
+    bool decoding() const { return cached >= prompt_len; }
+  };
+  struct Waiting {
+    SeqId id;
+    int prompt_len;
+  };
+  Slot* find(SeqId id);
+  const Slot* find(SeqId id) const;
+
+  PolicyOptions opts_;
+  std::vector<Slot> slots_;  // max_seqs of them
+  std::deque<Waiting> waiting_;
+  uint64_t next_order_ = 0;
+  bool planned_ = false;  // schedule() called, postprocess() not yet
+};
+
+}  // namespace megakern::server
