@@ -106,15 +106,8 @@ TEST(Resources, RunWithFarMoreThreadsThanCoresFinishes) {
   const auto t0 = std::chrono::steady_clock::now();
   const std::string cmd =
       std::string("timeout 60 ") + MEGAKERN_BINARY + " run -m dense-mini -p Hi -n 8 --raw -t 1024 2>&1 >/dev/null";
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string err;
-  char buf[4096];
-  size_t got;
-  while ((got = fread(buf, 1, sizeof buf, p)) > 0) err.append(buf, got);
-  const int st = pclose(p);
-  ASSERT_TRUE(WIFEXITED(st));
-  EXPECT_EQ(WEXITSTATUS(st), 0) << err;
+  const auto [status, err] = run_shell(cmd);
+  EXPECT_EQ(status, 0) << err;
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));
   EXPECT_NE(err.find("threads asked for"), std::string::npos) << err;
 }

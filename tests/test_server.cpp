@@ -667,16 +667,10 @@ TEST(ServerCli, AbsurdStepTokensAreRefusedAtStartup) {
   for (const auto& [flags, want] : cases) {
     const std::string model = flags.find("-m ") == std::string::npos ? "-m dense-mini " : "";
     const std::string cmd = fmt::format("timeout 30 {} serve {}--port 0 {} 2>&1", MEGAKERN_BINARY, model, flags);
-    FILE* p = popen(cmd.c_str(), "r");
-    ASSERT_NE(p, nullptr);
-    std::string out;
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-    const int st = pclose(p);
-    ASSERT_TRUE(WIFEXITED(st));
-    EXPECT_NE(WEXITSTATUS(st), 0) << flags << ": " << out;
-    EXPECT_NE(WEXITSTATUS(st), 124) << "the server started with " << flags << ": " << out;
+    const auto [status, out] = run_shell(cmd);
+    ASSERT_GE(status, 0) << out;
+    EXPECT_NE(status, 0) << flags << ": " << out;
+    EXPECT_NE(status, 124) << "the server started with " << flags << ": " << out;
     EXPECT_NE(out.find(want), std::string::npos) << flags << ": " << out;
   }
 }
@@ -1286,16 +1280,10 @@ TEST(ServerCli, EmptyApiKeyIsRefusedAtStartup) {
   for (const char* key : {"''", "' '"}) {
     // `timeout`: a server that starts anyway would otherwise serve for ever.
     const std::string cmd = fmt::format("timeout 30 {} serve -m dense-mini --port 0 --api-key {} 2>&1", MEGAKERN_BINARY, key);
-    FILE* p = popen(cmd.c_str(), "r");
-    ASSERT_NE(p, nullptr);
-    std::string out;
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-    const int st = pclose(p);
-    ASSERT_TRUE(WIFEXITED(st));
-    EXPECT_NE(WEXITSTATUS(st), 0) << out;
-    EXPECT_NE(WEXITSTATUS(st), 124) << "the server started with an empty API key: " << out;
+    const auto [status, out] = run_shell(cmd);
+    ASSERT_GE(status, 0) << out;
+    EXPECT_NE(status, 0) << out;
+    EXPECT_NE(status, 124) << "the server started with an empty API key: " << out;
     EXPECT_NE(out.find("API key is empty"), std::string::npos) << out;
   }
 }
@@ -1316,14 +1304,8 @@ TEST(ServerHttp, BenchServeMeasuresAStreamingLoad) {
   // And through the command.
   const std::string cmd = fmt::format("{} bench-serve --url {} --concurrency 2 --requests 2 --output-len 4 2>&1",
                                       MEGAKERN_BINARY, o.url);
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  const int st = pclose(p);
-  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << out;
+  const auto [status, out] = run_shell(cmd);
+  EXPECT_EQ(status, 0) << out;
   EXPECT_NE(out.find("2 ok, 0 failed"), std::string::npos) << out;
   EXPECT_NE(out.find("TTFT ms"), std::string::npos) << out;
 }

@@ -98,12 +98,15 @@ struct CliResult {
   std::string out, err;
 };
 
-inline CliResult run_cli(const std::string& args) {
-  char tmpl[] = "/tmp/megakern-test-err-XXXXXX";
-  const int fd = mkstemp(tmpl);
-  if (fd >= 0) close(fd);
-  const std::string cmd = std::string(MEGAKERN_BINARY) + " " + args + " 2>" + tmpl;
-  CliResult r;
+// A shell command's exit status (-1 if it did not exit normally or could not
+// start) and its standard output (add 2>&1 to the command for stderr too).
+struct ShellResult {
+  int status = -1;
+  std::string out;
+};
+
+inline ShellResult run_shell(const std::string& cmd) {
+  ShellResult r;
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return r;
   std::array<char, 4096> buf;
@@ -111,6 +114,17 @@ inline CliResult run_cli(const std::string& args) {
   while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
   const int st = pclose(p);
   r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+inline CliResult run_cli(const std::string& args) {
+  char tmpl[] = "/tmp/megakern-test-err-XXXXXX";
+  const int fd = mkstemp(tmpl);
+  if (fd >= 0) close(fd);
+  ShellResult sh = run_shell(std::string(MEGAKERN_BINARY) + " " + args + " 2>" + tmpl);
+  CliResult r;
+  r.status = sh.status;
+  r.out = std::move(sh.out);
   std::ifstream f(tmpl);
   r.err.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
   std::filesystem::remove(tmpl);
