@@ -9,6 +9,8 @@
 // it is computed alone, in a step of 8 rows or in a chunk of 64.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <cstring>
 #include <vector>
 
@@ -33,10 +35,11 @@ struct Case {
 
 // Keys and values of 2 KV heads (the view is the second one's), random
 // queries, and the block's outputs by both kernels.
-void check_case(const Case& c, bool scalar) {
+// With `sinks`, every head gets a learned sink logit (gpt-oss).
+void check_case(const Case& c, bool scalar, bool sinks = false) {
   SCOPED_TRACE(::testing::Message() << "hd " << c.head_dim << " vd " << c.v_dim << " heads " << c.n_heads << " rows "
                                     << c.n_rows << " pos0 " << c.pos0 << " window " << c.window << " ring " << c.ring
-                                    << (scalar ? " scalar" : " vector"));
+                                    << (scalar ? " scalar" : " vector") << (sinks ? " sinks" : ""));
   const int n_kv = 2, last = c.pos0 + c.n_rows - 1;
   const int slots = c.ring > 0 ? c.ring : last + 1;
   const int64_t ks = int64_t{n_kv} * c.head_dim + 3, vs = int64_t{n_kv} * c.v_dim + 5;  // padded strides
@@ -64,6 +67,9 @@ void check_case(const Case& c, bool scalar) {
   a.v_dim = c.v_dim;
   a.window = c.window;
   a.scale = 0.37f;
+  std::vector<float> sink(static_cast<size_t>(c.n_heads));
+  for (size_t j = 0; j < sink.size(); ++j) sink[j] = 2.f * rng.symmetric() + (j == 0 ? 3.f : 0.f);  // head 0: a dominant sink
+  if (sinks) a.sinks = sink.data();
   std::vector<float> tiled(static_cast<size_t>(c.n_rows * os), -7.f), ref = tiled;
   a.out = tiled.data();
   attention_block(a, kv, scalar);
@@ -135,6 +141,36 @@ TEST(Kernels, AttentionBlockMatchesRowByRowBitForBit) {
   };
   for (bool scalar : {false, true})
     for (const Case& c : cases) check_case(c, scalar);
+  for (bool scalar : {false, true})
+    for (const Case& c : cases)
+      if (c.head_dim == c.v_dim) check_case(c, scalar, true);
+}
+
+// A sink takes its share of the softmax and contributes no value: one key
+// with value x and score s against a sink t gives x * e^s / (e^s + e^t).
+TEST(Kernels, AttentionSinkTakesItsShareOfTheSoftmax) {
+  const int hd = 4;
+  std::vector<float> k = {1, 0, 0, 0}, v = {2, -1, 0.5f, 4}, q = {0.7f, 0, 0, 0}, out(hd);
+  const float sink = 0.3f;
+  KvHeadView kv;
+  kv.k = k.data();
+  kv.v = v.data();
+  kv.k_stride = kv.v_stride = hd;
+  AttentionBlock a;
+  a.q = q.data();
+  a.q_stride = hd;
+  a.out = out.data();
+  a.out_stride = hd;
+  a.n_rows = 1;
+  a.n_heads = 1;
+  a.head_dim = a.v_dim = hd;
+  a.scale = 1.f;
+  a.sinks = &sink;
+  for (bool scalar : {false, true}) {
+    attention_block(a, kv, scalar);
+    const double w = std::exp(0.7) / (std::exp(0.7) + std::exp(0.3));
+    for (int i = 0; i < hd; ++i) EXPECT_NEAR(out[static_cast<size_t>(i)], w * v[static_cast<size_t>(i)], 1e-6) << i;
+  }
 }
 
 // Through the executors, on a tiny gemma3 (sliding-window and global layers,

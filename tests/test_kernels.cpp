@@ -615,7 +615,7 @@ TEST(Kernels, GluActivationsMatchTheScalarFormulas) {
     u.push_back(i % 3 ? wide(rng) * 3.f : narrow(rng));
   }
   const int64_t n = static_cast<int64_t>(g.size());
-  for (GluKind k : {GluKind::SiLU, GluKind::GeluTanh, GluKind::SiTU, GluKind::Sigmoid})
+  for (GluKind k : {GluKind::SiLU, GluKind::GeluTanh, GluKind::SiTU, GluKind::Sigmoid, GluKind::SwiGluOai})
     for (float gs : {1.f, 0.7f}) {
       std::vector<float> ref(g.size()), fast(g.size());
       glu_act_scalar(k, g.data(), u.data(), gs, 1.3f, ref.data(), n);

@@ -132,7 +132,7 @@ std::map<OpKind, std::vector<Build>> harness() {
       r.tap(x);
     });
   // Attention programs: k and v stored, then attention over the cache.
-  auto attention = [](int nh, int nkv, int hd, int vd, int window, bool attend) {
+  auto attention = [](int nh, int nkv, int hd, int vd, int window, bool attend, bool sinks = false) {
     return [=](Rig& r) {
       r.p.kv_dim = nkv * hd;
       r.p.v_dim = vd > 0 ? nkv * vd : 0;
@@ -148,12 +148,13 @@ std::map<OpKind, std::vector<Build>> harness() {
       a.v_head_dim = vd;
       a.scale = 0.4f;
       a.window = window;
+      if (sinks) a.sinks = r.vec(static_cast<size_t>(nh), 1.5f);
       r.tap(att);
     };
   };
   h[OpKind::StoreKV] = {attention(2, 1, 5, 0, 0, false), attention(4, 2, 8, 3, 0, false)};
   h[OpKind::Attention] = {attention(4, 2, 8, 0, 0, true), attention(3, 1, 6, 0, 2, true), attention(6, 3, 5, 7, 0, true),
-                          attention(2, 2, 33, 0, 0, true)};
+                          attention(2, 2, 33, 0, 0, true), attention(4, 2, 8, 0, 3, true, true)};
   for (auto [w, act] : {std::pair{7, GluKind::SiLU}, {33, GluKind::GeluTanh}, {67, GluKind::SiTU}})
     h[OpKind::GluAct].push_back([w, act](Rig& r) {
       const int g = r.input("g", w, 3.f), u = r.input("u", w), o = r.p.add_slot("o", -1, w);
@@ -236,18 +237,21 @@ std::map<OpKind, std::vector<Build>> harness() {
       }
       r.tap(x);
     });
-  auto route = [](Rig& r, int E, int k, bool bias) {
+  auto route = [](Rig& r, int E, int k, bool bias, bool softmax_selected = false) {
     const int logits = r.input("router", E, 2.f), rt = r.p.add_slot("route", -1, 2 * k);
     Op& o = r.p.add_op(OpKind::MoeRoute, 0, "route");
     o.in = logits;
     o.out = rt;
     o.as<ops::MoeRoute>() = {k, 0.8f, 1e-6f, bias ? r.vec(static_cast<size_t>(E), 0.2f) : std::span<const float>{}};
+    o.as<ops::MoeRoute>().softmax_selected = softmax_selected;
     return rt;
   };
   for (auto [E, k, bias] : {std::tuple{6, 2, true}, {9, 3, false}, {4, 1, false}})
     h[OpKind::MoeRoute].push_back([=](Rig& r) { r.tap(route(r, E, k, bias)); });
+  h[OpKind::MoeRoute].push_back([=](Rig& r) { r.tap(route(r, 8, 2, false, true)); });
   // Expert ops: a bank of E experts; MoeGlu, MoeDown or MoeCombine fed by a route.
-  auto experts = [route](OpKind kind, int E, int k, int D, int F, DType t, ExpertAct act, bool scales) {
+  auto experts = [route](OpKind kind, int E, int k, int D, int F, DType t, ExpertAct act, bool scales,
+                         bool biases = false) {
     return [=](Rig& r) {
       ExpertBank& b = r.banks.emplace_back();
       b.n_expert = E;
@@ -268,6 +272,12 @@ std::map<OpKind, std::vector<Build>> harness() {
         const auto v = r.vec(static_cast<size_t>(D), 0.5f, 1.f);
         b.out_norm.assign(v.begin(), v.end());
       }
+      if (biases) {
+        for (auto [dst, n] : {std::pair{&b.gate_bias, E * F}, {&b.up_bias, E * F}, {&b.down_bias, E * D}}) {
+          const auto v = r.vec(static_cast<size_t>(n), 2.f);
+          dst->assign(v.begin(), v.end());
+        }
+      }
       const int rt = route(r, E, k, false);
       const int in_w = kind == OpKind::MoeGlu ? D : kind == OpKind::MoeDown ? k * F : k * D;
       const int out_w = kind == OpKind::MoeGlu ? k * F : kind == OpKind::MoeDown ? k * D : D;
@@ -283,6 +293,7 @@ std::map<OpKind, std::vector<Build>> harness() {
   for (OpKind kind : {OpKind::MoeGlu, OpKind::MoeDown, OpKind::MoeCombine}) {
     h[kind].push_back(experts(kind, 4, 2, 7, 9, DType::F32, ExpertAct::SwiGLU, false));
     h[kind].push_back(experts(kind, 5, 3, 64, 32, DType::Q8_0, ExpertAct::SiTU, true));
+    h[kind].push_back(experts(kind, 6, 2, 64, 32, DType::MXFP4, ExpertAct::SwiGluOai, false, true));
   }
   for (auto [H, blocks, n] : {std::tuple{7, 2, 1}, {33, 4, 3}})
     h[OpKind::AttnResMix].push_back([H, blocks, n](Rig& r) {

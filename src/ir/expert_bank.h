@@ -14,6 +14,9 @@
 // 1 for the other formats. The activation is chosen by `act`:
 //   SwiGLU: silu(g) * u
 //   SiTU:   4 tanh(g / 4) * sigmoid(g) * 25 tanh(u / 25)   (Kimi K3)
+//   SwiGluOai: a * sigmoid(1.702 a) * (b + 1), a = min(g, 7), b = clamp(u, -7, 7)   (gpt-oss)
+// With biases (gpt-oss), g = gate_scale W_gate z + gate_bias[e], u likewise,
+// and y_e gains down_bias[e] after its scale.
 // The bank is owned by the model; ops hold a pointer to it.
 #pragma once
 
@@ -24,7 +27,7 @@
 
 namespace megakern {
 
-enum class ExpertAct : unsigned char { SwiGLU, SiTU };
+enum class ExpertAct : unsigned char { SwiGLU, SiTU, SwiGluOai };
 
 struct ExpertBank {
   int n_expert = 0;
@@ -35,6 +38,8 @@ struct ExpertBank {
   std::vector<MatView> down;      // [n_expert], each [d_in][d_ff]
   std::vector<float> gate_scale, up_scale, down_scale;  // [n_expert] each, or empty (1)
   std::vector<float> out_norm;    // [d_in] shared by all experts, or empty (no output norm)
+  std::vector<float> gate_bias, up_bias;  // [n_expert][d_ff] each, or empty (no biases)
+  std::vector<float> down_bias;           // [n_expert][d_in], or empty
   float out_norm_eps = 1e-8f;
 
   // Bytes of the gate and up (or down) matrices of expert e.

@@ -69,7 +69,8 @@ struct HeadNormGate {
 //   StoreKV:      cache(r)[layer][pos[r]] = (in[r], in2[r]) (k, v); out is the layer's width-0 cache
 //                 marker slot, so the dependency of attention on it is explicit
 //   Attention:    out[r] = softmax(s) V over row r's cache, s = q.K^T * scale (then cap * tanh(s / cap)
-//                 with a softcap: Gemma 2), causal, optional window;
+//                 with a softcap: Gemma 2), causal, optional window; with sinks, head h's softmax
+//                 runs over [s | sink[h]] and the sink's weight is dropped (gpt-oss);
 //                 in = q, in2 = the cache marker StoreKV wrote; tiles (row, KV head, part of its group)
 //   MlaKey:       out[r] = per head [in[r] head h (head_dim - w2) | in2[r] (w2, shared by all heads)]
 // cache_index: the op's layer in the KV cache (-1: Op::layer).
@@ -92,6 +93,9 @@ struct Attention {
   int window = 0;      // sliding window (0: none)
   int cache_index = -1;
   float softcap = 0.f;  // 0: none
+  // Learned per-head sink logits [n_head] (gpt-oss), or empty: each head's
+  // softmax denominator gains exp(sink - max) for a key with no value.
+  std::span<const float> sinks;
   int v_dim() const { return v_head_dim > 0 ? v_head_dim : head_dim; }
 };
 struct MlaKey {
@@ -167,6 +171,9 @@ struct MoeRoute {
   float weight_scale = 1.f;  // DeepSeek's routed_scaling_factor
   int n_group = 1, topk_group = 1;
   bool group_top2 = false;
+  // gpt-oss: the top_k of the raw logits (+ bias), their weights the softmax
+  // over the selected logits alone (softmax, normalize, eps and scale unused).
+  bool softmax_selected = false;
 };
 struct MoeExperts {
   int top_k = 0;

@@ -155,6 +155,7 @@ void DecodeProgram::add_attention_core(const AttentionSpec& a) {
   t.window = a.window;
   t.cache_index = a.cache_index;
   t.softcap = a.softcap;
+  if (a.sinks) t.sinks = *a.sinks;
 }
 
 void DecodeProgram::add_mla_attention(const MlaSpec& a) {

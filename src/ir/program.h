@@ -136,6 +136,7 @@ struct DecodeProgram {
     int cache_index = -1;  // KV cache layer; -1: the layer itself
     const std::vector<float>* freq_factors = nullptr;  // [rope_dim / 2] or null/empty
     float softcap = 0.f;   // attention score softcap (0: none)
+    const std::vector<float>* sinks = nullptr;  // [n_head] sink logits, or null/empty
   };
   void add_attention_core(const AttentionSpec& a);
 

@@ -69,6 +69,29 @@ std::vector<float> vec(const GGUFFile& f, const std::string& name, int64_t n) {
   return out;
 }
 
+// YaRN's per-frequency divisors (transformers' _compute_yarn_parameters):
+// rotation i keeps its frequency above the beta_fast correction dim, is
+// divided by `factor` below the beta_slow one, and blends linearly between;
+// without truncation the correction dims are not rounded outward.
+std::vector<float> yarn_divisors(int rope_dim, double base, double factor, double orig_ctx, double beta_fast,
+                                 double beta_slow, bool truncate) {
+  auto corr_dim = [&](double rot) {
+    return rope_dim * std::log(orig_ctx / (rot * 2 * 3.14159265358979323846)) / (2 * std::log(base));
+  };
+  double lo = corr_dim(beta_fast), hi = corr_dim(beta_slow);
+  if (truncate) lo = std::floor(lo), hi = std::ceil(hi);
+  lo = std::max(lo, 0.0);
+  hi = std::min(hi, static_cast<double>(rope_dim - 1));
+  if (lo == hi) hi += 0.001;
+  std::vector<float> out;
+  for (int i = 0; i < rope_dim / 2; ++i) {
+    const double ramp = std::clamp((i - lo) / (hi - lo), 0.0, 1.0);  // 1: interpolated
+    const double extrap = 1.0 - ramp;
+    out.push_back(static_cast<float>(1.0 / (ramp / factor + extrap)));
+  }
+  return out;
+}
+
 std::string supported_list() {
   std::string s;
   for (const DenseFamily& fam : dense_families()) s += (s.empty() ? "" : ", ") + std::string(fam.gguf_arch);
@@ -140,13 +163,26 @@ std::unique_ptr<DenseModel> DenseModel::load(const GGUFFile& f, std::optional<DT
   if (c.rope_dim > c.head_dim || c.rope_dim % 2 != 0)
     fail("{}: rope.dimension_count {} must be even and at most the head size {}", f.name(), c.rope_dim,
          c.head_dim);
-  if (auto type = f.get_string_opt(arch_key(c, "rope.scaling.type")); type && *type != "none" && *type != "linear")
+  std::vector<float> yarn;
+  float yarn_attn = 1.f;
+  if (auto type = f.get_string_opt(arch_key(c, "rope.scaling.type")); type && *type == "yarn" && fam.gpt_oss) {
+    // gpt-oss's YaRN: its released config does not truncate the correction
+    // range; the attention factor scales cos and sin, so q.k by its square.
+    const double factor = bounded_float(f, arch_key(c, "rope.scaling.factor"), 0.0, 1e6);
+    const double orig = int_in(f, arch_key(c, "rope.scaling.original_context_length"), 1, int64_t{1} << 30);
+    const double bf = bounded_float(f, arch_key(c, "rope.scaling.yarn_beta_fast"), 0.0, 1e6, 32.0);
+    const double bs = bounded_float(f, arch_key(c, "rope.scaling.yarn_beta_slow"), 0.0, 1e6, 1.0);
+    if (factor < 1.0) fail("{}: '{}' is {}; YaRN needs a factor of at least 1", f.name(), arch_key(c, "rope.scaling.factor"), factor);
+    yarn = yarn_divisors(c.rope_dim, c.rope_base, factor, orig, bf, bs, false);
+    const double mscale = factor <= 1.0 ? 1.0 : 0.1 * std::log(factor) + 1.0;
+    yarn_attn = static_cast<float>(bounded_float(f, arch_key(c, "rope.scaling.yarn_attn_factor"), 0.0, 1e6, mscale));
+  } else if (auto type = f.get_string_opt(arch_key(c, "rope.scaling.type")); type && *type != "none" && *type != "linear")
     fail("{}: rope.scaling.type '{}' is not supported (Llama 3 scaling comes as the rope_freqs tensor)", f.name(),
          *type);
   // Linear scaling (positions divided by the factor) is the same as every
   // frequency divided by it.
   float linear_factor = 1.f;
-  if (auto factor = f.get_float_opt(arch_key(c, "rope.scaling.factor")); factor && *factor != 1.0) {
+  if (auto factor = f.get_float_opt(arch_key(c, "rope.scaling.factor")); factor && *factor != 1.0 && yarn.empty()) {
     const std::string type = f.get_string_opt(arch_key(c, "rope.scaling.type")).value_or("linear");
     config_float_in(f.name(), arch_key(c, "rope.scaling.factor"), *factor, 0, 1e6);
     if (type != "linear") fail("{}: rope.scaling.factor {} (type {}) is not supported", f.name(), *factor, type);
@@ -154,7 +190,8 @@ std::unique_ptr<DenseModel> DenseModel::load(const GGUFFile& f, std::optional<DT
   }
   if (f.find_tensor("rope_factors_long.weight") || f.find_tensor("rope_factors_short.weight"))
     fail("{}: LongRoPE scaling (rope_factors_long / rope_factors_short) is not supported", f.name());
-  c.attn_scale = 1.f / std::sqrt(static_cast<float>(c.head_dim));
+  c.attn_scale = 1.f / std::sqrt(static_cast<float>(c.head_dim)) * yarn_attn * yarn_attn;
+  c.gpt_oss = fam.gpt_oss;
   c.layer_swa.assign(static_cast<size_t>(c.n_layer), false);
   c.rope_neox = fam.rope_neox;
   c.qk_norm = fam.qk_norm;
@@ -239,10 +276,13 @@ std::unique_ptr<DenseModel> DenseModel::load(const GGUFFile& f, std::optional<DT
   m->output_ = f.find_tensor(name(T::Output)) ? mat(f, name(T::Output), c.n_embd, c.n_vocab) : m->tok_embd_;
   m->output_norm_ = vec(f, name(T::OutputNorm), c.n_embd);
   if (f.find_tensor(name(T::RopeFreqs))) {
+    if (!yarn.empty()) fail("{}: both rope_freqs and YaRN scaling are given", f.name());
     m->rope_freqs_ = vec(f, name(T::RopeFreqs), c.rope_dim / 2);
     for (float x : m->rope_freqs_)
       if (!(x > 0)) fail("{}: tensor '{}' holds a frequency factor {} (must be positive)", f.name(), name(T::RopeFreqs), x);
     if (linear_factor != 1.f) fail("{}: both rope_freqs and a linear rope.scaling.factor are given", f.name());
+  } else if (!yarn.empty()) {
+    m->rope_freqs_ = yarn;
   } else if (linear_factor != 1.f) {
     m->rope_freqs_.assign(static_cast<size_t>(c.rope_dim / 2), linear_factor);
   }
@@ -250,7 +290,7 @@ std::unique_ptr<DenseModel> DenseModel::load(const GGUFFile& f, std::optional<DT
   for (int l = 0; l < c.n_layer; ++l) {
     DenseLayer& L = m->layers_[static_cast<size_t>(l)];
     L.attn_norm = vec(f, name(T::AttnNorm, l), c.n_embd);
-    L.ffn_norm = vec(f, name(T::FfnNorm, l), c.n_embd);
+    L.ffn_norm = vec(f, name(fam.gpt_oss ? T::AttnPostNorm : T::FfnNorm, l), c.n_embd);
     if (c.mla) {
       m->load_mla_layer(f, l);
     } else if (fam.fused_qkv) {
@@ -270,7 +310,7 @@ std::unique_ptr<DenseModel> DenseModel::load(const GGUFFile& f, std::optional<DT
       B.n_expert = c.n_expert;
       B.d_in = c.n_embd;
       B.d_ff = c.n_ff_exp;
-      B.act = ExpertAct::SwiGLU;
+      B.act = fam.gpt_oss ? ExpertAct::SwiGluOai : ExpertAct::SwiGLU;
       // One 3-D tensor per kind: expert e's matrix is the e-th slab of rows.
       auto slabs = [&](T kind, int64_t cols, int64_t rows, std::vector<MatView>& out) {
         const std::string n = name(kind, l);
@@ -291,6 +331,26 @@ std::unique_ptr<DenseModel> DenseModel::load(const GGUFFile& f, std::optional<DT
       slabs(T::FfnGateExps, c.n_embd, c.n_ff_exp, B.gate);
       slabs(T::FfnUpExps, c.n_embd, c.n_ff_exp, B.up);
       slabs(T::FfnDownExps, c.n_ff_exp, c.n_embd, B.down);
+      if (fam.gpt_oss) {
+        // Router and expert biases: [n_expert], [n_expert][n_ff_exp] (GGUF
+        // shape {n_ff_exp, n_expert}), [n_expert][n_embd].
+        L.router_b = vec(f, name(T::FfnGateInp, l, "bias"), c.n_expert);
+        auto bias2 = [&](T kind, int64_t per) {
+          const std::string n = name(kind, l, "bias");
+          const GGUFTensorInfo& t = f.tensor(n);
+          if (t.shape.size() != 2 || t.shape[0] != per || t.shape[1] != c.n_expert)
+            fail("{}: tensor '{}' has shape [{}], expected [{}, {}]", f.name(), n, fmt::join(t.shape, ", "), per,
+                 c.n_expert);
+          std::vector<float> out(static_cast<size_t>(per * c.n_expert));
+          dtype_traits(t.type).dequantize(t.data, out.data(), static_cast<int64_t>(out.size()));
+          for (size_t i = 0; i < out.size(); ++i)
+            if (!std::isfinite(out[i])) fail("{}: tensor '{}' holds a non-finite value at index {}", f.name(), n, i);
+          return out;
+        };
+        B.gate_bias = bias2(T::FfnGateExps, c.n_ff_exp);
+        B.up_bias = bias2(T::FfnUpExps, c.n_ff_exp);
+        B.down_bias = bias2(T::FfnDownExps, c.n_embd);
+      }
       if (c.mla) {
         if (f.find_tensor(name(T::FfnExpProbsB, l, "bias"))) L.router_bias = vec(f, name(T::FfnExpProbsB, l, "bias"), c.n_expert);
         if (c.n_ff_shexp > 0) {
@@ -320,7 +380,10 @@ std::unique_ptr<DenseModel> DenseModel::load(const GGUFFile& f, std::optional<DT
       }
       if (fam.qkv_bias || f.find_tensor(bn)) *dst = vec(f, bn, n);
     }
-    if (f.find_tensor(name(T::AttnOut, l, "bias")))
+    if (fam.gpt_oss) {
+      L.bo = vec(f, name(T::AttnOut, l, "bias"), c.n_embd);
+      L.sinks = vec(f, name(T::AttnSinks, l), c.n_head);
+    } else if (f.find_tensor(name(T::AttnOut, l, "bias")))
       fail("{}: tensor '{}': an output-projection bias is not supported", f.name(), name(T::AttnOut, l, "bias"));
     if (c.qk_norm) {
       L.q_norm = vec(f, name(T::AttnQNorm, l), c.head_dim);

@@ -63,6 +63,10 @@ struct DenseConfig {
   bool gating_sigmoid = false;
   float expert_weights_scale = 1.f;
   int n_group = 1, topk_group = 1;
+  // gpt-oss: the router's weights a softmax over the selected logits, the
+  // experts' clamped SwiGLU with biases, per-head attention sinks, biases on
+  // q/k/v and the output projection.
+  bool gpt_oss = false;
   int v_dim() const { return mla ? v_head_dim : head_dim; }
   bool layer_moe(int l) const { return n_expert > 0 && l >= n_dense_lead; }
 };
@@ -77,6 +81,9 @@ struct DenseLayer {
   MatView w_gate, w_up;  // [n_ff][n_embd]
   MatView w_down;        // [n_embd][n_ff]
   std::vector<float> bq, bk, bv;  // [rows of wq / wk / wv] when the family has q/k/v biases
+  std::vector<float> bo;          // [n_embd] output-projection bias (gpt-oss), or empty
+  std::vector<float> sinks;       // [n_head] attention sink logits (gpt-oss), or empty
+  std::vector<float> router_b;    // [n_expert] router logit bias (gpt-oss), or empty
   // MoE families: the router [n_expert][n_embd] and the routed experts
   // (views into the file's 3-D tensors); w_gate / w_up / w_down are unused.
   MatView router;

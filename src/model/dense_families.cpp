@@ -46,6 +46,8 @@ constexpr std::array<std::string_view, kDenseTensorKinds> kGgufNames = {
     "blk.{}.ffn_up_shexp",   // FfnUpShexp
     "blk.{}.ffn_down_shexp", // FfnDownShexp
     "blk.{}.exp_probs_b",    // FfnExpProbsB (suffix "bias")
+    "blk.{}.attn_sinks",     // AttnSinks
+    "",                      // FfnGateUpExps: Hugging Face only
 };
 
 // Hugging Face names shared by the llama-like families.
@@ -182,6 +184,35 @@ std::vector<DenseFamily> make_families() {
     v.push_back(std::move(f));
   }
   {
+    // gpt-oss: routed experts (MXFP4 in the released files) in every layer,
+    // even layers sliding-window, per-head attention sinks, YaRN RoPE.
+    // llama.cpp's converter names the pre-MLP norm post_attention_norm.
+    DenseFamily f;
+    f.name = "gpt-oss";
+    f.gguf_arch = "gpt-oss";
+    f.hf_types = {"gpt_oss"};
+    f.qkv_bias = true;
+    f.moe = true;
+    f.gpt_oss = true;
+    f.swa = SwaPattern::EvenLayers;
+    f.hf_names = {
+        {T::TokenEmbd, "model.embed_tokens"},
+        {T::Output, "lm_head"},
+        {T::OutputNorm, "model.norm"},
+        {T::AttnNorm, "model.layers.{}.input_layernorm"},
+        {T::AttnQ, "model.layers.{}.self_attn.q_proj"},
+        {T::AttnK, "model.layers.{}.self_attn.k_proj"},
+        {T::AttnV, "model.layers.{}.self_attn.v_proj"},
+        {T::AttnOut, "model.layers.{}.self_attn.o_proj"},
+        {T::AttnSinks, "model.layers.{}.self_attn"},  // suffix "sinks"
+        {T::AttnPostNorm, "model.layers.{}.post_attention_layernorm"},
+        {T::FfnGateInp, "model.layers.{}.mlp.router"},
+        {T::FfnGateUpExps, "model.layers.{}.mlp.experts"},  // suffix gate_up_proj[_bias|_blocks|_scales]
+        {T::FfnDownExps, "model.layers.{}.mlp.experts"},    // suffix down_proj[_bias|_blocks|_scales]
+    };
+    v.push_back(std::move(f));
+  }
+  {
     DenseFamily f;
     f.name = "phi3";
     f.gguf_arch = "phi3";
@@ -270,7 +301,6 @@ std::optional<std::string> unsupported_gguf_reason(std::string_view a) {
   };
   static constexpr Known kKnown[] = {
       {"qwen2moe", "Qwen2-MoE is not read from GGUF yet"},
-      {"gpt-oss", "gpt-oss (MXFP4 experts, attention sinks, YaRN) is not read from GGUF yet"},
       {"qwen3next", "Qwen3-Next (Gated DeltaNet hybrid with routed and shared experts) is not supported yet; "
                     "its dense relative Qwen3.5 runs from a Hugging Face directory (model_type qwen3_5_text)"},
       {"qwen35", "Qwen3.5 GGUF files are not read yet; a Hugging Face Qwen3.5 directory (model_type "

@@ -53,8 +53,16 @@ enum class DenseTensor {
   FfnUpShexp,    // [n_ff_shexp][n_embd]
   FfnDownShexp,  // [n_embd][n_ff_shexp]
   FfnExpProbsB,  // [n_expert] the router's selection bias (DeepSeek-V3's e_score_correction_bias)
+  AttnSinks,     // [n_head] per-head attention sink logits (gpt-oss)
+  // gpt-oss in Hugging Face form: the experts' gate and up matrices
+  // interleaved (gate = even columns, up = odd) and transposed, one tensor
+  // [n_expert][n_embd][2 n_ff_exp] per layer (with "_bias" [n_expert][2 n_ff_exp]);
+  // or MXFP4 "_blocks" [n_expert][2 n_ff_exp][n_embd / 32][16] and "_scales"
+  // [n_expert][2 n_ff_exp][n_embd / 32] with gate and up rows interleaved.
+  // GGUF splits them into FfnGateExps / FfnUpExps.
+  FfnGateUpExps,
 };
-inline constexpr int kDenseTensorKinds = static_cast<int>(DenseTensor::FfnExpProbsB) + 1;
+inline constexpr int kDenseTensorKinds = static_cast<int>(DenseTensor::FfnGateUpExps) + 1;
 
 // Which layers use the sliding window.
 enum class SwaPattern {
@@ -82,6 +90,7 @@ struct DenseFamily {
   float rope_base_local = 0.f;    // RoPE base of the sliding-window layers (0: the global base)
   bool moe = false;               // the MLP is a routed mixture of experts (after any leading dense layers)
   bool mla = false;               // multi-head latent attention with shared and routed experts (deepseek2)
+  bool gpt_oss = false;           // sinks, biases everywhere, clamped-SwiGLU experts, YaRN (gpt-oss)
   // Hugging Face tensor name patterns ("{0}" or "{}" is the layer, "{1}" the
   // expert), indexed by DenseTensor; empty where the family has no such tensor.
   std::vector<std::pair<DenseTensor, std::string_view>> hf_names;

@@ -11,6 +11,8 @@
 #include "io/config_value.h"
 #include "io/hf_config.h"
 #include "io/safetensors.h"
+#include "core/dtype.h"
+#include "kernels/cpu/ops.h"
 #include "model/dense_families.h"
 
 namespace megakern {
@@ -27,6 +29,9 @@ struct Rope {
   nlohmann::json params;  // the scaling parameters
   std::string where;      // the key params came from, for messages
 };
+
+// Bytes of one MXFP4 block of 32 values (an E8M0 scale, 16 bytes of codes).
+const size_t kMxBlockBytes = dtype_traits(DType::MXFP4).block_bytes;
 
 // RoPE bases and scaling parameters beyond this are refused.
 constexpr double kMaxRopeBase = 1e12;
@@ -289,6 +294,179 @@ void deepseek_from_hf(const HFConfig& hf, const DenseFamily& fam, const Safetens
   }
 }
 
+// gpt-oss (model_type gpt_oss) as the gpt-oss GGUF form llama.cpp's
+// converter writes: the pre-MLP norm as post_attention_norm, sinks as
+// attn_sinks, the experts' interleaved gate/up tensor split into
+// ffn_gate_exps / ffn_up_exps (with their biases), YaRN as rope.scaling keys.
+// Experts stored as MXFP4 blocks and scales (the released checkpoints) stay
+// MXFP4, their nibbles reordered into GGUF's block; experts stored as floats
+// become f32 (or `weights`).
+void gpt_oss_from_hf(const HFConfig& hf, const DenseFamily& fam, const SafetensorsModel& st, Converter& cv,
+                     std::optional<DType> weights, int n_layer, int n_embd, int n_head, int n_kv, int head_dim,
+                     int n_vocab, double eps) {
+  GGUFWriter& w = cv.writer();
+  const std::string a(fam.gguf_arch);
+  const int n_ff = static_cast<int>(hf.get_int_in("intermediate_size", 1, kMaxConfigDim));
+  const int E = static_cast<int>(hf.get_int_in("num_local_experts", 1, 4096));
+  const int used = static_cast<int>(hf.get_int_in("num_experts_per_tok", 1, E));
+  const double limit = hf.get_float_in_or("swiglu_limit", kSwiGluOaiLimit, 0, 1e6);
+  const double alpha = hf.get_float_in_or("swiglu_alpha", kSwiGluOaiAlpha, 0, 1e6);
+  if (static_cast<float>(limit) != kSwiGluOaiLimit || static_cast<float>(alpha) != kSwiGluOaiAlpha)
+    fail("{}: swiglu_limit {} / swiglu_alpha {}: this engine runs gpt-oss's clamped SwiGLU with limit {} and alpha {}",
+         hf.name(), limit, alpha, kSwiGluOaiLimit, kSwiGluOaiAlpha);
+  if (!hf.get_bool_or("attention_bias", true)) fail("{}: gpt_oss without attention biases is not supported", hf.name());
+  const int64_t window = hf.get_int_in("sliding_window", 1, int64_t{1} << 30);
+  if (const nlohmann::json* lt = hf.find("layer_types")) {
+    if (!lt->is_array() || static_cast<int>(lt->size()) != n_layer)
+      fail("{}: 'layer_types' must list {} layers", hf.name(), n_layer);
+    for (int l = 0; l < n_layer; ++l) {
+      const std::string want = l % 2 == 0 ? "sliding_attention" : "full_attention";
+      if ((*lt)[static_cast<size_t>(l)] != want)
+        fail("{}: layer_types[{}] is {}; gpt-oss alternates sliding (even layers) and full attention, so it must be "
+             "'{}'",
+             hf.name(), l, (*lt)[static_cast<size_t>(l)].dump(), want);
+    }
+  }
+  const Rope r = read_rope(hf, "full_attention");
+  w.set_string("general.architecture", a);
+  w.set_string("general.name", hf.name());
+  w.set_u32(a + ".block_count", static_cast<uint32_t>(n_layer));
+  w.set_u32(a + ".context_length", static_cast<uint32_t>(hf.get_int_in_or("max_position_embeddings", 2048, 1, int64_t{1} << 30)));
+  w.set_u32(a + ".embedding_length", static_cast<uint32_t>(n_embd));
+  w.set_u32(a + ".feed_forward_length", static_cast<uint32_t>(n_ff));
+  w.set_u32(a + ".expert_feed_forward_length", static_cast<uint32_t>(n_ff));
+  w.set_u32(a + ".attention.head_count", static_cast<uint32_t>(n_head));
+  w.set_u32(a + ".attention.head_count_kv", static_cast<uint32_t>(n_kv));
+  w.set_u32(a + ".attention.key_length", static_cast<uint32_t>(head_dim));
+  w.set_u32(a + ".attention.value_length", static_cast<uint32_t>(head_dim));
+  w.set_f32(a + ".attention.layer_norm_rms_epsilon", static_cast<float>(eps));
+  w.set_u32(a + ".attention.sliding_window", static_cast<uint32_t>(window));
+  w.set_u32(a + ".rope.dimension_count", static_cast<uint32_t>(head_dim));
+  w.set_f32(a + ".rope.freq_base", static_cast<float>(r.theta));
+  w.set_u32(a + ".expert_count", static_cast<uint32_t>(E));
+  w.set_u32(a + ".expert_used_count", static_cast<uint32_t>(used));
+  if (r.type == "yarn") {
+    if (r.params.contains("truncate") && !r.params["truncate"].is_boolean())
+      fail("{}: '{}.truncate' must be a boolean", hf.name(), r.where);
+    if (!r.params.contains("truncate") || r.params["truncate"].get<bool>())
+      fail("{}: YaRN with a truncated correction range ('{}.truncate' true or absent) is not supported for gpt_oss; "
+           "its released configs set it false",
+           hf.name(), r.where);
+    for (const char* k : {"attention_factor", "mscale", "mscale_all_dim"})
+      if (r.params.contains(k) && !r.params[k].is_null())
+        fail("{}: YaRN '{}.{}' is not supported for gpt_oss", hf.name(), r.where, k);
+    w.set_string(a + ".rope.scaling.type", "yarn");
+    w.set_f32(a + ".rope.scaling.factor", static_cast<float>(rope_param(hf, r, "factor")));
+    w.set_u32(a + ".rope.scaling.original_context_length",
+              static_cast<uint32_t>(rope_param(hf, r, "original_max_position_embeddings")));
+    for (auto [k, key] : {std::pair{"beta_fast", "yarn_beta_fast"}, std::pair{"beta_slow", "yarn_beta_slow"}})
+      if (r.params.contains(k) && !r.params[k].is_null())
+        w.set_f32(a + ".rope.scaling." + key, static_cast<float>(rope_param(hf, r, k)));
+  } else if (r.type != "default") {
+    fail("{}: RoPE scaling '{}' is not supported for gpt_oss (default and yarn are)", hf.name(), r.type);
+  }
+
+  const int qd = n_head * head_dim, kvd = n_kv * head_dim;
+  cv.mat(T::TokenEmbd, 0, n_vocab, n_embd);
+  const bool tied = !st.find(*hf_tensor_name(fam, T::Output, 0)) || hf.get_bool_or("tie_word_embeddings", false);
+  if (!tied) cv.mat(T::Output, 0, n_vocab, n_embd);
+  cv.vec(T::OutputNorm, 0, n_embd, false);
+  auto raw_vec = [&](const std::string& src, std::vector<int64_t> shape, const std::string& dst,
+                     std::vector<int64_t> gguf_shape) {
+    std::vector<float> v = to_f32(cv.get(src, std::move(shape)), st.path());
+    w.add_tensor(dst, DType::F32, gguf_shape, v.data(), v.size() * 4);
+  };
+  for (int l = 0; l < n_layer; ++l) {
+    cv.vec(T::AttnNorm, l, n_embd, false);
+    cv.mat(T::AttnQ, l, qd, n_embd);
+    cv.mat(T::AttnK, l, kvd, n_embd);
+    cv.mat(T::AttnV, l, kvd, n_embd);
+    cv.mat(T::AttnOut, l, n_embd, qd);
+    cv.vec(T::AttnQ, l, qd, false, "bias");
+    cv.vec(T::AttnK, l, kvd, false, "bias");
+    cv.vec(T::AttnV, l, kvd, false, "bias");
+    cv.vec(T::AttnOut, l, n_embd, false, "bias");
+    raw_vec(*hf_tensor_name(fam, T::AttnSinks, l, "sinks"), {n_head}, dense_tensor_name(T::AttnSinks, l), {n_head});
+    cv.vec(T::AttnPostNorm, l, n_embd, false);
+    cv.mat(T::FfnGateInp, l, E, n_embd);
+    cv.vec(T::FfnGateInp, l, E, false, "bias");
+
+    // Biases: gate_up's interleaved [E][2F] split, down's [E][D] as is.
+    const std::string gu = *hf_tensor_name(fam, T::FfnGateUpExps, l, "gate_up_proj");
+    const std::string dn = *hf_tensor_name(fam, T::FfnDownExps, l, "down_proj");
+    {
+      std::vector<float> b = to_f32(cv.get(gu + "_bias", {E, 2 * int64_t{n_ff}}), st.path()), g, u;
+      for (size_t i = 0; i < b.size(); ++i) (i % 2 == 0 ? g : u).push_back(b[i]);
+      w.add_tensor(dense_tensor_name(T::FfnGateExps, l, "bias"), DType::F32, {n_ff, E}, g.data(), g.size() * 4);
+      w.add_tensor(dense_tensor_name(T::FfnUpExps, l, "bias"), DType::F32, {n_ff, E}, u.data(), u.size() * 4);
+      raw_vec(dn + "_bias", {E, n_embd}, dense_tensor_name(T::FfnDownExps, l, "bias"), {n_embd, E});
+    }
+    if (st.find(gu + "_blocks")) {
+      // MXFP4: row r of a matrix [rows][cols] is cols / 32 blocks of 16
+      // bytes (element 2i in the low nibble of byte i, 2i + 1 in the high
+      // one) with one E8M0 scale each, value = e2m1 * 2^(scale - 127):
+      // GGUF's MXFP4 block with the same scale byte, elements reordered.
+      auto mx = [&](const std::string& src, int64_t rows, int64_t cols, int row0, int step, T kind) {
+        if (cols % 32 != 0) fail("{}: tensor '{}_blocks': rows of {} values are not whole MXFP4 blocks", st.path(), src, cols);
+        const int64_t nb = cols / 32;
+        const SafetensorsTensor& bt = cv.get(src + "_blocks", {E, rows, nb, 16});
+        const SafetensorsTensor& sc = cv.get(src + "_scales", {E, rows, nb});
+        if (bt.dtype != "U8" || sc.dtype != "U8")
+          fail("{}: tensors '{}_blocks' / '_scales' have dtypes {} / {}; expected U8", st.path(), src, bt.dtype, sc.dtype);
+        const int64_t out_rows = rows / step;
+        std::vector<uint8_t> out(static_cast<size_t>(E * out_rows * nb) * kMxBlockBytes);
+        uint8_t codes[32];
+        for (int64_t e = 0; e < E; ++e)
+          for (int64_t o = 0; o < out_rows; ++o) {
+            const int64_t rr = o * step + row0;
+            for (int64_t b = 0; b < nb; ++b) {
+              const size_t blk = static_cast<size_t>((e * rows + rr) * nb + b);
+              const uint8_t* q = bt.data + blk * 16;
+              for (int i = 0; i < 16; ++i) {
+                codes[2 * i] = q[i] & 0x0f;
+                codes[2 * i + 1] = q[i] >> 4;
+              }
+              mx_codes_block(DType::MXFP4, sc.data[blk], codes,
+                             out.data() + static_cast<size_t>((e * out_rows + o) * nb + b) * kMxBlockBytes);
+            }
+          }
+        if (weights && *weights != DType::MXFP4) {
+          std::vector<float> f(static_cast<size_t>(E * out_rows * cols));
+          dtype_traits(DType::MXFP4).dequantize(out.data(), f.data(), static_cast<int64_t>(f.size()));
+          w.add_tensor_f32(dense_tensor_name(kind, l), *weights, {cols, out_rows, E}, f.data());
+          return;
+        }
+        w.add_tensor(dense_tensor_name(kind, l), DType::MXFP4, {cols, out_rows, E}, out.data(), out.size());
+      };
+      mx(gu, 2 * int64_t{n_ff}, n_embd, 0, 2, T::FfnGateExps);
+      mx(gu, 2 * int64_t{n_ff}, n_embd, 1, 2, T::FfnUpExps);
+      mx(dn, n_embd, n_ff, 0, 1, T::FfnDownExps);
+    } else {
+      // Float experts, transposed: gate_up [E][D][2F] (gate = even columns),
+      // down [E][F][D].
+      const std::vector<float> x = to_f32(cv.get(gu, {E, n_embd, 2 * int64_t{n_ff}}), st.path());
+      const std::vector<float> d = to_f32(cv.get(dn, {E, n_ff, n_embd}), st.path());
+      const size_t F = static_cast<size_t>(n_ff), D = static_cast<size_t>(n_embd);
+      std::vector<float> g(E * F * D), u(E * F * D), o(E * D * F);
+      for (size_t e = 0; e < static_cast<size_t>(E); ++e)
+        for (size_t i = 0; i < D; ++i)
+          for (size_t f = 0; f < F; ++f) {
+            g[(e * F + f) * D + i] = x[(e * D + i) * 2 * F + 2 * f];
+            u[(e * F + f) * D + i] = x[(e * D + i) * 2 * F + 2 * f + 1];
+            o[(e * D + i) * F + f] = d[(e * F + f) * D + i];
+          }
+      const DType t = weights.value_or(DType::F32);
+      for (auto [kind, v, cols, rows] : {std::tuple{T::FfnGateExps, &g, n_embd, n_ff}, std::tuple{T::FfnUpExps, &u, n_embd, n_ff},
+                                         std::tuple{T::FfnDownExps, &o, n_ff, n_embd}}) {
+        if (cols % dtype_traits(t).block_size != 0)
+          fail("{}: --weights {} needs rows of a multiple of {} values; the experts have {}", hf.name(),
+               dtype_traits(t).name, dtype_traits(t).block_size, cols);
+        w.add_tensor_f32(dense_tensor_name(kind, l), t, {cols, rows, E}, v->data());
+      }
+    }
+  }
+}
+
 }  // namespace
 
 std::vector<uint8_t> dense_gguf_from_hf(const std::string& dir, std::optional<DType> weights) {
@@ -321,6 +499,11 @@ std::vector<uint8_t> dense_gguf_from_hf(const std::string& dir, std::optional<DT
   if (hf.get_bool_or("mlp_bias", false)) fail("{}: 'mlp_bias' true is not supported", hf.name());
   if (hf.get_bool_or("use_sliding_window", false))
     fail("{}: 'use_sliding_window' true is not supported for {}", hf.name(), mt);
+  if (fam.gpt_oss) {
+    Converter cv(hf, fam, st, weights);
+    gpt_oss_from_hf(hf, fam, st, cv, weights, n_layer, n_embd, n_head, n_kv, head_dim, n_vocab, eps);
+    return cv.writer().serialize();
+  }
   if (fam.mla) {
     Converter cv(hf, fam, st, weights);
     cv.writer().set_string("general.architecture", std::string(fam.gguf_arch));

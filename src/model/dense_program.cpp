@@ -99,8 +99,8 @@ DecodeProgram build_dense_program(const DenseModel& model, int max_rows) {
                           .rope_base = swa ? c.rope_base_local : c.rope_base, .rope_neox = c.rope_neox, .eps = c.eps,
                           .q_norm = &L.q_norm, .k_norm = &L.k_norm, .scale = c.attn_scale,
                           .window = swa ? c.sliding_window : 0, .freq_factors = &model.rope_freqs(),
-                          .softcap = c.attn_softcap});
-    p.add_matmul(l, "attn_output", L.wo, att, proj);
+                          .softcap = c.attn_softcap, .sinks = &L.sinks});
+    p.add_matmul(l, "attn_output", L.wo, att, proj).as<ops::MatMul>().bias = L.bo;
     }
     p.add_residual(l, "attn_residual", x, proj, L.post_attn_norm, c.eps);
     p.add_rmsnorm(l, "ffn_norm", L.ffn_norm, c.eps, x, xn);
@@ -108,7 +108,7 @@ DecodeProgram build_dense_program(const DenseModel& model, int max_rows) {
       // Softmax (or sigmoid) routing over every expert, the top k (of the
       // best groups), their SwiGLU outputs summed with the (renormalised,
       // scaled) scores as weights; plus the shared experts' MLP.
-      p.add_matmul(l, "ffn_gate_inp", L.router, xn, rlog);
+      p.add_matmul(l, "ffn_gate_inp", L.router, xn, rlog).as<ops::MatMul>().bias = L.router_b;
       Op& rt = p.add_op(OpKind::MoeRoute, l, "moe_route");
       rt.in = rlog;
       rt.out = route;
@@ -122,6 +122,7 @@ DecodeProgram build_dense_program(const DenseModel& model, int max_rows) {
       r.n_group = c.n_group;
       r.topk_group = c.topk_group;
       r.group_top2 = c.gating_sigmoid;  // DeepSeek-V3 scores a group by its two best; V2 by its best
+      r.softmax_selected = c.gpt_oss;    // gpt-oss: softmax over the selected logits
       p.add_moe_experts(l, &L.experts, c.n_expert_used, route, xn, eh, ye, proj);
       if (c.n_ff_shexp > 0) {
         p.add_matmul(l, "ffn_gate_shexp", L.sh_gate, xn, sgate);

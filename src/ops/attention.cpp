@@ -78,6 +78,7 @@ void attention_tile(const Op& op_, const StepContext& ctx, int r0, int r1, int g
     a.window = op.window;
     a.scale = op.scale;
     a.softcap = op.softcap;
+    a.sinks = op.sinks.empty() ? nullptr : op.sinks.data() + h0;
     // KV head g's positions: their own contiguous run in a head-major cache,
     // else every kv_dim floats of a position-major one (heads = 1).
     KvHeadView kv;
@@ -182,6 +183,8 @@ extern const OpInfo kAttentionOp = {
       MK_CHECK(op.in >= 0 && op.in2 >= 0 && a.n_head_kv > 0 && a.n_head % a.n_head_kv == 0, "{}: heads", v.where);
       MK_CHECK(v.width(op.in) == a.n_head * a.head_dim, "{}: q width", v.where);
       MK_CHECK(v.width(op.out) == a.n_head * a.v_dim(), "{}: output width", v.where);
+      MK_CHECK(a.sinks.empty() || static_cast<int>(a.sinks.size()) == a.n_head, "{}: {} sink logits for {} heads",
+               v.where, a.sinks.size(), a.n_head);
       MK_CHECK(a.n_head_kv * a.head_dim == v.p.kv_dim && a.n_head_kv * a.v_dim() == v.p.v_width(), "{}: kv heads",
                v.where);
       MK_CHECK(v.marker_layer[static_cast<size_t>(op.in2)] == op.cache_layer() && op.cache_layer() >= 0,

@@ -150,6 +150,30 @@ void moe_route_tile(const Op& op, const StepContext& ctx, int r, int) {
   // scores over (their sum + eps): the reference's musespark/moe.py
   // route_from_logits (scale = output_multiplier, eps = route_eps) and, with
   // scale 1 and eps 0, kimi/__init__.py route.
+  if (a.softmax_selected) {
+    // gpt-oss: the top k of the logits (+ bias), ties to the lowest index,
+    // weighted by the softmax over the selected logits alone (in double, from
+    // the largest: every weight rounds once to f32).
+    for (int e = 0; e < E; ++e)
+      key[static_cast<size_t>(e)] = logit[e] + (a.bias.empty() ? 0.f : a.bias[static_cast<size_t>(e)]);
+    double mx = -INFINITY, sum = 0;
+    for (int j = 0; j < k; ++j) {
+      int best = -1;
+      for (int e = 0; e < E; ++e) {
+        const float v = key[static_cast<size_t>(e)];
+        if (v == -INFINITY) continue;
+        if (best < 0 || v > key[static_cast<size_t>(best)]) best = e;
+      }
+      if (best < 0) best = 0;
+      out[j] = static_cast<float>(best);
+      out[k + j] = key[static_cast<size_t>(best)];
+      key[static_cast<size_t>(best)] = -INFINITY;
+      mx = std::max(mx, static_cast<double>(out[k + j]));
+    }
+    for (int j = 0; j < k; ++j) sum += std::exp(static_cast<double>(out[k + j]) - mx);
+    for (int j = 0; j < k; ++j) out[k + j] = static_cast<float>(std::exp(static_cast<double>(out[k + j]) - mx) / sum);
+    return;
+  }
   if (a.softmax) {
     // In double, from the largest logit: every score rounds once to f32.
     double mx = -INFINITY, sum = 0;
@@ -241,8 +265,24 @@ void moe_glu_tile(const Op& op, const StepContext& ctx, int t, int n_tiles) {
   const int e = w.expert;
   expert_matmul<K>(ctx, b.gate[static_cast<size_t>(e)], X.data(), m, G.data(), F, fb, fe);
   expert_matmul<K>(ctx, b.up[static_cast<size_t>(e)], X.data(), m, U.data(), F, fb, fe);
-  const float gs = scale_of(b.gate_scale, e), us = scale_of(b.up_scale, e);
-  const GluKind kind = b.act == ExpertAct::SiTU ? GluKind::SiTU : GluKind::SiLU;
+  float gs = scale_of(b.gate_scale, e), us = scale_of(b.up_scale, e);
+  const GluKind kind = b.act == ExpertAct::SiTU      ? GluKind::SiTU
+                       : b.act == ExpertAct::SwiGluOai ? GluKind::SwiGluOai
+                                                       : GluKind::SiLU;
+  if (!b.gate_bias.empty()) {
+    // Biases are added after the scales, in f32, before the activation.
+    const float* bg = b.gate_bias.data() + static_cast<size_t>(e) * F;
+    const float* bu = b.up_bias.data() + static_cast<size_t>(e) * F;
+    for (int i = 0; i < m; ++i) {
+      float* g = G.data() + static_cast<size_t>(i) * F;
+      float* u = U.data() + static_cast<size_t>(i) * F;
+      for (int f = fb; f < fe; ++f) {
+        g[f] = gs * g[f] + bg[f];
+        u[f] = us * u[f] + bu[f];
+      }
+    }
+    gs = us = 1.f;
+  }
   for (int i = 0; i < m; ++i) {
     float* h = row_of(ctx, op.out, w.row[static_cast<size_t>(i)]) + static_cast<size_t>(w.sel[static_cast<size_t>(i)]) * F;
     const float* g = G.data() + static_cast<size_t>(i) * F;
@@ -268,10 +308,14 @@ void moe_down_tile(const Op& op, const StepContext& ctx, int t, int n_tiles) {
   const int e = w.expert;
   expert_matmul<K>(ctx, b.down[static_cast<size_t>(e)], X.data(), m, Y.data(), D, db, de);
   const float ds = scale_of(b.down_scale, e);
+  const float* bd = b.down_bias.empty() ? nullptr : b.down_bias.data() + static_cast<size_t>(e) * D;
   for (int i = 0; i < m; ++i) {
     float* y = row_of(ctx, op.out, w.row[static_cast<size_t>(i)]) + static_cast<size_t>(w.sel[static_cast<size_t>(i)]) * D;
     const float* src = Y.data() + static_cast<size_t>(i) * D;
-    for (int d = db; d < de; ++d) y[d] = ds * src[d];
+    if (bd)
+      for (int d = db; d < de; ++d) y[d] = ds * src[d] + bd[d];
+    else
+      for (int d = db; d < de; ++d) y[d] = ds * src[d];
   }
 }
 
@@ -313,6 +357,11 @@ void verify_experts(const Op& op, const VerifyContext& v) {
              "{}: expert {} matrices do not match [{}][{}] / [{}][{}]", where, e, b->d_ff, b->d_in, b->d_in, b->d_ff);
   for (const auto* s : {&b->gate_scale, &b->up_scale, &b->down_scale})
     MK_CHECK(s->empty() || s->size() == E, "{}: expert scales", where);
+  const size_t F = static_cast<size_t>(b->d_ff), Din = static_cast<size_t>(b->d_in);
+  MK_CHECK(b->gate_bias.size() == b->up_bias.size() && (b->gate_bias.empty() || b->gate_bias.size() == E * F) &&
+               (b->down_bias.empty() || b->down_bias.size() == E * Din),
+           "{}: expert biases ({} / {} / {} floats for {} experts of [{}][{}])", where, b->gate_bias.size(),
+           b->up_bias.size(), b->down_bias.size(), E, F, Din);
   MK_CHECK(b->out_norm.empty() || b->out_norm.size() == static_cast<size_t>(b->d_in),
            "{}: expert output norm weight ({} floats, want {})", where, b->out_norm.size(), b->d_in);
   const int k = x.top_k, in = v.width(op.in), out = v.width(op.out);

@@ -79,6 +79,12 @@ inline __m256 act8(__m256 a, __m256 b) {
     return _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), a), t), b);
   } else if constexpr (K == GluKind::Sigmoid) {
     return _mm256_mul_ps(b, sigmoid_ps(a));
+  } else if constexpr (K == GluKind::SwiGluOai) {
+    const __m256 lim = _mm256_set1_ps(kSwiGluOaiLimit);
+    const __m256 x = _mm256_min_ps(a, lim);
+    const __m256 y = _mm256_max_ps(_mm256_min_ps(b, lim), _mm256_sub_ps(_mm256_setzero_ps(), lim));
+    const __m256 sx = sigmoid_ps(_mm256_mul_ps(_mm256_set1_ps(kSwiGluOaiAlpha), x));
+    return _mm256_mul_ps(_mm256_mul_ps(x, sx), _mm256_add_ps(y, _mm256_set1_ps(1.f)));
   } else {
     const __m256 tg = _mm256_mul_ps(_mm256_set1_ps(4.f), tanh_ps(_mm256_mul_ps(a, _mm256_set1_ps(0.25f))));
     const __m256 tu = _mm256_mul_ps(_mm256_set1_ps(25.f), tanh_ps(_mm256_div_ps(b, _mm256_set1_ps(25.f))));
@@ -116,6 +122,7 @@ void glu_act_avx2(GluKind k, const float* g, const float* u, float gs, float us,
     case GluKind::GeluTanh: glu_range<GluKind::GeluTanh>(g, u, gs, us, o, n); break;
     case GluKind::SiTU: glu_range<GluKind::SiTU>(g, u, gs, us, o, n); break;
     case GluKind::Sigmoid: glu_range<GluKind::Sigmoid>(g, u, gs, us, o, n); break;
+    case GluKind::SwiGluOai: glu_range<GluKind::SwiGluOai>(g, u, gs, us, o, n); break;
   }
 }
 

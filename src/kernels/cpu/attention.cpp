@@ -36,14 +36,16 @@ void attention_block(const AttentionBlock& a, const KvHeadView& kv, bool scalar)
   // positions row i sees, indexed by position - start_i.
   thread_local std::vector<float> scores;
   thread_local std::vector<int64_t> off;
+  // With sinks each score vector has one more entry, the sink's, last.
+  const int extra = a.sinks ? 1 : 0;
   off.resize(static_cast<size_t>(R) + 1);
   off[0] = 0;
   for (int i = 0; i < R; ++i)
     off[static_cast<size_t>(i) + 1] =
-        off[static_cast<size_t>(i)] + static_cast<int64_t>(G) * (a.pos0 + i - row_start(a, i) + 1);
+        off[static_cast<size_t>(i)] + static_cast<int64_t>(G) * (a.pos0 + i - row_start(a, i) + 1 + extra);
   scores.resize(static_cast<size_t>(off[static_cast<size_t>(R)]));
   auto score_row = [&](int i, int j) {
-    const int len = a.pos0 + i - row_start(a, i) + 1;
+    const int len = a.pos0 + i - row_start(a, i) + 1 + extra;
     return scores.data() + off[static_cast<size_t>(i)] + static_cast<int64_t>(j) * len;
   };
 
@@ -137,11 +139,12 @@ void attention_block(const AttentionBlock& a, const KvHeadView& kv, bool scalar)
           else
             softcap(score_row(i, j), len, a.softcap, 1.f);
         }
+        if (a.sinks) score_row(i, j)[len] = a.sinks[j];
         if (scalar) {
-          softmax_inplace_scalar(score_row(i, j), len);
+          softmax_inplace_scalar(score_row(i, j), len + extra);
         } else {
           xs[k] = score_row(i, j);
-          ns[k] = len;
+          ns[k] = len + extra;
           if (++k == 4) softmax_rows(xs, ns, k), k = 0;
         }
         float* o = a.out + static_cast<int64_t>(i) * a.out_stride + static_cast<int64_t>(j) * vd;
@@ -180,11 +183,12 @@ void attention_block(const AttentionBlock& a, const KvHeadView& kv, bool scalar)
 
 void attention_rows_reference(const AttentionBlock& a, const KvHeadView& kv, bool scalar) {
   std::vector<float> s;
+  const int extra = a.sinks ? 1 : 0;
   for (int i = 0; i < a.n_rows; ++i) {
     const int pos = a.pos0 + i, start = row_start(a, i), n = pos - start + 1;
     for (int j = 0; j < a.n_heads; ++j) {
       const float* qh = a.q + static_cast<int64_t>(i) * a.q_stride + static_cast<int64_t>(j) * a.head_dim;
-      s.assign(static_cast<size_t>(n), 0.f);
+      s.assign(static_cast<size_t>(n + extra), 0.f);
       for (int p = start; p <= pos; ++p) {
         const float d = scalar ? dot_f32_scalar(qh, kv.k_at(p), a.head_dim) : dot_f32(qh, kv.k_at(p), a.head_dim);
         s[static_cast<size_t>(p - start)] = d * a.scale;
@@ -195,10 +199,11 @@ void attention_rows_reference(const AttentionBlock& a, const KvHeadView& kv, boo
         else
           softcap(s.data(), n, a.softcap, 1.f);
       }
+      if (a.sinks) s[static_cast<size_t>(n)] = a.sinks[j];
       if (scalar)
-        softmax_inplace_scalar(s.data(), n);
+        softmax_inplace_scalar(s.data(), n + extra);
       else
-        softmax_inplace(s.data(), n);
+        softmax_inplace(s.data(), n + extra);
       float* o = a.out + static_cast<int64_t>(i) * a.out_stride + static_cast<int64_t>(j) * a.v_dim;
       std::fill(o, o + a.v_dim, 0.f);
       for (int p = start; p <= pos; ++p) {

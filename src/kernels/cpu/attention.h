@@ -52,6 +52,9 @@ struct AttentionBlock {
   int window = 0;   // 0: full causal attention
   float scale = 1.f;  // multiplies q.k
   float softcap = 0.f;  // > 0: scores become softcap * tanh(score / softcap) before the softmax
+  // Head j's sink logit sinks[j] (gpt-oss), or null: the softmax runs over the
+  // scores followed by the sink, whose weight multiplies no value.
+  const float* sinks = nullptr;
 };
 
 // The tiled kernel. `scalar`: the portable kernels (the reference executor's

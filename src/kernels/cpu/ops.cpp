@@ -126,6 +126,11 @@ void glu_act_scalar(GluKind k, const float* g, const float* u, float gs, float u
       case GluKind::GeluTanh: o[i] = gelu_tanh(a) * b; break;
       case GluKind::SiTU: o[i] = situ(a, b); break;
       case GluKind::Sigmoid: o[i] = b * (1.f / (1.f + std::exp(-a))); break;
+      case GluKind::SwiGluOai: {
+        const float x = std::min(a, kSwiGluOaiLimit), y = std::clamp(b, -kSwiGluOaiLimit, kSwiGluOaiLimit);
+        o[i] = x * (1.f / (1.f + std::exp(-kSwiGluOaiAlpha * x))) * (y + 1.f);
+        break;
+      }
     }
   }
 }

@@ -62,7 +62,11 @@ inline float situ(float g, float u) {
 // within a few float ulps of them (|error| <= 1e-6 * max(1, |result|), tested);
 // glu_act picks the AVX2 version when the CPU has it. A result depends only
 // on its own inputs, never on n or on where the range starts.
-enum class GluKind : unsigned char { SiLU, GeluTanh, SiTU, Sigmoid };
+// SwiGluOai: gpt-oss's clamped SwiGLU, with a = min(g, 7), b = clamp(u, -7, 7):
+// a * sigmoid(1.702 a) * (b + 1).
+enum class GluKind : unsigned char { SiLU, GeluTanh, SiTU, Sigmoid, SwiGluOai };
+inline constexpr float kSwiGluOaiAlpha = 1.702f;
+inline constexpr float kSwiGluOaiLimit = 7.f;
 void glu_act(GluKind k, const float* g, const float* u, float gs, float us, float* o, int64_t n);
 void glu_act_scalar(GluKind k, const float* g, const float* u, float gs, float us, float* o, int64_t n);
 void glu_act_avx2(GluKind k, const float* g, const float* u, float gs, float us, float* o, int64_t n);
