@@ -39,7 +39,28 @@ struct Reference {
   int n_vocab = 0;
   std::string arch, model_type;
   std::vector<float> logits;  // [tokens][n_vocab]
+  double max_abs() const {
+    double m = 0;
+    for (float x : logits) m = std::max(m, static_cast<double>(std::fabs(x)));
+    return m;
+  }
 };
+
+struct Agreement {
+  int top1 = 0;           // positions whose arg-max equals the reference's
+  double max_diff = 0;    // max |logit - reference logit| over all positions
+};
+Agreement agreement(const std::vector<float>& got, const Reference& ref) {
+  Agreement a;
+  const int V = ref.n_vocab;
+  for (size_t t = 0; t < ref.tokens.size(); ++t) {
+    const float* g = got.data() + t * static_cast<size_t>(V);
+    const float* r = ref.logits.data() + t * static_cast<size_t>(V);
+    a.top1 += argmax(g, V) == argmax(r, V);
+    for (int v = 0; v < V; ++v) a.max_diff = std::max(a.max_diff, static_cast<double>(std::fabs(g[v] - r[v])));
+  }
+  return a;
+}
 
 std::string family_dir(const std::string& fam) { return fixture_path("families/" + fam); }
 
@@ -97,23 +118,15 @@ TEST_P(FamilyTest, BothFormsMatchTransformersUnderEveryExecutor) {
   ASSERT_EQ(mg->config().n_vocab, ref.n_vocab);
   ASSERT_EQ(dense_family_of_hf(ref.model_type), mg->config().family);
 
-  const int n = static_cast<int>(ref.tokens.size()), V = ref.n_vocab;
-  double ref_max = 0;
-  for (float x : ref.logits) ref_max = std::max(ref_max, static_cast<double>(std::fabs(x)));
+  const int n = static_cast<int>(ref.tokens.size());
+  const double ref_max = ref.max_abs();
   for (const char* executor : {"reference", "opbyop", "mega"}) {
     for (Numerics numerics : {Numerics::Exact, Numerics::Fast}) {
       SCOPED_TRACE(fmt::format("{} {} {}", fam, executor, numerics == Numerics::Exact ? "exact" : "fast"));
       const std::vector<float> g = run(*mg, executor, numerics, ref.tokens, false);
       const std::vector<float> h = run(*mh, executor, numerics, ref.tokens, false);
       EXPECT_EQ(std::memcmp(g.data(), h.data(), g.size() * 4), 0) << "GGUF and HF forms differ";
-      double max_diff = 0;
-      int top1 = 0;
-      for (int t = 0; t < n; ++t) {
-        const float* a = g.data() + static_cast<size_t>(t) * V;
-        const float* r = ref.logits.data() + static_cast<size_t>(t) * V;
-        top1 += argmax(a, V) == argmax(r, V);
-        for (int v = 0; v < V; ++v) max_diff = std::max(max_diff, static_cast<double>(std::fabs(a[v] - r[v])));
-      }
+      const auto [top1, max_diff] = agreement(g, ref);
       EXPECT_EQ(top1, n) << "top-1 agreement " << top1 << " of " << n;
       EXPECT_LE(max_diff / ref_max, 1e-4) << "max |diff| " << max_diff << " against max |ref| " << ref_max;
       std::printf("[families] %-8s %-9s %-5s top-1 %d/%d, max |diff| / max |ref| %.2e\n", fam.c_str(), executor,
@@ -152,9 +165,8 @@ TEST(Families, GptOssNativeMxfp4Experts) {
   auto mh = DenseModel::load(*hf_file);
   ASSERT_EQ(mg->layers()[0].experts.gate[0].type, DType::MXFP4);
   ASSERT_EQ(mh->layers()[0].experts.down[0].type, DType::MXFP4);
-  const int n = static_cast<int>(ref.tokens.size()), V = ref.n_vocab;
-  double ref_max = 0;
-  for (float x : ref.logits) ref_max = std::max(ref_max, static_cast<double>(std::fabs(x)));
+  const int n = static_cast<int>(ref.tokens.size());
+  const double ref_max = ref.max_abs();
   for (const char* executor : {"reference", "opbyop", "mega"})
     for (Numerics numerics : {Numerics::Exact, Numerics::Fast}) {
       const bool exact = numerics == Numerics::Exact;
@@ -162,14 +174,7 @@ TEST(Families, GptOssNativeMxfp4Experts) {
       const std::vector<float> g = run(*mg, executor, numerics, ref.tokens, false);
       const std::vector<float> h = run(*mh, executor, numerics, ref.tokens, false);
       EXPECT_EQ(std::memcmp(g.data(), h.data(), g.size() * 4), 0) << "GGUF and HF forms differ";
-      double max_diff = 0;
-      int top1 = 0;
-      for (int t = 0; t < n; ++t) {
-        const float* a = g.data() + static_cast<size_t>(t) * V;
-        const float* r = ref.logits.data() + static_cast<size_t>(t) * V;
-        top1 += argmax(a, V) == argmax(r, V);
-        for (int v = 0; v < V; ++v) max_diff = std::max(max_diff, static_cast<double>(std::fabs(a[v] - r[v])));
-      }
+      const auto [top1, max_diff] = agreement(g, ref);
       // The reference executor dequantises the weights and keeps activations in f32.
       const bool f32_path = std::string(executor) == "reference";
       EXPECT_GE(top1, exact || f32_path ? n : n - 2);
@@ -188,21 +193,13 @@ TEST(Families, GptOssFloatExpertsMatchTransformers) {
   auto file = GGUFFile::parse(image.data(), image.size(), "gpt-oss hf_float");
   auto m = DenseModel::load(*file);
   ASSERT_EQ(m->layers()[0].experts.gate[0].type, DType::F32);
-  const int n = static_cast<int>(ref.tokens.size()), V = ref.n_vocab;
-  double ref_max = 0;
-  for (float x : ref.logits) ref_max = std::max(ref_max, static_cast<double>(std::fabs(x)));
+  const int n = static_cast<int>(ref.tokens.size());
+  const double ref_max = ref.max_abs();
   for (const char* executor : {"reference", "opbyop", "mega"})
     for (Numerics numerics : {Numerics::Exact, Numerics::Fast}) {
       SCOPED_TRACE(fmt::format("{} {}", executor, numerics == Numerics::Exact ? "exact" : "fast"));
       const std::vector<float> g = run(*m, executor, numerics, ref.tokens, false);
-      double max_diff = 0;
-      int top1 = 0;
-      for (int t = 0; t < n; ++t) {
-        const float* a = g.data() + static_cast<size_t>(t) * V;
-        const float* r = ref.logits.data() + static_cast<size_t>(t) * V;
-        top1 += argmax(a, V) == argmax(r, V);
-        for (int v = 0; v < V; ++v) max_diff = std::max(max_diff, static_cast<double>(std::fabs(a[v] - r[v])));
-      }
+      const auto [top1, max_diff] = agreement(g, ref);
       EXPECT_EQ(top1, n);
       EXPECT_LE(max_diff / ref_max, 1e-4) << "max |diff| " << max_diff;
       std::printf("[families] gpt-oss hf_float %-9s %-5s top-1 %d/%d, max |diff| / max |ref| %.2e\n", executor,

@@ -36,6 +36,26 @@ const size_t kMxBlockBytes = dtype_traits(DType::MXFP4).block_bytes;
 // RoPE bases and scaling parameters beyond this are refused.
 constexpr double kMaxRopeBase = 1e12;
 
+// The GGUF keys every converted family writes: name, depth, widths and the
+// attention shape, as llama.cpp's converter names them.
+struct ShapeKeys {
+  int64_t n_layer, n_embd, n_ff, n_head, n_kv, head_dim;
+  double eps;
+};
+void write_shape_keys(GGUFWriter& w, const std::string& a, const HFConfig& hf, const ShapeKeys& k) {
+  w.set_string("general.architecture", a);
+  w.set_string("general.name", hf.name());
+  w.set_u32(a + ".block_count", static_cast<uint32_t>(k.n_layer));
+  w.set_u32(a + ".context_length", static_cast<uint32_t>(hf.get_int_in_or("max_position_embeddings", 2048, 1, int64_t{1} << 30)));
+  w.set_u32(a + ".embedding_length", static_cast<uint32_t>(k.n_embd));
+  w.set_u32(a + ".feed_forward_length", static_cast<uint32_t>(k.n_ff));
+  w.set_u32(a + ".attention.head_count", static_cast<uint32_t>(k.n_head));
+  w.set_u32(a + ".attention.head_count_kv", static_cast<uint32_t>(k.n_kv));
+  w.set_u32(a + ".attention.key_length", static_cast<uint32_t>(k.head_dim));
+  w.set_u32(a + ".attention.value_length", static_cast<uint32_t>(k.head_dim));
+  w.set_f32(a + ".attention.layer_norm_rms_epsilon", static_cast<float>(k.eps));
+}
+
 Rope read_rope(const HFConfig& hf, const char* layer_type) {
   Rope r;
   if (const nlohmann::json* rp = hf.find("rope_parameters")) {
@@ -328,18 +348,8 @@ void gpt_oss_from_hf(const HFConfig& hf, const DenseFamily& fam, const Safetenso
     }
   }
   const Rope r = read_rope(hf, "full_attention");
-  w.set_string("general.architecture", a);
-  w.set_string("general.name", hf.name());
-  w.set_u32(a + ".block_count", static_cast<uint32_t>(n_layer));
-  w.set_u32(a + ".context_length", static_cast<uint32_t>(hf.get_int_in_or("max_position_embeddings", 2048, 1, int64_t{1} << 30)));
-  w.set_u32(a + ".embedding_length", static_cast<uint32_t>(n_embd));
-  w.set_u32(a + ".feed_forward_length", static_cast<uint32_t>(n_ff));
+  write_shape_keys(w, a, hf, {n_layer, n_embd, n_ff, n_head, n_kv, head_dim, eps});
   w.set_u32(a + ".expert_feed_forward_length", static_cast<uint32_t>(n_ff));
-  w.set_u32(a + ".attention.head_count", static_cast<uint32_t>(n_head));
-  w.set_u32(a + ".attention.head_count_kv", static_cast<uint32_t>(n_kv));
-  w.set_u32(a + ".attention.key_length", static_cast<uint32_t>(head_dim));
-  w.set_u32(a + ".attention.value_length", static_cast<uint32_t>(head_dim));
-  w.set_f32(a + ".attention.layer_norm_rms_epsilon", static_cast<float>(eps));
   w.set_u32(a + ".attention.sliding_window", static_cast<uint32_t>(window));
   w.set_u32(a + ".rope.dimension_count", static_cast<uint32_t>(head_dim));
   w.set_f32(a + ".rope.freq_base", static_cast<float>(r.theta));
@@ -535,17 +545,7 @@ std::vector<uint8_t> dense_gguf_from_hf(const std::string& dir, std::optional<DT
   Converter cv(hf, fam, st, weights);
   GGUFWriter& w = cv.writer();
   const std::string a(fam.gguf_arch);
-  w.set_string("general.architecture", a);
-  w.set_string("general.name", hf.name());
-  w.set_u32(a + ".block_count", static_cast<uint32_t>(n_layer));
-  w.set_u32(a + ".context_length", static_cast<uint32_t>(hf.get_int_in_or("max_position_embeddings", 2048, 1, int64_t{1} << 30)));
-  w.set_u32(a + ".embedding_length", static_cast<uint32_t>(n_embd));
-  w.set_u32(a + ".feed_forward_length", static_cast<uint32_t>(n_ff));
-  w.set_u32(a + ".attention.head_count", static_cast<uint32_t>(n_head));
-  w.set_u32(a + ".attention.head_count_kv", static_cast<uint32_t>(n_kv));
-  w.set_u32(a + ".attention.key_length", static_cast<uint32_t>(head_dim));
-  w.set_u32(a + ".attention.value_length", static_cast<uint32_t>(head_dim));
-  w.set_f32(a + ".attention.layer_norm_rms_epsilon", static_cast<float>(eps));
+  write_shape_keys(w, a, hf, {n_layer, n_embd, n_ff, n_head, n_kv, head_dim, eps});
   w.set_u32(a + ".rope.dimension_count", static_cast<uint32_t>(rope_dim));
   if (fam.moe) {
     w.set_u32(a + ".expert_count", static_cast<uint32_t>(n_expert));

@@ -138,6 +138,20 @@ size_t moe_tile_weight_bytes(const Op& op, int n_rows, int t, int n_tiles) {
 
 namespace {
 
+// One pass of the router's top-k: the index of the largest key not yet
+// taken (taken keys are -inf), strictly greater wins so ties go to the
+// lowest index; a NaN key is taken only when nothing else is left; 0 when
+// every key is taken.
+int largest_untaken(const std::vector<float>& key, int E) {
+  int best = -1;
+  for (int e = 0; e < E; ++e) {
+    const float v = key[static_cast<size_t>(e)];
+    if (v == -INFINITY) continue;
+    if (best < 0 || v > key[static_cast<size_t>(best)]) best = e;
+  }
+  return best < 0 ? 0 : best;
+}
+
 void moe_route_tile(const Op& op, const StepContext& ctx, int r, int) {
   const auto& a = op.as<ops::MoeRoute>();
   const int E = width_of(ctx, op.in), k = a.top_k;
@@ -158,13 +172,7 @@ void moe_route_tile(const Op& op, const StepContext& ctx, int r, int) {
       key[static_cast<size_t>(e)] = logit[e] + (a.bias.empty() ? 0.f : a.bias[static_cast<size_t>(e)]);
     double mx = -INFINITY, sum = 0;
     for (int j = 0; j < k; ++j) {
-      int best = -1;
-      for (int e = 0; e < E; ++e) {
-        const float v = key[static_cast<size_t>(e)];
-        if (v == -INFINITY) continue;
-        if (best < 0 || v > key[static_cast<size_t>(best)]) best = e;
-      }
-      if (best < 0) best = 0;
+      const int best = largest_untaken(key, E);
       out[j] = static_cast<float>(best);
       out[k + j] = key[static_cast<size_t>(best)];
       key[static_cast<size_t>(best)] = -INFINITY;
@@ -218,17 +226,10 @@ void moe_route_tile(const Op& op, const StepContext& ctx, int r, int) {
     for (int e = 0; e < E; ++e)
       if (!keep[static_cast<size_t>(e / per)]) key[static_cast<size_t>(e)] = -INFINITY;
   }
-  // k passes of an arg-max, strictly greater wins, so ties go to the lowest
-  // index; taken entries are marked -inf (a NaN key is never selected
-  // unless nothing else is left, then the lowest free index is).
+  // k passes of largest_untaken, each taken entry then marked -inf.
   float sum = 0.f;
   for (int j = 0; j < k; ++j) {
-    int best = -1;
-    for (int e = 0; e < E; ++e) {
-      const float v = key[static_cast<size_t>(e)];
-      if (v == -INFINITY) continue;
-      if (best < 0 || v > key[static_cast<size_t>(best)]) best = e;
-    }
+    const int best = largest_untaken(key, E);
     key[static_cast<size_t>(best)] = -INFINITY;
     out[j] = static_cast<float>(best);
     out[k + j] = score[static_cast<size_t>(best)];
