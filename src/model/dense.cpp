@@ -56,11 +56,15 @@ MatView row_range(const MatView& m, int64_t b, int64_t n) {
   return v;
 }
 
-// A 1-D weight, dequantised to f32.
-std::vector<float> vec(const GGUFFile& f, const std::string& name, int64_t n) {
+// A small weight of GGUF shape `shape` (innermost first), dequantised to
+// f32 in its element order; every value must be finite.
+std::vector<float> values(const GGUFFile& f, const std::string& name, const std::vector<int64_t>& shape) {
   const GGUFTensorInfo& t = f.tensor(name);
-  if (t.shape.size() != 1 || t.shape[0] != n)
-    fail("{}: tensor '{}' has shape [{}], expected [{}]", f.name(), name, fmt::join(t.shape, ", "), n);
+  if (t.shape != shape)
+    fail("{}: tensor '{}' has shape [{}], expected [{}]", f.name(), name, fmt::join(t.shape, ", "),
+         fmt::join(shape, ", "));
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
   std::vector<float> out(static_cast<size_t>(n));
   dtype_traits(t.type).dequantize(t.data, out.data(), n);
   for (int64_t i = 0; i < n; ++i)
@@ -68,6 +72,9 @@ std::vector<float> vec(const GGUFFile& f, const std::string& name, int64_t n) {
       fail("{}: tensor '{}' holds a non-finite value at index {}", f.name(), name, i);
   return out;
 }
+
+// A 1-D weight, dequantised to f32.
+std::vector<float> vec(const GGUFFile& f, const std::string& name, int64_t n) { return values(f, name, {n}); }
 
 // YaRN's per-frequency divisors (transformers' _compute_yarn_parameters):
 // rotation i keeps its frequency above the beta_fast correction dim, is
@@ -335,18 +342,7 @@ std::unique_ptr<DenseModel> DenseModel::load(const GGUFFile& f, std::optional<DT
         // Router and expert biases: [n_expert], [n_expert][n_ff_exp] (GGUF
         // shape {n_ff_exp, n_expert}), [n_expert][n_embd].
         L.router_b = vec(f, name(T::FfnGateInp, l, "bias"), c.n_expert);
-        auto bias2 = [&](T kind, int64_t per) {
-          const std::string n = name(kind, l, "bias");
-          const GGUFTensorInfo& t = f.tensor(n);
-          if (t.shape.size() != 2 || t.shape[0] != per || t.shape[1] != c.n_expert)
-            fail("{}: tensor '{}' has shape [{}], expected [{}, {}]", f.name(), n, fmt::join(t.shape, ", "), per,
-                 c.n_expert);
-          std::vector<float> out(static_cast<size_t>(per * c.n_expert));
-          dtype_traits(t.type).dequantize(t.data, out.data(), static_cast<int64_t>(out.size()));
-          for (size_t i = 0; i < out.size(); ++i)
-            if (!std::isfinite(out[i])) fail("{}: tensor '{}' holds a non-finite value at index {}", f.name(), n, i);
-          return out;
-        };
+        auto bias2 = [&](T kind, int64_t per) { return values(f, name(kind, l, "bias"), {per, c.n_expert}); };
         B.gate_bias = bias2(T::FfnGateExps, c.n_ff_exp);
         B.up_bias = bias2(T::FfnUpExps, c.n_ff_exp);
         B.down_bias = bias2(T::FfnDownExps, c.n_embd);

@@ -152,6 +152,15 @@ int largest_untaken(const std::vector<float>& key, int E) {
   return best < 0 ? 0 : best;
 }
 
+// v[0..n) replaced by its softmax, in double from the largest value: every
+// weight rounds once to f32.
+void softmax_f64(float* v, int n) {
+  double mx = -INFINITY, sum = 0;
+  for (int i = 0; i < n; ++i) mx = std::max(mx, static_cast<double>(v[i]));
+  for (int i = 0; i < n; ++i) sum += std::exp(static_cast<double>(v[i]) - mx);
+  for (int i = 0; i < n; ++i) v[i] = static_cast<float>(std::exp(static_cast<double>(v[i]) - mx) / sum);
+}
+
 void moe_route_tile(const Op& op, const StepContext& ctx, int r, int) {
   const auto& a = op.as<ops::MoeRoute>();
   const int E = width_of(ctx, op.in), k = a.top_k;
@@ -166,29 +175,21 @@ void moe_route_tile(const Op& op, const StepContext& ctx, int r, int) {
   // scale 1 and eps 0, kimi/__init__.py route.
   if (a.softmax_selected) {
     // gpt-oss: the top k of the logits (+ bias), ties to the lowest index,
-    // weighted by the softmax over the selected logits alone (in double, from
-    // the largest: every weight rounds once to f32).
+    // weighted by the softmax over the selected logits alone.
     for (int e = 0; e < E; ++e)
       key[static_cast<size_t>(e)] = logit[e] + (a.bias.empty() ? 0.f : a.bias[static_cast<size_t>(e)]);
-    double mx = -INFINITY, sum = 0;
     for (int j = 0; j < k; ++j) {
       const int best = largest_untaken(key, E);
       out[j] = static_cast<float>(best);
       out[k + j] = key[static_cast<size_t>(best)];
       key[static_cast<size_t>(best)] = -INFINITY;
-      mx = std::max(mx, static_cast<double>(out[k + j]));
     }
-    for (int j = 0; j < k; ++j) sum += std::exp(static_cast<double>(out[k + j]) - mx);
-    for (int j = 0; j < k; ++j) out[k + j] = static_cast<float>(std::exp(static_cast<double>(out[k + j]) - mx) / sum);
+    softmax_f64(out + k, k);
     return;
   }
   if (a.softmax) {
-    // In double, from the largest logit: every score rounds once to f32.
-    double mx = -INFINITY, sum = 0;
-    for (int e = 0; e < E; ++e) mx = std::max(mx, static_cast<double>(a.scale * logit[e]));
-    for (int e = 0; e < E; ++e) sum += std::exp(static_cast<double>(a.scale * logit[e]) - mx);
-    for (int e = 0; e < E; ++e)
-      score[static_cast<size_t>(e)] = static_cast<float>(std::exp(static_cast<double>(a.scale * logit[e]) - mx) / sum);
+    for (int e = 0; e < E; ++e) score[static_cast<size_t>(e)] = a.scale * logit[e];
+    softmax_f64(score.data(), E);
   } else {
     for (int e = 0; e < E; ++e) score[static_cast<size_t>(e)] = sigmoidf(a.scale * logit[e]);
   }

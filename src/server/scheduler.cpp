@@ -411,7 +411,6 @@ bool Scheduler::take_token(BatchRow& s, const float* logits) {
 void Scheduler::release(BatchRow& s, FinishReason reason, const std::string& error) {
   std::shared_ptr<Job> job = std::move(s.job);
   const int generated = s.gen ? s.gen->generated() : 0;
-  s.job.reset();
   s.id = 0;
   s.gen.reset();
   s.sampler.reset();

@@ -1,6 +1,7 @@
 #include "server/step_policy.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "core/error.h"
 
@@ -32,9 +33,7 @@ StepPolicy::StepPolicy(const PolicyOptions& opts) : opts_(opts) {
 }
 
 StepPolicy::Slot* StepPolicy::find(SeqId id) {
-  for (auto& s : slots_)
-    if (s.used && s.id == id) return &s;
-  return nullptr;
+  return const_cast<Slot*>(std::as_const(*this).find(id));
 }
 
 const StepPolicy::Slot* StepPolicy::find(SeqId id) const {
