@@ -25,6 +25,7 @@ struct ServeOptions {
   int threads = 0;
   int drain_s = 30;
   double idle_timeout_s = 5;
+  std::string prefix_cache = "on";
   server::ServerOptions server;
 };
 
@@ -56,6 +57,7 @@ void serve_cmd(const ServeOptions& o) {
   server::ServerOptions so = o.server;
   if (so.model_id.empty()) so.model_id = server::default_model_id(o.model);
   so.idle_timeout_ms = static_cast<int>(std::max(1.0, o.idle_timeout_s * 1000));
+  so.prefix_cache = o.prefix_cache == "on";
   server::HttpServer srv(*model, pool, so);
   const int port = srv.start();
   fmt::print(stderr,
@@ -132,6 +134,12 @@ void register_serve(CLI::App& app) {
                       "most " + fmt::format("max({}, {:g} x d)", server::kMinPromptRows, server::kPromptRowsPerDecodeRow) +
                       " prompt rows")
       ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--prefix-cache", o->prefix_cache,
+                  "on: a request starts in the free row that already holds the longest prefix of its prompt (an "
+                  "earlier chat turn, a shared system prompt) and computes only the rest; attention models only; "
+                  "off: every prompt from its first token")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"on", "off"}));
   cmd->add_option("--queue", o->server.queue, "Requests that may wait for a batch row; beyond that, HTTP 503")
       ->capture_default_str()
       ->check(CLI::Range(0, 100000));

@@ -112,6 +112,7 @@ GenRequest parse_chat_request(const json& body, const Model& model, const ApiLim
 struct Usage {
   int prompt_tokens = 0;
   int completion_tokens = 0;
+  int cached_tokens = 0;  // prompt tokens not recomputed (prefix cache)
 };
 json usage_json(const Usage& u);
 

@@ -288,6 +288,7 @@ HttpServer::HttpServer(const Model& model, ThreadPool& pool, ServerOptions opts)
   so.n_ctx = opts_.n_ctx;
   so.queue_limit = opts_.queue;
   so.executor = opts_.executor;
+  so.prefix_cache = opts_.prefix_cache;
   scheduler_ = std::make_unique<Scheduler>(model_, pool, so);
   HttpLimits hl;
   hl.io_threads = opts_.io_threads;
@@ -395,6 +396,13 @@ std::string HttpServer::metrics_text() const {
   metric("megakern_prefill_seconds", "summary",
          "Prompt rows' share of step time (a step's time split by rows); count: prompts completed.",
          line("megakern_prefill_seconds_sum", s.prefill_seconds) + line("megakern_prefill_seconds_count", s.prefills));
+  metric("megakern_prefix_cache_hits_total", "counter", "Requests that started on a prompt prefix a row already held.",
+         line("megakern_prefix_cache_hits_total", s.prefix_hits));
+  metric("megakern_prefix_cache_tokens_total", "counter", "Prompt tokens taken from a held prefix, not recomputed.",
+         line("megakern_prefix_cache_tokens_total", s.prefix_tokens));
+  metric("megakern_prefix_cache_lookup_tokens_total", "counter",
+         "Prompt tokens of every request started (hit rate: cache tokens over these).",
+         line("megakern_prefix_cache_lookup_tokens_total", s.prefix_lookup_tokens));
   return out;
 }
 
@@ -463,6 +471,7 @@ void HttpServer::setup_routes() {
                                      {"numerics", numerics_name(model_.numerics())},
                                      {"batch", opts_.batch},
                                      {"step_tokens", scheduler_->options().step_tokens},
+                                     {"prefix_cache", scheduler_->options().prefix_cache},
                                      {"context", opts_.n_ctx},
                                      {"max_tokens", opts_.max_tokens}}));
   });

@@ -31,6 +31,7 @@ struct ServerOptions {
   int step_tokens = 0;      // rows per engine step, decode and prompt rows (0: SchedulerOptions' default)
   int queue = 64;           // requests that may wait for a row before 503
   std::string executor = "mega";
+  bool prefix_cache = true;  // reuse a free row's held prompt prefix (SchedulerOptions::prefix_cache)
   std::string model_id;     // the name reported and accepted in "model" (empty: the model's name)
   // Connection handling (see http_io.h). io_threads serve every connection.
   // Beyond max_connections an idle keep-alive connection is closed to make

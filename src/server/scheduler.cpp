@@ -33,7 +33,7 @@ Job::Update Job::take_locked() {
   u.logprobs.swap(pending_logprobs_);
   u.finished = finished_;
   u.finish = finish_;
-  u.usage = {static_cast<int>(request.prompt.size()), completion_tokens_};
+  u.usage = {static_cast<int>(request.prompt.size()), completion_tokens_, cached_tokens_};
   u.error = error_;
   return u;
 }
@@ -59,6 +59,11 @@ void Job::append(const std::string& text, int completion_tokens, const TokenLogp
 void Job::add_logprobs(std::vector<TokenLogprob> entries) {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& e : entries) pending_logprobs_.push_back(std::move(e));
+}
+
+void Job::set_cached_tokens(int n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  cached_tokens_ = n;
 }
 
 void Job::set_listener(std::function<void()> f) {
@@ -87,6 +92,10 @@ void Job::finish(FinishReason reason, int completion_tokens, const std::string& 
 // strings, limits).
 struct Scheduler::BatchRow {
   SequenceState seq;
+  // The tokens of the positions seq holds computed, in order: the prompt
+  // and generated tokens of the sequence it served last (or serves now).
+  // Kept when the row is released, for the next request's prefix.
+  std::vector<int32_t> held;
   SeqId id = 0;              // the policy's id of the sequence; 0 while free
   std::shared_ptr<Job> job;  // null while free
   std::unique_ptr<Sampler> sampler;
@@ -231,7 +240,7 @@ void Scheduler::loop() {
       continue;
     }
     take_queued();
-    const StepPlan plan = policy_->schedule();
+    const StepPlan plan = policy_->schedule([this](SeqId id, int slot) { return reusable(id, slot); });
     for (const auto& a : plan.admitted) {
       BatchRow& s = *rows_[static_cast<size_t>(a.slot)];
       MK_CHECK(!s.job && !admitting_.empty() && admitting_.front().first == a.id,
@@ -239,7 +248,7 @@ void Scheduler::loop() {
       s.id = a.id;
       s.job = std::move(admitting_.front().second);
       admitting_.pop_front();
-      start(s);
+      start(s, a.reused);
     }
     MK_CHECK(admitting_.empty(), "{} queued sequences were not admitted", admitting_.size());
     const std::vector<SeqId> finished = plan.empty() ? std::vector<SeqId>{} : run_step(plan);
@@ -270,8 +279,37 @@ void Scheduler::take_queued() {
   for (auto& job : nothing_to_compute) job->finish(FinishReason::Length, 0);
 }
 
-void Scheduler::start(BatchRow& s) {
+int Scheduler::reusable(SeqId id, int slot) const {
+  if (!opts_.prefix_cache || model_.recurrent()) return 0;  // a recurrent state cannot go back to a prefix
+  const BatchRow& row = *rows_[static_cast<size_t>(slot)];
+  const auto it = std::find_if(admitting_.begin(), admitting_.end(), [&](const auto& a) { return a.first == id; });
+  if (it == admitting_.end()) return 0;
+  const GenRequest& req = it->second->request;
+  if (req.echo && req.logprobs >= 0) return 0;  // scoring wants every prompt row's logits
+  const auto& p = req.prompt;
+  const size_t n = std::min(row.held.size(), p.size());
+  const size_t same =
+      static_cast<size_t>(std::mismatch(row.held.begin(), row.held.begin() + static_cast<std::ptrdiff_t>(n), p.begin()).first -
+                          row.held.begin());
+  // A ring layer (sliding window) has overwritten the slots of positions
+  // before the held ones' window: only a prefix that is all the row holds
+  // continues it exactly.
+  if (!row.seq.cache.ring.empty() && same != row.held.size()) return 0;
+  return static_cast<int>(same);
+}
+
+void Scheduler::start(BatchRow& s, int reused) {
   const GenRequest& req = s.job->request;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.prefix_lookup_tokens += req.prompt.size();
+    if (reused > 0) {
+      ++stats_.prefix_hits;
+      stats_.prefix_tokens += static_cast<uint64_t>(reused);
+    }
+  }
+  s.held.resize(static_cast<size_t>(reused));
+  if (reused > 0) s.job->set_cached_tokens(reused);
   s.sampler = std::make_unique<Sampler>(req.sampling);
   s.score = req.echo && req.logprobs >= 0;
   s.prompt_logprobs.clear();
@@ -293,7 +331,7 @@ void Scheduler::start(BatchRow& s) {
     release(s, FinishReason::Error, fmt::format("prefill failed: {}", e.what()));
     return;
   }
-  s.seq.clear();
+  if (reused == 0) s.seq.clear();
 }
 
 std::vector<SeqId> Scheduler::run_step(const StepPlan& plan) {
@@ -330,6 +368,9 @@ std::vector<SeqId> Scheduler::run_step(const StepPlan& plan) {
   try {
     engine_->step(rows, logits_.data());
   } catch (const std::exception& e) {
+    // What the failed step wrote is unknown: these states hold nothing.
+    for (BatchRow* s : decode_rows) s->held.clear();
+    for (auto& [s, c] : chunks) s->held.clear();
     for (BatchRow* s : decode_rows) {
       finished.push_back(s->id);
       release(*s, FinishReason::Error, fmt::format("decode step failed: {}", e.what()));
@@ -342,6 +383,17 @@ std::vector<SeqId> Scheduler::run_step(const StepPlan& plan) {
   }
   const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
   const size_t n_prompt = rows.size() - decode_rows.size();
+  // What each row's state now holds (before sampling, which may release it).
+  for (size_t i = 0; i < decode_rows.size(); ++i) {
+    BatchRow& s = *decode_rows[i];
+    s.held.resize(static_cast<size_t>(rows[i].pos));
+    s.held.push_back(rows[i].token);
+  }
+  for (auto& [s, c] : chunks) {
+    const auto& prompt = s->job->request.prompt;
+    s->held.resize(static_cast<size_t>(c->begin));
+    s->held.insert(s->held.end(), prompt.begin() + c->begin, prompt.begin() + c->begin + c->n);
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.steps;

@@ -82,6 +82,8 @@ class Job {
   // prompt's, before its first generated token).
   void append(const std::string& text, int completion_tokens, const TokenLogprob* logprob = nullptr);
   void add_logprobs(std::vector<TokenLogprob> entries);
+  // Prompt tokens the request did not compute (taken from a held prefix).
+  void set_cached_tokens(int n);
   void finish(FinishReason reason, int completion_tokens, const std::string& error = {});
 
  private:
@@ -93,6 +95,7 @@ class Job {
   bool finished_ = false;
   FinishReason finish_ = FinishReason::Stop;
   int completion_tokens_ = 0;
+  int cached_tokens_ = 0;
   std::string error_;
   std::atomic<bool> cancelled_{false};
   std::function<void()> listener_;  // under mu_
@@ -128,6 +131,10 @@ struct SchedulerOptions {
   int n_ctx = 2048;        // positions per sequence
   int queue_limit = 64;    // requests waiting for a row; more are refused
   std::string executor = "mega";
+  // Prefix caching: a request starts in the free row whose sequence state
+  // already holds the longest prefix of its prompt (an earlier chat turn, a
+  // shared system prompt) and computes only the rest. Attention models only.
+  bool prefix_cache = true;
 };
 
 // Counters for /metrics. Totals only grow; the gauges are current values.
@@ -144,6 +151,9 @@ struct SchedulerStats {
   double step_seconds = 0;         // time in engine steps
   double prefill_seconds = 0;      // of which the prompt rows' share (by rows)
   uint64_t prefills = 0;           // prompts completed
+  uint64_t prefix_hits = 0;        // requests that started on a held prefix
+  uint64_t prefix_tokens = 0;      // prompt positions those did not recompute
+  uint64_t prefix_lookup_tokens = 0;  // prompt tokens of every admitted request
   int queue_depth = 0;
   int active = 0;
 };
@@ -180,7 +190,10 @@ class Scheduler {
   // Moves queued jobs into the policy while it has slots for them.
   void take_queued();
   // Sets up the row of a sequence the policy just admitted.
-  void start(BatchRow& s);
+  void start(BatchRow& s, int reused);
+  // Leading positions of waiting sequence id's prompt that row `slot`'s
+  // state holds and may reuse (the policy's Reuse).
+  int reusable(SeqId id, int slot) const;
   // Runs one plan through the engine and samples; returns the sequences
   // whose generation ended.
   std::vector<SeqId> run_step(const StepPlan& plan);

@@ -52,6 +52,7 @@ void StepPolicy::add(SeqId id, int prompt_len) {
 bool StepPolicy::remove(SeqId id) {
   if (Slot* s = find(id)) {
     *s = Slot{};
+    s->released = next_release_++;
     return true;
   }
   for (auto it = waiting_.begin(); it != waiting_.end(); ++it)
@@ -73,16 +74,28 @@ int StepPolicy::cached(SeqId id) const {
   return s ? s->cached : -1;
 }
 
-StepPlan StepPolicy::schedule() {
+StepPlan StepPolicy::schedule(const Reuse& reuse) {
   MK_CHECK(!planned_, "schedule() called twice without postprocess()");
   StepPlan plan;
-  // 1. Admission, first come first served.
-  for (size_t i = 0; i < slots_.size() && !waiting_.empty(); ++i) {
-    if (slots_[i].used) continue;
+  // 1. Admission, first come first served, each to the free slot that holds
+  // most of its prompt (then the one released longest ago).
+  while (!waiting_.empty() && free_slots() > 0) {
     const Waiting w = waiting_.front();
     waiting_.pop_front();
-    slots_[i] = Slot{true, w.id, w.prompt_len, 0, next_order_++};
-    plan.admitted.push_back({w.id, static_cast<int>(i)});
+    int best = -1, best_reused = -1;
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      if (slots_[i].used) continue;
+      int r = reuse ? reuse(w.id, static_cast<int>(i)) : 0;
+      MK_CHECK(r >= 0, "reuse of slot {} for sequence {} is negative ({})", i, w.id, r);
+      r = std::min(r, w.prompt_len - 1);
+      if (opts_.prompt_block > 0) r -= r % opts_.prompt_block;
+      if (r > best_reused || (r == best_reused && slots_[i].released < slots_[static_cast<size_t>(best)].released)) {
+        best = static_cast<int>(i);
+        best_reused = r;
+      }
+    }
+    slots_[static_cast<size_t>(best)] = Slot{true, w.id, w.prompt_len, best_reused, next_order_++, 0};
+    plan.admitted.push_back({w.id, best, best_reused});
   }
   // 2. A row for every decoding sequence.
   for (size_t i = 0; i < slots_.size(); ++i) {

@@ -6,7 +6,14 @@
 // the plan through the engine, samples, and reports back with postprocess().
 //
 // Rules, in the order schedule() applies them:
-//  1. Waiting sequences take free slots in the order they were added.
+//  1. Waiting sequences take free slots in the order they were added. With
+//     a reuse callback (prefix caching), each takes the free slot whose
+//     state already holds the longest prefix of its prompt, and starts
+//     with those positions computed; among slots holding nothing of it, the
+//     one released longest ago (so recently used states are kept longest).
+//     A reused prefix leaves at least the prompt's last position to compute
+//     (its logits give the first token) and, with a prompt block, is a whole
+//     number of blocks.
 //  2. Every sequence whose prompt is done decodes one row (its newest token).
 //  3. The rows left in the budget go to the prompts not yet done, the one
 //     with the fewest tokens left first (then the oldest): each gets the
@@ -36,6 +43,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <vector>
 
 namespace megakern::server {
@@ -76,6 +84,7 @@ struct StepPlan {
   struct Admission {
     SeqId id = 0;
     int slot = 0;
+    int reused = 0;  // leading prompt positions the slot's state already held
   };
   std::vector<Admission> admitted;
   std::vector<DecodeRow> decode;
@@ -102,9 +111,14 @@ class StepPolicy {
   // ignored by postprocess().
   bool remove(SeqId id);
 
+  // How many leading positions of waiting sequence `id`'s prompt the state
+  // of free slot `slot` holds computed (0: none). Asked at admission only.
+  using Reuse = std::function<int(SeqId id, int slot)>;
+
   // The next step. Empty when nothing can run (no sequences held). Must be
-  // followed by postprocess() before the next schedule().
-  StepPlan schedule();
+  // followed by postprocess() before the next schedule(). Without `reuse`
+  // every prompt is computed from position 0 in the first free slot.
+  StepPlan schedule(const Reuse& reuse = {});
   // Accounts for the step that ran `plan` (the last schedule()): decode rows
   // advance their sequence by one position, chunks advance their prompt, and
   // a last chunk makes its sequence decode from the next step on. Sequences
@@ -128,6 +142,7 @@ class StepPolicy {
     int prompt_len = 0;
     int cached = 0;        // positions computed: prompt first, then decoded tokens
     uint64_t order = 0;    // admission order, to break ties between prompts
+    uint64_t released = 0; // while free: when it was last released (0: never used)
     bool decoding() const { return cached >= prompt_len; }
   };
   struct Waiting {
@@ -141,6 +156,7 @@ class StepPolicy {
   std::vector<Slot> slots_;  // max_seqs of them
   std::deque<Waiting> waiting_;
   uint64_t next_order_ = 0;
+  uint64_t next_release_ = 1;
   bool planned_ = false;  // schedule() called, postprocess() not yet
 };
 
