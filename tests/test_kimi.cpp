@@ -40,6 +40,7 @@
 #include "exec/recurrent_kernels.h"
 #include "io/safetensors.h"
 #include "model/kimi.h"
+#include "sharded_checkpoint.h"
 #include "test_util.h"
 #include "model_state.h"
 
@@ -569,6 +570,42 @@ TEST(KimiReferenceLayout, LoadsTheReferenceCheckpointBitForBit) {
   const auto la = decode(ours, *ea, tokens), lb = decode(*ref, *eb, tokens);
   ASSERT_EQ(la.size(), lb.size());
   EXPECT_EQ(std::memcmp(la.data(), lb.data(), la.size() * sizeof(float)), 0);
+}
+
+// The reference-layout fixture split over three shards: the weights are
+// views of the mapped shards, so eight loads of it keep their logits bits
+// (the same as our layout's and the single file's) and add much less
+// anonymous memory than eight checkpoints' worth. What is still copied: the
+// experts, re-blocked from split blocks and scales into MXFP4 blocks; the
+// KDA input projection, stacked from five tensors; kv_b, split per head;
+// the vectors, read as f32.
+TEST(KimiReferenceLayout, ShardedCheckpointIsMappedNotCopied) {
+  const fs::path dir = temp_dir("sharded");
+  const size_t ckpt = write_sharded_checkpoint(fixture_path("kimi_reflayout") + "/model.safetensors", dir.string(), 3);
+  const KimiModel& ours = fixture_model(false);
+  const auto tokens = reference()["tokens"].get<std::vector<int32_t>>();
+  const DecodeProgram pa = build_kimi_program(ours, 1);
+  auto ea = make_reference_executor(pa);
+  const auto la = decode(ours, *ea, tokens);
+  constexpr int kLoads = 8;
+  std::vector<std::unique_ptr<KimiModel>> models;
+  models.push_back(KimiModel::load(dir.string()));  // first: allocator and page-table warm-up
+  const size_t before = anon_resident_bytes();
+  for (int i = 0; i < kLoads; ++i) models.push_back(KimiModel::load(dir.string()));
+  const size_t grown = anon_resident_bytes() - before;
+  const double share = static_cast<double>(grown) / static_cast<double>(kLoads * ckpt);
+  std::printf("kimi: %d loads of a %zu-byte 3-shard checkpoint: anonymous memory +%zu bytes (%.1f%% of %zu)\n", kLoads,
+              ckpt, grown, 100 * share, kLoads * ckpt);
+  EXPECT_LT(share, 0.6);
+  const DecodeProgram pb = build_kimi_program(*models.back(), 1);
+  auto eb = make_reference_executor(pb);
+  const auto lb = decode(*models.back(), *eb, tokens);
+  ASSERT_EQ(la.size(), lb.size());
+  EXPECT_EQ(std::memcmp(la.data(), lb.data(), la.size() * sizeof(float)), 0);
+  std::printf("kimi: logits hash %016llx\n", static_cast<unsigned long long>(bits_hash(lb)));
+  EXPECT_EQ(bits_hash(lb), 0x7419dde4022a73d1ull);  // as loaded by copying
+  models.clear();
+  fs::remove_all(dir);
 }
 
 TEST(KimiReferenceLayout, BadInputNamesWhatIsWrong) {

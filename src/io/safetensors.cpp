@@ -170,6 +170,11 @@ int64_t SafetensorsTensor::numel() const {
 
 SafetensorsFile::~SafetensorsFile() = default;
 
+void SafetensorsFile::release_table() {
+  std::vector<SafetensorsTensor>().swap(tensors_);
+  index_.clear();
+}
+
 std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
   std::unique_ptr<SafetensorsFile> f(new SafetensorsFile());
   f->name_ = path;
@@ -366,6 +371,12 @@ void check_shard_name(const std::string& index, const std::string& tensor, const
 SafetensorsModel::SafetensorsModel(SafetensorsModel&&) noexcept = default;
 SafetensorsModel& SafetensorsModel::operator=(SafetensorsModel&&) noexcept = default;
 SafetensorsModel::~SafetensorsModel() = default;
+
+void SafetensorsModel::release_tables() {
+  std::vector<const SafetensorsTensor*>().swap(tensors_);
+  index_.clear();
+  for (auto& f : files_) f->release_table();
+}
 
 void SafetensorsModel::add_file(std::unique_ptr<SafetensorsFile> file) {
   const size_t fi = files_.size();

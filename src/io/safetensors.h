@@ -81,6 +81,9 @@ class SafetensorsFile {
   const SafetensorsTensor& tensor(const std::string& name) const;
   // The "__metadata__" map (empty when the header has none).
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  // Frees the tensor table (names, shapes, the index), keeping the mapping:
+  // for a holder of views into the data that needs no more look-ups.
+  void release_table();
   // Header length N and the size of the data buffer, for diagnostics.
   uint64_t header_bytes() const { return header_bytes_; }
   uint64_t data_bytes() const { return data_bytes_; }
@@ -134,6 +137,9 @@ class SafetensorsModel {
   // The index's "metadata" object flattened to strings (e.g. "total_size"),
   // or for a single file its "__metadata__".
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  // Frees every file's tensor table and the model's index, keeping the files
+  // mapped (views of their data stay valid); no tensor is found afterwards.
+  void release_tables();
 
  private:
   SafetensorsModel() = default;

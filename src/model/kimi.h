@@ -54,18 +54,19 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "ir/expert_bank.h"
+#include "io/safetensors.h"
 #include "ir/program.h"
 #include "kernels/cpu/matmul.h"
 #include "model/kimi_config.h"
 
 namespace megakern {
 
-class SafetensorsModel;  // io/safetensors.h
 
 struct KimiLayer {
   bool mla = false, dense = false;
@@ -154,6 +155,8 @@ class KimiModel {
   size_t reserved_bytes_ = 0, reserved_used_ = 0;
   KimiConfig cfg_;
   std::vector<std::vector<uint8_t>> owned_;
+  // The mapped checkpoint files a loaded model's views point into.
+  std::unique_ptr<SafetensorsModel> st_;
   MatView tok_embd_, lm_head_;
   std::vector<float> final_norm_, final_res_;
   std::vector<KimiLayer> layers_;
@@ -171,12 +174,27 @@ bool is_kimi_reference_config(const std::string& json_text);
 // block_sparse_moe.experts.5.w3.weight_scale"); for a folded attention-residual
 // weight, its _norm.weight half.
 std::string kimi_reference_name(const std::string& ours);
-// Reads such a checkpoint directory: fills c from its config (kimi/__init__.py
-// Config.from_checkpoint keys) and returns its tensors renamed, reshaped and
-// folded into the names KimiModel::load reads, held in `buffer` (which must
-// outlive the result). Throws megakern::Error naming a bad key or tensor.
-SafetensorsModel open_kimi_reference(const std::string& dir, const std::string& cfg_path, const std::string& text,
-                                     KimiConfig& c, std::vector<uint8_t>& buffer);
+// A checkpoint's tensors under the names KimiModel::load reads: views of
+// the tensors of a SafetensorsModel (which must outlive it), renamed and
+// reshaped but never copied, plus the few tensors computed at load (the
+// folded attention-residual weights), whose bytes `computed` holds.
+struct KimiTensors {
+  std::string path;  // for messages
+  std::map<std::string, SafetensorsTensor> tensors;
+  std::vector<std::vector<uint8_t>> computed;
+  const SafetensorsTensor* find(const std::string& name) const {
+    auto it = tensors.find(name);
+    return it == tensors.end() ? nullptr : &it->second;
+  }
+};
+// The tensors of a checkpoint in our layout, as they are.
+KimiTensors kimi_tensors(const SafetensorsModel& st);
+// Reads such a checkpoint: fills c from its config (kimi/__init__.py
+// Config.from_checkpoint keys) and returns the tensors of st (its files)
+// renamed, reshaped and folded into the names KimiModel::load reads. Throws
+// megakern::Error naming a bad key or tensor.
+KimiTensors open_kimi_reference(const SafetensorsModel& st, const std::string& cfg_path, const std::string& text,
+                                KimiConfig& c);
 std::string kimi_config_to_json(const KimiConfig& c);
 
 // The decode step: embedding into residual block 0; per layer the attention

@@ -254,16 +254,18 @@ namespace {
 
 struct Loader {
   KimiBuilder& B;
-  const SafetensorsModel& st;
+  const KimiTensors& st;
 
   const SafetensorsTensor& get(const std::string& name, const std::vector<int64_t>& shape) const {
     const SafetensorsTensor* t = st.find(name);
-    if (!t) fail("{}: tensor '{}' is missing (expected shape {})", st.path(), name, shape_str(shape));
-    if (t->shape != shape) fail("{}: tensor '{}' has shape {}, expected {}", st.path(), name, shape_str(t->shape), shape_str(shape));
+    if (!t) fail("{}: tensor '{}' is missing (expected shape {})", st.path, name, shape_str(shape));
+    if (t->shape != shape) fail("{}: tensor '{}' has shape {}, expected {}", st.path, name, shape_str(t->shape), shape_str(shape));
     return *t;
   }
   // Several 2-D tensors [rows_i][cols] stacked into one matrix; kept in their
   // float type when they share one of F32/F16/BF16, else converted to F32.
+  // Pieces kept in their type that follow each other in the mapped file, at
+  // an address aligned for the type, are used in place (a view, no copy).
   struct Piece {
     const SafetensorsTensor* t;
     int64_t begin, end;  // rows
@@ -276,7 +278,7 @@ struct Loader {
     for (const auto& p : pieces) {
       if (safetensors_float_format(p.t->dtype) != first) keep = false;
       if (p.t->dtype.rfind("F", 0) != 0 && p.t->dtype != "BF16")
-        fail("{}: tensor '{}' has dtype {}; expected a float type", st.path(), p.t->name, p.t->dtype);
+        fail("{}: tensor '{}' has dtype {}; expected a float type", st.path, p.t->name, p.t->dtype);
     }
     if (!keep) dt = DType::F32;
     MatView v;
@@ -284,6 +286,19 @@ struct Loader {
     v.cols = cols;
     v.row_bytes = row_bytes(dt, cols);
     for (const auto& p : pieces) v.rows += p.end - p.begin;
+    if (keep) {
+      const uint8_t* at = pieces[0].t->data + static_cast<size_t>(pieces[0].begin) * v.row_bytes;
+      bool adjacent = reinterpret_cast<uintptr_t>(at) % (dt == DType::F32 ? 4 : 2) == 0;
+      const uint8_t* next = at;
+      for (const auto& p : pieces) {
+        adjacent = adjacent && p.t->data + static_cast<size_t>(p.begin) * v.row_bytes == next;
+        next += static_cast<size_t>(p.end - p.begin) * v.row_bytes;
+      }
+      if (adjacent) {
+        v.data = at;
+        return v;
+      }
+    }
     uint8_t* dst = B.own(v.row_bytes * static_cast<size_t>(v.rows));
     v.data = dst;
     for (const auto& p : pieces) {
@@ -306,8 +321,8 @@ struct Loader {
   // A per-head vector of n values stored with any shape of n elements.
   std::vector<float> any_shape(const std::string& name, int64_t n) {
     const SafetensorsTensor* t = st.find(name);
-    if (!t) fail("{}: tensor '{}' is missing (expected {} values)", st.path(), name, n);
-    if (t->numel() != n) fail("{}: tensor '{}' has shape {} ({} values), expected {} values", st.path(), name, shape_str(t->shape), t->numel(), n);
+    if (!t) fail("{}: tensor '{}' is missing (expected {} values)", st.path, name, n);
+    if (t->numel() != n) fail("{}: tensor '{}' has shape {} ({} values), expected {} values", st.path, name, shape_str(t->shape), t->numel(), n);
     return to_f32(*t);
   }
   // Expert matrices [rows][cols] for every expert, written into rows
@@ -318,7 +333,7 @@ struct Loader {
     uint8_t* out = const_cast<uint8_t*>(dst.row(first_row));
     if (const SafetensorsTensor* f = st.find(name + ".weight")) {
       if (f->shape != std::vector<int64_t>{rows, cols})
-        fail("{}: tensor '{}' has shape {}, expected {}", st.path(), f->name, shape_str(f->shape), shape_str({rows, cols}));
+        fail("{}: tensor '{}' has shape {}, expected {}", st.path, f->name, shape_str(f->shape), shape_str({rows, cols}));
       const std::vector<float> v = to_f32(*f);
       for (int64_t r = 0; r < rows; ++r)
         dtype_traits(DType::MXFP4).quantize(v.data() + r * cols, out + static_cast<size_t>(r) * dst.row_bytes, cols);
@@ -327,14 +342,14 @@ struct Loader {
     const auto& blocks = get(name + ".weight_blocks", {rows, nb, 16});
     const auto& scales = get(name + ".weight_scales", {rows, nb});
     if (blocks.dtype != "U8" || scales.dtype != "U8")
-      fail("{}: '{}.weight_blocks' / '.weight_scales' must be U8, got {} / {}", st.path(), name, blocks.dtype, scales.dtype);
+      fail("{}: '{}.weight_blocks' / '.weight_scales' must be U8, got {} / {}", st.path, name, blocks.dtype, scales.dtype);
     // E8M0 exponents 0 (2^-127) and 255 (NaN in the OCP format) are not
     // normal, finite scales; the reference loader rejects them (kimi/load.py
     // Checkpoint.experts / expert), and so do we, naming the first one.
     for (size_t i = 0; i < static_cast<size_t>(rows * nb); ++i)
       if (scales.data[i] == 0 || scales.data[i] == 255)
         fail("{}: '{}.weight_scales' row {} block {} holds E8M0 exponent {}; expected a normal, finite scale (1..254)",
-             st.path(), name, static_cast<int64_t>(i) / nb, static_cast<int64_t>(i) % nb, scales.data[i]);
+             st.path, name, static_cast<int64_t>(i) / nb, static_cast<int64_t>(i) % nb, scales.data[i]);
     uint8_t codes[kBlock];
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t b = 0; b < nb; ++b) {
@@ -383,13 +398,13 @@ std::unique_ptr<KimiModel> KimiModel::load_checkpoint(const std::string& dir, co
   const std::string cfg_path = (fs::path(dir) / "config.json").string();
   std::unique_ptr<KimiModel> m(new KimiModel());
   const std::string text = read_text(cfg_path);
-  // A checkpoint in the reference's layout is translated into ours in memory
-  // (model/kimi_layout.cpp); `translated` holds its bytes while loading.
-  std::vector<uint8_t> translated;
+  // The weights are views of the mapped files where their format allows
+  // (Loader::stack); a checkpoint in the reference's layout is read through
+  // renamed views of its tensors (model/kimi_layout.cpp).
   const bool reference = is_kimi_reference_config(text);
   if (!reference) m->cfg_ = kimi_config_from_json(text, cfg_path);
-  const SafetensorsModel st =
-      reference ? open_kimi_reference(dir, cfg_path, text, m->cfg_, translated) : SafetensorsModel::open(dir);
+  m->st_ = std::make_unique<SafetensorsModel>(SafetensorsModel::open(dir));
+  const KimiTensors st = reference ? open_kimi_reference(*m->st_, cfg_path, text, m->cfg_) : kimi_tensors(*m->st_);
   const KimiConfig& c = m->cfg_;
   KimiBuilder B{*m};
   Loader R{B, st};
@@ -476,6 +491,7 @@ std::unique_ptr<KimiModel> KimiModel::load_checkpoint(const std::string& dir, co
     }
     m->layers_.push_back(std::move(L));
   }
+  m->st_->release_tables();  // the views need the mappings only
   return m;
 }
 

@@ -21,8 +21,9 @@
 //   keeps its suffix.
 // The AttnRes fold is the reference's (kimi/load.py dense `folded`): the
 // score weight is norm.weight * proj.weight, element by element, in f32.
-// The translation copies the checkpoint into memory once; a full-size
-// checkpoint would need a streaming path instead.
+// The translation copies no weight: every tensor but the folded ones is a
+// view of the mapped checkpoint files (the packed experts keep their bytes;
+// only their shape is read differently).
 #include <cstring>
 #include <fstream>
 #include <set>
@@ -50,12 +51,6 @@ bool ends_with(const std::string& s, const std::string& p) {
 void replace_all(std::string& s, const std::string& from, const std::string& to) {
   for (size_t at = 0; (at = s.find(from, at)) != std::string::npos; at += to.size()) s.replace(at, from.size(), to);
 }
-
-struct Out {
-  std::string name, dtype;
-  std::vector<int64_t> shape;
-  std::vector<uint8_t> bytes;
-};
 
 }  // namespace
 
@@ -94,8 +89,15 @@ std::string kimi_reference_name(const std::string& ours) {
   return n;
 }
 
-SafetensorsModel open_kimi_reference(const std::string& dir, const std::string& cfg_path, const std::string& text,
-                                     KimiConfig& c, std::vector<uint8_t>& buffer) {
+KimiTensors kimi_tensors(const SafetensorsModel& st) {
+  KimiTensors out;
+  out.path = st.path();
+  for (const SafetensorsTensor* t : st.tensors()) out.tensors.emplace(t->name, *t);
+  return out;
+}
+
+KimiTensors open_kimi_reference(const SafetensorsModel& st, const std::string& cfg_path, const std::string& text,
+                                KimiConfig& c) {
   nlohmann::json root = parse_config_json(text, cfg_path);
   const nlohmann::json& t = root.contains("text_config") ? root["text_config"] : root;
   if (!t.is_object()) fail("{}: text_config must be an object", cfg_path);
@@ -177,7 +179,6 @@ SafetensorsModel open_kimi_reference(const std::string& dir, const std::string& 
            cfg_path, c.mla_interval);
   }
 
-  const SafetensorsModel st = SafetensorsModel::open(dir);
   // The forget gate's low rank is not in the config: f_a_proj's rows.
   for (int l = 0; l < c.n_layer && c.kda_gate_rank == 0; ++l)
     if (!c.is_mla(l)) {
@@ -192,7 +193,8 @@ SafetensorsModel open_kimi_reference(const std::string& dir, const std::string& 
     fail("{}: {}", cfg_path, e.what());
   }
 
-  std::vector<Out> out;
+  KimiTensors out;
+  out.path = st.path() + " (reference layout)";
   std::map<std::string, std::pair<const SafetensorsTensor*, const SafetensorsTensor*>> folds;  // ours -> (norm, proj)
   for (const SafetensorsTensor* f : st.tensors()) {
     std::string n = f->name;
@@ -222,7 +224,8 @@ SafetensorsModel open_kimi_reference(const std::string& dir, const std::string& 
     replace_all(n, ".routed_expert_down_proj.", ".latent_down_proj.");
     replace_all(n, ".routed_expert_up_proj.", ".latent_up_proj.");
     replace_all(n, ".routed_expert_norm.", ".latent_norm.");
-    Out o{n, f->dtype, f->shape, std::vector<uint8_t>(f->data, f->data + f->n_bytes)};
+    SafetensorsTensor o = *f;
+    o.name = n;
     if (n.find(".mlp.experts.") != std::string::npos) {
       replace_all(o.name, ".w1.", ".gate_proj.");
       replace_all(o.name, ".w3.", ".up_proj.");
@@ -235,14 +238,15 @@ SafetensorsModel open_kimi_reference(const std::string& dir, const std::string& 
         o.shape = {f->shape[0], f->shape[1] / 16, 16};
       } else if (ends_with(o.name, ".weight_scale")) {
         if (f->dtype != "U8") fail("{}: tensor '{}' is {}, expected U8 E8M0 scales", st.path(), f->name, f->dtype);
-        for (size_t i = 0; i < o.bytes.size(); ++i)
-          if (o.bytes[i] == 0 || o.bytes[i] == 255)
+        for (size_t i = 0; i < o.n_bytes; ++i)
+          if (o.data[i] == 0 || o.data[i] == 255)
             fail("{}: tensor '{}' element {} holds E8M0 exponent {}; expected a normal, finite scale (1..254)",
-                 st.path(), f->name, i, o.bytes[i]);
+                 st.path(), f->name, i, o.data[i]);
         o.name += "s";
       }
     }
-    out.push_back(std::move(o));
+    const std::string key = o.name;
+    if (!out.tensors.emplace(key, std::move(o)).second) fail("{}: two tensors are read as '{}'", st.path(), key);
   }
   for (const auto& [ours, pair] : folds) {
     const auto [norm, proj] = pair;
@@ -253,31 +257,21 @@ SafetensorsModel open_kimi_reference(const std::string& dir, const std::string& 
     if (a.size() != b.size() || static_cast<int64_t>(a.size()) != c.hidden)
       fail("{}: '{}' ({}) and '{}' ({}) must both hold hidden_size = {} values", st.path(), norm->name,
            shape_str(norm->shape), proj->name, shape_str(proj->shape), c.hidden);
-    std::vector<uint8_t> bytes(a.size() * 4);
+    std::vector<uint8_t>& bytes = out.computed.emplace_back(a.size() * 4);
     for (size_t i = 0; i < a.size(); ++i) {
       const float v = a[i] * b[i];
       std::memcpy(bytes.data() + 4 * i, &v, 4);
     }
-    out.push_back({ours, "F32", {c.hidden}, std::move(bytes)});
+    SafetensorsTensor t;
+    t.name = ours;
+    t.dtype = "F32";
+    t.elem_bytes = 4;
+    t.shape = {c.hidden};
+    t.data = bytes.data();
+    t.n_bytes = bytes.size();
+    if (!out.tensors.emplace(ours, std::move(t)).second) fail("{}: two tensors are read as '{}'", st.path(), ours);
   }
-
-  // One in-memory safetensors image in our names (header, then the data).
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  size_t off = 0;
-  for (const Out& o : out) {
-    header[o.name] = {{"dtype", o.dtype}, {"shape", o.shape}, {"data_offsets", {off, off + o.bytes.size()}}};
-    off += o.bytes.size();
-  }
-  std::string h = header.dump();
-  while ((8 + h.size()) % 8 != 0) h += ' ';
-  buffer.clear();
-  buffer.reserve(8 + h.size() + off);
-  const uint64_t hn = h.size();
-  buffer.insert(buffer.end(), reinterpret_cast<const uint8_t*>(&hn), reinterpret_cast<const uint8_t*>(&hn) + 8);
-  buffer.insert(buffer.end(), h.begin(), h.end());
-  for (const Out& o : out) buffer.insert(buffer.end(), o.bytes.begin(), o.bytes.end());
-  const std::string where = st.path() + " (reference layout)";
-  return SafetensorsModel::from_file(SafetensorsFile::parse(buffer.data(), buffer.size(), where), where);
+  return out;
 }
 
 }  // namespace megakern

@@ -233,7 +233,7 @@ void MuseModel::bind() {
     b.d_ff = static_cast<int>(F);
     b.act = ExpertAct::SwiGLU;
     b.out_norm_eps = static_cast<float>(c.post_eps);
-    const size_t glu_bytes = static_cast<size_t>(F) * row_bytes(expert_, D);
+    const size_t glu_bytes = glu_stride_ ? glu_stride_ : static_cast<size_t>(F) * row_bytes(expert_, D);
     const size_t down_bytes = static_cast<size_t>(D) * row_bytes(expert_, F);
     for (int64_t e = 0; e < E; ++e) {
       b.gate.push_back(view(expert_, F, D, data(p + "moe.experts.gate") + static_cast<size_t>(e) * glu_bytes));
@@ -284,7 +284,16 @@ void MuseModel::save(const std::string& dir) const {
   for (const auto& t : muse_tensors(c)) {
     const DType d = format_of(t, dense_, expert_);
     const uint8_t* data = tensor_data_.at(t.name);
-    w.add(t.name, st_dtype(d), stored_shape(t, d), std::vector<uint8_t>(data, data + stored_bytes(t, d)));
+    const size_t n = stored_bytes(t, d);
+    std::vector<uint8_t> bytes;
+    if (glu_stride_ && (t.name.ends_with("experts.gate") || t.name.ends_with("experts.up"))) {
+      const size_t per = n / static_cast<size_t>(c.n_expert);  // gathered from the fused tensor's row ranges
+      for (size_t e = 0; e < static_cast<size_t>(c.n_expert); ++e)
+        bytes.insert(bytes.end(), data + e * glu_stride_, data + e * glu_stride_ + per);
+    } else {
+      bytes.assign(data, data + n);
+    }
+    w.add(t.name, st_dtype(d), stored_shape(t, d), std::move(bytes));
   }
   w.set_metadata("format", "muse_spark");
   w.write(dir + "/model.safetensors");

@@ -144,6 +144,10 @@ class MuseModel {
   std::unique_ptr<SafetensorsModel> st_;
   std::vector<std::vector<uint8_t>> owned_;
   std::map<std::string, const uint8_t*> tensor_data_;  // muse_tensors() name -> stored bytes
+  // Bytes from one expert's gate (and up) rows to the next expert's: 0 for
+  // separate [E][F][D] tensors; 2F rows where gate and up are row ranges of
+  // one fused [E][2F][D] tensor.
+  size_t glu_stride_ = 0;
   MatView embed_, lm_head_;
   std::vector<float> final_norm_, ones_, ones_h_, vocab_mask_;
   std::vector<MuseLayer> layers_;

@@ -211,18 +211,13 @@ std::unique_ptr<MuseModel> MuseModel::load_reference(const std::string& dir, con
     td[p + "moe.pre"] = dense("mlp.pre_expert_proj.weight", D, H);
     td[p + "moe.pre_norm"] = norm(layer_key(l, "mlp.pre_expert_norm.weight"), D, true);
     // gate_up_proj [E][2F][D]: rows [0, F) of expert e are its gate, [F, 2F)
-    // its up (canonical_experts); split into our [E][F][D] gate and up.
+    // its up (canonical_experts: concatenated, not interleaved), so gate and
+    // up are row ranges of the one tensor, F rows apart, 2F rows per expert.
     {
       const SafetensorsTensor& gu = get(layer_key(l, "mlp.experts.gate_up_proj"), {E, 2 * F, D});
       const uint8_t* src = matrix(gu, xd, E * 2 * F, D);
-      std::vector<uint8_t> g(static_cast<size_t>(E * F) * glu_row), u(g.size());
-      for (int64_t e = 0; e < E; ++e) {
-        const size_t half = static_cast<size_t>(F) * glu_row;
-        std::memcpy(g.data() + static_cast<size_t>(e) * half, src + static_cast<size_t>(2 * e) * half, half);
-        std::memcpy(u.data() + static_cast<size_t>(e) * half, src + static_cast<size_t>(2 * e + 1) * half, half);
-      }
-      td[p + "moe.experts.gate"] = own(std::move(g));
-      td[p + "moe.experts.up"] = own(std::move(u));
+      td[p + "moe.experts.gate"] = src;
+      td[p + "moe.experts.up"] = src + static_cast<size_t>(F) * glu_row;
     }
     td[p + "moe.experts.down"] = matrix(get(layer_key(l, "mlp.experts.down_proj"), {E, D, F}), xd, E * D, F);
     td[p + "moe.experts.scale"] = own_f32(std::vector<float>(static_cast<size_t>(3 * E), 1.f));
@@ -231,6 +226,7 @@ std::unique_ptr<MuseModel> MuseModel::load_reference(const std::string& dir, con
     td[p + "post_ffn_norm"] = norm(layer_key(l, "post_feedforward_layernorm.weight"), H, true);
     td[p + "ffn_gamma"] = vec(layer_key(l, "post_feedforward_residual_gate.gate"), H);
   }
+  m->glu_stride_ = 2 * static_cast<size_t>(F) * glu_row;
   m->bind();
   return m;
 }
