@@ -446,7 +446,7 @@ const Matrix& matrix(DType t) {
 const MatView& packed_matrix(DType t) {
   static PackedWeights store;
   static MatView v;
-  if (v.type != t || v.packed == nullptr || v.data != matrix(t).view.data) v = store.pack(matrix(t).view);
+  if (v.type != t || v.packed == nullptr || v.data != matrix(t).view.data) v = store.pack(matrix(t).view, Numerics::Fast);
   return v;
 }
 
@@ -675,13 +675,14 @@ void register_all() {
         const bool pk = v % 2 == 1;
         const Numerics nm = v < 2 || v >= 6 ? Numerics::Exact : Numerics::Fast;
         const bool dram = v < 4;
+        if (!r16_supports(t, nm)) continue;
         const char* kind[] = {"BM_MatmulR16/", "BM_MatmulFastDramR16/", "BM_MatmulFastR16/", "BM_MatmulCacheR16/"};
         const std::string name = std::string(kind[v / 2]) +
                                  dtype_traits(t).name + (pk ? "/packed" : "/original");
         auto* b = benchmark::RegisterBenchmark(name.c_str(),
                                                [=](benchmark::State& s) { BM_Matmul(s, t, nm, pk, !dram); });
         b->ArgNames({"rows", "threads"})->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(0.3);
-        for (int64_t rows : {1, 2, 4, 8})
+        for (int64_t rows : {1, 2, 4, 8, 128})
           for (int threads : {1, 2}) b->Args({rows, threads});
       }
     }

@@ -71,8 +71,61 @@ TEST(Repack, PackedBytesEqualOriginalBytes) {
     const Weights w = make_weights(t, 48, 256, 3, 0);
     EXPECT_EQ(r16_packed_bytes(w.view), 48 * row_bytes(t, 256)) << dtype_traits(t).name;
   }
-  EXPECT_FALSE(r16_supports(DType::Q4_K));
+  // Q4_K: its scales and mins as bytes, 64 bytes more per 16 rows and
+  // super-block (2.8 %).
+  const Weights k = make_weights(DType::Q4_K, 48, 512, 3, 0);
+  EXPECT_EQ(r16_packed_bytes(k.view), 3 * 2 * (16 * row_bytes(DType::Q4_K, 256) + 64));
+  EXPECT_TRUE(r16_supports(DType::Q4_K, Numerics::Fast));
+  EXPECT_FALSE(r16_supports(DType::Q4_K, Numerics::Exact));
+  EXPECT_TRUE(r16_supports(DType::Q8_0, Numerics::Exact));
+  EXPECT_FALSE(r16_supports(DType::Q6_K));
   EXPECT_FALSE(r16_supports(DType::F32));
+}
+
+// Q4_K's packed fast kernel against the fast oracle: one to nine inputs and
+// 128, one to three super-blocks, row ranges inside groups.
+TEST(Repack, Q4KFastKernelMatchesOracleBitForBit) {
+  if (!host_has_r16()) return;
+  int cases = 0;
+  for (int64_t cols : {256, 512, 768})
+    for (int64_t n_x : {1, 2, 3, 4, 5, 8, 9, 128}) {
+      const int64_t rows = 48;
+      const Weights w = make_weights(DType::Q4_K, rows, cols, (uint32_t)(cols + n_x), 1);
+      const Packed p = packed(w.view);
+      const std::vector<float> x = inputs(n_x, cols, (uint32_t)(3 * cols + n_x));
+      Q8Acts qa;
+      quantize_q8_acts(x.data(), n_x, cols, 256, qa);
+      for (auto [rb, re] : {std::pair<int64_t, int64_t>{0, 48}, {3, 29}, {16, 32}, {17, 18}}) {
+        SCOPED_TRACE(::testing::Message() << "cols " << cols << " n_x " << n_x << " rows [" << rb << ", " << re << ")");
+        std::vector<float> y((size_t)(n_x * rows), -1.f), ref = y;
+        matmul_rows_fast_r16_evex(p.view, qa, y.data(), rows, rb, re);
+        matmul_rows_fast_ref(w.view, qa, ref.data(), rows, rb, re);
+        EXPECT_TRUE(same_bits(y, ref));
+        ++cases;
+      }
+    }
+  std::printf("[kernels] packed r16 Q4_K fast kernel: %d cases against the scalar oracle\n", cases);
+}
+
+// Random bytes as Q4_K weights (every code, scale and min; d and dmin inf,
+// NaN or subnormal); inputs with an inf.
+TEST(Repack, Q4KRandomBitPatternsMatchOracle) {
+  if (!host_has_r16()) return;
+  std::mt19937 rng(12);
+  const int64_t rows = 32, cols = 512;
+  const size_t rb = row_bytes(DType::Q4_K, cols);
+  std::vector<uint8_t> raw(rb * rows);
+  for (uint8_t& b : raw) b = (uint8_t)rng();
+  const MatView W{DType::Q4_K, cols, rows, raw.data(), rb};
+  const Packed p = packed(W);
+  std::vector<float> x = inputs(3, cols, 6);
+  x[300] = INFINITY;
+  Q8Acts qa;
+  quantize_q8_acts(x.data(), 3, cols, 256, qa);
+  std::vector<float> y((size_t)(3 * rows)), ref = y;
+  matmul_rows_fast_r16_evex(p.view, qa, y.data(), rows, 0, rows);
+  matmul_rows_fast_ref(W, qa, ref.data(), rows, 0, rows);
+  EXPECT_TRUE(same_bits(y, ref));
 }
 
 // Row ranges that start and end inside groups, odd and even block counts
@@ -157,13 +210,28 @@ TEST(Repack, MatmulRowsWithPackedCopyMatchesOriginal) {
       matmul_rows(w.view, x.data(), n_x, ref.data(), rows, 5, rows, nm);
       EXPECT_TRUE(same_bits(y, ref)) << dtype_traits(t).name << ' ' << numerics_name(nm);
     }
+  // Q4_K: packed groups in the fast mode; the exact mode, which has no
+  // packed kernel for it, reads the original rows. 40 rows: 8 tail rows.
+  for (Numerics nm : {Numerics::Exact, Numerics::Fast})
+    for (int64_t rows : {40, 77})
+      for (int64_t n_x : {1, 2, 8}) {
+        const int64_t cols = 512;
+        const Weights w = make_weights(DType::Q4_K, rows, cols, 22, 0);
+        const Packed p = packed(w.view);
+        const std::vector<float> x = inputs(n_x, cols, 9);
+        std::vector<float> y((size_t)(n_x * rows)), ref = y;
+        matmul_rows(p.view, x.data(), n_x, y.data(), rows, 5, rows, nm);
+        matmul_rows(w.view, x.data(), n_x, ref.data(), rows, 5, rows, nm);
+        EXPECT_TRUE(same_bits(y, ref)) << "q4_k " << numerics_name(nm) << " rows " << rows << " n_x " << n_x;
+      }
 }
 
 TEST(Repack, StoreMakesOneCopyPerMatrix) {
   PackedWeights store;
   const Weights a = make_weights(DType::Q8_0, 40, 64, 1, 0), b = make_weights(DType::Q4_K, 40, 256, 2, 0);
-  const MatView pa = store.pack(a.view), pa2 = store.pack(a.view), pb = store.pack(b.view);
-  EXPECT_EQ(pb.packed, nullptr);  // no packed layout for Q4_K
+  const MatView pa = store.pack(a.view, Numerics::Exact), pa2 = store.pack(a.view, Numerics::Fast),
+                pb = store.pack(b.view, Numerics::Exact);
+  EXPECT_EQ(pb.packed, nullptr);  // no packed exact-mode kernel for Q4_K
   if (!repack_enabled()) {
     EXPECT_EQ(pa.packed, nullptr);
     EXPECT_EQ(store.bytes(), 0u);
@@ -236,6 +304,7 @@ TEST(Repack, MappedFileHeldByAnEarlierStaticUnmapsCleanlyAtExit) {
 #include "core/thread_pool.h"
 #include "runtime/engine.h"
 #include "runtime/model.h"
+#include "test_util.h"
 
 namespace megakern {
 namespace {
@@ -265,6 +334,41 @@ TEST(Repack, EngineOnRepackedWeightsGivesTheOriginalBits) {
         Engine e(*m, pool, 4);
         SequenceState seq = m->new_sequence(64);
         const std::vector<int32_t> toks = {1, 17, 42, 99, 5, 64, 3, 250, 8, 11};
+        logits[packed].resize((size_t)toks.size() * m->n_vocab());
+        e.teacher_forced_logits(seq, toks.data(), (int)toks.size(), 0, (int)toks.size(), logits[packed].data(), false);
+      }
+      EXPECT_GT(m->packed_weight_bytes(), 0u);
+      EXPECT_TRUE(same_bits(logits[1], logits[0]));
+    }
+}
+
+// The fast mode's packed Q4_K kernel through the engine: dense-mini with
+// every matrix converted to Q4_K, and the fetched Gemma 3 file (Q4_K_M:
+// Q4_K beside Q5_0 / Q6_K / Q8_0), batch 1 and 3 rows per step; the
+// repacked weights give the original layout's bits.
+TEST(Repack, EngineOnRepackedQ4KGivesTheOriginalBits) {
+  if (!host_has_r16()) return;
+  if (!repack_enabled()) {
+    std::printf("[kernels] engine on repacked Q4_K: not run, MEGAKERN_ISA or MEGAKERN_REPACK turns repacking off\n");
+    return;
+  }
+  ThreadPool pool(2);
+  std::vector<std::string> names = {"dense-mini"};
+  if (!test_model_path("gemma3-270m").empty()) names.push_back(test_model_path("gemma3-270m"));
+  else std::printf("[kernels] engine on repacked Q4_K: gemma3-270m not fetched, dense-mini only\n");
+  for (const std::string& name : names)
+    for (int rows : {1, 3}) {
+      SCOPED_TRACE(::testing::Message() << name << " rows " << rows);
+      ModelOptions o;
+      if (name == "dense-mini") o.weights = DType::Q4_K;
+      o.numerics = Numerics::Fast;
+      auto m = load_model(name, o);
+      std::vector<float> logits[2];
+      for (int packed = 0; packed < 2; ++packed) {
+        m->set_repack_weights(packed == 1);
+        Engine e(*m, pool, rows);
+        SequenceState seq = m->new_sequence(32);
+        const std::vector<int32_t> toks = {1, 17, 42, 99, 5, 64};
         logits[packed].resize((size_t)toks.size() * m->n_vocab());
         e.teacher_forced_logits(seq, toks.data(), (int)toks.size(), 0, (int)toks.size(), logits[packed].data(), false);
       }

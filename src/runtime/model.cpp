@@ -21,7 +21,7 @@ DecodeProgram Model::build_program(int max_rows) const {
   p.numerics = numerics_;
   for (Op& op : p.ops) {
     if (op.kind != OpKind::MatMul || !repack_) continue;
-    op.mat = packed_->pack(op.mat);
+    op.mat = packed_->pack(op.mat, numerics_);
     // One copy in memory: the packed rows' original pages leave (they come
     // back from the file only if something reads them: an embedding row,
     // the tail rows, a path without packed kernels).

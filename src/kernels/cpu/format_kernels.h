@@ -15,6 +15,8 @@
 
 namespace megakern {
 
+constexpr int kR16Fast = 1, kR16Exact = 2, kR16Both = kR16Fast | kR16Exact;
+
 struct FormatKernels {
   DType type;
   // Exact mode: int16 activations per 32 values (qmatmul.h); otherwise the
@@ -30,8 +32,9 @@ struct FormatKernels {
   // The AVX2 row decoder (quant_rows.h) handles the format.
   bool avx2_rows;
   // Repacked at load into row-interleaved groups for the AVX-512 VNNI
-  // kernels of both modes (repack.h), on hosts that have them.
-  bool r16;
+  // kernels (repack.h), on hosts that have them: which modes' packed
+  // kernels take it (kR16Fast | kR16Exact; 0: not packed).
+  int r16;
 };
 
 // The row of a format; every DType of all_dtypes() has one.

@@ -9,6 +9,12 @@
 //  * fast (qmatmul_fast.h): isum of block k = sum of w * q over its 32
 //    values; acc[k % 2] = fma((float)isum, sc * dx, acc[k % 2]) (Q4_1: then
 //    fma(mn, sx, acc[k % 2])); Y = acc0 + acc1.
+//  * fast, Q4_K: per sub-block j the sixteen rows' S_j = sum of c * q
+//    (c the nibble itself, no offset), isum = sum_j sc_j * S_j (vpmulld by
+//    the bytes of scales widened), msum = sum_j m_j * sum(q over j) with
+//    the inputs' sums split as 256 * hi + lo (hi signed, lo unsigned bytes,
+//    vpdpbusd against the mins as bytes); acc = fma((float)isum, d * dx,
+//    acc), then fma((float)msum, (-dmin) * dx, acc); one accumulator.
 //  * exact (qmatmul.h): lane L's sum over the lane's four columns, with
 //    int16 inputs split as q = 256 * hi + lo (hi signed, lo unsigned bytes):
 //    sum(w * q) = 256 * sum(w * hi) + sum(w * lo), both exact; the lanes'
@@ -112,7 +118,7 @@ Group group_at(const MatView& W, int64_t g, int64_t nb) {
   G.codes = W.packed + (size_t)g * r16_group_bytes(W.type, W.cols);
   G.bits = G.codes + (size_t)nb * G.cb;
   G.scales = G.bits + (size_t)nb * G.hb;
-  G.mins = G.scales + (size_t)nb * 2 * kR16Rows;
+  G.mins = G.scales + (size_t)nb * r16_scale_bytes(W.type);
   return G;
 }
 
@@ -148,17 +154,28 @@ __mmask16 row_mask(int64_t r0, int64_t rb, int64_t re) {
 
 // ---- fast mode -------------------------------------------------------------
 
+// Two tables derived from one quantisation of the inputs, remade only for
+// another (Q8Acts::id); `remake` sizes them and says whether to fill them.
+struct InputTables {
+  std::vector<int32_t> a, b;
+  uint64_t made = 0;
+  bool remake(const Q8Acts& A, size_t na, size_t nb) {
+    if (!remake_input_tables(made, A.id)) return false;
+    a.resize(na);
+    b.resize(nb);
+    return true;
+  }
+};
+
 // An input's values per lane: [nb][8] dwords (lane L's four bytes), and its
 // blocks' sums of q.
-struct FastInputs {
-  std::vector<int32_t> lanes, sums;
-  uint64_t made = 0;
+struct FastInputs : InputTables {
+  std::vector<int32_t>& lanes = a;
+  std::vector<int32_t>& sums = b;
 };
 
 void fast_inputs(const Q8Acts& A, FastInputs& I) {
-  if (!remake_input_tables(I.made, A.id)) return;
-  I.lanes.resize((size_t)(A.n_x * A.nb * 8));
-  I.sums.resize((size_t)(A.n_x * A.nb));
+  if (!I.remake(A, (size_t)(A.n_x * A.nb * 8), (size_t)(A.n_x * A.nb))) return;
   for (int64_t t = 0; t < A.n_x; ++t)
     for (int64_t k = 0; k < A.nb; ++k) {
       const int8_t* q = A.q_row(t) + 32 * k;
@@ -223,6 +240,103 @@ void fast_rows(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t
       Ahead ahead(W, g, t == 0 ? g_end : 0, A.nb);  // the first pass over the group prefetches
       fast_group<T, NT>(G, ahead, A, I, t, out);
       for (int u = 0; u < NT; ++u) _mm512_mask_storeu_ps(Y + (t + u) * ldy + g * kR16Rows, m, out[u]);
+      t += NT;
+    };
+    for (; t + 4 <= A.n_x;) run(std::integral_constant<int, 4>{});
+    if (A.n_x - t == 3) run(std::integral_constant<int, 3>{});
+    if (A.n_x - t == 2) run(std::integral_constant<int, 2>{});
+    if (A.n_x - t == 1) run(std::integral_constant<int, 1>{});
+  }
+}
+
+// ---- fast mode, Q4_K --------------------------------------------------------
+
+// An input's per super-block sums of q over its eight sub-blocks, split as
+// 256 * hi + lo: [nb][2] dwords of high (signed) bytes, sub-blocks 4v ..
+// 4v + 3 in dword v, and the same of the low (unsigned) bytes.
+struct Q4KInputs : InputTables {
+  std::vector<int32_t>& hi = a;
+  std::vector<int32_t>& lo = b;
+};
+
+void q4k_inputs(const Q8Acts& A, Q4KInputs& I) {
+  if (!I.remake(A, (size_t)(A.n_x * A.nb * 2), (size_t)(A.n_x * A.nb * 2))) return;
+  for (int64_t t = 0; t < A.n_x; ++t)
+    for (int64_t k = 0; k < A.nb; ++k) {
+      const int16_t* s16 = A.s16_row(t) + 16 * k;
+      uint8_t h[8], l[8];
+      for (int j = 0; j < 8; ++j) {
+        const int v = s16[2 * j] + s16[2 * j + 1];
+        h[j] = (uint8_t)(int8_t)((v - (v & 0xff)) / 256);  // floor(v / 256)
+        l[j] = (uint8_t)(v & 0xff);
+      }
+      std::memcpy(&I.hi[(size_t)((t * A.nb + k) * 2)], h, 8);
+      std::memcpy(&I.lo[(size_t)((t * A.nb + k) * 2)], l, 8);
+    }
+  I.made = A.id;
+}
+
+template <int NT>
+inline void q4k_block(const uint8_t* codes, const uint8_t* scales, const uint8_t* mins, const Q8Acts& A,
+                      const Q4KInputs& I, int64_t t0, int64_t k, __m512 acc[NT]) {
+  __m512i isum[NT];
+  for (int t = 0; t < NT; ++t) isum[t] = _mm512_setzero_si512();
+  for (int j = 0; j < 8; ++j) {
+    __m512i c[8];
+    for_lanes([&](auto L) { c[L] = lane_codes<DType::Q4_0, L>(codes + 256 * j, nullptr); });
+    const __m512i sc =
+        _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 2 * kR16Rows + 16 * j)));
+    for (int t = 0; t < NT; ++t) {
+      const int8_t* q = A.q_row(t0 + t) + 256 * k + 32 * j;
+      __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+      for_lanes([&](auto L) {
+        int32_t v;
+        std::memcpy(&v, q + 4 * L, 4);
+        if constexpr (L < 4)
+          s0 = _mm512_dpbusd_epi32(s0, c[L], _mm512_set1_epi32(v));
+        else
+          s1 = _mm512_dpbusd_epi32(s1, c[L], _mm512_set1_epi32(v));
+      });
+      isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(_mm512_add_epi32(s0, s1), sc));
+    }
+  }
+  const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales)));
+  const __m512 nmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(mins)));
+  const __m512i m0 = _mm512_loadu_si512(mins + 2 * kR16Rows), m1 = _mm512_loadu_si512(mins + 2 * kR16Rows + 64);
+  for (int t = 0; t < NT; ++t) {
+    const int64_t ti = t0 + t;
+    const size_t at = (size_t)((ti * A.nb + k) * 2);
+    __m512i ms = _mm512_dpbusd_epi32(_mm512_setzero_si512(), m0, _mm512_set1_epi32(I.hi[at]));
+    ms = _mm512_slli_epi32(_mm512_dpbusd_epi32(ms, m1, _mm512_set1_epi32(I.hi[at + 1])), 8);
+    ms = _mm512_dpbusd_epi32(ms, _mm512_set1_epi32(I.lo[at]), m0);
+    ms = _mm512_dpbusd_epi32(ms, _mm512_set1_epi32(I.lo[at + 1]), m1);
+    const __m512 dx = _mm512_set1_ps(A.d_row(ti)[k]);
+    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(d, dx), acc[t]);
+    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ms), _mm512_mul_ps(nmin, dx), acc[t]);
+  }
+}
+
+void q4k_rows(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t rb, int64_t re) {
+  thread_local Q4KInputs I;
+  q4k_inputs(A, I);
+  const int64_t g_end = (re + kR16Rows - 1) / kR16Rows;
+  const size_t cb = r16_code_bytes(W.type), sb = r16_scale_bytes(W.type), mb = r16_min_bytes(W.type);
+  for (int64_t g = rb / kR16Rows; g * kR16Rows < re; ++g) {
+    const uint8_t* codes = W.packed + (size_t)g * r16_group_bytes(W.type, W.cols);
+    const uint8_t* scales = codes + (size_t)A.nb * cb;
+    const uint8_t* mins = scales + (size_t)A.nb * sb;
+    const __mmask16 m = row_mask(g * kR16Rows, rb, re);
+    int64_t t = 0;
+    auto run = [&](auto nt) {
+      constexpr int NT = decltype(nt)::value;
+      __m512 acc[NT];
+      for (int u = 0; u < NT; ++u) acc[u] = _mm512_setzero_ps();
+      Ahead ahead(W, g, t == 0 ? g_end : 0, A.nb);  // the first pass over the group prefetches
+      for (int64_t k = 0; k < A.nb; ++k) {
+        ahead.upto(k);
+        q4k_block<NT>(codes + (size_t)k * cb, scales + (size_t)k * sb, mins + (size_t)k * mb, A, I, t, k, acc);
+      }
+      for (int u = 0; u < NT; ++u) _mm512_mask_storeu_ps(Y + (t + u) * ldy + g * kR16Rows, m, acc[u]);
       t += NT;
     };
     for (; t + 4 <= A.n_x;) run(std::integral_constant<int, 4>{});
@@ -371,8 +485,10 @@ void exact_rows(const MatView& W, const QuantizedActs& A, float* Y, int64_t ldy,
 }  // namespace
 
 void matmul_rows_fast_r16_evex(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t rb, int64_t re) {
-  MK_CHECK(W.packed != nullptr && re <= W.rows / kR16Rows * kR16Rows && A.block == 32 && A.cols == W.cols);
+  MK_CHECK(W.packed != nullptr && re <= W.rows / kR16Rows * kR16Rows && A.block == fast_act_block(W.type) &&
+           A.cols == W.cols);
   switch (W.type) {
+    case DType::Q4_K: q4k_rows(W, A, Y, ldy, rb, re); break;
     case DType::Q4_0: fast_rows<DType::Q4_0>(W, A, Y, ldy, rb, re); break;
     case DType::Q4_1: fast_rows<DType::Q4_1>(W, A, Y, ldy, rb, re); break;
     case DType::Q5_0: fast_rows<DType::Q5_0>(W, A, Y, ldy, rb, re); break;

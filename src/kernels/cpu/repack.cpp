@@ -55,21 +55,72 @@ void block_codes(DType t, const uint8_t* b, uint8_t code[32], uint8_t high[32], 
 
 }  // namespace
 
-bool r16_supports(DType t) { return format_kernels(t).r16; }
+bool r16_supports(DType t) { return format_kernels(t).r16 != 0; }
+bool r16_supports(DType t, Numerics numerics) {
+  return (format_kernels(t).r16 & (numerics == Numerics::Fast ? kR16Fast : kR16Exact)) != 0;
+}
 
-size_t r16_code_bytes(DType t) { return t == DType::Q8_0 ? 512 : 256; }
+size_t r16_code_bytes(DType t) { return t == DType::Q4_K ? 2048 : t == DType::Q8_0 ? 512 : 256; }
 size_t r16_bit_bytes(DType t) { return t == DType::Q5_0 ? 64 : 0; }
-size_t r16_min_bytes(DType t) { return t == DType::Q4_1 ? 2 * kR16Rows : 0; }
+size_t r16_scale_bytes(DType t) { return t == DType::Q4_K ? 2 * kR16Rows + 8 * kR16Rows : 2 * kR16Rows; }
+size_t r16_min_bytes(DType t) {
+  return t == DType::Q4_K ? 2 * kR16Rows + 8 * kR16Rows : t == DType::Q4_1 ? 2 * kR16Rows : 0;
+}
 
 size_t r16_group_bytes(DType t, int64_t cols) {
-  return (size_t)(cols / 32) * (r16_code_bytes(t) + r16_bit_bytes(t) + 2 * kR16Rows + r16_min_bytes(t));
+  return (size_t)(cols / dtype_traits(t).block_size) *
+         (r16_code_bytes(t) + r16_bit_bytes(t) + r16_scale_bytes(t) + r16_min_bytes(t));
 }
 
 size_t r16_packed_bytes(const MatView& W) { return (size_t)(W.rows / kR16Rows) * r16_group_bytes(W.type, W.cols); }
 
+namespace {
+
+// Q4_K (repack.h): super-block k of the group's sixteen rows.
+void pack_q4_k_block(const MatView& W, int64_t row0, int64_t k, uint8_t* codes, uint8_t* scales, uint8_t* mins) {
+  const size_t bb = dtype_traits(W.type).block_bytes;
+  std::memset(codes, 0, 2048);
+  for (int r = 0; r < kR16Rows; ++r) {
+    const uint8_t* b = W.row(row0 + r) + (size_t)k * bb;
+    std::memcpy(scales + 2 * r, b, 2);
+    uint16_t dmin;
+    std::memcpy(&dmin, b + 2, 2);
+    dmin ^= 0x8000;  // -dmin, exactly
+    std::memcpy(mins + 2 * r, &dmin, 2);
+    for (int j = 0; j < 8; ++j) {
+      int sc, m;
+      k_scale_min(b + 4, j, sc, m);
+      scales[2 * kR16Rows + kR16Rows * j + r] = (uint8_t)sc;
+      mins[2 * kR16Rows + 64 * (j / 4) + 4 * r + j % 4] = (uint8_t)m;
+      const uint8_t* q = b + 16 + 32 * (j / 2);
+      uint8_t* c = codes + 256 * j;
+      for (int i = 0; i < 32; ++i) {
+        const uint8_t v = (uint8_t)(j % 2 ? q[i] >> 4 : q[i] & 0x0f);
+        const int L = i / 4;
+        c[64 * (L % 4) + 4 * r + i % 4] |= (uint8_t)(v << (L < 4 ? 0 : 4));
+      }
+    }
+  }
+}
+
+}  // namespace
+
 void r16_pack(const MatView& W, uint8_t* dst) {
   MK_CHECK(r16_supports(W.type), "repack: no packed layout for {}", dtype_traits(W.type).name);
-  MK_CHECK(W.cols % 32 == 0, "repack: {} columns is not a multiple of 32", W.cols);
+  MK_CHECK(W.cols % dtype_traits(W.type).block_size == 0, "repack: {} columns is not a multiple of {}", W.cols,
+           dtype_traits(W.type).block_size);
+  if (W.type == DType::Q4_K) {
+    const int64_t nb = W.cols / 256;
+    for (int64_t g = 0; g < W.rows / kR16Rows; ++g) {
+      uint8_t* codes = dst + (size_t)g * r16_group_bytes(W.type, W.cols);
+      uint8_t* scales = codes + (size_t)nb * 2048;
+      uint8_t* mins = scales + (size_t)nb * r16_scale_bytes(W.type);
+      for (int64_t k = 0; k < nb; ++k)
+        pack_q4_k_block(W, g * kR16Rows, k, codes + (size_t)k * 2048, scales + (size_t)k * r16_scale_bytes(W.type),
+                        mins + (size_t)k * r16_min_bytes(W.type));
+    }
+    return;
+  }
   const int64_t nb = W.cols / 32, groups = W.rows / kR16Rows;
   const size_t cb = r16_code_bytes(W.type), hb = r16_bit_bytes(W.type), bb = dtype_traits(W.type).block_bytes;
   const bool q8 = W.type == DType::Q8_0;
@@ -119,8 +170,9 @@ bool repack_enabled() {
   return on;
 }
 
-MatView PackedWeights::pack(const MatView& W) {
-  if (!repack_enabled() || !r16_supports(W.type) || W.rows < kR16Rows || W.cols % 32 != 0 || W.data == nullptr)
+MatView PackedWeights::pack(const MatView& W, Numerics numerics) {
+  if (!repack_enabled() || !r16_supports(W.type, numerics) || W.rows < kR16Rows ||
+      W.cols % dtype_traits(W.type).block_size != 0 || W.data == nullptr)
     return W;
   MatView out = W;
   const Key key{W.data, W.type, W.rows, W.cols};

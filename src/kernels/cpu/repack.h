@@ -1,6 +1,7 @@
 // Weights repacked at load for the AVX-512 VNNI row-interleaved kernels
 // (qmatmul_r16_evex_avx2.cpp), which both numerics modes use on hosts with
-// AVX512-VNNI for the formats r16_supports names.
+// AVX512-VNNI for the formats r16_supports names (Q4_K: the fast mode's
+// kernel only).
 //
 // Layout. Rows are taken in groups of sixteen; a matrix's first
 // 16 * floor(rows / 16) rows are packed (the rest are read from the original
@@ -19,8 +20,17 @@
 //           of row r's code at lane L, column i.
 //   scales: 16 f16 per block, row r's block scale (as stored).
 //   mins:   Q4_1 only: 16 f16 per block, row r's block min.
-// The packed bytes equal the original ones in number (same bandwidth), and
-// the results are those of the original layout bit for bit in each mode
+// Q4_K: a block is a 256-element super-block, its codes eight 32-element
+// sub-blocks of the nibble layout above (2048 bytes), except that lane L
+// holds the sub-block's columns 4L .. 4L+3 (the fast mode's 8-bit inputs
+// are then read as they lie). The scales run holds per super-block the 16
+// rows' d (f16) and then the 6-bit sub-block scales as bytes, [8][16] (sub-block
+// j's sixteen rows together); the mins run -dmin (f16, the sign flipped) and
+// the 6-bit mins as bytes in two vectors, byte 4r + i of vector v row r's
+// min of sub-block 4v + i. 2368 bytes per 16 rows and super-block against
+// 2304 in the original (2.8 % more: the scales and mins decoded to bytes).
+// The other formats' packed bytes equal the original ones in number (same
+// bandwidth). The results are those of the original layout bit for bit in each mode
 // (the kernels compute the modes' contracts, qmatmul.h / qmatmul_fast.h).
 #pragma once
 
@@ -38,15 +48,20 @@ namespace megakern {
 
 constexpr int64_t kR16Rows = 16;
 
+// Whether a format has a packed layout (for either mode), and whether the
+// packed kernel of one numerics mode takes it.
 bool r16_supports(DType t);
+bool r16_supports(DType t, Numerics numerics);
 // Bytes of one group's block in each run, and of the packed rows.
-size_t r16_code_bytes(DType t);   // 256 or 512
+size_t r16_code_bytes(DType t);   // 256, 512 or 2048 (Q4_K)
 size_t r16_bit_bytes(DType t);    // 64 (Q5_0) or 0
-size_t r16_min_bytes(DType t);    // 32 (Q4_1) or 0
+size_t r16_scale_bytes(DType t);  // 32, or 160 (Q4_K)
+size_t r16_min_bytes(DType t);    // 32 (Q4_1), 160 (Q4_K) or 0
 size_t r16_group_bytes(DType t, int64_t cols);
 size_t r16_packed_bytes(const MatView& W);
 // Writes the packed layout of W's first 16 * floor(rows / 16) rows to dst
-// (r16_packed_bytes(W) bytes). W.type must be supported, W.cols a multiple of 32.
+// (r16_packed_bytes(W) bytes). W.type must be supported, W.cols a multiple of
+// its block.
 void r16_pack(const MatView& W, uint8_t* dst);
 
 // The kernels on packed rows [rb, re) (re at most 16 * floor(rows / 16);
@@ -69,9 +84,10 @@ bool repack_enabled();
 // its data pointer and shape) and kept as long as the store. Thread-safe.
 class PackedWeights {
  public:
-  // W with `packed` set when W's format is supported, it has at least 16
-  // rows and repacking is enabled; W unchanged otherwise.
-  MatView pack(const MatView& W);
+  // W with `packed` set when the packed kernel of `numerics` takes W's
+  // format, W has at least 16 rows and repacking is enabled; W unchanged
+  // otherwise.
+  MatView pack(const MatView& W, Numerics numerics);
   // Bytes held by the packed copies.
   size_t bytes() const;
 
