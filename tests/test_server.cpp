@@ -602,6 +602,9 @@ void expect_long_prompt_mid_stream(const std::string& model_name) {
   so.max_rows = 4;
   so.n_ctx = 512;
   so.step_tokens = 12;
+  // The prompts run twice on purpose: the second time must be computed again
+  // (in chunks), not taken from the rows' held prefixes.
+  so.prefix_cache = false;
   server::Scheduler sched(*m, pool, so);
   const Tokenizer& tok = m->tokenizer();
   std::ifstream in(std::string(MEGAKERN_SOURCE_DIR) + "/bench/data/gpl-3.0.txt", std::ios::binary);
