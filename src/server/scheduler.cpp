@@ -13,6 +13,11 @@
 
 namespace megakern::server {
 
+namespace {
+// Echo with logprobs: every prompt row's logits are wanted.
+bool scores_prompt(const GenRequest& r) { return r.echo && r.logprobs >= 0; }
+}  // namespace
+
 // ---- Job ---------------------------------------------------------------------
 
 Job::Update Job::take(std::chrono::milliseconds timeout) {
@@ -264,7 +269,7 @@ void Scheduler::take_queued() {
       std::shared_ptr<Job> job = std::move(queue_.front());
       queue_.pop_front();
       const GenRequest& req = job->request;
-      if (req.max_tokens == 0 && !(req.echo && req.logprobs >= 0)) {
+      if (req.max_tokens == 0 && !scores_prompt(req)) {
         // Echo alone: the text is the prompt, nothing to compute.
         ++stats_.finished_length;
         nothing_to_compute.push_back(std::move(job));
@@ -285,7 +290,7 @@ int Scheduler::reusable(SeqId id, int slot) const {
   const auto it = std::find_if(admitting_.begin(), admitting_.end(), [&](const auto& a) { return a.first == id; });
   if (it == admitting_.end()) return 0;
   const GenRequest& req = it->second->request;
-  if (req.echo && req.logprobs >= 0) return 0;  // scoring wants every prompt row's logits
+  if (scores_prompt(req)) return 0;
   const auto& p = req.prompt;
   const size_t n = std::min(row.held.size(), p.size());
   const size_t same =
@@ -311,7 +316,7 @@ void Scheduler::start(BatchRow& s, int reused) {
   s.held.resize(static_cast<size_t>(reused));
   if (reused > 0) s.job->set_cached_tokens(reused);
   s.sampler = std::make_unique<Sampler>(req.sampling);
-  s.score = req.echo && req.logprobs >= 0;
+  s.score = scores_prompt(req);
   s.prompt_logprobs.clear();
   if (s.score) {
     TokenLogprob first;
@@ -369,13 +374,13 @@ std::vector<SeqId> Scheduler::run_step(const StepPlan& plan) {
     engine_->step(rows, logits_.data());
   } catch (const std::exception& e) {
     // What the failed step wrote is unknown: these states hold nothing.
-    for (BatchRow* s : decode_rows) s->held.clear();
-    for (auto& [s, c] : chunks) s->held.clear();
     for (BatchRow* s : decode_rows) {
+      s->held.clear();
       finished.push_back(s->id);
       release(*s, FinishReason::Error, fmt::format("decode step failed: {}", e.what()));
     }
     for (auto& [s, c] : chunks) {
+      s->held.clear();
       finished.push_back(s->id);
       release(*s, FinishReason::Error, fmt::format("prefill failed: {}", e.what()));
     }
