@@ -657,6 +657,76 @@ void expect_long_prompt_mid_stream(const std::string& model_name) {
 TEST(ServerScheduler, LongPromptMidStreamKeepsEveryOutputDense) { expect_long_prompt_mid_stream("dense-mini"); }
 TEST(ServerScheduler, LongPromptMidStreamKeepsEveryOutputRecurrent) { expect_long_prompt_mid_stream("qwen3.8-mini"); }
 
+// A chat's turns on one scheduler with prefix caching: each turn's prompt is
+// the last turn's prompt, its answer and a new message, so it starts in the
+// row the last turn left, on every position that row computed (the prompt
+// and all answer tokens but the last, which was sampled and never fed), and
+// an unrelated request in between takes the other row and leaves it. Every
+// output equals that of a scheduler that computes each prompt in full. A
+// recurrent model (no state snapshots) reuses nothing and says so.
+void expect_multi_turn_reuse(const std::string& model_name, bool reuses) {
+  auto m = load_model(model_name);
+  ThreadPool pool(2);
+  server::SchedulerOptions so;
+  so.max_rows = 2;
+  so.n_ctx = 512;
+  server::Scheduler cached(*m, pool, so);
+  so.prefix_cache = false;
+  server::Scheduler full(*m, pool, so);
+  const Tokenizer& tok = m->tokenizer();
+  auto req = [](const std::vector<int32_t>& prompt) {
+    server::GenRequest r;
+    r.prompt = prompt;
+    r.max_tokens = 10;
+    r.sampling.temperature = 0;
+    r.ignore_eos = true;
+    r.logprobs = 0;  // the generated token ids come back with their entries
+    return r;
+  };
+  auto run = [&](server::Scheduler& s, const std::vector<int32_t>& prompt) {
+    auto job = s.submit(req(prompt));
+    EXPECT_NE(job, nullptr);
+    return job->wait_all();
+  };
+  auto ids = [](const server::Job::Update& u) {
+    std::vector<int32_t> t;
+    for (const auto& e : u.logprobs) t.push_back(e.token);
+    return t;
+  };
+  std::vector<int32_t> prompt = tok.encode("The first turn of a chat", tok.add_bos_default(), false);
+  std::vector<int32_t> held;  // what the conversation's row computed last
+  for (int turn = 0; turn < 3; ++turn) {
+    const auto before = cached.stats();
+    const auto a = run(cached, prompt);
+    const auto b = run(full, prompt);
+    ASSERT_TRUE(a.error.empty()) << a.error;
+    EXPECT_EQ(a.text, b.text) << model_name << ": turn " << turn;
+    const std::vector<int32_t> answer = ids(a);
+    ASSERT_EQ(answer.size(), 10u);
+    EXPECT_EQ(answer, ids(b)) << model_name << ": turn " << turn;
+    const auto after = cached.stats();
+    const int expect = reuses && turn > 0 ? static_cast<int>(held.size()) : 0;
+    EXPECT_EQ(a.usage.cached_tokens, expect) << model_name << ": turn " << turn;
+    EXPECT_EQ(b.usage.cached_tokens, 0);
+    EXPECT_EQ(after.prefix_hits - before.prefix_hits, expect > 0 ? 1u : 0u) << model_name << ": turn " << turn;
+    EXPECT_EQ(after.prefix_tokens - before.prefix_tokens, static_cast<uint64_t>(expect));
+    EXPECT_EQ(after.prefix_lookup_tokens - before.prefix_lookup_tokens, prompt.size());
+    held = prompt;
+    held.insert(held.end(), answer.begin(), answer.end() - 1);
+    // An unrelated request between the turns (sharing no first token with
+    // anything held).
+    const char* unrelated[] = {"Numbers: 1 2 3", "xyz", "Quick brown fox"};
+    const auto other = run(cached, tok.encode(unrelated[turn], tok.add_bos_default(), false));
+    EXPECT_EQ(other.usage.cached_tokens, 0) << model_name << ": turn " << turn;
+    prompt.insert(prompt.end(), answer.begin(), answer.end());
+    const std::vector<int32_t> next = tok.encode(" and then the next message", false, false);
+    prompt.insert(prompt.end(), next.begin(), next.end());
+  }
+}
+
+TEST(ServerScheduler, MultiTurnChatReusesTheHeldPrefixDense) { expect_multi_turn_reuse("dense-mini", true); }
+TEST(ServerScheduler, MultiTurnChatReusesNothingRecurrent) { expect_multi_turn_reuse("qwen3.8-mini", false); }
+
 // --step-tokens that no step can have, or too few for a full decode batch
 // and a prompt chunk beside it, stop the start with the reason.
 TEST(ServerCli, AbsurdStepTokensAreRefusedAtStartup) {

@@ -241,6 +241,81 @@ TEST(StepPolicy, RemovedSequencesFreeTheirSlotsEvenMidStep) {
   EXPECT_EQ(p.free_slots(), 1);
 }
 
+// Prefix caching at admission: the free slot holding most of the prompt
+// wins, ties (and nothing held anywhere) go to the slot released longest
+// ago; a reuse leaves the prompt's last position to compute and, with a
+// prompt block, is whole blocks; the first chunk starts after it.
+TEST(StepPolicy, PrefixReuseTakesTheSlotHoldingMostOfThePrompt) {
+  StepPolicy p(opts(3, 16));
+  for (SeqId id = 1; id <= 3; ++id) p.add(id, 1);
+  StepPlan s = p.schedule();
+  ASSERT_EQ(s.admitted.size(), 3u);  // slots 0, 1, 2
+  p.postprocess(s, {});
+  // Released in the order slot 1, slot 2, slot 0.
+  p.postprocess(p.schedule(), {2});
+  p.postprocess(p.schedule(), {3});
+  p.postprocess(p.schedule(), {1});
+  std::map<int, int> held;  // slot -> positions of the next prompt it holds
+  const StepPolicy::Reuse reuse = [&](SeqId, int slot) { return held.count(slot) ? held[slot] : 0; };
+  auto admit = [&](SeqId id, int prompt_len) {
+    p.add(id, prompt_len);
+    const StepPlan plan = p.schedule(reuse);
+    EXPECT_EQ(plan.admitted.size(), 1u);
+    return plan;
+  };
+  // Slots 2 and 0 hold 6 positions, slot 1 holds 3: of the two with 6, slot
+  // 2 was released first.
+  held = {{0, 6}, {1, 3}, {2, 6}};
+  s = admit(10, 10);
+  EXPECT_EQ(s.admitted[0].slot, 2);
+  EXPECT_EQ(s.admitted[0].reused, 6);
+  EXPECT_EQ(p.cached(10), 6);
+  ASSERT_EQ(s.prefill.size(), 1u);
+  EXPECT_EQ(s.prefill[0].begin, 6);
+  EXPECT_EQ(s.prefill[0].n, 4);
+  EXPECT_TRUE(s.prefill[0].last);
+  p.postprocess(s, {10});  // slot 2 is now the most recently released
+  // Nothing held anywhere: the slot released longest ago (1).
+  held.clear();
+  s = admit(11, 5);
+  EXPECT_EQ(s.admitted[0].slot, 1);
+  EXPECT_EQ(s.admitted[0].reused, 0);
+  EXPECT_EQ(s.prefill[0].begin, 0);
+  p.postprocess(s, {11});
+  // A slot holding the whole prompt (or more): all but its last position.
+  held = {{2, 40}};
+  s = admit(12, 8);
+  EXPECT_EQ(s.admitted[0].slot, 2);
+  EXPECT_EQ(s.admitted[0].reused, 7);
+  ASSERT_EQ(s.prefill.size(), 1u);
+  EXPECT_EQ(s.prefill[0].begin, 7);
+  EXPECT_EQ(s.prefill[0].n, 1);
+  p.postprocess(s, {12});
+  // A negative answer from the callback is an internal error.
+  held = {{0, -1}};
+  p.add(13, 4);
+  EXPECT_ANY_THROW(p.schedule(reuse));
+
+  // With a prompt block of 4, a held 7 counts as 4, and 3 as none: the
+  // slot holding 7 wins over the one holding 3 (and the one released
+  // longest ago) only by its whole block.
+  StepPolicy q(opts(2, 12, 4));
+  q.add(1, 1);
+  q.add(2, 1);
+  StepPlan t = q.schedule();
+  q.postprocess(t, {1, 2});  // both slots free, slot 0 released first
+  const StepPolicy::Reuse blocks = [](SeqId, int slot) { return slot == 1 ? 7 : 3; };
+  q.add(3, 9);
+  t = q.schedule(blocks);
+  ASSERT_EQ(t.admitted.size(), 1u);
+  EXPECT_EQ(t.admitted[0].slot, 1);
+  EXPECT_EQ(t.admitted[0].reused, 4);
+  ASSERT_EQ(t.prefill.size(), 1u);
+  EXPECT_EQ(t.prefill[0].begin, 4);
+  EXPECT_EQ(t.prefill[0].n, 4);
+  q.postprocess(t, {});
+}
+
 TEST(StepPolicy, CallsOutOfOrderAreInternalErrors) {
   StepPolicy p(opts(2, 8));
   p.add(1, 2);
