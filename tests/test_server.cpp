@@ -1383,6 +1383,52 @@ TEST(ServerHttp, BenchServeMeasuresAStreamingLoad) {
   EXPECT_NE(out.find("TTFT ms"), std::string::npos) << out;
 }
 
+// Conversations: every turn sends the history with the answers as received;
+// with prefix caching the server reports the later turns' prompts as mostly
+// cached (all the earlier turn's positions that its row computed and that
+// the rendered history repeats), without it none.
+TEST(ServerHttp, BenchServeConversationsReportCachedTurns) {
+  if (test_model_path("smollm2-135m").empty()) GTEST_SKIP() << "models/smollm2-135m.gguf not fetched";
+  for (bool cache : {true, false}) {
+    auto so = opts(2, 1024);
+    so.prefix_cache = cache;
+    TestServer s(test_model_path("smollm2-135m"), so);
+    server::BenchOptions o;
+    o.url = fmt::format("http://127.0.0.1:{}", s.port);
+    o.chat = true;
+    o.concurrency = 2;
+    o.requests = 2;
+    o.turns = 3;
+    o.output_len = 6;
+    const auto sum = server::run_bench(o);
+    ASSERT_EQ(sum.ok, 6) << sum.first_error;
+    ASSERT_EQ(sum.requests.size(), 6u);
+    for (size_t i = 0; i < sum.requests.size(); ++i) {
+      const auto& r = sum.requests[i];
+      EXPECT_EQ(r.turn, static_cast<int>(i % 3));
+      if (i % 3 > 0) EXPECT_GT(r.prompt_tokens, sum.requests[i - 1].prompt_tokens + 6);  // the history grew
+      if (!cache || r.turn == 0) {
+        EXPECT_EQ(r.cached_tokens, 0) << "request " << i << " cache " << cache;
+      } else {
+        // At least the previous turn's prompt (its answer re-rendered may differ in its tokens).
+        EXPECT_GE(r.cached_tokens, sum.requests[i - 1].prompt_tokens - 1) << "request " << i;
+        EXPECT_LT(r.cached_tokens, r.prompt_tokens);
+      }
+    }
+    EXPECT_GT(sum.later_prompt_tokens, 0);
+    if (cache) EXPECT_GT(sum.later_cached_tokens, 0.5 * sum.later_prompt_tokens);
+    else EXPECT_EQ(sum.later_cached_tokens, 0);
+  }
+  server::BenchOptions bad;
+  bad.turns = 2;  // without chat
+  try {
+    server::run_bench(bad);
+    FAIL() << "accepted --turns without --chat";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--turns 2 needs --chat"), std::string::npos) << e.what();
+  }
+}
+
 TEST(ServerHttp, SmolLM2ChatsOverHttp) {
   if (test_model_path("smollm2-135m").empty()) GTEST_SKIP() << "models/smollm2-135m.gguf not fetched";
   TestServer s(test_model_path("smollm2-135m"), opts(2, 1024));

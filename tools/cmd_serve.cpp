@@ -183,12 +183,20 @@ void register_bench_serve(CLI::App& app) {
   cmd->add_option("--api-key", o->api_key, "API key, when the server wants one");
   cmd->add_option("--model", o->model, "Value of the request's 'model' field (default: none sent)");
   cmd->add_flag("--chat", o->chat, "Use /v1/chat/completions (the prompt as one user message)");
+  cmd->add_option("--turns", o->turns,
+                  "With --chat: each request a conversation of this many turns, every turn sending the history "
+                  "(the answers received and --follow-up after each); later turns' TTFT and cached tokens are "
+                  "reported apart")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000));
+  cmd->add_option("--follow-up", o->follow_up, "With --turns: the user message of every turn after the first")
+      ->capture_default_str();
   cmd->callback([o] {
     run_guarded([&] {
       const auto s = server::run_bench(*o);
       fmt::print("{}", server::format_summary(*o, s));
       std::fflush(stdout);
-      if (s.failed > 0) fail("{} of {} requests failed", s.failed, o->requests);
+      if (s.failed > 0) fail("{} of {} requests failed", s.failed, o->requests * o->turns);
     });
   });
 }

@@ -25,13 +25,14 @@ double ms_between(Clock::time_point a, Clock::time_point b) {
 
 // One streamed request: events are split at blank lines as they arrive, the
 // first one with text marks the first token, the usage chunk gives the count.
-BenchRequest one_request(httplib::Client& cli, const BenchOptions& o) {
+// `messages`: the chat history to send (chat), else the prompt is sent.
+BenchRequest one_request(httplib::Client& cli, const BenchOptions& o, const json& messages) {
   json body = {{"max_tokens", o.output_len}, {"temperature", 0},
                {"stream", true},            {"stream_options", {{"include_usage", true}}},
                {"ignore_eos", true}};
   if (!o.model.empty()) body["model"] = o.model;
   if (o.chat)
-    body["messages"] = json::array({{{"role", "user"}, {"content", o.prompt}}});
+    body["messages"] = messages;
   else
     body["prompt"] = o.prompt;
 
@@ -62,7 +63,13 @@ BenchRequest one_request(httplib::Client& cli, const BenchOptions& o) {
       const json j = json::parse(payload, nullptr, false);
       if (j.is_discarded()) continue;
       if (j.contains("error")) r.error = j["error"].value("message", "error event");
-      if (j.contains("usage") && j["usage"].is_object()) r.output_tokens = j["usage"].value("completion_tokens", 0);
+      if (j.contains("usage") && j["usage"].is_object()) {
+        const json& u = j["usage"];
+        r.output_tokens = u.value("completion_tokens", 0);
+        r.prompt_tokens = u.value("prompt_tokens", 0);
+        if (u.contains("prompt_tokens_details") && u["prompt_tokens_details"].is_object())
+          r.cached_tokens = u["prompt_tokens_details"].value("cached_tokens", 0);
+      }
       if (!j.contains("choices") || j["choices"].empty()) continue;
       const json& c = j["choices"][0];
       std::string text;
@@ -70,6 +77,7 @@ BenchRequest one_request(httplib::Client& cli, const BenchOptions& o) {
       if (c.contains("delta") && c["delta"].contains("content") && c["delta"]["content"].is_string())
         text = c["delta"]["content"];
       if (text.empty()) continue;
+      r.text += text;
       const auto now = Clock::now();
       if (!got_first) {
         got_first = true;
@@ -120,6 +128,8 @@ BenchSummary run_bench(const BenchOptions& o) {
   if (o.concurrency < 1) fail("--concurrency must be at least 1, got {}", o.concurrency);
   if (o.requests < 1) fail("--requests must be at least 1, got {}", o.requests);
   if (o.output_len < 1) fail("--output-len must be at least 1, got {}", o.output_len);
+  if (o.turns < 1) fail("--turns must be at least 1, got {}", o.turns);
+  if (o.turns > 1 && !o.chat) fail("--turns {} needs --chat (a conversation is a chat)", o.turns);
   if (o.url.rfind("http://", 0) != 0 && o.url.rfind("https://", 0) != 0)
     fail("--url must start with http:// or https://, got '{}'", o.url);
   {
@@ -127,7 +137,7 @@ BenchSummary run_bench(const BenchOptions& o) {
     if (!probe.is_valid()) fail("--url '{}' is not a URL this client can use", o.url);
   }
   BenchSummary s;
-  s.requests.resize(static_cast<size_t>(o.requests));
+  s.requests.resize(static_cast<size_t>(o.requests) * static_cast<size_t>(o.turns));
   std::atomic<int> next{0};
   const auto t0 = Clock::now();
   std::vector<std::thread> workers;
@@ -137,22 +147,50 @@ BenchSummary run_bench(const BenchOptions& o) {
       cli.set_read_timeout(o.timeout_s, 0);
       cli.set_write_timeout(o.timeout_s, 0);
       cli.set_keep_alive(true);
-      for (int i; (i = next.fetch_add(1)) < o.requests;) s.requests[static_cast<size_t>(i)] = one_request(cli, o);
+      // Conversation i's turns are requests i * turns ... in order; a
+      // failed turn ends its conversation (the later ones stay not ok).
+      for (int i; (i = next.fetch_add(1)) < o.requests;) {
+        json messages = json::array({{{"role", "user"}, {"content", o.prompt}}});
+        for (int t = 0; t < o.turns; ++t) {
+          BenchRequest& r = s.requests[static_cast<size_t>(i) * static_cast<size_t>(o.turns) + static_cast<size_t>(t)];
+          r = one_request(cli, o, messages);
+          r.turn = t;
+          if (!r.ok) break;
+          messages.push_back({{"role", "assistant"}, {"content", r.text}});
+          messages.push_back({{"role", "user"}, {"content", o.follow_up}});
+        }
+      }
     });
   }
   for (auto& t : workers) t.join();
   s.wall_s = std::chrono::duration<double>(Clock::now() - t0).count();
-  std::vector<double> ttft, tpot;
+  std::vector<double> ttft, tpot, first_ttft, later_ttft;
+  double later_prompt = 0, later_cached = 0;
   for (const auto& r : s.requests) {
     if (!r.ok) {
       ++s.failed;
-      if (s.first_error.empty()) s.first_error = r.error;
+      if (s.first_error.empty()) s.first_error = r.error.empty() ? "an earlier turn of its conversation failed" : r.error;
       continue;
     }
     ++s.ok;
     s.output_tokens += r.output_tokens;
     ttft.push_back(r.ttft_ms);
     if (r.output_tokens > 1) tpot.push_back(r.tpot_ms);
+    if (r.turn == 0) {
+      first_ttft.push_back(r.ttft_ms);
+    } else {
+      later_ttft.push_back(r.ttft_ms);
+      later_prompt += r.prompt_tokens;
+      later_cached += r.cached_tokens;
+    }
+  }
+  s.first_ttft_mean = mean(first_ttft);
+  s.first_ttft_p50 = percentile(first_ttft, 50);
+  s.later_ttft_mean = mean(later_ttft);
+  s.later_ttft_p50 = percentile(later_ttft, 50);
+  if (!later_ttft.empty()) {
+    s.later_prompt_tokens = later_prompt / static_cast<double>(later_ttft.size());
+    s.later_cached_tokens = later_cached / static_cast<double>(later_ttft.size());
   }
   s.ttft_mean = mean(ttft);
   s.ttft_p50 = percentile(ttft, 50);
@@ -167,9 +205,15 @@ BenchSummary run_bench(const BenchOptions& o) {
 std::string format_summary(const BenchOptions& o, const BenchSummary& s) {
   std::string out = fmt::format("bench-serve {} | {} requests | concurrency {} | output {} tokens | {}\n", o.url,
                                 o.requests, o.concurrency, o.output_len, o.chat ? "chat" : "completions");
+  if (o.turns > 1) out += fmt::format("conversations of {} turns (each a request)\n", o.turns);
   out += fmt::format("requests: {} ok, {} failed in {:.2f} s ({:.2f} req/s)\n", s.ok, s.failed, s.wall_s,
                      s.wall_s > 0 ? s.ok / s.wall_s : 0.0);
   out += fmt::format("TTFT ms: mean {:.1f}  p50 {:.1f}  p90 {:.1f}\n", s.ttft_mean, s.ttft_p50, s.ttft_p90);
+  if (o.turns > 1) {
+    out += fmt::format("TTFT ms, first turns: mean {:.1f}  p50 {:.1f}\n", s.first_ttft_mean, s.first_ttft_p50);
+    out += fmt::format("TTFT ms, later turns: mean {:.1f}  p50 {:.1f}  (prompt {:.1f} tokens, of them cached {:.1f})\n",
+                       s.later_ttft_mean, s.later_ttft_p50, s.later_prompt_tokens, s.later_cached_tokens);
+  }
   out += fmt::format("TPOT ms: mean {:.2f}  p50 {:.2f}  p90 {:.2f}\n", s.tpot_mean, s.tpot_p50, s.tpot_p90);
   out += fmt::format("output: {} tokens, {:.1f} tokens/s aggregate\n", s.output_tokens, s.tokens_per_s);
   if (!s.first_error.empty()) out += fmt::format("first error: {}\n", s.first_error);

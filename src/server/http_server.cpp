@@ -119,6 +119,7 @@ class JobSource : public ResponseSource {
     for (const auto& c : choices_) {
       total.prompt_tokens += c.last.usage.prompt_tokens;
       total.completion_tokens += c.last.usage.completion_tokens;
+      total.cached_tokens += c.last.usage.cached_tokens;
     }
     return total;
   }
