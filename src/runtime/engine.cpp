@@ -95,7 +95,6 @@ void Engine::prefill(SequenceState& seq, const int32_t* tokens, int n, int pos0,
   if (n <= 0) fail("prefill of {} tokens: nothing to compute", n);
   if (pos0 < 0 || static_cast<int64_t>(pos0) + n > seq.n_ctx())
     fail("prefill of {} tokens at position {} does not fit the context of {} tokens", n, pos0, seq.n_ctx());
-  if (!taps && model_.prompt_forward(pool_, seq, tokens, n, pos0, logits)) return;
   const size_t V = static_cast<size_t>(n_vocab());
   std::vector<RowInput> rows;
   auto rows_of = [&](int i, int m) {

@@ -58,13 +58,13 @@ class Engine {
   // of every row, [rows.size()][tap_width()].
   void step(const std::vector<RowInput>& rows, float* logits, float* taps = nullptr);
   // Computes tokens[0..n) of seq at positions pos0.., writing the logits of
-  // the last one: the model's batched prompt pass when it has one, else
-  // executor steps over blocks of prefill_rows() positions. Blocks whose
+  // the last one, by executor steps over blocks of prefill_rows() positions
+  // (every model's prompts go through its decode program). Blocks whose
   // logits are not needed run the program without its output head (the
   // trailing ops after the last layer), which updates caches and states
   // exactly as the full program does. With `taps`, the taps of every
-  // position, [n][tap_width()] (always by steps of the full program in blocks
-  // of max_rows: the batched prompt pass has no taps).
+  // position, [n][tap_width()] (by steps of the full program in blocks of
+  // max_rows).
   void prefill(SequenceState& seq, const int32_t* tokens, int n, int pos0, float* logits, float* taps = nullptr);
   // Teacher forcing: computes tokens[0..n) of seq at positions pos0..,
   // writing the logits of the last n_out positions, [n_out][n_vocab]. With

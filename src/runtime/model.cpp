@@ -33,7 +33,6 @@ DecodeProgram Model::build_program(int max_rows) const {
 
 size_t Model::packed_weight_bytes() const { return packed_->bytes(); }
 
-bool Model::prompt_forward(ThreadPool&, SequenceState&, const int32_t*, int, int, float*) const { return false; }
 bool Model::prompt_forward_logits(ThreadPool&, SequenceState&, const int32_t*, int, int, int, float*) const {
   return false;
 }

@@ -71,12 +71,6 @@ class Model {
   // The zeroed state of a new sequence of up to n_ctx positions, shaped by
   // the model's program (ir/sequence_state.h).
   SequenceState new_sequence(int n_ctx) const { return make_sequence_state(shape_, n_ctx, ring_block_); }
-  // A model's own prompt pass: computes tokens[0..n) of seq at positions
-  // pos0.., writing the logits of the last one. Returns false when the model
-  // has none (every model here: prompts go through the decode program, see
-  // Engine::prefill); the engine then prefills with executor steps.
-  virtual bool prompt_forward(ThreadPool& pool, SequenceState& seq, const int32_t* tokens, int n, int pos0,
-                              float* logits) const;
   // Teacher forcing (dense models): computes tokens[0..n) of seq at
   // positions pos0.., writing the logits of the last n_out positions,
   // [n_out][n_vocab], each the same bits as an executor step computing that

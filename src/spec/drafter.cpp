@@ -167,7 +167,7 @@ ModelDrafter::ModelDrafter(const Model& draft, int target_vocab, ThreadPool& poo
 
 ModelDrafter::ModelDrafter(const Model& model, const std::vector<bool>& keep, ThreadPool& pool, int n_ctx,
                            const SamplingParams& sampling, const std::string& executor)
-    : model_(model), full_model_(false), sampling_(sampling), sampler_(sampling), rng_(sampling.seed ^ 0x5eedd4af7ull) {
+    : model_(model), sampling_(sampling), sampler_(sampling), rng_(sampling.seed ^ 0x5eedd4af7ull) {
   program_ = skip_layers(model.build_program(model.recurrent() ? 1 : 32), keep);
   const int kept = static_cast<int>(std::count(keep.begin(), keep.end(), true));
   name_ = fmt::format("self ({} of {} layers)", kept, program_.n_layer);
@@ -190,7 +190,6 @@ void ModelDrafter::reset() {
 
 void ModelDrafter::feed(const int32_t* tokens, int n, int pos0) {
   if (n <= 0) return;
-  if (full_model_ && n > 1 && model_.prompt_forward(*pool_, seq_, tokens, n, pos0, logits_.data())) return;
   const int block = program_.max_rows;
   const size_t V = static_cast<size_t>(program_.n_vocab);
   block_logits_.resize(static_cast<size_t>(block) * V);

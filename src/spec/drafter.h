@@ -184,7 +184,6 @@ class ModelDrafter final : public Drafter {
 
   const Model& model_;
   std::string name_;
-  bool full_model_ = true;  // the model's own program: its prompt pass may be used
   DecodeProgram program_;
   std::unique_ptr<Executor> exec_;
   SequenceState seq_;
