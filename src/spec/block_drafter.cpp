@@ -48,6 +48,7 @@ std::string BlockDrafterConfig::to_json() const {
     j["aux_hidden_state_layer_ids"] = ids;
     j["mask_token_id"] = mask_token;
     j["markov_rank"] = markov_rank;
+    j["markov_top_m"] = markov_top_m;
     j["block_size"] = block;
     j["seed"] = seed;
     return j.dump(2) + "\n";
@@ -135,6 +136,7 @@ BlockDrafterConfig dspark_from_json(const nlohmann::json& j, const std::string& 
   c.mask_token = top.get_int("mask_token_id");
   c.markov_rank = top.get_int("markov_rank");
   if (j.contains("block_size")) c.block = top.get_int("block_size");
+  if (j.contains("markov_top_m")) c.markov_top_m = top.get_int("markov_top_m");
   if (j.contains("seed")) c.seed = j.at("seed").get<uint64_t>();
   c.validate();
   return c;
@@ -203,6 +205,7 @@ void BlockDrafterConfig::validate() const {
                     target_hidden));
   if (kind == BlockDrafterKind::DFlash && mask_token != -1) bad("a DFlash drafter has a learned mask embedding (mask_token -1)");
   if (window < 0) bad(fmt::format("window {} is negative", window));
+  if (markov_top_m < 0) bad(fmt::format("markov_top_m {} is negative", markov_top_m));
   if (kind == BlockDrafterKind::DFlash && markov_rank != 0) bad("a DFlash drafter has no Markov bias (markov_rank 0)");
   if (kind == BlockDrafterKind::DFlash && hidden != target_hidden)
     bad(fmt::format("a DFlash drafter shares the target's embedding and head, so hidden ({}) must equal the target's ({})",
@@ -595,9 +598,42 @@ void BlockDrafter::propose(const std::vector<int32_t>& context, int k, Draft& ou
   // by the one before it (the anchor for the first).
   const int n = std::min(c.block, k);
   block_logits(context, n, logits);
-  std::vector<float> bias(Vn);
   const size_t r = static_cast<size_t>(c.markov_rank);
   int32_t prev = context.back();
+  const int per = c.n_vocab / kMarkovShards;
+  if (c.markov_top_m > 0 && c.n_vocab % kMarkovShards == 0 && c.markov_top_m < per) {
+    // Candidates: the top markov_top_m base logits of each of the 32
+    // contiguous vocabulary slices (in slice order, each in descending order,
+    // ties to the lower id); the biased argmax is taken among them (the first
+    // of equal maxima), the bias computed for the candidates only.
+    const size_t m = static_cast<size_t>(c.markov_top_m);
+    std::vector<int32_t> cand, order(static_cast<size_t>(per));
+    for (int i = 0; i < n; ++i) {
+      const float* L = logits.data() + static_cast<size_t>(i) * Vn;
+      cand.clear();
+      for (int sh = 0; sh < kMarkovShards; ++sh) {
+        for (int j = 0; j < per; ++j) order[static_cast<size_t>(j)] = sh * per + j;
+        std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(m), order.end(),
+                          [&](int32_t a, int32_t b) { return L[a] > L[b] || (L[a] == L[b] && a < b); });
+        cand.insert(cand.end(), order.begin(), order.begin() + static_cast<std::ptrdiff_t>(m));
+      }
+      const float* e = w_.markov_w1.data() + static_cast<size_t>(prev) * r;
+      float best = -INFINITY;
+      int32_t pick = cand[0];
+      for (int32_t id : cand) {
+        const float v = L[id] + dot_f32(w_.markov_w2.data() + static_cast<size_t>(id) * r, e, static_cast<int64_t>(r));
+        if (v > best) {
+          best = v;
+          pick = id;
+        }
+      }
+      prev = pick;
+      out.tokens.push_back(prev);
+    }
+    return;
+  }
+  // Exact: the bias over the whole vocabulary.
+  std::vector<float> bias(Vn);
   for (int i = 0; i < n; ++i) {
     matmul(pool_, markov_w2_, w_.markov_w1.data() + static_cast<size_t>(prev) * r, 1, bias.data());
     float* L = logits.data() + static_cast<size_t>(i) * Vn;

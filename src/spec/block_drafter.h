@@ -27,7 +27,9 @@
 //    the logits of draft d_{k+1} at position N+k+1, B drafts per block. Its
 //    own embedding table [V][D] (the mask token is a vocabulary id) and LM
 //    head, and a rank-r Markov bias applied left to right:
-//    d_{k+1} = argmax(logits_k + W2 . W1[d_k]), d_0 = the anchor.
+//    d_{k+1} = argmax(logits_k + W2 . W1[d_k]), d_0 = the anchor, the
+//    argmax over the top markov_top_m base logits of each 32nd of the
+//    vocabulary (as the reference system runs it; 0: over all of it).
 //  - DFlash-style (ours): row k (k = 1..B-1) gives the logits of the token
 //    at position N+k, B-1 drafts; the target's own token embedding (with its
 //    embedding scale) and LM head, read from the target's program; a learned
@@ -64,6 +66,11 @@ class Model;
 class ThreadPool;
 
 enum class BlockDrafterKind { DSpark, DFlash };
+
+// The reference system shards the vocabulary over 32 ranks and keeps each
+// rank's top markov_top_m base logits as the candidates of the sequential
+// Markov step; the same 32 contiguous slices are used here.
+constexpr int kMarkovShards = 32;
 const char* block_drafter_kind_name(BlockDrafterKind k);
 
 struct BlockDrafterConfig {
@@ -79,6 +86,10 @@ struct BlockDrafterConfig {
   int markov_rank = 0;      // r (DSpark; 0 for DFlash)
   int mask_token = -1;      // DSpark: the vocabulary id whose embedding fills the mask rows (-1: DFlash)
   int window = 0;           // context positions a block attends to (the last `window`; 0: all)
+  // DSpark: Markov candidates per vocabulary slice (see kMarkovShards); 0,
+  // or a vocabulary that does not split into the slices: the exact argmax
+  // over the whole vocabulary. 16 as the reference system runs it.
+  int markov_top_m = 16;
   float rope_base = 10000.f;
   float eps = 1e-5f;
   uint64_t seed = 1;        // the synthetic weights' seed (informational once saved)
