@@ -22,7 +22,7 @@
 // max(0, N - window)..N-1 and, causally, to the block rows up to itself.
 // After the final norm:
 //
-//  - DSpark (the reference system's layout; see docs/SPECULATIVE.md): every
+//  - DSpark (the reference system's; docs/ARCHITECTURE.md): every
 //    slot predicts the position after its own, so row k (k = 0..B-1) gives
 //    the logits of draft d_{k+1} at position N+k+1, B drafts per block. Its
 //    own embedding table [V][D] (the mask token is a vocabulary id) and LM
