@@ -21,7 +21,19 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/error.h"
+
 namespace megakern {
+
+// The message of the megakern::Error that f throws, or "" when it throws none.
+inline std::string thrown_message(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
 
 inline std::string fixture_path(const std::string& name) {
   return std::string(MEGAKERN_SOURCE_DIR) + "/tests/fixtures/" + name;

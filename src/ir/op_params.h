@@ -188,9 +188,10 @@ struct MoeCombine : MoeExperts {};
 //   AttnResMix: out[r] = softmax-weighted mixture of blocks 0..n_blocks-1 of `in` ([blocks][H] per
 //               row): score_i = (v_i . query) * rsqrt(mean(v_i^2) + eps)
 //   AttnResAdd: block `block` of `out` ([blocks][H] per row) = in[r] (overwrite) or += in[r]
-//   Tap:        taps[r][offset .. + width(in)] = in[r]: copies a slot's rows into the buffer the
-//               caller gave the executor (Executor::set_tap_output), [rows][DecodeProgram::tap_width];
-//               no output slot (out = -1); a no-op when no buffer is set
+//   Tap:        taps[r][offset .. + w] = in[r][src .. + w] (w = width, or width(in) when 0): copies
+//               columns of a slot's rows into the buffer the caller gave the executor
+//               (Executor::set_tap_output), [rows][DecodeProgram::tap_width]; no output slot
+//               (out = -1); a no-op when no buffer is set
 // All are row-tiled: tile t is row t.
 struct AttnResMix {
   int n_blocks = 0;
@@ -203,6 +204,8 @@ struct AttnResAdd {
 };
 struct Tap {
   int offset = 0;
+  int src = 0;    // first column of `in` copied
+  int width = 0;  // columns copied (0: all of `in`)
 };
 
 }  // namespace ops

@@ -312,6 +312,8 @@ int add_taps(DecodeProgram& p, const std::vector<int>& layers) {
   struct Site {
     size_t before;
     int slot;
+    int src;    // first column of the slot copied
+    int width;  // columns copied
     int column;
   };
   std::vector<Site> sites;
@@ -323,12 +325,17 @@ int add_taps(DecodeProgram& p, const std::vector<int>& layers) {
       if (p.ops[k].layer == l) last = k;
     if (last == p.ops.size()) fail("layer {} of {} has no ops to tap after", l, p.model_name);
     if (last + 1 >= p.ops.size()) fail("layer {} of {} is the end of the program: no stream to tap", l, p.model_name);
+    const Op& end = p.ops[last];
     const Op& next = p.ops[last + 1];
     Site s{};
-    if (next.kind == OpKind::AttnResMix) {
-      // Attention residuals: the next layer's input is this mixture.
-      s.before = last + 2;
-      s.slot = next.out;
+    if (end.kind == OpKind::AttnResAdd) {
+      // Attention residuals: the running prefix of layer l's block, as its
+      // last sublayer left it (the raw block sum, not the next mixture).
+      const int H = p.slots[static_cast<size_t>(end.in)].width;
+      s.before = last + 1;
+      s.slot = end.out;
+      s.src = end.as<ops::AttnResAdd>().block * H;
+      s.width = H;
     } else {
       // The next op reads the stream (the next layer's input norm, or the
       // final norm after the last layer).
@@ -337,8 +344,10 @@ int add_taps(DecodeProgram& p, const std::vector<int>& layers) {
              op_kind_name(next.kind));
       s.before = last + 1;
       s.slot = next.in;
+      s.src = 0;
+      s.width = p.slots[static_cast<size_t>(s.slot)].width;
     }
-    const int w = p.slots[static_cast<size_t>(s.slot)].width;
+    const int w = s.width;
     if (width >= 0 && w != width) fail("{}: tapped streams differ in width ({} vs {})", p.model_name, width, w);
     width = w;
     s.column = static_cast<int>(i) * w;
@@ -355,7 +364,7 @@ int add_taps(DecodeProgram& p, const std::vector<int>& layers) {
     op.name = "tap";
     op.in = sites[i].slot;
     op.out = -1;
-    op.params = ops::Tap{sites[i].column};
+    op.params = ops::Tap{sites[i].column, sites[i].src, sites[i].width};
     p.ops.insert(p.ops.begin() + static_cast<std::ptrdiff_t>(sites[i].before), op);
   }
   p.tap_width = width * static_cast<int>(layers.size());

@@ -201,9 +201,12 @@ struct DecodeProgram {
 //    Spark's f32 stream "s") that the next layer's first op (or the final
 //    norm) reads, tapped right after layer l's last op;
 //  - Kimi K3's attention residuals keep no single stream slot: each layer
-//    reads a learned mixture of the block prefixes (AttnResMix). There the
-//    tap copies that mixture as the next layer computes it (for the last
-//    layer, the final mixture the output norm reads), right after that op.
+//    reads a learned mixture of the residual blocks (AttnResMix). There the
+//    tap copies the running prefix of layer l's block (the raw sum of the
+//    sublayer outputs of that block's layers up to l; the embedding is a
+//    block of its own) right after layer l's last sublayer adds to it. This
+//    is what the reference system's DSpark drafter is trained on (its layer
+//    id l + 1, "the stream entering layer l + 1").
 // Sets program.tap_width and returns the stream width H. Throws
 // megakern::Error on a layer out of range or a duplicate, or if the program
 // already has taps. Programs without taps are untouched by this.

@@ -47,9 +47,10 @@ void attn_res_add_tile(const Op& op, const StepContext& ctx, int r, int) {
 
 void tap_tile(const Op& op, const StepContext& ctx, int t, int) {
   if (!ctx.taps) return;
-  const int w = width_of(ctx, op.in);
-  std::memcpy(ctx.taps + static_cast<size_t>(t) * static_cast<size_t>(ctx.program->tap_width) + op.as<ops::Tap>().offset,
-              row_of(ctx, op.in, t), sizeof(float) * static_cast<size_t>(w));
+  const auto& a = op.as<ops::Tap>();
+  const int w = a.width > 0 ? a.width : width_of(ctx, op.in);
+  std::memcpy(ctx.taps + static_cast<size_t>(t) * static_cast<size_t>(ctx.program->tap_width) + a.offset,
+              row_of(ctx, op.in, t) + a.src, sizeof(float) * static_cast<size_t>(w));
 }
 
 }  // namespace
@@ -82,10 +83,13 @@ extern const OpInfo kAttnResAddOp = {
 extern const OpInfo kTapOp = {
     .name = "tap",
     .verify = [](const Op& op, const VerifyContext& v) {
-      const int off = op.as<ops::Tap>().offset;
-      MK_CHECK(op.in >= 0 && op.out < 0 && off >= 0 && off + v.width(op.in) <= v.p.tap_width,
-               "{}: tap columns [{}, {}) outside the tap row of {}", v.where, off,
-               off + (op.in >= 0 ? v.width(op.in) : 0), v.p.tap_width);
+      const auto& a = op.as<ops::Tap>();
+      const int w = op.in < 0 ? 0 : a.width > 0 ? a.width : v.width(op.in);
+      MK_CHECK(op.in >= 0 && op.out < 0 && a.src >= 0 && a.width >= 0 && a.src + w <= v.width(op.in),
+               "{}: tap of columns [{}, {}) of a slot of {}", v.where, a.src, a.src + w,
+               op.in >= 0 ? v.width(op.in) : 0);
+      MK_CHECK(a.offset >= 0 && a.offset + w <= v.p.tap_width, "{}: tap columns [{}, {}) outside the tap row of {}",
+               v.where, a.offset, a.offset + w, v.p.tap_width);
     },
     .ref = tap_tile,
     .fast = tap_tile,

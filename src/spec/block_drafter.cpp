@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/half.h"
 #include "core/rng.h"
 #include "io/safetensors.h"
 #include "io/safetensors_writer.h"
@@ -27,6 +28,31 @@ const char* block_drafter_kind_name(BlockDrafterKind k) { return k == BlockDraft
 
 std::string BlockDrafterConfig::to_json() const {
   nlohmann::json j;
+  if (kind == BlockDrafterKind::DSpark) {
+    // The reference system's keys (its DraftConfig.from_checkpoint).
+    nlohmann::json layer;
+    layer["hidden_size"] = hidden;
+    layer["num_hidden_layers"] = n_layer;
+    layer["num_attention_heads"] = n_head;
+    layer["num_key_value_heads"] = n_head_kv;
+    layer["head_dim"] = head_dim;
+    layer["intermediate_size"] = ffn;
+    layer["vocab_size"] = n_vocab;
+    layer["sliding_window"] = window;
+    layer["rope_parameters"] = {{"rope_theta", rope_base}};
+    layer["rms_norm_eps"] = eps;
+    j["speculators_model_type"] = "dspark";
+    j["transformer_layer_config"] = layer;
+    std::vector<int> ids;
+    for (int l : tap_layers) ids.push_back(l + 1);
+    j["aux_hidden_state_layer_ids"] = ids;
+    j["mask_token_id"] = mask_token;
+    j["markov_rank"] = markov_rank;
+    j["markov_top_m"] = markov_top_m;
+    j["block_size"] = block;
+    j["seed"] = seed;
+    return j.dump(2) + "\n";
+  }
   j["drafter"] = block_drafter_kind_name(kind);
   j["target_hidden"] = target_hidden;
   j["n_vocab"] = n_vocab;
@@ -39,11 +65,84 @@ std::string BlockDrafterConfig::to_json() const {
   j["ffn"] = ffn;
   j["block"] = block;
   j["markov_rank"] = markov_rank;
+  j["window"] = window;
   j["rope_base"] = rope_base;
   j["eps"] = eps;
   j["seed"] = seed;
   return j.dump(2) + "\n";
 }
+
+namespace {
+
+// Field readers over one JSON object, naming `where` and the field in errors.
+struct JsonFields {
+  const nlohmann::json& j;
+  std::string where;
+  const nlohmann::json& need(const char* key) const {
+    if (!j.contains(key)) fail("{}: drafter config has no '{}'", where, key);
+    return j.at(key);
+  }
+  int get_int(const char* key) const {
+    const auto& v = need(key);
+    if (!v.is_number_integer()) fail("{}: drafter config field '{}' is not an integer", where, key);
+    return v.get<int>();
+  }
+  float get_float(const char* key) const {
+    const auto& v = need(key);
+    if (!v.is_number()) fail("{}: drafter config field '{}' is not a number", where, key);
+    return v.get<float>();
+  }
+  std::vector<int> get_ints(const char* key) const {
+    const auto& v = need(key);
+    if (!v.is_array()) fail("{}: drafter config field '{}' is not an array", where, key);
+    std::vector<int> out;
+    for (const auto& t : v) {
+      if (!t.is_number_integer()) fail("{}: drafter config field '{}' holds a non-integer", where, key);
+      out.push_back(t.get<int>());
+    }
+    return out;
+  }
+};
+
+// The reference system's DSpark config.json.
+BlockDrafterConfig dspark_from_json(const nlohmann::json& j, const std::string& where) {
+  const JsonFields top{j, where};
+  if (j.contains("speculators_model_type") &&
+      (!j.at("speculators_model_type").is_string() || j.at("speculators_model_type").get<std::string>() != "dspark"))
+    fail("{}: speculators_model_type is {}, this loader reads dspark", where, j.at("speculators_model_type").dump());
+  const auto& layer = top.need("transformer_layer_config");
+  if (!layer.is_object()) fail("{}: drafter config field 'transformer_layer_config' is not an object", where);
+  const JsonFields f{layer, where + " (transformer_layer_config)"};
+  BlockDrafterConfig c;
+  c.kind = BlockDrafterKind::DSpark;
+  c.hidden = f.get_int("hidden_size");
+  c.target_hidden = c.hidden;  // fc maps n_taps target streams of this width
+  c.n_layer = f.get_int("num_hidden_layers");
+  c.n_head = f.get_int("num_attention_heads");
+  c.n_head_kv = f.get_int("num_key_value_heads");
+  c.head_dim = f.get_int("head_dim");
+  c.ffn = f.get_int("intermediate_size");
+  c.n_vocab = f.get_int("vocab_size");
+  c.window = f.get_int("sliding_window");
+  const auto& rope = f.need("rope_parameters");
+  if (!rope.is_object()) fail("{}: drafter config field 'rope_parameters' is not an object", f.where);
+  c.rope_base = JsonFields{rope, f.where + " (rope_parameters)"}.get_float("rope_theta");
+  c.eps = f.get_float("rms_norm_eps");
+  for (int id : top.get_ints("aux_hidden_state_layer_ids")) {
+    // Id L names the stream entering target layer L: our tap after L - 1.
+    if (id < 1) fail("{}: aux_hidden_state_layer_ids holds {}: the stream entering layer {} is not tapped", where, id, id);
+    c.tap_layers.push_back(id - 1);
+  }
+  c.mask_token = top.get_int("mask_token_id");
+  c.markov_rank = top.get_int("markov_rank");
+  if (j.contains("block_size")) c.block = top.get_int("block_size");
+  if (j.contains("markov_top_m")) c.markov_top_m = top.get_int("markov_top_m");
+  if (j.contains("seed")) c.seed = j.at("seed").get<uint64_t>();
+  c.validate();
+  return c;
+}
+
+}  // namespace
 
 BlockDrafterConfig BlockDrafterConfig::from_json(const std::string& text, const std::string& where) {
   nlohmann::json j;
@@ -53,46 +152,40 @@ BlockDrafterConfig BlockDrafterConfig::from_json(const std::string& text, const 
     fail("{}: drafter config is not valid JSON: {}", where, e.what());
   }
   if (!j.is_object()) fail("{}: drafter config is not a JSON object", where);
-  auto need = [&](const char* key) -> const nlohmann::json& {
-    if (!j.contains(key)) fail("{}: drafter config has no '{}'", where, key);
-    return j.at(key);
-  };
-  auto get_int = [&](const char* key) {
-    const auto& v = need(key);
-    if (!v.is_number_integer()) fail("{}: drafter config field '{}' is not an integer", where, key);
-    return v.get<int>();
-  };
-  BlockDrafterConfig c;
-  const auto& kind = need("drafter");
-  if (!kind.is_string()) fail("{}: drafter config field 'drafter' is not a string", where);
-  const std::string k = kind.get<std::string>();
-  if (k == "dspark")
-    c.kind = BlockDrafterKind::DSpark;
-  else if (k == "dflash")
-    c.kind = BlockDrafterKind::DFlash;
-  else
-    fail("{}: drafter '{}' is neither dspark nor dflash", where, k);
-  c.target_hidden = get_int("target_hidden");
-  c.n_vocab = get_int("n_vocab");
-  const auto& taps = need("tap_layers");
-  if (!taps.is_array()) fail("{}: drafter config field 'tap_layers' is not an array", where);
-  for (const auto& t : taps) {
-    if (!t.is_number_integer()) fail("{}: drafter config field 'tap_layers' holds a non-integer", where);
-    c.tap_layers.push_back(t.get<int>());
+  try {
+    if (j.contains("transformer_layer_config")) return dspark_from_json(j, where);
+    const JsonFields f{j, where};
+    BlockDrafterConfig c;
+    const auto& kind = f.need("drafter");
+    if (!kind.is_string()) fail("{}: drafter config field 'drafter' is not a string", where);
+    const std::string k = kind.get<std::string>();
+    if (k == "dflash")
+      c.kind = BlockDrafterKind::DFlash;
+    else if (k == "dspark")
+      fail("{}: a dspark drafter config is in the reference layout (transformer_layer_config, "
+           "aux_hidden_state_layer_ids, mask_token_id, markov_rank)", where);
+    else
+      fail("{}: drafter '{}' is neither dspark nor dflash", where, k);
+    c.target_hidden = f.get_int("target_hidden");
+    c.n_vocab = f.get_int("n_vocab");
+    c.tap_layers = f.get_ints("tap_layers");
+    c.hidden = f.get_int("hidden");
+    c.n_layer = f.get_int("n_layer");
+    c.n_head = f.get_int("n_head");
+    c.n_head_kv = f.get_int("n_head_kv");
+    c.head_dim = f.get_int("head_dim");
+    c.ffn = f.get_int("ffn");
+    c.block = f.get_int("block");
+    c.markov_rank = f.get_int("markov_rank");
+    if (j.contains("window")) c.window = f.get_int("window");
+    if (j.contains("rope_base")) c.rope_base = f.get_float("rope_base");
+    if (j.contains("eps")) c.eps = f.get_float("eps");
+    if (j.contains("seed")) c.seed = j.at("seed").get<uint64_t>();
+    c.validate();
+    return c;
+  } catch (const nlohmann::json::exception& e) {
+    fail("{}: drafter config: {}", where, e.what());
   }
-  c.hidden = get_int("hidden");
-  c.n_layer = get_int("n_layer");
-  c.n_head = get_int("n_head");
-  c.n_head_kv = get_int("n_head_kv");
-  c.head_dim = get_int("head_dim");
-  c.ffn = get_int("ffn");
-  c.block = get_int("block");
-  c.markov_rank = get_int("markov_rank");
-  if (j.contains("rope_base")) c.rope_base = j.at("rope_base").get<float>();
-  if (j.contains("eps")) c.eps = j.at("eps").get<float>();
-  if (j.contains("seed")) c.seed = j.at("seed").get<uint64_t>();
-  c.validate();
-  return c;
 }
 
 void BlockDrafterConfig::validate() const {
@@ -105,6 +198,14 @@ void BlockDrafterConfig::validate() const {
   if (head_dim <= 0 || head_dim % 2 != 0) bad(fmt::format("head_dim {} must be positive and even (RoPE)", head_dim));
   if (block < 2 || block > 33) bad(fmt::format("block {} must be in [2, 33]", block));
   if (kind == BlockDrafterKind::DSpark && markov_rank <= 0) bad("a DSpark drafter needs markov_rank >= 1");
+  if (kind == BlockDrafterKind::DSpark && (mask_token < 0 || mask_token >= n_vocab))
+    bad(fmt::format("mask token {} is outside the vocabulary of {}", mask_token, n_vocab));
+  if (kind == BlockDrafterKind::DSpark && hidden != target_hidden)
+    bad(fmt::format("a DSpark drafter's fc maps target streams of its own width: hidden {} vs target {}", hidden,
+                    target_hidden));
+  if (kind == BlockDrafterKind::DFlash && mask_token != -1) bad("a DFlash drafter has a learned mask embedding (mask_token -1)");
+  if (window < 0) bad(fmt::format("window {} is negative", window));
+  if (markov_top_m < 0) bad(fmt::format("markov_top_m {} is negative", markov_top_m));
   if (kind == BlockDrafterKind::DFlash && markov_rank != 0) bad("a DFlash drafter has no Markov bias (markov_rank 0)");
   if (kind == BlockDrafterKind::DFlash && hidden != target_hidden)
     bad(fmt::format("a DFlash drafter shares the target's embedding and head, so hidden ({}) must equal the target's ({})",
@@ -130,7 +231,9 @@ BlockDrafterConfig BlockDrafterConfig::mini(BlockDrafterKind kind, const Model& 
     fail("target {} has hidden width {}: a MINI drafter needs a multiple of 8", target.name(), c.hidden);
   c.ffn = 2 * c.hidden;
   c.block = 8;
-  c.markov_rank = kind == BlockDrafterKind::DSpark ? 16 : 0;
+  c.markov_rank = kind == BlockDrafterKind::DSpark ? 256 : 0;
+  c.mask_token = kind == BlockDrafterKind::DSpark ? c.n_vocab - 1 : -1;
+  c.window = kind == BlockDrafterKind::DSpark ? 2048 : 0;
   c.validate();
   return c;
 }
@@ -141,30 +244,34 @@ std::vector<BlockDrafterWeights::TensorRef> BlockDrafterWeights::tensors() {
   const BlockDrafterConfig& c = config;
   const int64_t D = c.hidden, T = static_cast<int64_t>(c.n_taps()) * c.target_hidden, V = c.n_vocab;
   const int64_t QD = static_cast<int64_t>(c.n_head) * c.head_dim, KD = static_cast<int64_t>(c.n_head_kv) * c.head_dim;
-  const int64_t F = c.ffn;
+  const int64_t F = c.ffn, hd = c.head_dim;
+  const bool ds = c.kind == BlockDrafterKind::DSpark;  // the reference system's names
   std::vector<TensorRef> t;
-  t.push_back({"tap_proj.weight", {D, T}, &tap_proj});
-  t.push_back({"tap_norm.weight", {D}, &tap_norm});
+  t.push_back({ds ? "fc.weight" : "tap_proj.weight", {D, T}, &tap_proj});
+  t.push_back({ds ? "hidden_norm.weight" : "tap_norm.weight", {D}, &tap_norm});
   layers.resize(static_cast<size_t>(c.n_layer));
   for (int l = 0; l < c.n_layer; ++l) {
     Layer& L = layers[static_cast<size_t>(l)];
     const std::string p = "layers." + std::to_string(l) + ".";
-    t.push_back({p + "attn_norm.weight", {D}, &L.attn_norm});
-    t.push_back({p + "q_proj.weight", {QD, D}, &L.wq});
-    t.push_back({p + "k_proj.weight", {KD, D}, &L.wk});
-    t.push_back({p + "v_proj.weight", {KD, D}, &L.wv});
-    t.push_back({p + "o_proj.weight", {D, QD}, &L.wo});
-    t.push_back({p + "ffn_norm.weight", {D}, &L.ffn_norm});
-    t.push_back({p + "gate_proj.weight", {F, D}, &L.w_gate});
-    t.push_back({p + "up_proj.weight", {F, D}, &L.w_up});
-    t.push_back({p + "down_proj.weight", {D, F}, &L.w_down});
+    const std::string a = ds ? p + "self_attn." : p, m = ds ? p + "mlp." : p;
+    t.push_back({ds ? p + "input_layernorm.weight" : p + "attn_norm.weight", {D}, &L.attn_norm});
+    t.push_back({a + "q_proj.weight", {QD, D}, &L.wq});
+    t.push_back({a + "k_proj.weight", {KD, D}, &L.wk});
+    t.push_back({a + "v_proj.weight", {KD, D}, &L.wv});
+    t.push_back({a + "o_proj.weight", {D, QD}, &L.wo});
+    t.push_back({a + "q_norm.weight", {hd}, &L.q_norm});
+    t.push_back({a + "k_norm.weight", {hd}, &L.k_norm});
+    t.push_back({ds ? p + "post_attention_layernorm.weight" : p + "ffn_norm.weight", {D}, &L.ffn_norm});
+    t.push_back({m + "gate_proj.weight", {F, D}, &L.w_gate});
+    t.push_back({m + "up_proj.weight", {F, D}, &L.w_up});
+    t.push_back({m + "down_proj.weight", {D, F}, &L.w_down});
   }
-  t.push_back({"final_norm.weight", {D}, &final_norm});
-  if (c.kind == BlockDrafterKind::DSpark) {
-    t.push_back({"embed_tokens.weight", {V + 1, D}, &embed});
+  t.push_back({ds ? "norm.weight" : "final_norm.weight", {D}, &final_norm});
+  if (ds) {
+    t.push_back({"embed_tokens.weight", {V, D}, &embed});
     t.push_back({"lm_head.weight", {V, D}, &lm_head});
-    t.push_back({"markov.w1", {V, c.markov_rank}, &markov_w1});
-    t.push_back({"markov.w2", {V, c.markov_rank}, &markov_w2});
+    t.push_back({"markov_head.markov_w1.weight", {V, c.markov_rank}, &markov_w1});
+    t.push_back({"markov_head.markov_w2.weight", {V, c.markov_rank}, &markov_w2});
   } else {
     t.push_back({"mask_embed", {D}, &mask_embed});
   }
@@ -199,7 +306,8 @@ BlockDrafterWeights synthetic_block_drafter(const BlockDrafterConfig& config) {
     if (vector && t.name != "mask_embed") {
       // Norm weights: near one.
       for (auto& x : *t.data) x = 1.f + rng.centred(0.05f);
-    } else if (t.name == "embed_tokens.weight" || t.name == "mask_embed" || t.name == "markov.w1") {
+    } else if (t.name == "embed_tokens.weight" || t.name == "mask_embed" ||
+               t.name == "markov_head.markov_w1.weight") {
       for (auto& x : *t.data) x = rng.centred(1.f);
     } else {
       const float sd = 1.f / std::sqrt(static_cast<float>(t.shape.back()));
@@ -227,6 +335,28 @@ void save_block_drafter(const BlockDrafterWeights& weights, const std::string& d
   write_file_atomic((std::filesystem::path(dir) / "config.json").string(), cfg);
 }
 
+namespace {
+
+// The target facts a drafter config must match: vocabulary, tap layers
+// inside the target, tapped stream width. `who` starts each message.
+void check_fits_target(const BlockDrafterConfig& c, const Model& target, const std::string& who) {
+  if (c.n_vocab != target.n_vocab())
+    fail("{}: made for a vocabulary of {} tokens, the target {} has {}", who, c.n_vocab, target.name(),
+         target.n_vocab());
+  const DecodeProgram p = target.build_program(1);
+  for (int l : c.tap_layers)
+    if (l < 0 || l >= p.n_layer)
+      fail("{}: tap layer {} (the stream entering layer {}) is outside the {} layers of {}", who, l, l + 1, p.n_layer,
+           target.name());
+  DecodeProgram probe = p;
+  const int H = add_taps(probe, c.tap_layers);
+  if (H != c.target_hidden)
+    fail("{}: made for a target hidden width of {}, the residual stream of {} has {}", who, c.target_hidden,
+         target.name(), H);
+}
+
+}  // namespace
+
 BlockDrafterWeights load_block_drafter(const std::string& path, const Model& target) {
   namespace fs = std::filesystem;
   std::string file = path, config_text, config_where;
@@ -250,18 +380,28 @@ BlockDrafterWeights load_block_drafter(const std::string& path, const Model& tar
   BlockDrafterWeights w;
   w.config = BlockDrafterConfig::from_json(config_text, config_where);
   const BlockDrafterConfig& c = w.config;
-  if (c.n_vocab != target.n_vocab())
-    fail("drafter {}: made for a vocabulary of {} tokens, the target {} has {}", path, c.n_vocab, target.name(),
-         target.n_vocab());
+  check_fits_target(c, target, "drafter " + path);
   for (auto& t : w.tensors()) {
     const SafetensorsTensor* s = st->find(t.name);
     if (!s) fail("drafter {}: tensor '{}' is missing from {}", path, t.name, file);
     if (s->shape != t.shape)
       fail("drafter {}: tensor '{}' has shape {}, expected {}", path, t.name, shape_string(s->shape),
            shape_string(t.shape));
-    if (s->dtype != "F32") fail("drafter {}: tensor '{}' is {}, expected F32", path, t.name, s->dtype);
-    t.data->resize(static_cast<size_t>(numel(t.shape)));
-    std::memcpy(t.data->data(), s->data, s->n_bytes);
+    const size_t n = static_cast<size_t>(numel(t.shape));
+    t.data->resize(n);
+    float* dst = t.data->data();
+    if (s->dtype == "F32") {
+      std::memcpy(dst, s->data, s->n_bytes);
+    } else if (s->dtype == "BF16" || s->dtype == "F16") {
+      const bool bf = s->dtype == "BF16";
+      for (size_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, s->data + 2 * i, 2);
+        dst[i] = bf ? bf16_to_f32(h) : f16_to_f32(h);
+      }
+    } else {
+      fail("drafter {}: tensor '{}' is {}, expected F32, BF16 or F16", path, t.name, s->dtype);
+    }
   }
   return w;
 }
@@ -287,18 +427,8 @@ BlockDrafter::BlockDrafter(const Model& target, BlockDrafterWeights weights, Thr
   const BlockDrafterConfig& c = w_.config;
   c.validate();
   if (n_ctx < 1) fail("block drafter: context of {} positions", n_ctx);
+  check_fits_target(c, target, "block drafter");
   const DecodeProgram p = target.build_program(1);
-  if (c.n_vocab != target.n_vocab())
-    fail("block drafter: made for a vocabulary of {} tokens, the target {} has {}", c.n_vocab, target.name(),
-         target.n_vocab());
-  for (int l : c.tap_layers)
-    if (l < 0 || l >= p.n_layer)
-      fail("block drafter: tap layer {} is outside the {} layers of {}", l, p.n_layer, target.name());
-  DecodeProgram probe = p;
-  const int H = add_taps(probe, c.tap_layers);
-  if (H != c.target_hidden)
-    fail("block drafter: made for a target hidden width of {}, the residual stream of {} has {}", c.target_hidden,
-         target.name(), H);
   // Every tensor at its size (weights built by hand are checked here too).
   for (const auto& t : w_.tensors())
     if (static_cast<int64_t>(t.data->size()) != numel(t.shape))
@@ -356,9 +486,7 @@ void BlockDrafter::observe_taps(const float* taps, int n_rows, int pos0) {
     float* V = ctx_v_[static_cast<size_t>(l)].data() + static_cast<size_t>(pos0) * KD;
     matmul(pool_, lv_[static_cast<size_t>(l)].wk, ctx.data(), n_rows, K);
     matmul(pool_, lv_[static_cast<size_t>(l)].wv, ctx.data(), n_rows, V);
-    for (int r = 0; r < n_rows; ++r)
-      for (int h = 0; h < c.n_head_kv; ++h)
-        rope_inplace(K + r * KD + static_cast<size_t>(h * c.head_dim), c.head_dim, pos0 + r, c.rope_base, true);
+    head_norm_rope(K, n_rows, c.n_head_kv, w_.layers[static_cast<size_t>(l)].k_norm.data(), pos0);
   }
   n_filled_ = pos0 + n_rows;
 }
@@ -367,7 +495,7 @@ void BlockDrafter::embed_row(int32_t token, bool mask, float* out) const {
   const BlockDrafterConfig& c = w_.config;
   const size_t D = static_cast<size_t>(c.hidden);
   if (c.kind == BlockDrafterKind::DSpark) {
-    const size_t row = mask ? static_cast<size_t>(c.n_vocab) : static_cast<size_t>(token);
+    const size_t row = static_cast<size_t>(mask ? c.mask_token : token);
     std::copy_n(w_.embed.data() + row * D, D, out);
     return;
   }
@@ -380,22 +508,36 @@ void BlockDrafter::embed_row(int32_t token, bool mask, float* out) const {
     for (size_t i = 0; i < D; ++i) out[i] *= target_embed_scale_;
 }
 
-void BlockDrafter::propose(const std::vector<int32_t>& context, int k, Draft& out) {
-  out.clear();
+void BlockDrafter::head_norm_rope(float* x, int n_rows, int n_heads, const float* norm, int pos0) const {
   const BlockDrafterConfig& c = w_.config;
-  if (context.empty() || k <= 0) return;
+  const size_t hd = static_cast<size_t>(c.head_dim), width = static_cast<size_t>(n_heads) * hd;
+  for (int r = 0; r < n_rows; ++r)
+    for (int h = 0; h < n_heads; ++h) {
+      float* v = x + static_cast<size_t>(r) * width + static_cast<size_t>(h) * hd;
+      rmsnorm(v, norm, c.head_dim, c.eps, v);
+      rope_inplace(v, c.head_dim, pos0 + r, c.rope_base, true);
+    }
+}
+
+void BlockDrafter::block_logits(const std::vector<int32_t>& context, int n, std::vector<float>& logits) {
+  const BlockDrafterConfig& c = w_.config;
+  if (context.empty()) fail("{} drafter: no anchor token", name());
+  if (n < 1 || n > c.block) fail("{} drafter: {} block rows asked for, its block has {}", name(), n, c.block);
   const int N = static_cast<int>(context.size()) - 1;  // the anchor's position
   if (n_filled_ != N)
     fail("{} drafter: holds the taps of {} positions, but the anchor is at position {} (taps not fed?)", name(),
          n_filled_, N);
-  const int n = std::min(c.block, k + 1);  // block rows computed: anchor + n-1 masks
+  const int32_t anchor = context[static_cast<size_t>(N)];
+  if (anchor < 0 || anchor >= c.n_vocab) fail("{} drafter: anchor token {} is outside the vocabulary", name(), anchor);
+  // Context entries attended: positions c0..N-1.
+  const int c0 = c.window > 0 ? std::max(0, N - c.window) : 0, nc = N - c0;
   const size_t D = static_cast<size_t>(c.hidden), hd = static_cast<size_t>(c.head_dim);
   const size_t QD = static_cast<size_t>(c.n_head) * hd, KD = static_cast<size_t>(c.n_head_kv) * hd;
   const size_t F = static_cast<size_t>(c.ffn);
   const size_t rows = static_cast<size_t>(n);
   std::vector<float> h(rows * D), xn(rows * D), q(rows * QD), kb(rows * KD), vb(rows * KD), att(rows * QD),
-      proj(rows * D), g(rows * F), u(rows * F), scores(static_cast<size_t>(N + n));
-  for (int i = 0; i < n; ++i) embed_row(context[static_cast<size_t>(N)], i > 0, h.data() + static_cast<size_t>(i) * D);
+      proj(rows * D), g(rows * F), u(rows * F), scores(static_cast<size_t>(nc + n));
+  for (int i = 0; i < n; ++i) embed_row(anchor, i > 0, h.data() + static_cast<size_t>(i) * D);
   const float scale = 1.f / std::sqrt(static_cast<float>(hd));
   const int group = c.n_head / c.n_head_kv;
   for (int l = 0; l < c.n_layer; ++l) {
@@ -405,29 +547,24 @@ void BlockDrafter::propose(const std::vector<int32_t>& context, int k, Draft& ou
     matmul(pool_, V.wq, xn.data(), n, q.data());
     matmul(pool_, V.wk, xn.data(), n, kb.data());
     matmul(pool_, V.wv, xn.data(), n, vb.data());
-    for (int i = 0; i < n; ++i) {
-      for (int hh = 0; hh < c.n_head; ++hh)
-        rope_inplace(q.data() + static_cast<size_t>(i) * QD + static_cast<size_t>(hh) * hd, c.head_dim, N + i, c.rope_base, true);
-      for (int hh = 0; hh < c.n_head_kv; ++hh)
-        rope_inplace(kb.data() + static_cast<size_t>(i) * KD + static_cast<size_t>(hh) * hd, c.head_dim, N + i, c.rope_base,
-                     true);
-    }
-    const float* CK = ctx_k_[static_cast<size_t>(l)].data();
-    const float* CV = ctx_v_[static_cast<size_t>(l)].data();
-    // Row i attends to context 0..N-1 and block rows 0..i.
+    head_norm_rope(q.data(), n, c.n_head, L.q_norm.data(), N);
+    head_norm_rope(kb.data(), n, c.n_head_kv, L.k_norm.data(), N);
+    const float* CK = ctx_k_[static_cast<size_t>(l)].data() + static_cast<size_t>(c0) * KD;
+    const float* CV = ctx_v_[static_cast<size_t>(l)].data() + static_cast<size_t>(c0) * KD;
+    // Row i attends to the context entries c0..N-1 and block rows 0..i.
     for (int i = 0; i < n; ++i) {
       for (int hh = 0; hh < c.n_head; ++hh) {
         const size_t kvo = static_cast<size_t>(hh / group) * hd;
         const float* qh = q.data() + static_cast<size_t>(i) * QD + static_cast<size_t>(hh) * hd;
-        const int m = N + i + 1;
-        if (N > 0) dot_f32_rows(qh, CK + kvo, static_cast<int64_t>(KD), N, static_cast<int64_t>(hd), scores.data());
-        dot_f32_rows(qh, kb.data() + kvo, static_cast<int64_t>(KD), i + 1, static_cast<int64_t>(hd), scores.data() + N);
+        const int m = nc + i + 1;
+        if (nc > 0) dot_f32_rows(qh, CK + kvo, static_cast<int64_t>(KD), nc, static_cast<int64_t>(hd), scores.data());
+        dot_f32_rows(qh, kb.data() + kvo, static_cast<int64_t>(KD), i + 1, static_cast<int64_t>(hd), scores.data() + nc);
         for (int s = 0; s < m; ++s) scores[static_cast<size_t>(s)] *= scale;
         softmax_inplace(scores.data(), m);
         float* o = att.data() + static_cast<size_t>(i) * QD + static_cast<size_t>(hh) * hd;
         std::fill(o, o + hd, 0.f);
-        if (N > 0) axpy_f32_rows(scores.data(), CV + kvo, static_cast<int64_t>(KD), N, o, static_cast<int64_t>(hd));
-        axpy_f32_rows(scores.data() + N, vb.data() + kvo, static_cast<int64_t>(KD), i + 1, o, static_cast<int64_t>(hd));
+        if (nc > 0) axpy_f32_rows(scores.data(), CV + kvo, static_cast<int64_t>(KD), nc, o, static_cast<int64_t>(hd));
+        axpy_f32_rows(scores.data() + nc, vb.data() + kvo, static_cast<int64_t>(KD), i + 1, o, static_cast<int64_t>(hd));
       }
     }
     matmul(pool_, V.wo, att.data(), n, proj.data());
@@ -439,24 +576,65 @@ void BlockDrafter::propose(const std::vector<int32_t>& context, int k, Draft& ou
     matmul(pool_, V.w_down, g.data(), n, proj.data());
     for (size_t i = 0; i < h.size(); ++i) h[i] += proj[i];
   }
-  // Rows 1..n-1 (the masks) give the drafts.
-  const int nd = n - 1;
-  if (nd <= 0) return;
-  std::vector<float> hn(static_cast<size_t>(nd) * D);
-  for (int i = 0; i < nd; ++i)
-    rmsnorm(h.data() + static_cast<size_t>(i + 1) * D, w_.final_norm.data(), c.hidden, c.eps, hn.data() + static_cast<size_t>(i) * D);
+  for (size_t i = 0; i < rows; ++i) rmsnorm(h.data() + i * D, w_.final_norm.data(), c.hidden, c.eps, xn.data() + i * D);
+  logits.resize(rows * static_cast<size_t>(c.n_vocab));
+  matmul(pool_, c.kind == BlockDrafterKind::DSpark ? lm_head_ : target_head_, xn.data(), n, logits.data());
+}
+
+void BlockDrafter::propose(const std::vector<int32_t>& context, int k, Draft& out) {
+  out.clear();
+  const BlockDrafterConfig& c = w_.config;
+  if (context.empty() || k <= 0) return;
   const size_t Vn = static_cast<size_t>(c.n_vocab);
-  std::vector<float> logits(static_cast<size_t>(nd) * Vn);
-  matmul(pool_, c.kind == BlockDrafterKind::DSpark ? lm_head_ : target_head_, hn.data(), nd, logits.data());
+  std::vector<float> logits;
   if (c.kind == BlockDrafterKind::DFlash) {
-    for (int i = 0; i < nd; ++i) out.tokens.push_back(argmax(logits.data() + static_cast<size_t>(i) * Vn, c.n_vocab));
+    // Rows 1..n-1 (the masks) give the drafts.
+    const int n = std::min(c.block, k + 1);
+    block_logits(context, n, logits);
+    for (int i = 1; i < n; ++i) out.tokens.push_back(argmax(logits.data() + static_cast<size_t>(i) * Vn, c.n_vocab));
     return;
   }
-  // DSpark: each draft biased by the previous one (the anchor for the first).
-  std::vector<float> bias(Vn);
+  // DSpark: every row drafts the position after its own, each draft biased
+  // by the one before it (the anchor for the first).
+  const int n = std::min(c.block, k);
+  block_logits(context, n, logits);
   const size_t r = static_cast<size_t>(c.markov_rank);
-  int32_t prev = context[static_cast<size_t>(N)];
-  for (int i = 0; i < nd; ++i) {
+  int32_t prev = context.back();
+  const int per = c.n_vocab / kMarkovShards;
+  if (c.markov_top_m > 0 && c.n_vocab % kMarkovShards == 0 && c.markov_top_m < per) {
+    // Candidates: the top markov_top_m base logits of each of the 32
+    // contiguous vocabulary slices (in slice order, each in descending order,
+    // ties to the lower id); the biased argmax is taken among them (the first
+    // of equal maxima), the bias computed for the candidates only.
+    const size_t m = static_cast<size_t>(c.markov_top_m);
+    std::vector<int32_t> cand, order(static_cast<size_t>(per));
+    for (int i = 0; i < n; ++i) {
+      const float* L = logits.data() + static_cast<size_t>(i) * Vn;
+      cand.clear();
+      for (int sh = 0; sh < kMarkovShards; ++sh) {
+        for (int j = 0; j < per; ++j) order[static_cast<size_t>(j)] = sh * per + j;
+        std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(m), order.end(),
+                          [&](int32_t a, int32_t b) { return L[a] > L[b] || (L[a] == L[b] && a < b); });
+        cand.insert(cand.end(), order.begin(), order.begin() + static_cast<std::ptrdiff_t>(m));
+      }
+      const float* e = w_.markov_w1.data() + static_cast<size_t>(prev) * r;
+      float best = -INFINITY;
+      int32_t pick = cand[0];
+      for (int32_t id : cand) {
+        const float v = L[id] + dot_f32(w_.markov_w2.data() + static_cast<size_t>(id) * r, e, static_cast<int64_t>(r));
+        if (v > best) {
+          best = v;
+          pick = id;
+        }
+      }
+      prev = pick;
+      out.tokens.push_back(prev);
+    }
+    return;
+  }
+  // Exact: the bias over the whole vocabulary.
+  std::vector<float> bias(Vn);
+  for (int i = 0; i < n; ++i) {
     matmul(pool_, markov_w2_, w_.markov_w1.data() + static_cast<size_t>(prev) * r, 1, bias.data());
     float* L = logits.data() + static_cast<size_t>(i) * Vn;
     for (size_t j = 0; j < Vn; ++j) L[j] += bias[j];
