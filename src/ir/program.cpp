@@ -122,6 +122,20 @@ void DecodeProgram::add_moe_experts(int layer, const ExpertBank* bank, int top_k
   }
 }
 
+void DecodeProgram::add_shared_expert(const SharedExpertSpec& s) {
+  add_matmul(s.layer, "ffn_gate_shexp", s.gate, s.in, s.s_gate);
+  add_matmul(s.layer, "ffn_up_shexp", s.up, s.in, s.s_up);
+  add_glu(s.layer, "ffn_act_shexp", s.s_gate, s.s_up, s.s_act, GluKind::SiLU);
+  add_matmul(s.layer, "ffn_down_shexp", s.down, s.s_act, s.s_out);
+  if (s.gate_inp.data) {
+    add_matmul(s.layer, "ffn_gate_inp_shexp", s.gate_inp, s.in, s.s_logit);
+    Op& g = add_op(OpKind::SigmoidGate, s.layer, "shexp_gate");
+    g.in = s.s_logit;
+    g.out = s.s_out;
+  }
+  add_residual(s.layer, "moe_plus_shared", s.out, s.s_out, {}, s.eps);
+}
+
 void DecodeProgram::add_attention_core(const AttentionSpec& a) {
   for (int which = 0; which < 2; ++which) {
     Op& o = add_op(OpKind::HeadNormRope, a.layer, which == 0 ? "q_norm_rope" : "k_norm_rope");

@@ -118,6 +118,23 @@ struct DecodeProgram {
   void add_moe_experts(int layer, const ExpertBank* bank, int top_k, int route, int in, int hidden, int expert_out,
                        int out);
 
+  // A shared expert beside a layer's routed ones: its SwiGLU MLP of `in`
+  // (down(silu(gate in) * up in) through the slots s_gate, s_up, s_act into
+  // s_out), added to `out` (the routed experts' sum). With gate_inp (a
+  // [1][in width] matrix) the MLP's output is first scaled by
+  // sigmoid(gate_inp in), its logit in s_logit (width 1): Qwen2-MoE's and
+  // Qwen3-Next's shared-expert gate. Ops ffn_{gate,up,act,down}_shexp,
+  // ffn_gate_inp_shexp, shexp_gate and moe_plus_shared.
+  struct SharedExpertSpec {
+    int layer = 0;
+    MatView gate, up, down;  // [n_ff_shexp][D], [n_ff_shexp][D], [D][n_ff_shexp]
+    MatView gate_inp;        // [1][D] or empty
+    int in = -1, out = -1;
+    int s_gate = -1, s_up = -1, s_act = -1, s_out = -1, s_logit = -1;
+    float eps = 1e-6f;
+  };
+  void add_shared_expert(const SharedExpertSpec& s);
+
   // The attention core of a layer whose q, k and v are already projected:
   // per-head q/k norm (when given) and RoPE, the KV store into a new
   // cache-marker slot, and attention into `att`.
