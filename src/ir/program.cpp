@@ -122,18 +122,19 @@ void DecodeProgram::add_moe_experts(int layer, const ExpertBank* bank, int top_k
   }
 }
 
-void DecodeProgram::add_shared_expert(const SharedExpertSpec& s) {
-  add_matmul(s.layer, "ffn_gate_shexp", s.gate, s.in, s.s_gate);
-  add_matmul(s.layer, "ffn_up_shexp", s.up, s.in, s.s_up);
-  add_glu(s.layer, "ffn_act_shexp", s.s_gate, s.s_up, s.s_act, GluKind::SiLU);
-  add_matmul(s.layer, "ffn_down_shexp", s.down, s.s_act, s.s_out);
-  if (s.gate_inp.data) {
-    add_matmul(s.layer, "ffn_gate_inp_shexp", s.gate_inp, s.in, s.s_logit);
-    Op& g = add_op(OpKind::SigmoidGate, s.layer, "shexp_gate");
-    g.in = s.s_logit;
-    g.out = s.s_out;
+void DecodeProgram::add_shared_expert(int layer, const SharedExpertSlots& s, const MatView& gate, const MatView& up,
+                                      const MatView& down, const MatView& gate_inp, int in, int out, float eps) {
+  add_matmul(layer, "ffn_gate_shexp", gate, in, s.gate);
+  add_matmul(layer, "ffn_up_shexp", up, in, s.up);
+  add_glu(layer, "ffn_act_shexp", s.gate, s.up, s.act, GluKind::SiLU);
+  add_matmul(layer, "ffn_down_shexp", down, s.act, s.out);
+  if (gate_inp.data) {
+    add_matmul(layer, "ffn_gate_inp_shexp", gate_inp, in, s.logit);
+    Op& g = add_op(OpKind::SigmoidGate, layer, "shexp_gate");
+    g.in = s.logit;
+    g.out = s.out;
   }
-  add_residual(s.layer, "moe_plus_shared", s.out, s.s_out, {}, s.eps);
+  add_residual(layer, "moe_plus_shared", out, s.out, {}, eps);
 }
 
 void DecodeProgram::add_attention_core(const AttentionSpec& a) {

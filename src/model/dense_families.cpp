@@ -325,8 +325,8 @@ std::optional<std::string> unsupported_gguf_reason(std::string_view a) {
     std::string_view arch, why;
   };
   static constexpr Known kKnown[] = {
-      {"qwen3next", "Qwen3-Next (Gated DeltaNet hybrid with routed and shared experts) is not supported yet; "
-                    "its dense relative Qwen3.5 runs from a Hugging Face directory (model_type qwen3_5_text)"},
+      {"qwen3next", "Qwen3-Next GGUF files are not read yet; a Hugging Face Qwen3-Next directory (model_type "
+                    "qwen3_next) runs on the qwen3.8 architecture"},
       {"qwen35", "Qwen3.5 GGUF files are not read yet; a Hugging Face Qwen3.5 directory (model_type "
                  "qwen3_5_text) runs on the qwen3.8 architecture"},
       {"qwen35moe", "Qwen3.5-MoE is not supported yet (its dense form runs from a Hugging Face directory)"},

@@ -479,6 +479,15 @@ void gpt_oss_from_hf(const HFConfig& hf, const DenseFamily& fam, const Safetenso
 
 }  // namespace
 
+void require_every_layer_sparse(const HFConfig& hf) {
+  if (hf.get_int_or("decoder_sparse_step", 1) != 1)
+    fail("{}: 'decoder_sparse_step' {} is not supported (every layer must be a mixture of experts)", hf.name(),
+         hf.get_int_or("decoder_sparse_step", 1));
+  if (const nlohmann::json* m = hf.find("mlp_only_layers"); m && !(m->is_array() && m->empty()))
+    fail("{}: 'mlp_only_layers' must be empty (dense layers inside a mixture-of-experts model are not supported)",
+         hf.name());
+}
+
 std::vector<uint8_t> dense_gguf_from_hf(const std::string& dir, std::optional<DType> weights) {
   const HFConfig hf = HFConfig::load(dir);
   const std::string mt = hf.model_type();
@@ -532,12 +541,7 @@ std::vector<uint8_t> dense_gguf_from_hf(const std::string& dir, std::optional<DT
     if (n_expert_used > n_expert || n_expert > 4096)
       fail("{}: num_experts_per_tok {} must be at most the expert count {} (at most 4096)", hf.name(), n_expert_used,
            n_expert);
-    if (hf.get_int_or("decoder_sparse_step", 1) != 1)
-      fail("{}: 'decoder_sparse_step' {} is not supported (every layer must be a mixture of experts)", hf.name(),
-           hf.get_int_or("decoder_sparse_step", 1));
-    if (const nlohmann::json* m = hf.find("mlp_only_layers"); m && !(m->is_array() && m->empty()))
-      fail("{}: 'mlp_only_layers' must be empty (dense layers inside a mixture-of-experts model are not supported)",
-           hf.name());
+    require_every_layer_sparse(hf);
     if (fam.gated_shared_expert)
       n_ff_shexp = pos("shared_expert_intermediate_size");
     else if (hf.get_int_or("shared_expert_intermediate_size", 0) != 0)

@@ -43,13 +43,13 @@ DecodeProgram build_dense_program(const DenseModel& model, int max_rows) {
     mla.knope = p.add_slot("mla_k_nope", -1, c.n_head * c.qk_nope);
   }
   int rlog = -1, route = -1, eh = -1, ye = -1;
-  DecodeProgram::SharedExpertSpec shared;
+  DecodeProgram::SharedExpertSlots shared;
   if (c.n_ff_shexp > 0) {
-    shared.s_gate = p.add_slot("shared_gate", -1, c.n_ff_shexp);
-    shared.s_up = p.add_slot("shared_up", -1, c.n_ff_shexp);
-    shared.s_act = p.add_slot("shared_act", -1, c.n_ff_shexp);
-    shared.s_out = p.add_slot("shared_out", -1, D);
-    if (c.shared_gate) shared.s_logit = p.add_slot("shared_gate_logit", -1, 1);
+    shared.gate = p.add_slot("shared_gate", -1, c.n_ff_shexp);
+    shared.up = p.add_slot("shared_up", -1, c.n_ff_shexp);
+    shared.act = p.add_slot("shared_act", -1, c.n_ff_shexp);
+    shared.out = p.add_slot("shared_out", -1, D);
+    if (c.shared_gate) shared.logit = p.add_slot("shared_gate_logit", -1, 1);
   }
   if (c.n_expert > 0) {
     rlog = p.add_slot("router_logits", -1, c.n_expert);
@@ -128,16 +128,7 @@ DecodeProgram build_dense_program(const DenseModel& model, int max_rows) {
       r.softmax_selected = c.gpt_oss;    // gpt-oss: softmax over the selected logits
       p.add_moe_experts(l, &L.experts, c.n_expert_used, route, xn, eh, ye, proj);
       if (c.n_ff_shexp > 0) {
-        DecodeProgram::SharedExpertSpec s = shared;
-        s.layer = l;
-        s.gate = L.sh_gate;
-        s.up = L.sh_up;
-        s.down = L.sh_down;
-        s.gate_inp = L.sh_gate_inp;
-        s.in = xn;
-        s.out = proj;
-        s.eps = c.eps;
-        p.add_shared_expert(s);
+        p.add_shared_expert(l, shared, L.sh_gate, L.sh_up, L.sh_down, L.sh_gate_inp, xn, proj, c.eps);
       }
     } else {
       p.add_matmul(l, "ffn_gate", L.w_gate, xn, gate);
