@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -27,6 +28,7 @@
 #include "model/dense_families.h"
 #include "model/dense_hf.h"
 #include "model/dense_program.h"
+#include "model/qwen38.h"
 #include "model_state.h"
 #include "runtime/sampler.h"
 #include "test_util.h"
@@ -140,7 +142,7 @@ TEST_P(FamilyTest, BothFormsMatchTransformersUnderEveryExecutor) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Dense, FamilyTest,
-                         ::testing::Values("llama", "llama3", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "qwen3moe", "deepseek3", "deepseek2", "gpt-oss"),
+                         ::testing::Values("llama", "llama3", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "qwen3moe", "qwen2moe", "deepseek3", "deepseek2", "gpt-oss"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& ch : n)
@@ -205,6 +207,47 @@ TEST(Families, GptOssFloatExpertsMatchTransformers) {
       std::printf("[families] gpt-oss hf_float %-9s %-5s top-1 %d/%d, max |diff| / max |ref| %.2e\n", executor,
                   numerics == Numerics::Exact ? "exact" : "fast", top1, n, max_diff / ref_max);
     }
+}
+
+// Qwen3-Next (Hugging Face qwen3_next) on the Qwen3.8 architecture: Gated
+// DeltaNet layers with the fused per-key-head projections, gated full
+// attention with partial RoPE, and routed experts plus a sigmoid-gated shared
+// expert in every layer. Under every executor and both numerics modes, one
+// position per step: top-1 at every position and max |diff| / max |ref| <=
+// 1e-4 against transformers' float32 logits; op-by-op and megakernel give the
+// same bits.
+TEST(Families, Qwen3NextMatchesTransformersUnderEveryExecutor) {
+  const Reference ref = load_reference("qwen3next");
+  ASSERT_EQ(ref.model_type, "qwen3_next");
+  auto m = Qwen38Model::load(family_dir("qwen3next") + "/hf");
+  ASSERT_TRUE(m->config().moe());
+  ASSERT_TRUE(m->config().fused_qkvz);
+  ASSERT_EQ(m->config().vocab, ref.n_vocab);
+  const int n = static_cast<int>(ref.tokens.size()), V = ref.n_vocab;
+  const double ref_max = ref.max_abs();
+  ThreadPool pool(2);
+  for (Numerics numerics : {Numerics::Exact, Numerics::Fast}) {
+    DecodeProgram p = build_qwen38_program(*m, 1);
+    p.numerics = numerics;
+    std::map<std::string, std::vector<float>> got;
+    for (const char* executor : {"reference", "opbyop", "mega"}) {
+      SCOPED_TRACE(fmt::format("{} {}", executor, numerics == Numerics::Exact ? "exact" : "fast"));
+      auto ex = make_executor(executor, p, pool);
+      KVCache cache = make_cache(*m, n);
+      RecurrentState state = make_state(*m);
+      std::vector<float> logits(static_cast<size_t>(n) * V);
+      for (int t = 0; t < n; ++t)
+        ex->step({{ref.tokens[static_cast<size_t>(t)], t, &cache, &state}}, logits.data() + static_cast<size_t>(t) * V);
+      const auto [top1, max_diff] = agreement(logits, ref);
+      EXPECT_EQ(top1, n) << "top-1 agreement " << top1 << " of " << n;
+      EXPECT_LE(max_diff / ref_max, 1e-4) << "max |diff| " << max_diff << " against max |ref| " << ref_max;
+      std::printf("[families] qwen3next %-9s %-5s top-1 %d/%d, max |diff| / max |ref| %.2e\n", executor,
+                  numerics == Numerics::Exact ? "exact" : "fast", top1, n, max_diff / ref_max);
+      got[executor] = std::move(logits);
+    }
+    EXPECT_EQ(std::memcmp(got["opbyop"].data(), got["mega"].data(), got["mega"].size() * 4), 0)
+        << "op-by-op and megakernel differ";
+  }
 }
 
 // A copy of a GGUF file without one tensor or key, or with a key changed.
@@ -299,16 +342,19 @@ TEST(Families, TableNamesAreUniqueAndResolve) {
 
 TEST(Families, UnsupportedArchitectureNamesTheReason) {
   GGUFWriter w;
-  w.set_string("general.architecture", "qwen2moe");
+  w.set_string("general.architecture", "kimi-linear");
   std::vector<uint8_t> bytes = w.serialize();
-  auto f = GGUFFile::parse(bytes.data(), bytes.size(), "q2moe.gguf");
+  auto f = GGUFFile::parse(bytes.data(), bytes.size(), "kimi-linear.gguf");
   try {
     DenseModel::load(*f);
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("'qwen2moe' is not supported: Qwen2-MoE"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("'kimi-linear' is not supported: Kimi Linear"), std::string::npos)
         << e.what();
   }
+  // Families that run are not in the refusal table.
+  for (const DenseFamily& fam : dense_families())
+    EXPECT_FALSE(unsupported_gguf_reason(fam.gguf_arch).has_value()) << fam.gguf_arch;
 }
 
 // Non-finite or out-of-range hyperparameters are refused naming the key.

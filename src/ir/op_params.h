@@ -105,7 +105,8 @@ struct MlaKey {
 // ---- ops/gate.cpp --------------------------------------------------------
 // Element-wise gates.
 //   GluAct:       out[r] = act(in[r]) * in2[r]    (gate, up; act: SiLU, GELU(tanh) or SiTU)
-//   SigmoidGate:  out[r] *= sigmoid(in[r])        (attention output gate)
+//   SigmoidGate:  out[r] *= sigmoid(in[r])        (attention output gate); with `in` one value wide,
+//                 every value of out[r] is scaled by sigmoid(in[r][0]) (a shared expert's gate)
 //   LogitSoftcap: in-place on `out`: cap * tanh(out * scale / cap) (+ mask[i], an additive mask,
 //                 when given; -inf removes a token)
 struct GluAct {

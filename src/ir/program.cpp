@@ -122,6 +122,21 @@ void DecodeProgram::add_moe_experts(int layer, const ExpertBank* bank, int top_k
   }
 }
 
+void DecodeProgram::add_shared_expert(int layer, const SharedExpertSlots& s, const MatView& gate, const MatView& up,
+                                      const MatView& down, const MatView& gate_inp, int in, int out, float eps) {
+  add_matmul(layer, "ffn_gate_shexp", gate, in, s.gate);
+  add_matmul(layer, "ffn_up_shexp", up, in, s.up);
+  add_glu(layer, "ffn_act_shexp", s.gate, s.up, s.act, GluKind::SiLU);
+  add_matmul(layer, "ffn_down_shexp", down, s.act, s.out);
+  if (gate_inp.data) {
+    add_matmul(layer, "ffn_gate_inp_shexp", gate_inp, in, s.logit);
+    Op& g = add_op(OpKind::SigmoidGate, layer, "shexp_gate");
+    g.in = s.logit;
+    g.out = s.out;
+  }
+  add_residual(layer, "moe_plus_shared", out, s.out, {}, eps);
+}
+
 void DecodeProgram::add_attention_core(const AttentionSpec& a) {
   for (int which = 0; which < 2; ++which) {
     Op& o = add_op(OpKind::HeadNormRope, a.layer, which == 0 ? "q_norm_rope" : "k_norm_rope");

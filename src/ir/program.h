@@ -118,6 +118,20 @@ struct DecodeProgram {
   void add_moe_experts(int layer, const ExpertBank* bank, int top_k, int route, int in, int hidden, int expert_out,
                        int out);
 
+  // A shared expert beside a layer's routed ones: its SwiGLU MLP of `in`
+  // (down(silu(gate in) * up in) through slots gate, up, act into slots.out),
+  // added to `out` (the routed experts' sum). With gate_inp (a
+  // [1][in width] matrix) the MLP's output is first scaled by
+  // sigmoid(gate_inp in), its logit in slots.logit (width 1): Qwen2-MoE's and
+  // Qwen3-Next's shared-expert gate. Ops ffn_{gate,up,act,down}_shexp,
+  // ffn_gate_inp_shexp, shexp_gate and moe_plus_shared.
+  struct SharedExpertSlots {
+    int gate = -1, up = -1, act = -1, out = -1, logit = -1;  // [n_ff_shexp] x 3, [D], [1]
+  };
+  // gate, up [n_ff_shexp][D], down [D][n_ff_shexp], gate_inp [1][D] or empty.
+  void add_shared_expert(int layer, const SharedExpertSlots& slots, const MatView& gate, const MatView& up,
+                         const MatView& down, const MatView& gate_inp, int in, int out, float eps);
+
   // The attention core of a layer whose q, k and v are already projected:
   // per-head q/k norm (when given) and RoPE, the KV store into a new
   // cache-marker slot, and attention into `att`.

@@ -47,6 +47,25 @@ MatView mat(const GGUFFile& f, const std::string& name, int64_t cols, int64_t ro
   return m;
 }
 
+// A one-row weight [1][cols]: GGUF shape {cols} or {cols, 1} (llama.cpp's
+// converter keeps a [1][cols] checkpoint tensor 2-D).
+MatView row_mat(const GGUFFile& f, const std::string& name, int64_t cols) {
+  const GGUFTensorInfo& t = f.tensor(name);
+  if (t.shape.size() == 1 && t.shape[0] == cols) {
+    MatView m;
+    m.type = t.type;
+    m.cols = cols;
+    m.rows = 1;
+    m.data = t.data;
+    m.row_bytes = row_bytes(t.type, cols);
+    return m;
+  }
+  if (t.shape.size() != 2 || t.shape[0] != cols || t.shape[1] != 1)
+    fail("{}: tensor '{}' has shape [{}], expected [{}] or [{}, 1]", f.name(), name, fmt::join(t.shape, ", "), cols,
+         cols);
+  return mat(f, name, cols, 1);
+}
+
 // Rows [b, b + n) of a matrix (a fused projection's part), zero-copy: rows
 // are contiguous in every format.
 MatView row_range(const MatView& m, int64_t b, int64_t n) {
@@ -235,8 +254,12 @@ std::unique_ptr<DenseModel> DenseModel::load(const GGUFFile& f, std::optional<DT
     if (c.n_expert_used > c.n_expert || c.n_expert > 4096)
       fail("{}: expert_used_count {} must be at most expert_count {} (at most 4096)", f.name(), c.n_expert_used,
            c.n_expert);
-    // llama.cpp's default for deepseek2 is no renormalisation, for the others renormalisation.
-    c.expert_weights_norm = f.get_bool_opt(arch_key(c, "expert_weights_norm")).value_or(!c.mla);
+    // llama.cpp's default for deepseek2 and qwen2moe is no renormalisation, for the others renormalisation.
+    c.expert_weights_norm = f.get_bool_opt(arch_key(c, "expert_weights_norm")).value_or(fam.expert_norm_default);
+    if (fam.gated_shared_expert) {
+      c.n_ff_shexp = int_in(f, arch_key(c, "expert_shared_feed_forward_length"));
+      c.shared_gate = true;
+    }
     if (c.mla) {
       const int64_t shared = f.has(arch_key(c, "expert_shared_count")) ? f.get_int(arch_key(c, "expert_shared_count")) : 0;
       if (shared < 0 || shared > 64) fail("{}: '{}' is {}", f.name(), arch_key(c, "expert_shared_count"), shared);
@@ -347,14 +370,14 @@ std::unique_ptr<DenseModel> DenseModel::load(const GGUFFile& f, std::optional<DT
         B.up_bias = bias2(T::FfnUpExps, c.n_ff_exp);
         B.down_bias = bias2(T::FfnDownExps, c.n_embd);
       }
-      if (c.mla) {
-        if (f.find_tensor(name(T::FfnExpProbsB, l, "bias"))) L.router_bias = vec(f, name(T::FfnExpProbsB, l, "bias"), c.n_expert);
-        if (c.n_ff_shexp > 0) {
-          L.sh_gate = mat(f, name(T::FfnGateShexp, l), c.n_embd, c.n_ff_shexp);
-          L.sh_up = mat(f, name(T::FfnUpShexp, l), c.n_embd, c.n_ff_shexp);
-          L.sh_down = mat(f, name(T::FfnDownShexp, l), c.n_ff_shexp, c.n_embd);
-        }
+      if (c.mla && f.find_tensor(name(T::FfnExpProbsB, l, "bias")))
+        L.router_bias = vec(f, name(T::FfnExpProbsB, l, "bias"), c.n_expert);
+      if (c.n_ff_shexp > 0) {
+        L.sh_gate = mat(f, name(T::FfnGateShexp, l), c.n_embd, c.n_ff_shexp);
+        L.sh_up = mat(f, name(T::FfnUpShexp, l), c.n_embd, c.n_ff_shexp);
+        L.sh_down = mat(f, name(T::FfnDownShexp, l), c.n_ff_shexp, c.n_embd);
       }
+      if (c.shared_gate) L.sh_gate_inp = row_mat(f, name(T::FfnGateInpShexp, l), c.n_embd);
     } else if (fam.fused_gate_up) {
       const MatView gu = mat(f, name(T::FfnUp, l), c.n_embd, 2 * int64_t{c.n_ff});
       L.w_gate = row_range(gu, 0, c.n_ff);
@@ -478,7 +501,7 @@ void DenseModel::dequantize_all_to_f32() {
     convert(output_);
   for (DenseLayer& L : layers_) {
     for (MatView* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down, &L.router, &L.q_a, &L.q_b, &L.kv_a,
-                       &L.kv_b_k, &L.kv_b_v, &L.sh_gate, &L.sh_up, &L.sh_down})
+                       &L.kv_b_k, &L.kv_b_v, &L.sh_gate, &L.sh_up, &L.sh_down, &L.sh_gate_inp})
       if (m->data) convert(*m);
     for (auto* v : {&L.experts.gate, &L.experts.up, &L.experts.down})
       for (MatView& m : *v) convert(m);
@@ -490,7 +513,7 @@ size_t DenseModel::weight_bytes() const {
   size_t total = b(output_);
   for (const auto& L : layers_) {
     total += b(L.wq) + b(L.wk) + b(L.wv) + b(L.wo) + b(L.w_gate) + b(L.w_up) + b(L.w_down) + b(L.router);
-    total += b(L.q_a) + b(L.q_b) + b(L.kv_a) + b(L.kv_b_k) + b(L.kv_b_v) + b(L.sh_gate) + b(L.sh_up) + b(L.sh_down);
+    total += b(L.q_a) + b(L.q_b) + b(L.kv_a) + b(L.kv_b_k) + b(L.kv_b_v) + b(L.sh_gate) + b(L.sh_up) + b(L.sh_down) + b(L.sh_gate_inp);
     // The routed experts a token selects: top_k of the layer's.
     for (int e = 0; e < cfg_.n_expert_used && e < L.experts.n_expert; ++e)
       total += L.experts.glu_bytes(e) + L.experts.down_bytes(e);

@@ -48,7 +48,7 @@ struct DenseConfig {
   bool sandwich_norm = false;       // gemma: norms after attention and MLP outputs too
   float attn_softcap = 0.f;         // gemma2: attention scores soft-capped (0: none)
   float final_softcap = 0.f;        // gemma2: logits soft-capped (0: none)
-  // MoE families (qwen3moe): experts per layer, selected per token, their MLP
+  // MoE families (qwen3moe, qwen2moe): experts per layer, selected per token, their MLP
   // width, and whether the selected softmax scores are renormalised.
   int n_expert = 0, n_expert_used = 0, n_ff_exp = 0;
   bool expert_weights_norm = true;
@@ -60,6 +60,8 @@ struct DenseConfig {
   bool mla = false;
   int q_lora_rank = 0, kv_lora_rank = 0, qk_nope = 0, qk_rope = 0, v_head_dim = 0;
   int n_dense_lead = 0, n_ff_shexp = 0;
+  // qwen2moe: the shared expert's output is scaled by sigmoid(sh_gate_inp . x).
+  bool shared_gate = false;
   bool gating_sigmoid = false;
   float expert_weights_scale = 1.f;
   int n_group = 1, topk_group = 1;
@@ -89,7 +91,8 @@ struct DenseLayer {
   MatView router;
   ExpertBank experts;
   std::vector<float> router_bias;  // [n_expert] selection bias (deepseek2), or empty
-  MatView sh_gate, sh_up, sh_down; // shared experts (deepseek2)
+  MatView sh_gate, sh_up, sh_down; // shared experts (deepseek2, qwen2moe)
+  MatView sh_gate_inp;             // [1][n_embd]: the shared expert's gate logit (qwen2moe), or empty
   // MLA (deepseek2): see DecodeProgram::MlaSpec.
   MatView q_a, q_b, kv_a, kv_b_k, kv_b_v;
   std::vector<float> q_a_norm, kv_a_norm;

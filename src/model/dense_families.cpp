@@ -47,6 +47,7 @@ constexpr std::array<std::string_view, kDenseTensorKinds> kGgufNames = {
     "blk.{}.ffn_down_shexp", // FfnDownShexp
     "blk.{}.exp_probs_b",    // FfnExpProbsB (suffix "bias")
     "blk.{}.attn_sinks",     // AttnSinks
+    "blk.{}.ffn_gate_inp_shexp",  // FfnGateInpShexp
     "",                      // FfnGateUpExps: Hugging Face only
 };
 
@@ -145,6 +146,29 @@ std::vector<DenseFamily> make_families() {
     v.push_back(std::move(f));
   }
   {
+    // Qwen1.5-MoE / Qwen2-MoE: Qwen2's attention with q/k/v biases, a
+    // softmax-routed expert MLP in every layer plus a sigmoid-gated shared
+    // expert. llama.cpp does not renormalise the selected weights.
+    DenseFamily f;
+    f.name = "qwen2moe";
+    f.gguf_arch = "qwen2moe";
+    f.hf_types = {"qwen2_moe"};
+    f.qkv_bias = true;
+    f.moe = true;
+    f.gated_shared_expert = true;
+    f.expert_norm_default = false;
+    f.hf_names = llama_like_hf(false);
+    f.hf_names.push_back({T::FfnGateInp, "model.layers.{0}.mlp.gate"});
+    f.hf_names.push_back({T::FfnGateExps, "model.layers.{0}.mlp.experts.{1}.gate_proj"});
+    f.hf_names.push_back({T::FfnUpExps, "model.layers.{0}.mlp.experts.{1}.up_proj"});
+    f.hf_names.push_back({T::FfnDownExps, "model.layers.{0}.mlp.experts.{1}.down_proj"});
+    f.hf_names.push_back({T::FfnGateShexp, "model.layers.{}.mlp.shared_expert.gate_proj"});
+    f.hf_names.push_back({T::FfnUpShexp, "model.layers.{}.mlp.shared_expert.up_proj"});
+    f.hf_names.push_back({T::FfnDownShexp, "model.layers.{}.mlp.shared_expert.down_proj"});
+    f.hf_names.push_back({T::FfnGateInpShexp, "model.layers.{}.mlp.shared_expert_gate"});
+    v.push_back(std::move(f));
+  }
+  {
     // DeepSeek-V2 / V3: multi-head latent attention, leading dense layers,
     // then routed experts (softmax or sigmoid scores, group-limited) plus
     // shared experts. RoPE on adjacent pairs of the trailing q/k dims.
@@ -155,6 +179,7 @@ std::vector<DenseFamily> make_families() {
     f.rope_neox = false;
     f.moe = true;
     f.mla = true;
+    f.expert_norm_default = false;
     f.hf_names = {
         {T::TokenEmbd, "model.embed_tokens"},
         {T::Output, "lm_head"},
@@ -300,9 +325,8 @@ std::optional<std::string> unsupported_gguf_reason(std::string_view a) {
     std::string_view arch, why;
   };
   static constexpr Known kKnown[] = {
-      {"qwen2moe", "Qwen2-MoE is not read from GGUF yet"},
-      {"qwen3next", "Qwen3-Next (Gated DeltaNet hybrid with routed and shared experts) is not supported yet; "
-                    "its dense relative Qwen3.5 runs from a Hugging Face directory (model_type qwen3_5_text)"},
+      {"qwen3next", "Qwen3-Next GGUF files are not read yet; a Hugging Face Qwen3-Next directory (model_type "
+                    "qwen3_next) runs on the qwen3.8 architecture"},
       {"qwen35", "Qwen3.5 GGUF files are not read yet; a Hugging Face Qwen3.5 directory (model_type "
                  "qwen3_5_text) runs on the qwen3.8 architecture"},
       {"qwen35moe", "Qwen3.5-MoE is not supported yet (its dense form runs from a Hugging Face directory)"},

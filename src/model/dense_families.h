@@ -54,6 +54,7 @@ enum class DenseTensor {
   FfnDownShexp,  // [n_embd][n_ff_shexp]
   FfnExpProbsB,  // [n_expert] the router's selection bias (DeepSeek-V3's e_score_correction_bias)
   AttnSinks,     // [n_head] per-head attention sink logits (gpt-oss)
+  FfnGateInpShexp,  // [n_embd] (GGUF {n_embd} or {n_embd, 1}): the shared expert's gate logit (Qwen2-MoE)
   // gpt-oss in Hugging Face form: the experts' gate and up matrices
   // interleaved (gate = even columns, up = odd) and transposed, one tensor
   // [n_expert][n_embd][2 n_ff_exp] per layer (with "_bias" [n_expert][2 n_ff_exp]);
@@ -91,6 +92,12 @@ struct DenseFamily {
   bool moe = false;               // the MLP is a routed mixture of experts (after any leading dense layers)
   bool mla = false;               // multi-head latent attention with shared and routed experts (deepseek2)
   bool gpt_oss = false;           // sinks, biases everywhere, clamped-SwiGLU experts, YaRN (gpt-oss)
+  // A shared expert of its own width (expert_shared_feed_forward_length)
+  // next to the routed ones, its output scaled by sigmoid(w . x) (Qwen2-MoE).
+  bool gated_shared_expert = false;
+  // Whether the routed weights are renormalised when a GGUF file has no
+  // expert_weights_norm key (llama.cpp's default for the architecture).
+  bool expert_norm_default = true;
   // Hugging Face tensor name patterns ("{0}" or "{}" is the layer, "{1}" the
   // expert), indexed by DenseTensor; empty where the family has no such tensor.
   std::vector<std::pair<DenseTensor, std::string_view>> hf_names;

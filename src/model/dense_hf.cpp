@@ -479,6 +479,15 @@ void gpt_oss_from_hf(const HFConfig& hf, const DenseFamily& fam, const Safetenso
 
 }  // namespace
 
+void require_every_layer_sparse(const HFConfig& hf) {
+  if (hf.get_int_or("decoder_sparse_step", 1) != 1)
+    fail("{}: 'decoder_sparse_step' {} is not supported (every layer must be a mixture of experts)", hf.name(),
+         hf.get_int_or("decoder_sparse_step", 1));
+  if (const nlohmann::json* m = hf.find("mlp_only_layers"); m && !(m->is_array() && m->empty()))
+    fail("{}: 'mlp_only_layers' must be empty (dense layers inside a mixture-of-experts model are not supported)",
+         hf.name());
+}
+
 std::vector<uint8_t> dense_gguf_from_hf(const std::string& dir, std::optional<DType> weights) {
   const HFConfig hf = HFConfig::load(dir);
   const std::string mt = hf.model_type();
@@ -521,7 +530,7 @@ std::vector<uint8_t> dense_gguf_from_hf(const std::string& dir, std::optional<DT
     deepseek_from_hf(hf, fam, st, cv, n_layer, n_embd, n_ff, n_head, n_vocab, eps);
     return cv.writer().serialize();
   }
-  int n_expert = 0, n_expert_used = 0, n_ff_exp = 0;
+  int n_expert = 0, n_expert_used = 0, n_ff_exp = 0, n_ff_shexp = 0;
   if (fam.moe) {
     // Qwen3-MoE names the expert count num_experts (transformers 5 writes
     // num_local_experts); every layer must be sparse.
@@ -532,15 +541,14 @@ std::vector<uint8_t> dense_gguf_from_hf(const std::string& dir, std::optional<DT
     if (n_expert_used > n_expert || n_expert > 4096)
       fail("{}: num_experts_per_tok {} must be at most the expert count {} (at most 4096)", hf.name(), n_expert_used,
            n_expert);
-    if (hf.get_int_or("decoder_sparse_step", 1) != 1)
-      fail("{}: 'decoder_sparse_step' {} is not supported (every layer must be a mixture of experts)", hf.name(),
-           hf.get_int_or("decoder_sparse_step", 1));
-    if (const nlohmann::json* m = hf.find("mlp_only_layers"); m && !(m->is_array() && m->empty()))
-      fail("{}: 'mlp_only_layers' must be empty (dense layers inside a mixture-of-experts model are not supported)",
-           hf.name());
-    if (hf.get_int_or("shared_expert_intermediate_size", 0) != 0)
+    require_every_layer_sparse(hf);
+    if (fam.gated_shared_expert)
+      n_ff_shexp = pos("shared_expert_intermediate_size");
+    else if (hf.get_int_or("shared_expert_intermediate_size", 0) != 0)
       fail("{}: shared experts are not supported for {}", hf.name(), mt);
   }
+  if (fam.qkv_bias && !hf.get_bool_or("qkv_bias", true))
+    fail("{}: 'qkv_bias' false is not supported for {} (its q/k/v projections carry biases)", hf.name(), mt);
 
   Converter cv(hf, fam, st, weights);
   GGUFWriter& w = cv.writer();
@@ -551,7 +559,10 @@ std::vector<uint8_t> dense_gguf_from_hf(const std::string& dir, std::optional<DT
     w.set_u32(a + ".expert_count", static_cast<uint32_t>(n_expert));
     w.set_u32(a + ".expert_used_count", static_cast<uint32_t>(n_expert_used));
     w.set_u32(a + ".expert_feed_forward_length", static_cast<uint32_t>(n_ff_exp));
-    w.set_bool(a + ".expert_weights_norm", hf.get_bool_or("norm_topk_prob", true));
+    // transformers' Qwen2-MoE config does not renormalise by default, like
+    // llama.cpp's qwen2moe.
+    w.set_bool(a + ".expert_weights_norm", hf.get_bool_or("norm_topk_prob", fam.expert_norm_default));
+    if (n_ff_shexp > 0) w.set_u32(a + ".expert_shared_feed_forward_length", static_cast<uint32_t>(n_ff_shexp));
   }
 
   const Rope rope = read_rope(hf, "full_attention");
@@ -635,6 +646,12 @@ std::vector<uint8_t> dense_gguf_from_hf(const std::string& dir, std::optional<DT
       cv.mat(T::FfnGateExps, l, n_ff_exp, n_embd, 0, n_expert);
       cv.mat(T::FfnUpExps, l, n_ff_exp, n_embd, 0, n_expert);
       cv.mat(T::FfnDownExps, l, n_embd, n_ff_exp, 0, n_expert);
+      if (n_ff_shexp > 0) {
+        cv.mat(T::FfnGateShexp, l, n_ff_shexp, n_embd);
+        cv.mat(T::FfnUpShexp, l, n_ff_shexp, n_embd);
+        cv.mat(T::FfnDownShexp, l, n_embd, n_ff_shexp);
+        cv.mat(T::FfnGateInpShexp, l, 1, n_embd);  // GGUF {n_embd, 1}, as llama.cpp's converter keeps it
+      }
     } else if (fam.fused_gate_up) {
       cv.mat(T::FfnUp, l, 2 * int64_t{n_ff}, n_embd);
       cv.mat(T::FfnDown, l, n_embd, n_ff);

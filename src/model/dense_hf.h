@@ -16,10 +16,16 @@
 
 namespace megakern {
 
+class HFConfig;
+
 // The GGUF image of a checkpoint directory (config.json + safetensors).
 // Matrices keep their float format (F32, F16, BF16), or are quantised to
 // `weights` with the reference quantiser. Throws megakern::Error naming the
 // file and the key or tensor that is missing, malformed or unsupported.
 std::vector<uint8_t> dense_gguf_from_hf(const std::string& dir, std::optional<DType> weights);
+
+// Refuses a mixture-of-experts config.json with dense layers among the
+// sparse ones (decoder_sparse_step other than 1, mlp_only_layers not empty).
+void require_every_layer_sparse(const HFConfig& hf);
 
 }  // namespace megakern

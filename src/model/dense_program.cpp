@@ -42,12 +42,14 @@ DecodeProgram build_dense_program(const DenseModel& model, int max_rows) {
     mla.kext = p.add_slot("mla_k_extra", -1, c.qk_rope);
     mla.knope = p.add_slot("mla_k_nope", -1, c.n_head * c.qk_nope);
   }
-  int rlog = -1, route = -1, eh = -1, ye = -1, sgate = -1, sup = -1, sact = -1, sout = -1;
+  int rlog = -1, route = -1, eh = -1, ye = -1;
+  DecodeProgram::SharedExpertSlots shared;
   if (c.n_ff_shexp > 0) {
-    sgate = p.add_slot("shared_gate", -1, c.n_ff_shexp);
-    sup = p.add_slot("shared_up", -1, c.n_ff_shexp);
-    sact = p.add_slot("shared_act", -1, c.n_ff_shexp);
-    sout = p.add_slot("shared_out", -1, D);
+    shared.gate = p.add_slot("shared_gate", -1, c.n_ff_shexp);
+    shared.up = p.add_slot("shared_up", -1, c.n_ff_shexp);
+    shared.act = p.add_slot("shared_act", -1, c.n_ff_shexp);
+    shared.out = p.add_slot("shared_out", -1, D);
+    if (c.shared_gate) shared.logit = p.add_slot("shared_gate_logit", -1, 1);
   }
   if (c.n_expert > 0) {
     rlog = p.add_slot("router_logits", -1, c.n_expert);
@@ -107,7 +109,8 @@ DecodeProgram build_dense_program(const DenseModel& model, int max_rows) {
     if (c.layer_moe(l)) {
       // Softmax (or sigmoid) routing over every expert, the top k (of the
       // best groups), their SwiGLU outputs summed with the (renormalised,
-      // scaled) scores as weights; plus the shared experts' MLP.
+      // scaled) scores as weights; plus the shared experts' MLP (gated by
+      // a sigmoid for qwen2moe).
       p.add_matmul(l, "ffn_gate_inp", L.router, xn, rlog).as<ops::MatMul>().bias = L.router_b;
       Op& rt = p.add_op(OpKind::MoeRoute, l, "moe_route");
       rt.in = rlog;
@@ -125,11 +128,7 @@ DecodeProgram build_dense_program(const DenseModel& model, int max_rows) {
       r.softmax_selected = c.gpt_oss;    // gpt-oss: softmax over the selected logits
       p.add_moe_experts(l, &L.experts, c.n_expert_used, route, xn, eh, ye, proj);
       if (c.n_ff_shexp > 0) {
-        p.add_matmul(l, "ffn_gate_shexp", L.sh_gate, xn, sgate);
-        p.add_matmul(l, "ffn_up_shexp", L.sh_up, xn, sup);
-        p.add_glu(l, "ffn_act_shexp", sgate, sup, sact, GluKind::SiLU);
-        p.add_matmul(l, "ffn_down_shexp", L.sh_down, sact, sout);
-        p.add_residual(l, "moe_plus_shared", proj, sout, {}, c.eps);
+        p.add_shared_expert(l, shared, L.sh_gate, L.sh_up, L.sh_down, L.sh_gate_inp, xn, proj, c.eps);
       }
     } else {
       p.add_matmul(l, "ffn_gate", L.w_gate, xn, gate);

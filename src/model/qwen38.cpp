@@ -207,11 +207,31 @@ std::unique_ptr<Qwen38Model> Qwen38Model::load_from(std::unique_ptr<Qwen38Model>
     } else {
       Ly.cache_index = n_delta++;
       const std::string a = p + "linear_attn.";
-      Ly.w_qkv = L.mat(a + "in_proj_qkv.weight");
-      Ly.w_z = L.mat(a + "in_proj_z.weight");
-      const auto& b = L.get(a + "in_proj_b.weight");
-      const auto& av = L.get(a + "in_proj_a.weight");
-      Ly.w_ba = L.stack({{&b, 0, b.shape[0]}, {&av, 0, av.shape[0]}});
+      if (c.fused_qkvz) {
+        // Per key head g: rows [q (dk) | k (dk) | v (r dv) | z (r dv)] of
+        // in_proj_qkvz and [b (r) | a (r)] of in_proj_ba, r value heads per
+        // key head; regrouped as all q, all k, all v (value head g r + j),
+        // all z, all b, all a.
+        const auto& qkvz = L.get(a + "in_proj_qkvz.weight");
+        const auto& ba = L.get(a + "in_proj_ba.weight");
+        const int64_t nk = c.la_n_k_heads, dk = c.la_k_head_dim, r = c.la_n_v_heads / c.la_n_k_heads;
+        const int64_t rv = r * c.la_v_head_dim, group = 2 * dk + 2 * rv;
+        std::vector<Qwen38Loader::Piece> qkv, zp, bap;
+        for (int64_t part : {int64_t{0}, dk, 2 * dk})  // q, k, v
+          for (int64_t g = 0; g < nk; ++g) qkv.push_back({&qkvz, g * group + part, g * group + part + (part == 2 * dk ? rv : dk)});
+        for (int64_t g = 0; g < nk; ++g) zp.push_back({&qkvz, g * group + 2 * dk + rv, (g + 1) * group});
+        for (int64_t part : {int64_t{0}, r})  // b, a
+          for (int64_t g = 0; g < nk; ++g) bap.push_back({&ba, g * 2 * r + part, g * 2 * r + part + r});
+        Ly.w_qkv = L.stack(qkv);
+        Ly.w_z = L.stack(zp);
+        Ly.w_ba = L.stack(bap);
+      } else {
+        Ly.w_qkv = L.mat(a + "in_proj_qkv.weight");
+        Ly.w_z = L.mat(a + "in_proj_z.weight");
+        const auto& b = L.get(a + "in_proj_b.weight");
+        const auto& av = L.get(a + "in_proj_a.weight");
+        Ly.w_ba = L.stack({{&b, 0, b.shape[0]}, {&av, 0, av.shape[0]}});
+      }
       Ly.w_out = L.mat(a + "out_proj.weight");
       Ly.conv = L.vec(a + "conv1d.weight");  // [C][1][K] row-major is [C][K]
       Ly.a_log = L.vec(a + "A_log");
@@ -219,9 +239,27 @@ std::unique_ptr<Qwen38Model> Qwen38Model::load_from(std::unique_ptr<Qwen38Model>
       Ly.gated_norm = L.vec(a + "norm.weight");
     }
     const std::string mp = p + "mlp.";
-    Ly.w_gate = L.mat(mp + "gate_proj.weight");
-    Ly.w_up = L.mat(mp + "up_proj.weight");
-    Ly.w_down = L.mat(mp + "down_proj.weight");
+    if (c.moe()) {
+      Ly.router = L.mat(mp + "gate.weight");
+      ExpertBank& B = Ly.experts;
+      B.n_expert = c.n_expert;
+      B.d_in = c.hidden;
+      B.d_ff = c.moe_intermediate;
+      for (int e = 0; e < c.n_expert; ++e) {
+        const std::string x = fmt::format("{}experts.{}.", mp, e);
+        B.gate.push_back(L.mat(x + "gate_proj.weight"));
+        B.up.push_back(L.mat(x + "up_proj.weight"));
+        B.down.push_back(L.mat(x + "down_proj.weight"));
+      }
+      Ly.sh_gate = L.mat(mp + "shared_expert.gate_proj.weight");
+      Ly.sh_up = L.mat(mp + "shared_expert.up_proj.weight");
+      Ly.sh_down = L.mat(mp + "shared_expert.down_proj.weight");
+      Ly.sh_gate_inp = L.mat(mp + "shared_expert_gate.weight");
+    } else {
+      Ly.w_gate = L.mat(mp + "gate_proj.weight");
+      Ly.w_up = L.mat(mp + "up_proj.weight");
+      Ly.w_down = L.mat(mp + "down_proj.weight");
+    }
     m->layers_.push_back(std::move(Ly));
   }
   return m;
@@ -244,9 +282,23 @@ DecodeProgram build_qwen38_program(const Qwen38Model& model, int max_rows) {
   const int x = p.add_slot("x", -1, H);
   const int xn = p.add_slot("xn", -1, H);
   const int proj = p.add_slot("proj", -1, H);
-  const int gate = p.add_slot("gate", -1, FF);
-  const int up = p.add_slot("up", -1, FF);
-  const int act = p.add_slot("act", -1, FF);
+  int gate = -1, up = -1, act = -1, rlog = -1, route = -1, eh = -1, ye = -1;
+  DecodeProgram::SharedExpertSlots shared;
+  if (c.moe()) {
+    rlog = p.add_slot("router_logits", -1, c.n_expert);
+    route = p.add_slot("route", -1, 2 * c.n_expert_used);
+    eh = p.add_slot("expert_hidden", -1, c.n_expert_used * c.moe_intermediate);
+    ye = p.add_slot("expert_out", -1, c.n_expert_used * H);
+    shared.gate = p.add_slot("shared_gate", -1, c.shared_intermediate);
+    shared.up = p.add_slot("shared_up", -1, c.shared_intermediate);
+    shared.act = p.add_slot("shared_act", -1, c.shared_intermediate);
+    shared.out = p.add_slot("shared_out", -1, H);
+    shared.logit = p.add_slot("shared_gate_logit", -1, 1);
+  } else {
+    gate = p.add_slot("gate", -1, FF);
+    up = p.add_slot("up", -1, FF);
+    act = p.add_slot("act", -1, FF);
+  }
   int q = -1, qgate = -1, k = -1, v = -1, att = -1, qkv = -1, z = -1, ba = -1, o = -1;
   if (c.n_full_attention_layers() > 0) {
     q = p.add_slot("q", -1, qd);
@@ -315,10 +367,27 @@ DecodeProgram build_qwen38_program(const Qwen38Model& model, int max_rows) {
     }
     p.add_residual(l, "attn_residual", x, proj, {}, eps);
     p.add_rmsnorm(l, "ffn_norm", L.post_norm, eps, x, xn);
-    p.add_matmul(l, "ffn_gate", L.w_gate, xn, gate);
-    p.add_matmul(l, "ffn_up", L.w_up, xn, up);
-    p.add_glu(l, "ffn_act", gate, up, act, GluKind::SiLU);
-    p.add_matmul(l, "ffn_down", L.w_down, act, proj);
+    if (c.moe()) {
+      // Softmax over every expert, the top k (renormalised when
+      // norm_topk_prob) weighting their SwiGLU outputs; plus the shared
+      // expert scaled by its sigmoid gate.
+      p.add_matmul(l, "ffn_gate_inp", L.router, xn, rlog);
+      Op& rt = p.add_op(OpKind::MoeRoute, l, "moe_route");
+      rt.in = rlog;
+      rt.out = route;
+      auto& r = rt.as<ops::MoeRoute>();
+      r.top_k = c.n_expert_used;
+      r.softmax = true;
+      r.normalize = c.norm_topk_prob;
+      r.eps = 0.f;
+      p.add_moe_experts(l, &L.experts, c.n_expert_used, route, xn, eh, ye, proj);
+      p.add_shared_expert(l, shared, L.sh_gate, L.sh_up, L.sh_down, L.sh_gate_inp, xn, proj, eps);
+    } else {
+      p.add_matmul(l, "ffn_gate", L.w_gate, xn, gate);
+      p.add_matmul(l, "ffn_up", L.w_up, xn, up);
+      p.add_glu(l, "ffn_act", gate, up, act, GluKind::SiLU);
+      p.add_matmul(l, "ffn_down", L.w_down, act, proj);
+    }
     p.add_residual(l, "ffn_residual", x, proj, {}, eps);
   }
   const int logits = p.add_slot("logits", -1, c.vocab);
@@ -407,7 +476,7 @@ class Qwen38ArchModel final : public ArchModel {
     const Qwen38Config& c = m_->config();
     return fmt::format("qwen3.8 (Gated DeltaNet + gated attention): {} layers, hidden {}, vocab {}, {} ({:.1f} MB "
                        "read per step)",
-                       c.n_layer, c.hidden, c.vocab, dtype_traits(m_->layers()[0].w_up.type).name,
+                       c.n_layer, c.hidden, c.vocab, dtype_traits(m_->lm_head().type).name,
                        build_program(1).weight_bytes() / 1e6);
   }
 
@@ -424,7 +493,7 @@ class Qwen38Architecture final : public Architecture {
     return v;
   }
   bool runnable(const std::string& preset) const override { return preset != "qwen3.8-27b"; }
-  std::vector<std::string> hf_model_types() const override { return {"qwen3_5_text", "qwen3_5"}; }
+  std::vector<std::string> hf_model_types() const override { return {"qwen3_5_text", "qwen3_5", "qwen3_next"}; }
   std::unique_ptr<ArchModel> synthetic(const std::string& preset, const ModelOptions& o) const override {
     const Qwen38Config& c = *find_qwen38_preset(preset);
     if (!runnable(preset)) fail_full_size(preset, weight_bytes_total(c, DType::BF16) / 1e9);

@@ -11,6 +11,8 @@
 //  - in_proj_b and in_proj_a are stacked into one [2 * n_v_heads][hidden]
 //    matrix ([b | a]), so one product feeds the delta rule;
 //  - conv1d.weight [C][1][K] is read as taps [C][K] (tap K-1 = current input);
+//  - Qwen3-Next's fused in_proj_qkvz / in_proj_ba (rows grouped per key head)
+//    are regrouped into the same [q | k | v], z and [b | a] matrices;
 //  - matrices stay in F32, F16 or BF16 as stored (copied when the data is not
 //    aligned to its element size); any other float dtype is converted to F32;
 //    small tensors are converted to F32.
@@ -27,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "ir/expert_bank.h"
 #include "ir/program.h"
 #include "kernels/cpu/matmul.h"
 #include "model/qwen38_config.h"
@@ -56,6 +59,11 @@ struct Qwen38Layer {
   // SwiGLU MLP.
   MatView w_gate, w_up;           // [FF][H]
   MatView w_down;                 // [H][FF]
+  // Mixture of experts (Qwen3-Next) instead of the MLP: the router
+  // [n_expert][H], the routed experts, the shared expert and its gate [1][H].
+  MatView router;
+  ExpertBank experts;
+  MatView sh_gate, sh_up, sh_down, sh_gate_inp;
 };
 
 class Qwen38Model {
@@ -116,7 +124,8 @@ void write_qwen38_synthetic(const Qwen38Config& c, uint64_t seed, const std::str
 
 // The decode step: embedding; per layer zero-centred input norm, the mixer
 // (gated attention at l % 4 == 3, else Gated DeltaNet), residual,
-// post-attention norm, SwiGLU MLP, residual; final norm; untied LM head.
+// post-attention norm, SwiGLU MLP (or routed experts plus a gated shared
+// expert: Qwen3-Next), residual; final norm; untied LM head.
 // The program is `recurrent`: rows need a RecurrentState (make_sequence_state).
 DecodeProgram build_qwen38_program(const Qwen38Model& model, int max_rows);
 

@@ -8,6 +8,7 @@
 #include "core/units.h"
 #include "io/config_value.h"
 #include "io/hf_config.h"
+#include "model/dense_hf.h"
 
 namespace megakern {
 
@@ -104,6 +105,13 @@ void Qwen38Config::validate() const {
   if (rotary_dim <= 0 || rotary_dim > head_dim || rotary_dim % 2 != 0)
     fail("{}: rotary_dim must be even and in (0, head_dim={}], got {}", who, head_dim, rotary_dim);
   if (tie_embeddings) fail("{}: Qwen3.8 has untied embeddings", who);
+  if (n_expert < 0 || n_expert > 4096) fail("{}: n_expert must be in [0, 4096], got {}", who, n_expert);
+  if (moe()) {
+    if (n_expert_used < 1 || n_expert_used > n_expert)
+      fail("{}: n_expert_used must be in [1, n_expert={}], got {}", who, n_expert, n_expert_used);
+    positive("moe_intermediate", moe_intermediate);
+    positive("shared_intermediate", shared_intermediate);
+  }
 }
 
 const std::vector<Qwen38Config>& qwen38_presets() {
@@ -142,10 +150,15 @@ std::vector<Qwen38Tensor> qwen38_tensors(const Qwen38Config& c, const std::strin
       t.push_back({a + "k_norm.weight", {c.head_dim}, K::Attention, l, false});
     } else {
       const std::string a = p + "linear_attn.";
-      t.push_back({a + "in_proj_qkv.weight", {c.la_conv_dim(), H}, K::DeltaNet, l, true});
-      t.push_back({a + "in_proj_z.weight", {c.la_value_dim(), H}, K::DeltaNet, l, true});
-      t.push_back({a + "in_proj_b.weight", {c.la_n_v_heads, H}, K::DeltaNet, l, true});
-      t.push_back({a + "in_proj_a.weight", {c.la_n_v_heads, H}, K::DeltaNet, l, true});
+      if (c.fused_qkvz) {
+        t.push_back({a + "in_proj_qkvz.weight", {c.la_conv_dim() + c.la_value_dim(), H}, K::DeltaNet, l, true});
+        t.push_back({a + "in_proj_ba.weight", {2 * int64_t(c.la_n_v_heads), H}, K::DeltaNet, l, true});
+      } else {
+        t.push_back({a + "in_proj_qkv.weight", {c.la_conv_dim(), H}, K::DeltaNet, l, true});
+        t.push_back({a + "in_proj_z.weight", {c.la_value_dim(), H}, K::DeltaNet, l, true});
+        t.push_back({a + "in_proj_b.weight", {c.la_n_v_heads, H}, K::DeltaNet, l, true});
+        t.push_back({a + "in_proj_a.weight", {c.la_n_v_heads, H}, K::DeltaNet, l, true});
+      }
       t.push_back({a + "conv1d.weight", {c.la_conv_dim(), 1, c.conv_kernel}, K::DeltaNet, l, false});
       t.push_back({a + "dt_bias", {c.la_n_v_heads}, K::DeltaNet, l, false});
       t.push_back({a + "A_log", {c.la_n_v_heads}, K::DeltaNet, l, false});
@@ -153,6 +166,21 @@ std::vector<Qwen38Tensor> qwen38_tensors(const Qwen38Config& c, const std::strin
       t.push_back({a + "out_proj.weight", {H, c.la_value_dim()}, K::DeltaNet, l, true});
     }
     t.push_back({p + "post_attention_layernorm.weight", {H}, K::Norm, l, false});
+    if (c.moe()) {
+      const int64_t F = c.moe_intermediate, S = c.shared_intermediate;
+      t.push_back({p + "mlp.gate.weight", {c.n_expert, H}, K::Mlp, l, true});
+      for (int e = 0; e < c.n_expert; ++e) {
+        const std::string x = fmt::format("{}mlp.experts.{}.", p, e);
+        t.push_back({x + "gate_proj.weight", {F, H}, K::Mlp, l, true});
+        t.push_back({x + "up_proj.weight", {F, H}, K::Mlp, l, true});
+        t.push_back({x + "down_proj.weight", {H, F}, K::Mlp, l, true});
+      }
+      t.push_back({p + "mlp.shared_expert.gate_proj.weight", {S, H}, K::Mlp, l, true});
+      t.push_back({p + "mlp.shared_expert.up_proj.weight", {S, H}, K::Mlp, l, true});
+      t.push_back({p + "mlp.shared_expert.down_proj.weight", {H, S}, K::Mlp, l, true});
+      t.push_back({p + "mlp.shared_expert_gate.weight", {1, H}, K::Mlp, l, true});
+      continue;
+    }
     t.push_back({p + "mlp.gate_proj.weight", {c.intermediate, H}, K::Mlp, l, true});
     t.push_back({p + "mlp.up_proj.weight", {c.intermediate, H}, K::Mlp, l, true});
     t.push_back({p + "mlp.down_proj.weight", {H, c.intermediate}, K::Mlp, l, true});
@@ -277,10 +305,21 @@ std::string describe(const Qwen38Config& c) {
 
 Qwen38Config qwen38_config_from_hf(const HFConfig& hf) {
   const std::string mt = hf.model_type();
-  if (mt != "qwen3_5_text" && mt != "qwen3_5")
-    fail("{}: model_type '{}' is not a Qwen3.5-family dense config (expected qwen3_5_text or qwen3_5)", hf.name(),
-         mt);
+  if (mt != "qwen3_5_text" && mt != "qwen3_5" && mt != "qwen3_next")
+    fail("{}: model_type '{}' is not a Qwen3.5-family config (expected qwen3_5_text, qwen3_5 or qwen3_next)",
+         hf.name(), mt);
   Qwen38Config c;
+  if (mt == "qwen3_next") {
+    // Qwen3-Next: fused DeltaNet projections and a mixture of experts with a
+    // gated shared expert in every layer.
+    c.fused_qkvz = true;
+    c.n_expert = static_cast<int>(hf.get_int_in("num_experts", 1, 4096));
+    c.n_expert_used = static_cast<int>(hf.get_int_in("num_experts_per_tok", 1, c.n_expert));
+    c.moe_intermediate = static_cast<int>(hf.get_int_in("moe_intermediate_size", 1, kMaxConfigDim));
+    c.shared_intermediate = static_cast<int>(hf.get_int_in("shared_expert_intermediate_size", 1, kMaxConfigDim));
+    c.norm_topk_prob = hf.get_bool_or("norm_topk_prob", true);
+    require_every_layer_sparse(hf);
+  }
   c.name = hf.name();
   auto dim = [&](const char* key) { return static_cast<int>(hf.get_int_in(key, 1, kMaxConfigDim)); };
   c.n_layer = static_cast<int>(hf.get_int_in("num_hidden_layers", 1, kMaxConfigLayers));

@@ -72,6 +72,19 @@ struct Qwen38Config {
   int la_k_head_dim = 0;
   int la_v_head_dim = 0;
   int conv_kernel = 4;    // causal depthwise conv over q, k, v channels
+  // Qwen3-Next's checkpoint layout (model_type qwen3_next): the DeltaNet
+  // projections fused per key head, in_proj_qkvz rows [q | k | v | z] of each
+  // key head (v and z for its la_n_v_heads / la_n_k_heads value heads) and
+  // in_proj_ba rows [b | a] of each key head's value heads.
+  bool fused_qkvz = false;
+
+  // Mixture of experts in every layer instead of the SwiGLU MLP (Qwen3-Next;
+  // 0 experts: dense): softmax routing to the top n_expert_used, renormalised
+  // when norm_topk_prob, plus a shared expert of width shared_intermediate
+  // scaled by sigmoid(shared_expert_gate . x).
+  int n_expert = 0, n_expert_used = 0, moe_intermediate = 0, shared_intermediate = 0;
+  bool norm_topk_prob = false;
+  bool moe() const { return n_expert > 0; }
 
   bool is_full_attention(int layer) const { return layer % full_attn_interval == full_attn_interval - 1; }
   int n_full_attention_layers() const;

@@ -15,7 +15,16 @@ void glu_act_tile(const Op& op, const StepContext& ctx, int t, int) {
 template <class K>
 void sigmoid_gate_tile(const Op& op, const StepContext& ctx, int r, int) {
   float* o = row_of(ctx, op.out, r);
-  K::glu(GluKind::Sigmoid, row_of(ctx, op.in, r), o, 1.f, 1.f, o, width_of(ctx, op.out));
+  const int n = width_of(ctx, op.out);
+  if (width_of(ctx, op.in) == n) {
+    K::glu(GluKind::Sigmoid, row_of(ctx, op.in, r), o, 1.f, 1.f, o, n);
+    return;
+  }
+  // One gate for the row: sigmoid(g) * 1, then every value times it.
+  const float one = 1.f;
+  float gate = 0.f;
+  K::glu(GluKind::Sigmoid, row_of(ctx, op.in, r), &one, 1.f, 1.f, &gate, 1);
+  for (int i = 0; i < n; ++i) o[i] *= gate;
 }
 
 template <class K>
@@ -45,7 +54,7 @@ extern const OpInfo kSigmoidGateOp = {
     .name = "sigmoid_gate",
     .reads_out = yes,
     .verify = [](const Op& op, const VerifyContext& v) {
-      MK_CHECK(op.in >= 0 && v.width(op.in) == v.width(op.out), "{}: widths", v.where);
+      MK_CHECK(op.in >= 0 && (v.width(op.in) == v.width(op.out) || v.width(op.in) == 1), "{}: widths", v.where);
     },
     .ref = sigmoid_gate_tile<RefKernels>,
     .fast = sigmoid_gate_tile<FastKernels>,
