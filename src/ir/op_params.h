@@ -10,6 +10,7 @@
 namespace megakern {
 
 struct ExpertBank;  // ir/expert_bank.h
+class Communicator;  // ir/collective.h
 
 namespace ops {
 
@@ -203,6 +204,23 @@ struct AttnResAdd {
 };
 struct Tap {
   int offset = 0;
+};
+
+// ---- ops/collective.cpp --------------------------------------------------
+// Collectives between the ranks of a tensor-parallel group (ir/collective.h),
+// each running its part of a partitioned program (dist/tensor_parallel.h).
+// One tile for all rows: it runs once every tile of its input is done, on one
+// thread, and blocks until every rank has contributed.
+//   AllReduce: out[r] = in_0[r] + in_1[r] + ... + in_{N-1}[r], in_p the in slot of rank p, summed
+//              in rank order on every rank (the same bits on every rank and in any emulation
+//              that sums in that order)
+//   AllGather: out[r] = [in_0[r] | in_1[r] | ... | in_{N-1}[r]]: rank p holds columns
+//              [share_begin(W, N, p), share_begin(W, N, p + 1)) of the W columns of out
+struct AllReduce {
+  Communicator* comm = nullptr;
+};
+struct AllGather {
+  Communicator* comm = nullptr;
 };
 
 }  // namespace ops
