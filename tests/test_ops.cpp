@@ -21,6 +21,7 @@
 #include <fmt/format.h>
 
 #include "core/thread_pool.h"
+#include "dist/local_comm.h"
 #include "exec/executor.h"
 #include "exec/recurrent_kernels.h"
 #include "exec/schedule.h"
@@ -313,6 +314,21 @@ std::map<OpKind, std::vector<Build>> harness() {
       r.op(OpKind::MlaKey, kn, ke, k).as<ops::MlaKey>() = {nh, own + shared};
       r.tap(k);
     });
+  // A group of one rank: the reduction is a copy, the gather too (several
+  // ranks: tests/test_dist.cpp).
+  static LocalGroup solo(1);
+  for (int w : {7, 33}) {
+    h[OpKind::AllReduce].push_back([w](Rig& r) {
+      const int in = r.input("part", w), out = r.p.add_slot("sum", -1, w);
+      r.op(OpKind::AllReduce, in, -1, out).as<ops::AllReduce>().comm = &solo.rank(0);
+      r.tap(out);
+    });
+    h[OpKind::AllGather].push_back([w](Rig& r) {
+      const int in = r.input("share", w), out = r.p.add_slot("all", -1, w);
+      r.op(OpKind::AllGather, in, -1, out).as<ops::AllGather>().comm = &solo.rank(0);
+      r.tap(out);
+    });
+  }
   for (int w : {7, 33})
     h[OpKind::Tap].push_back([w](Rig& r) {
       r.tap(r.input("pad", 3));

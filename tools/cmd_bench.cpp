@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <chrono>
 #include <fstream>
 #include <memory>
@@ -20,6 +21,7 @@
 #include "kernels/cpu/isa.h"
 #include "runtime/engine.h"
 #include "runtime/model.h"
+#include "dist/mpi_comm.h"
 #include "tools/commands.h"
 #include "tools/spec_cli.h"
 
@@ -43,6 +45,7 @@ struct BenchOptions {
   size_t prefetch_kib = MegaOptions{}.prefetch_bytes / 1024;
   int prompt = 0;    // --prompt N: prompt-processing tok/s for N tokens
   int ubatch = 0;    // rows per prompt step on the executor path (0: the engine's default)
+  int tp = 1;        // --tp N: tensor parallelism over the N processes of mpirun
   SpecBenchOptions spec;  // --spec: the speculative decoding benchmark instead
 };
 
@@ -288,6 +291,9 @@ void bench_cmd(const BenchOptions& o) {
   const auto t_load = Clock::now();
   const std::unique_ptr<Model> model = load_model(o.model, flags.options());
   Model& M = *model;
+  const int rank = apply_tensor_parallel(M, o.tp);
+  if (rank != 0 && !std::freopen("/dev/null", "w", stdout)) fail("rank {}: cannot silence stdout", rank);
+  if (o.tp > 1 && o.prompt > 0) fail("--tp does not combine with --prompt yet");
   const double load_ms = ms_since(t_load);
   if (o.prompt > 0) return bench_prompt(o, M, pool, modes, load_ms);
   const int max_b = *std::max_element(batches.begin(), batches.end());
@@ -347,6 +353,10 @@ void bench_cmd(const BenchOptions& o) {
              "MB/step", "GB/s", "%probe", "speedup");
 
   std::vector<Result> results;
+  Communicator* world = o.tp > 1 ? &mpi_world() : nullptr;
+  const uint64_t sent0 = world ? world->sent_floats : 0;
+  const double coll0 = world ? world->seconds : 0;
+  long steps_run = 0;
   for (int b : batches) {
     std::vector<double> best(names.size(), 1e300);
     // Rounds alternate the executors' order so slow drift in machine
@@ -356,6 +366,7 @@ void bench_cmd(const BenchOptions& o) {
         // Odd rounds run the executors in reverse order.
         const size_t i = round % 2 ? names.size() - 1 - k : k;
         best[i] = std::min(best[i], time_steps(M, *ex[i], b, o.warmup, o.steps));
+        steps_run += o.warmup + o.steps;
       }
     const double base = best[0];
     for (size_t i = 0; i < names.size(); ++i) {
@@ -376,6 +387,23 @@ void bench_cmd(const BenchOptions& o) {
   }
   const size_t rss_run = resident_bytes();
   fmt::print("resident memory after the timed steps: {:.1f} MB\n", (double)rss_run / 1e6);
+  if (world) {
+    // Per rank: weight bytes of its program, and per step (every executor and
+    // batch size alike) the bytes it sent in collectives and the time spent in them.
+    const float mine[4] = {static_cast<float>(prog.weight_bytes() / 1e6),
+                           static_cast<float>((world->sent_floats - sent0) * sizeof(float) / 1e3 / steps_run),
+                           static_cast<float>((world->seconds - coll0) * 1e3 / steps_run),
+                           static_cast<float>(rss_run / 1e6)};
+    std::vector<size_t> counts(static_cast<size_t>(world->size()), 4);
+    std::vector<float> all(4 * counts.size());
+    world->all_gather(mine, counts.data(), all.data());
+    fmt::print("\ntensor parallelism over {} ranks (mean over the {} steps run):\n", world->size(), steps_run);
+    fmt::print("{:<6} {:>12} {:>16} {:>18} {:>10}\n", "rank", "weights MB", "collective KB/step",
+               "collective ms/step", "RSS MB");
+    for (int p = 0; p < world->size(); ++p)
+      fmt::print("{:<6} {:>12.1f} {:>16.2f} {:>18.3f} {:>10.1f}\n", p, all[4 * p], all[4 * p + 1], all[4 * p + 2],
+                 all[4 * p + 3]);
+  }
   if (!o.trace.empty()) {
     // One traced step per executor at the largest batch.
     std::vector<std::string> bodies;
@@ -432,6 +460,7 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--steps", o->steps, "Timed steps per point")->capture_default_str()->check(CLI::Range(1, 100000));
   cmd->add_option("--warmup", o->warmup, "Untimed steps first")->capture_default_str()->check(CLI::Range(0, 1000));
   cmd->add_option("--rounds", o->rounds, "Repetitions per point (best is kept)")->capture_default_str()->check(CLI::Range(1, 100));
+  add_tp_flag(cmd, o->tp);
   cmd->add_option("-t,--threads", o->threads, "Worker threads (0: one per core)")->capture_default_str()->check(CLI::Range(0, 1024));
   cmd->add_option("--probe-mib", o->probe_mib, "Bandwidth probe buffer size in MiB")->capture_default_str()->check(CLI::Range(64, 16384));
   cmd->add_option("--prefetch-kib", o->prefetch_kib,

@@ -34,6 +34,7 @@ struct GenOptions {
   int threads = 0;
   bool raw = false;
   bool quiet = false;
+  int tp = 1;  // run --tp: tensor parallelism over MPI processes
   ModelFlags model_flags;
   GeneratorOptions gen;  // context, executor, ubatch, sampling; run --spec: speculative decoding
 };
@@ -88,6 +89,7 @@ struct Loaded {
   const Tokenizer* tokenizer = nullptr;
   std::unique_ptr<ThreadPool> pool;
   double load_ms = 0;
+  int rank = 0;  // with --tp: this process's rank (only rank 0 prints)
 };
 
 Loaded load(const GenOptions& o) {
@@ -96,6 +98,9 @@ Loaded load(const GenOptions& o) {
   auto t0 = Clock::now();
   Loaded L;
   L.model = load_model(o.model, mo);
+  if (o.tp > 1 && !o.gen.drafter.empty()) fail("--tp does not combine with --spec yet");
+  L.rank = apply_tensor_parallel(*L.model, o.tp);
+  if (L.rank != 0 && !std::freopen("/dev/null", "w", stdout)) fail("rank {}: cannot silence stdout", L.rank);
   if (!o.chat_template.empty()) L.model->set_chat_format(chat_format_from_option(o.chat_template));
   L.tokenizer = &L.model->tokenizer();
   L.pool = std::make_unique<ThreadPool>(o.threads);
@@ -166,7 +171,7 @@ void run_cmd(const GenOptions& o) {
   }
   Generator gen(*L.model, *L.pool, o.gen);
   const GenResult r = generate(gen, tokens, o.n_predict);
-  if (!o.quiet) print_stats(L, gen, r);
+  if (!o.quiet && L.rank == 0) print_stats(L, gen, r);
 }
 
 void chat_cmd(const GenOptions& o) {
@@ -219,6 +224,7 @@ void register_run(CLI::App& app) {
   cmd->add_option("-p,--prompt", o->prompt, "The prompt (with the model's chat template unless --raw)")->required();
   cmd->add_flag("--raw", o->raw, "Feed the prompt as plain text, without the chat template");
   cmd->add_flag("-q,--quiet", o->quiet, "Do not print statistics");
+  add_tp_flag(cmd, o->tp);
   cmd->add_option("--spec", o->gen.drafter,
                   "Speculative decoding with this drafter: ngram, ngram:N, self, self:skip=A-B, self:N (layers kept), model:PATH, "
                   "dspark[:PATH] or dflash[:PATH] (block drafters on target taps; without PATH random MINI weights, "

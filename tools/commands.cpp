@@ -5,6 +5,8 @@
 #include <fmt/ranges.h>
 
 #include "core/error.h"
+#include "dist/mpi_comm.h"
+#include "dist/tensor_parallel.h"
 
 #include <cstdio>
 #include <exception>
@@ -93,6 +95,24 @@ CLI::Option* check_non_empty(CLI::Option* opt) {
       "NONEMPTY");
 }
 
+void add_tp_flag(CLI::App* cmd, int& tp) {
+  cmd->add_option("--tp", tp, "Tensor parallelism over the N processes of mpirun -np N (1: none)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+}
+
+int apply_tensor_parallel(Model& model, int tp) {
+  if (tp == 1) return 0;
+  Communicator& world = mpi_world();
+  if (world.size() != tp)
+    fail("--tp {} needs {} MPI processes (mpirun -np {} megakern ... --tp {}), this run has {}", tp, tp, tp, tp,
+         world.size());
+  auto weights = std::make_shared<TpWeights>();
+  model.set_program_transform(
+      [&world, weights](const DecodeProgram& p) { return partition_tensor_parallel(p, world, *weights); });
+  return world.rank();
+}
+
 void run_guarded(const std::function<void()>& body) {
   try {
     body();
@@ -101,6 +121,8 @@ void run_guarded(const std::function<void()>& body) {
     std::fflush(stdout);
     fmt::print(stderr, "error: {}\n", e.what());
     g_exit_code = 1;
+    // Under mpirun the other ranks may be waiting for this one in a collective.
+    mpi_abort_others(1);
   }
 }
 

@@ -27,6 +27,7 @@ void register_bench_spec(CLI::App& app);
 void register_gen_drafter(CLI::App& app);
 void register_perplexity(CLI::App& app);
 void register_step(CLI::App& app);
+void register_tp_check(CLI::App& app);
 
 // Milliseconds since t0 on the steady clock.
 using Clock = std::chrono::steady_clock;
@@ -57,6 +58,15 @@ Numerics parse_numerics(const std::string& value);
 CLI::Option* check_seed(CLI::Option* opt);
 // A name or address that must not be empty (or only spaces).
 CLI::Option* check_non_empty(CLI::Option* opt);
+
+// --tp N: tensor parallelism over the N processes of `mpirun -np N`
+// (dist/tensor_parallel.h). apply_tensor_parallel makes every program of the
+// model this rank's part (nothing for N = 1) and returns the rank; rank 0
+// prints, the others follow (their logits are the same bits: the last op
+// gathers them, and they sample alike). Throws when N is not the MPI world's
+// size or the model's heads or MLP do not split N ways.
+void add_tp_flag(CLI::App* cmd, int& tp);
+int apply_tensor_parallel(Model& model, int tp);
 
 // Runs a subcommand's body: on success the exit status is 0; an exception is
 // reported on stderr as "error: ..." (after flushing stdout) and gives 1.

@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
   megakern::cli::register_gen_drafter(app);
   megakern::cli::register_perplexity(app);
   megakern::cli::register_step(app);
+  megakern::cli::register_tp_check(app);
   // The CPU's features (and MEGAKERN_ISA) are read here, before any worker
   // thread needs them, so that a bad MEGAKERN_ISA is reported at once.
   try {

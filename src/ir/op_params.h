@@ -10,6 +10,7 @@
 namespace megakern {
 
 struct ExpertBank;  // ir/expert_bank.h
+class Communicator;  // ir/collective.h
 
 namespace ops {
 
@@ -207,6 +208,23 @@ struct Tap {
   int offset = 0;
   int src = 0;    // first column of `in` copied
   int width = 0;  // columns copied (0: all of `in`)
+};
+
+// ---- ops/collective.cpp --------------------------------------------------
+// Collectives between the ranks of a tensor-parallel group (ir/collective.h),
+// each running its part of a partitioned program (dist/tensor_parallel.h).
+// One tile for all rows: it runs once every tile of its input is done, on one
+// thread, and blocks until every rank has contributed.
+//   AllReduce: out[r] = in_0[r] + in_1[r] + ... + in_{N-1}[r], in_p the in slot of rank p, summed
+//              in rank order on every rank (the same bits on every rank and in any emulation
+//              that sums in that order)
+//   AllGather: out[r] = [in_0[r] | in_1[r] | ... | in_{N-1}[r]]: rank p holds columns
+//              [share_begin(W, N, p), share_begin(W, N, p + 1)) of the W columns of out
+struct AllReduce {
+  Communicator* comm = nullptr;
+};
+struct AllGather {
+  Communicator* comm = nullptr;
 };
 
 }  // namespace ops

@@ -43,6 +43,7 @@ enum class OpKind : uint8_t {
   GatedResidual, HeadNormGate, LogitSoftcap,                                   // ops/norm, gate
   MoeRoute, MoeGlu, MoeDown, MoeCombine,                                       // ops/moe
   AttnResMix, AttnResAdd, MlaKey,                                              // ops/residual_stream, attention
+  AllReduce, AllGather,                                                        // ops/collective
   Tap,                                                                         // ops/residual_stream
 };
 constexpr int kOpKinds = static_cast<int>(OpKind::Tap) + 1;
@@ -52,7 +53,7 @@ using OpParams = std::variant<ops::Embed, ops::RmsNorm, ops::MatMul, ops::HeadNo
                               ops::GluAct, ops::Residual, ops::SigmoidGate, ops::CausalConvSilu, ops::DeltaRule,
                               ops::GatedRmsNorm, ops::GatedResidual, ops::HeadNormGate, ops::LogitSoftcap,
                               ops::MoeRoute, ops::MoeGlu, ops::MoeDown, ops::MoeCombine, ops::AttnResMix,
-                              ops::AttnResAdd, ops::MlaKey, ops::Tap>;
+                              ops::AttnResAdd, ops::MlaKey, ops::AllReduce, ops::AllGather, ops::Tap>;
 static_assert(std::variant_size_v<OpParams> == kOpKinds);
 
 const char* op_kind_name(OpKind k);

@@ -9,7 +9,7 @@ namespace megakern {
 extern const OpInfo kEmbedOp, kMatMulOp, kRmsNormOp, kResidualOp, kGatedResidualOp, kGatedRmsNormOp, kHeadNormGateOp,
     kHeadNormRopeOp, kStoreKVOp, kAttentionOp, kMlaKeyOp, kGluActOp, kSigmoidGateOp, kLogitSoftcapOp,
     kCausalConvSiluOp, kDeltaRuleOp, kMoeRouteOp, kMoeGluOp, kMoeDownOp, kMoeCombineOp, kAttnResMixOp,
-    kAttnResAddOp, kTapOp;
+    kAttnResAddOp, kAllReduceOp, kAllGatherOp, kTapOp;
 
 namespace {
 
@@ -17,7 +17,8 @@ const OpInfo* const kTable[] = {
     &kEmbedOp,         &kRmsNormOp,      &kMatMulOp,       &kHeadNormRopeOp,  &kStoreKVOp,       &kAttentionOp,
     &kGluActOp,        &kResidualOp,     &kSigmoidGateOp,  &kCausalConvSiluOp, &kDeltaRuleOp,    &kGatedRmsNormOp,
     &kGatedResidualOp, &kHeadNormGateOp, &kLogitSoftcapOp, &kMoeRouteOp,      &kMoeGluOp,        &kMoeDownOp,
-    &kMoeCombineOp,    &kAttnResMixOp,   &kAttnResAddOp,   &kMlaKeyOp,        &kTapOp,
+    &kMoeCombineOp,    &kAttnResMixOp,   &kAttnResAddOp,   &kMlaKeyOp,        &kAllReduceOp,
+    &kAllGatherOp,     &kTapOp,
 };
 static_assert(std::size(kTable) == kOpKinds);
 

@@ -17,7 +17,7 @@ namespace megakern {
 Model::~Model() = default;
 
 DecodeProgram Model::build_program(int max_rows) const {
-  DecodeProgram p = build_program_for(max_rows);
+  DecodeProgram p = transformed(build_program_for(max_rows));
   p.numerics = numerics_;
   for (Op& op : p.ops) {
     if (op.kind != OpKind::MatMul || !repack_) continue;
@@ -95,9 +95,10 @@ class RuntimeModel final : public Model {
   DecodeProgram build_program_for(int max_rows) const override { return m_->build_program(max_rows); }
   bool prompt_forward_logits(ThreadPool& pool, SequenceState& seq, const int32_t* tokens, int n, int pos0, int n_out,
                              float* logits) const override {
+    if (transform_) return false;
     return m_->prompt_forward(pool, seq.cache, tokens, n, pos0, n_out, logits, numerics_);
   }
-  bool prompt_forward_available() const override { return m_->has_prompt_forward(); }
+  bool prompt_forward_available() const override { return !transform_ && m_->has_prompt_forward(); }
 
  private:
   std::unique_ptr<ArchModel> m_;

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -59,6 +60,16 @@ class Model {
   // where it has them (kernels/cpu/repack.h), one copy per matrix kept by
   // the model.
   DecodeProgram build_program(int max_rows) const;
+  // A rewrite applied to every program this model builds from now on, before
+  // the repacking (a tensor-parallel rank's part of the program,
+  // dist/tensor_parallel.h); the shape of new sequences follows it. Models
+  // with a transform run prompts through their programs (no prompt_forward).
+  using ProgramTransform = std::function<DecodeProgram(const DecodeProgram&)>;
+  void set_program_transform(ProgramTransform t) {
+    transform_ = std::move(t);
+    set_sequence_shape(ring_block_);
+  }
+  bool has_program_transform() const { return static_cast<bool>(transform_); }
   // Bytes of the repacked copies made so far.
   size_t packed_weight_bytes() const;
   // Whether programs built from now on read repacked weights (default: yes,
@@ -99,7 +110,7 @@ class Model {
   // Sets the shape of new sequences from the model's program; ring_block > 0
   // makes windowed attention layers rings (make_sequence_state).
   void set_sequence_shape(int ring_block = 0) {
-    shape_ = sequence_shape(build_program_for(1));
+    shape_ = sequence_shape(transformed(build_program_for(1)));
     ring_block_ = ring_block;
   }
 
@@ -115,6 +126,8 @@ class Model {
   int ring_block_ = 0;
   std::shared_ptr<PackedWeights> packed_ = std::make_shared<PackedWeights>();
   bool repack_ = true;
+  ProgramTransform transform_;
+  DecodeProgram transformed(DecodeProgram p) const { return transform_ ? transform_(p) : p; }
 };
 
 // Throws megakern::Error naming what could not be found or read.
