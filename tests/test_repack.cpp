@@ -331,6 +331,7 @@ TEST(Repack, EngineOnRepackedWeightsGivesTheOriginalBits) {
       std::vector<float> logits[2];
       for (int packed = 0; packed < 2; ++packed) {
         m->set_repack_weights(packed == 1);
+        m->set_repack_exact(true);  // the exact mode's packed kernels too (not packed by default)
         Engine e(*m, pool, 4);
         SequenceState seq = m->new_sequence(64);
         const std::vector<int32_t> toks = {1, 17, 42, 99, 5, 64, 3, 250, 8, 11};

@@ -20,7 +20,7 @@ DecodeProgram Model::build_program(int max_rows) const {
   DecodeProgram p = transformed(build_program_for(max_rows));
   p.numerics = numerics_;
   for (Op& op : p.ops) {
-    if (op.kind != OpKind::MatMul || !repack_) continue;
+    if (op.kind != OpKind::MatMul || !repack_ || (numerics_ == Numerics::Exact && !repack_exact_)) continue;
     op.mat = packed_->pack(op.mat, numerics_);
     // One copy in memory: the packed rows' original pages leave (they come
     // back from the file only if something reads them: an embedding row,

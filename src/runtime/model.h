@@ -75,6 +75,9 @@ class Model {
   // Whether programs built from now on read repacked weights (default: yes,
   // where the host has kernels for them; the results are the same bits).
   void set_repack_weights(bool on) { repack_ = on; }
+  // Whether that includes the exact mode's programs (repack_exact_by_default:
+  // MEGAKERN_REPACK=all; the fast mode packs by default).
+  void set_repack_exact(bool on) { repack_exact_ = on; }
   // How activations meet quantised weights (ModelOptions::numerics); every
   // program and prompt pass of this model uses it.
   Numerics numerics() const { return numerics_; }
@@ -126,6 +129,7 @@ class Model {
   int ring_block_ = 0;
   std::shared_ptr<PackedWeights> packed_ = std::make_shared<PackedWeights>();
   bool repack_ = true;
+  bool repack_exact_ = repack_exact_by_default();
   ProgramTransform transform_;
   DecodeProgram transformed(DecodeProgram p) const { return transform_ ? transform_(p) : p; }
 };

@@ -160,13 +160,22 @@ int64_t r16_max_inputs(Numerics numerics) {
   return numerics == Numerics::Fast ? 8 : 8;
 }
 
+namespace {
+std::string repack_env() {
+  const char* e = std::getenv("MEGAKERN_REPACK");
+  const std::string v = e ? e : "";
+  if (!v.empty() && v != "0" && v != "1" && v != "all") fail("MEGAKERN_REPACK must be 0, 1 or all, got '{}'", v);
+  return v;
+}
+}  // namespace
+
 bool repack_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("MEGAKERN_REPACK");
-    const std::string v = e ? e : "";
-    if (!v.empty() && v != "0" && v != "1") fail("MEGAKERN_REPACK must be 0 or 1, got '{}'", v);
-    return v != "0" && active_isa() == KernelIsa::avx512_vnni;
-  }();
+  static const bool on = repack_env() != "0" && active_isa() == KernelIsa::avx512_vnni;
+  return on;
+}
+
+bool repack_exact_by_default() {
+  static const bool on = repack_env() == "all";
   return on;
 }
 

@@ -79,6 +79,12 @@ int64_t r16_max_inputs(Numerics numerics);
 // Whether the engine repacks weights: the host runs the AVX-512 VNNI build
 // and MEGAKERN_ISA allows it (isa.h), and MEGAKERN_REPACK is not 0.
 bool repack_enabled();
+// Whether models pack the exact mode's matrices too (MEGAKERN_REPACK=all).
+// Not by default: on the Zen 4 host where it was measured, the exact mode's
+// packed kernels (two vpdpbusd per lane) gave Qwen2.5-Coder-0.5B 0.91-0.95x
+// the original layout's decode speed at batch 1 and 1.0x at batch 8, for a
+// second copy of the packed matrices (Model::set_repack_exact).
+bool repack_exact_by_default();
 
 // The packed copies of one model's matrices, made once per matrix (keyed by
 // its data pointer and shape) and kept as long as the store. Thread-safe.
