@@ -1,7 +1,8 @@
 // Weights repacked at load for the AVX-512 VNNI row-interleaved kernels
-// (qmatmul_r16_evex_avx2.cpp), which both numerics modes use on hosts with
+// (qmatmul_r16_evex_avx2.cpp), which both numerics modes have on hosts with
 // AVX512-VNNI for the formats r16_supports names (Q4_K: the fast mode's
-// kernel only).
+// kernel only); models pack for the fast mode, and for the exact mode only
+// when asked (repack_exact_by_default).
 //
 // Layout. Rows are taken in groups of sixteen; a matrix's first
 // 16 * floor(rows / 16) rows are packed (the rest are read from the original
