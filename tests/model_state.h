@@ -8,6 +8,7 @@
 #include "model/kimi.h"
 #include "model/muse.h"
 #include "model/qwen38.h"
+#include "runtime/engine.h"
 
 namespace megakern {
 
@@ -26,6 +27,18 @@ KVCache make_cache(const M& m, int n_ctx, int ring_block = 0) {
 template <class M>
 RecurrentState make_state(const M& m) {
   return make_sequence_state(sequence_shape(program_of(m)), 1).state;
+}
+
+// Teacher forcing through an engine (Engine::teacher_forced_logits): the
+// logits of the last n_out of toks computed at positions pos0.. of seq,
+// [n_out][n_vocab] (n_out < 0: all of them).
+inline std::vector<float> forced_logits(Engine& e, SequenceState& seq, const std::vector<int32_t>& toks, int pos0 = 0,
+                                        int n_out = -1) {
+  const int n = static_cast<int>(toks.size());
+  if (n_out < 0) n_out = n;
+  std::vector<float> out(static_cast<size_t>(n_out) * static_cast<size_t>(e.n_vocab()));
+  e.teacher_forced_logits(seq, toks.data(), n, pos0, n_out, out.data());
+  return out;
 }
 
 }  // namespace megakern

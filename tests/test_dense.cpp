@@ -1,5 +1,6 @@
-// The dense forward pass on tiny synthetic GGUF models of each architecture:
-// prefill equals step-by-step decode, results do not depend on the thread
+// Dense models on tiny synthetic GGUF models of each architecture, through
+// the runtime's one prompt path (Engine::teacher_forced_logits): a prompt
+// pass equals step-by-step decode, results do not depend on the thread
 // count, and malformed models are rejected with clear errors.
 #include <gtest/gtest.h>
 
@@ -12,6 +13,8 @@
 #include "io/gguf.h"
 #include "model/dense.h"
 #include "model/presets.h"
+#include "runtime/model.h"
+#include "test_util.h"
 #include "tiny_model.h"
 #include "model_state.h"
 
@@ -25,39 +28,38 @@ TEST_P(DenseArchTest, PrefillEqualsStepByStepDecodeBitForBit) {
   s.arch = GetParam();
   s.n_layer = s.arch == "gemma3" ? 6 : 3;  // gemma3: five windowed layers and one global
   const auto bytes = tiny_model(s);
-  auto f = GGUFFile::parse(bytes.data(), bytes.size(), "tiny.gguf");
-  auto m = DenseModel::load(*f);
+  auto m = load_model(GGUFFile::parse(bytes.data(), bytes.size(), "tiny.gguf"));
   ThreadPool pool(2);
   const std::vector<int32_t> toks = {1, 5, 9, 33, 2, 99, 0, 42, 17, 8};
-  const int n = static_cast<int>(toks.size()), V = m->config().n_vocab;
-
-  KVCache c1 = make_cache(*m, 32);
-  std::vector<float> all(static_cast<size_t>(n) * V);
-  m->forward(pool, c1, toks.data(), n, 0, n, all.data());
-
-  KVCache c2 = make_cache(*m, 32);
-  std::vector<float> step(V);
-  for (int t = 0; t < n; ++t) {
-    m->forward(pool, c2, &toks[t], 1, t, 1, step.data());
-    ASSERT_EQ(0, std::memcmp(step.data(), &all[static_cast<size_t>(t) * V], sizeof(float) * V)) << "position " << t;
+  const int n = static_cast<int>(toks.size()), V = m->n_vocab();
+  for (const char* kind : {"mega", "opbyop", "reference"}) {
+    SCOPED_TRACE(kind);
+    // The prompt in steps of 4 rows, its first half without the head, and
+    // then one position per step on a second sequence.
+    Engine whole(*m, pool, 4, kind), single(*m, pool, 1, kind);
+    SequenceState s1 = m->new_sequence(32), s2 = m->new_sequence(32);
+    const std::vector<float> all = forced_logits(whole, s1, toks, 0, n / 2);
+    const std::vector<float> every = forced_logits(whole, s2, toks);
+    ASSERT_EQ(0, std::memcmp(all.data(), &every[static_cast<size_t>(n - n / 2) * V], sizeof(float) * all.size()));
+    SequenceState s3 = m->new_sequence(32);
+    for (int t = 0; t < n; ++t) {
+      const std::vector<float> step = forced_logits(single, s3, {toks[t]}, t);
+      ASSERT_EQ(0, std::memcmp(step.data(), &every[static_cast<size_t>(t) * V], sizeof(float) * V)) << "position " << t;
+    }
+    for (float x : every) ASSERT_TRUE(std::isfinite(x));
   }
-  for (float x : all) ASSERT_TRUE(std::isfinite(x));
 }
 
 TEST_P(DenseArchTest, ThreadCountDoesNotChangeResults) {
   TinySpec s;
   s.arch = GetParam();
   const auto bytes = tiny_model(s, 11);
-  auto f = GGUFFile::parse(bytes.data(), bytes.size(), "tiny.gguf");
-  auto m = DenseModel::load(*f);
+  auto m = load_model(GGUFFile::parse(bytes.data(), bytes.size(), "tiny.gguf"));
   const std::vector<int32_t> toks = {3, 1, 4, 1, 5, 9, 2, 6};
-  const int n = static_cast<int>(toks.size()), V = m->config().n_vocab;
-  std::vector<float> a(static_cast<size_t>(n) * V), b(a.size());
   ThreadPool p1(1), p2(2);
-  KVCache c1 = make_cache(*m, 16), c2 = make_cache(*m, 16);
-  m->forward(p1, c1, toks.data(), n, 0, n, a.data());
-  m->forward(p2, c2, toks.data(), n, 0, n, b.data());
-  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), sizeof(float) * a.size()));
+  Engine e1(*m, p1, 8), e2(*m, p2, 8);
+  SequenceState s1 = m->new_sequence(16), s2 = m->new_sequence(16);
+  EXPECT_EQ(forced_logits(e1, s1, toks), forced_logits(e2, s2, toks));
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, DenseArchTest, ::testing::Values("llama", "qwen3", "gemma3"));
@@ -79,13 +81,12 @@ TEST(Dense, GemmaWindowAndGlobalLayers) {
   EXPECT_FLOAT_EQ(c.embd_scale, 8.f);
   // With a global layer present, an early token influences the last logits.
   ThreadPool pool(2);
+  auto model = load_model(GGUFFile::parse(bytes.data(), bytes.size(), "tiny.gguf"));
+  Engine e(*model, pool, 8);
   std::vector<int32_t> t1 = {1, 2, 3, 4, 5, 6, 7, 8}, t2 = t1;
   t2[0] = 50;
-  std::vector<float> a(c.n_vocab), b(c.n_vocab);
-  KVCache k1 = make_cache(*m, 16), k2 = make_cache(*m, 16);
-  m->forward(pool, k1, t1.data(), 8, 0, 1, a.data());
-  m->forward(pool, k2, t2.data(), 8, 0, 1, b.data());
-  EXPECT_NE(0, std::memcmp(a.data(), b.data(), sizeof(float) * a.size()));
+  SequenceState k1 = model->new_sequence(16), k2 = model->new_sequence(16);
+  EXPECT_NE(forced_logits(e, k1, t1, 0, 1), forced_logits(e, k2, t2, 0, 1));
 }
 
 // The window itself, by its effect: with one sliding-window layer (window 4)
@@ -103,12 +104,12 @@ TEST(Dense, GemmaSlidingWindowSeesExactlyItsPositions) {
   ASSERT_EQ(m->config().sliding_window, 4);
   ASSERT_TRUE(m->config().layer_swa[0]);
   ThreadPool pool(2);
+  auto model = load_model(GGUFFile::parse(bytes.data(), bytes.size(), "tiny.gguf"));
+  Engine e(*model, pool, 8);
   const std::vector<int32_t> base = {1, 2, 3, 4, 5, 6, 7, 8};
   auto last_logits = [&](const std::vector<int32_t>& t) {
-    std::vector<float> out(static_cast<size_t>(m->config().n_vocab));
-    KVCache k = make_cache(*m, 16);
-    m->forward(pool, k, t.data(), 8, 0, 1, out.data());
-    return out;
+    SequenceState k = model->new_sequence(16);
+    return forced_logits(e, k, t, 0, 1);
   };
   auto outside = base, inside = base;
   outside[3] = 50;
@@ -177,11 +178,10 @@ TEST(Dense, NewFormatsLoadAndTrackF32) {
     const auto bytes = make_dense_gguf(p, 5);
     auto f = GGUFFile::parse(bytes.data(), bytes.size(), "mini.gguf");
     EXPECT_EQ(f->tensor("blk.0.ffn_up.weight").type, t);
-    auto m = DenseModel::load(*f);
-    KVCache c = make_cache(*m, 16);
-    std::vector<float> out(static_cast<size_t>(n) * m->config().n_vocab);
-    m->forward(pool, c, toks.data(), n, 0, n, out.data());
-    return out;
+    auto m = load_model(std::move(f));
+    Engine e(*m, pool, 8);
+    SequenceState c = m->new_sequence(16);
+    return forced_logits(e, c, toks);
   };
   const auto ref = logits(DType::F32);
   double ref2 = 0;
@@ -205,15 +205,19 @@ TEST(Dense, NewFormatsLoadAndTrackF32) {
 TEST(Dense, ContextOverflowIsAnError) {
   TinySpec s;
   const auto bytes = tiny_model(s);
-  auto f = GGUFFile::parse(bytes.data(), bytes.size(), "tiny.gguf");
-  auto m = DenseModel::load(*f);
+  auto m = load_model(GGUFFile::parse(bytes.data(), bytes.size(), "tiny.gguf"));
   ThreadPool pool(1);
-  KVCache c = make_cache(*m, 4);
+  Engine e(*m, pool, 8);
+  SequenceState c = m->new_sequence(4);
   std::vector<int32_t> toks = {1, 2, 3, 4, 5};
-  std::vector<float> out(m->config().n_vocab);
-  EXPECT_THROW(m->forward(pool, c, toks.data(), 5, 0, 1, out.data()), Error);
-  toks[0] = 1000;
-  EXPECT_THROW(m->forward(pool, c, toks.data(), 1, 0, 1, out.data()), Error);
+  EXPECT_NE(thrown_message([&] { forced_logits(e, c, toks, 0, 1); }).find("does not fit the context of 4 tokens"),
+            std::string::npos);
+  toks = {1000};
+  EXPECT_NE(thrown_message([&] { forced_logits(e, c, toks, 0, 1); }).find("1000"), std::string::npos);
+  // Token ids run without a tokenizer; text needs one, and the message says
+  // why there is none.
+  EXPECT_NE(thrown_message([&] { (void)m->tokenizer(); }).find("too small for the byte tokenizer"),
+            std::string::npos);
 }
 
 }  // namespace

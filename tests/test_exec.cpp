@@ -14,6 +14,7 @@
 #include "exec/executor.h"
 #include "io/gguf.h"
 #include "model/dense.h"
+#include "runtime/model.h"
 #include "model/dense_program.h"
 #include "model/presets.h"
 #include "test_util.h"
@@ -124,7 +125,10 @@ TEST_P(ExecArchTest, RowResultDoesNotDependOnBatch) {
   }
 }
 
-TEST_P(ExecArchTest, ProgramMatchesDirectForwardPass) {
+// The runtime's prompt path (Engine::teacher_forced_logits: a head-less
+// program for the unscored positions, blocks of the full one for the rest)
+// gives each position the bits of a bare executor stepping it alone.
+TEST_P(ExecArchTest, EnginePromptPassMatchesSingleSteps) {
   TinySpec spec;
   spec.arch = GetParam();
   const auto bytes = tiny_model(spec, 5);
@@ -133,14 +137,20 @@ TEST_P(ExecArchTest, ProgramMatchesDirectForwardPass) {
   const DecodeProgram prog = build_dense_program(*m, 4);
   ThreadPool pool(2);
   auto mega = make_mega_executor(prog, pool);
-  const int V = m->config().n_vocab;
-  KVCache c1 = make_cache(*m, 32), c2 = make_cache(*m, 32);
-  std::vector<float> a(static_cast<size_t>(V)), b(static_cast<size_t>(V));
-  for (int p = 0; p < 10; ++p) {
-    const int32_t tok = (p * 13 + 1) % V;
-    m->forward(pool, c1, &tok, 1, p, 1, a.data());
-    mega->step({{tok, p, &c2}}, b.data());
-    ASSERT_EQ(0, std::memcmp(a.data(), b.data(), sizeof(float) * V)) << "position " << p;
+  auto model = load_model(GGUFFile::parse(bytes.data(), bytes.size(), "tiny.gguf"));
+  Engine e(*model, pool, 4);
+  const int V = m->config().n_vocab, n = 10;
+  std::vector<int32_t> toks;
+  for (int p = 0; p < n; ++p) toks.push_back((p * 13 + 1) % V);
+  SequenceState seq = model->new_sequence(32);
+  const std::vector<float> tail = forced_logits(e, seq, toks, 0, 7);
+  KVCache c2 = make_cache(*m, 32);
+  std::vector<float> b(static_cast<size_t>(V));
+  for (int p = 0; p < n; ++p) {
+    mega->step({{toks[p], p, &c2}}, b.data());
+    if (p >= n - 7)
+      ASSERT_EQ(0, std::memcmp(&tail[static_cast<size_t>(p - (n - 7)) * V], b.data(), sizeof(float) * V))
+          << "position " << p;
   }
 }
 

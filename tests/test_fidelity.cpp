@@ -60,18 +60,17 @@ Agreement check_model(const std::string& model_name, const std::string& fixture)
   EXPECT_TRUE(in.good()) << "missing fixture " << fixture;
   if (!in.good()) return a;
   const nlohmann::json j = nlohmann::json::parse(in);
-  auto f = GGUFFile::open(test_model_path(model_name));
-  auto m = DenseModel::load(*f);
+  auto m = load_model(test_model_path(model_name));
   ThreadPool pool(0);
-  const int V = m->config().n_vocab;
+  Engine e(*m, pool, default_prompt_block(*m));
+  const int V = m->n_vocab();
   for (const auto& p : j.at("prompts")) {
     const std::vector<int32_t> toks = p.at("tokens").get<std::vector<int32_t>>();
     const auto& pos = p.at("positions");
     const int n = static_cast<int>(toks.size());
     EXPECT_EQ(static_cast<int>(pos.size()), n);
-    KVCache cache = make_cache(*m, n);
-    std::vector<float> logits(static_cast<size_t>(n) * V);
-    m->forward(pool, cache, toks.data(), n, 0, n, logits.data());
+    SequenceState seq = m->new_sequence(n);
+    const std::vector<float> logits = forced_logits(e, seq, toks);
     for (int t = 0; t < n && t < static_cast<int>(pos.size()); ++t) {
       add_position(&logits[static_cast<size_t>(t) * V], V, pos[static_cast<size_t>(t)], a);
     }
@@ -288,20 +287,20 @@ int fixture_positions(const nlohmann::json& j) {
   return n;
 }
 
-// The direct forward pass (DenseModel::forward, one prefill of each prompt).
+// The prompt pass (Engine::teacher_forced_logits in blocks of the model's
+// prompt block, one pass of each prompt).
 void check_mini_direct(const std::string& gguf, const std::string& fixture) {
   const auto& j = fixture_json(fixture);
-  auto f = GGUFFile::open(fixture_path(gguf));
-  auto m = DenseModel::load(*f);
+  auto m = load_model(fixture_path(gguf));
   ThreadPool pool(2);
-  const int V = m->config().n_vocab;
+  Engine e(*m, pool, default_prompt_block(*m));
+  const int V = m->n_vocab();
   Agreement a;
   for (const auto& p : j.at("prompts")) {
     const auto toks = p.at("tokens").get<std::vector<int32_t>>();
+    SequenceState seq = m->new_sequence(static_cast<int>(toks.size()));
+    const std::vector<float> logits = forced_logits(e, seq, toks);
     const int n = static_cast<int>(toks.size());
-    KVCache cache = make_cache(*m, n);
-    std::vector<float> logits(static_cast<size_t>(n) * V);
-    m->forward(pool, cache, toks.data(), n, 0, n, logits.data());
     for (int t = 0; t < n; ++t) compare_position(&logits[static_cast<size_t>(t) * V], V, p.at("positions")[t], a);
   }
   expect_mini_agreement(gguf + " direct forward", a, fixture_positions(j));

@@ -129,16 +129,22 @@ TEST(Perplexity, ARunAgainstItselfHasZeroKlAndFullTopOneAgreement) {
   EXPECT_GT(number_after(f.out, "KL divergence mean   = "), 0.0) << f.out;
 }
 
-// The batched prompt pass and the op-by-op and megakernel executors' steps
-// are the same arithmetic (a row's result does not depend on its step), so
-// their saved log-probabilities are the same bits. The reference executor
+// The default pass (128-row megakernel steps, the unscored half of each
+// chunk without the output head) and full-program steps of 16 rows on the
+// op-by-op and megakernel executors are the same arithmetic (a row's result
+// does not depend on its step), so their saved log-probabilities are the
+// same bits. The reference executor
 // runs the scalar kernels (its vector ops sum in another order): measured
 // KL max 6.6e-8 here, held to 1e-6 with the same top-1.
 TEST(Perplexity, ExecutorStepsAgreeWithTheBatchedPass) {
   TempDir dir;
   const std::string saved = dir.path + "/batched.bin";
   const std::string common = "perplexity -m dense-mini -f " + gpl_text() + " -c 48 --chunks 2 -t 2 ";
-  ASSERT_EQ(run(common + "--save-logits " + saved).status, 0);
+  const CliRun b = run(common + "--save-logits " + saved);
+  ASSERT_EQ(b.status, 0) << b.out;
+  EXPECT_NE(b.out.find("executor steps (mega, 128 rows; unscored positions without the output head)"),
+            std::string::npos)
+      << b.out;
   const SavedLogProbs batched = read_saved(saved);
   for (const char* ex : {"mega", "opbyop", "reference"}) {
     SCOPED_TRACE(ex);
@@ -146,7 +152,7 @@ TEST(Perplexity, ExecutorStepsAgreeWithTheBatchedPass) {
     const CliRun r =
         run(common + "--no-batched --ubatch 16 --executor " + ex + " --save-logits " + steps + " --kl-base " + saved);
     ASSERT_EQ(r.status, 0) << r.out;
-    EXPECT_NE(r.out.find("executor steps"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("executor steps (" + std::string(ex) + ", 16 rows)"), std::string::npos) << r.out;
     EXPECT_EQ(number_after(r.out, "same top-1           = "), 100.0) << r.out;
     const SavedLogProbs s = read_saved(steps);
     EXPECT_EQ(s.tokens, batched.tokens);
@@ -278,10 +284,12 @@ TEST(Perplexity, ChunksStartWithBosWhenTheTokenizerAddsIt) {
               1e-5 * number_after(r.out, "PPL = "));
 }
 
-TEST(Perplexity, RunsModelsWithoutABatchedPassByExecutorSteps) {
-  const CliRun r = run("perplexity -m qwen3.8-mini -f " + gpl_text() + " -c 32 --chunks 1 -t 2");
+// A recurrent model's steps are its prompt block (32 rows): the unscored
+// half of a 64-token chunk is one whole block, run without the head.
+TEST(Perplexity, RunsRecurrentModelsInTheirPromptBlock) {
+  const CliRun r = run("perplexity -m qwen3.8-mini -f " + gpl_text() + " -c 64 --chunks 1 -t 2");
   ASSERT_EQ(r.status, 0) << r.out;
-  EXPECT_NE(r.out.find("executor steps"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("executor steps (mega, 32 rows; unscored"), std::string::npos) << r.out;
   const double ppl = number_after(r.out, "PPL = ");
   EXPECT_TRUE(std::isfinite(ppl) && ppl > 1) << r.out;
 }

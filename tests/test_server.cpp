@@ -3,6 +3,8 @@
 // driven over HTTP: endpoints, streaming framing, batch independence of
 // greedy output, cancellation on disconnect, 400/401/503.
 #include <gtest/gtest.h>
+
+#include <limits>
 #include <httplib.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -601,18 +603,23 @@ TEST(ServerHttp, GreedyOutputDoesNotDependOnTheBatchRecurrent) { expect_batch_in
 // beside their decode rows (mixed steps, never more than the step's budget),
 // and every request's greedy output is the same as when it runs alone: a
 // dense model (rows independent) and a recurrent one (its state carried from
-// chunk to chunk, in the same blocks as alone).
-void expect_long_prompt_mid_stream(const std::string& model_name) {
+// chunk to chunk, in the same blocks as alone). With a budget of 24 rows a
+// step or more, a prompt computed while nothing decodes goes mostly
+// through head-less steps (kHeadlessMinRows); the outputs alone come from a
+// scheduler that never takes them.
+void expect_long_prompt_mid_stream(const std::string& model_name, int step_tokens, int max_rows = 4) {
   auto m = load_model(model_name);
   ThreadPool pool(2);
   server::SchedulerOptions so;
-  so.max_rows = 4;
+  so.max_rows = max_rows;
   so.n_ctx = 512;
-  so.step_tokens = 12;
+  so.step_tokens = step_tokens;
   // The prompts run twice on purpose: the second time must be computed again
   // (in chunks), not taken from the rows' held prefixes.
   so.prefix_cache = false;
   server::Scheduler sched(*m, pool, so);
+  so.headless_min_rows = std::numeric_limits<int>::max();
+  server::Scheduler solo(*m, pool, so);
   const Tokenizer& tok = m->tokenizer();
   std::ifstream in(std::string(MEGAKERN_SOURCE_DIR) + "/bench/data/gpl-3.0.txt", std::ios::binary);
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -632,9 +639,10 @@ void expect_long_prompt_mid_stream(const std::string& model_name) {
   };
   const int n_short = 120, n_long = 12;
   std::vector<std::string> alone;
-  for (const auto& p : prompts) alone.push_back(sched.submit(req(p, n_short))->wait_all().text);
-  const std::string long_alone = sched.submit(req(long_prompt, n_long))->wait_all().text;
+  for (const auto& p : prompts) alone.push_back(solo.submit(req(p, n_short))->wait_all().text);
+  const std::string long_alone = solo.submit(req(long_prompt, n_long))->wait_all().text;
   ASSERT_FALSE(long_alone.empty());
+  EXPECT_EQ(solo.stats().headless_rows, 0u);
   const auto before = sched.stats();
 
   std::vector<std::shared_ptr<server::Job>> jobs;
@@ -655,14 +663,35 @@ void expect_long_prompt_mid_stream(const std::string& model_name) {
   }
   const auto after = sched.stats();
   // The long prompt went in chunks beside the streams' decode rows: at most
-  // 12 - 3 rows a step, so at least 301 / 9 steps with both kinds of rows.
-  EXPECT_GE(after.mixed_steps - before.mixed_steps, 301u / 9) << model_name;
+  // step_tokens - 3 rows a step, so at least 301 / (step_tokens - 3) steps
+  // with both kinds of rows.
+  EXPECT_GE(after.mixed_steps - before.mixed_steps, 301u / static_cast<unsigned>(step_tokens - 3)) << model_name;
   EXPECT_GE(after.prompt_rows - before.prompt_rows, 301u);
   EXPECT_EQ(after.prefills - before.prefills, 4u);
+  // Alone on this scheduler, the long prompt's steps have only prompt rows
+  // (step_tokens of them; a recurrent model's a block of max_rows):
+  // head-less rows none below kHeadlessMinRows rows a step; else every chunk
+  // before the last (and, dense, the last one but its final row).
+  const uint64_t headless0 = sched.stats().headless_rows;
+  EXPECT_EQ(sched.submit(req(long_prompt, n_long))->wait_all().text, long_alone) << model_name;
+  const uint64_t headless = sched.stats().headless_rows - headless0;
+  if ((m->recurrent() ? max_rows : step_tokens) < server::kHeadlessMinRows) {
+    EXPECT_EQ(headless, 0u) << model_name;
+  } else {
+    EXPECT_GE(headless, static_cast<uint64_t>(301 - step_tokens)) << model_name;
+    EXPECT_LT(headless, 301u) << model_name;
+  }
 }
 
-TEST(ServerScheduler, LongPromptMidStreamKeepsEveryOutputDense) { expect_long_prompt_mid_stream("dense-mini"); }
-TEST(ServerScheduler, LongPromptMidStreamKeepsEveryOutputRecurrent) { expect_long_prompt_mid_stream("qwen3.8-mini"); }
+TEST(ServerScheduler, LongPromptMidStreamKeepsEveryOutputDense) { expect_long_prompt_mid_stream("dense-mini", 12); }
+TEST(ServerScheduler, LongPromptMidStreamKeepsEveryOutputRecurrent) {
+  expect_long_prompt_mid_stream("qwen3.8-mini", 12);
+}
+TEST(ServerScheduler, HeadlessPromptRowsKeepEveryOutputDense) { expect_long_prompt_mid_stream("dense-mini", 24); }
+TEST(ServerScheduler, HeadlessPromptRowsKeepEveryOutputRecurrent) {
+  expect_long_prompt_mid_stream("qwen3.8-mini", 24);  // blocks of 4 rows: none head-less
+  expect_long_prompt_mid_stream("qwen3.8-mini", 40, 16);
+}
 
 // A chat's turns on one scheduler with prefix caching: each turn's prompt is
 // the last turn's prompt, its answer and a new message, so it starts in the

@@ -58,8 +58,8 @@ struct PerplexityOptions {
   std::string kl_base;
   int threads = 0;
   std::string executor = "mega";
-  int ubatch = kDefaultUbatch;
-  bool no_batched = false;  // executor steps even where a batched pass exists
+  int ubatch = 0;           // 0: the model's prompt block (default_prompt_block)
+  bool no_batched = false;  // every position through the full program
 };
 
 struct LogitsHeader {
@@ -217,17 +217,17 @@ void run_perplexity(const PerplexityOptions& o) {
     write_header(save, h);
   }
 
-  const bool batched = model->prompt_forward_available() && !o.no_batched;
+  const bool batched = !o.no_batched;
+  const int rows = o.ubatch > 0 ? std::min(o.ubatch, model->max_program_rows()) : default_prompt_block(*model);
   fmt::print("model {} ({}), load {:.0f} ms; numerics {}\n", model->name(), model->description(), ms_since(t_load),
              numerics_name(model->numerics()));
   fmt::print("text {}: {} tokens; {} chunks of {} (first {} of each as context, {} scored each); {}; {} threads\n",
              o.text_file, all.size(), n_chunks, n_ctx, first, n_scored,
-             batched ? "batched prompt pass" : fmt::format("executor steps ({}, {} rows)", o.executor, o.ubatch),
+             fmt::format("executor steps ({}, {} rows{})", o.executor, rows,
+                         batched ? "; unscored positions without the output head" : ""),
              pool.size());
 
-  std::unique_ptr<Engine> engine;
-  // A model that declares a batched pass but declines it still has an engine.
-  engine = std::make_unique<Engine>(*model, pool, o.ubatch, o.executor);
+  auto engine = std::make_unique<Engine>(*model, pool, rows, o.executor);
   std::vector<float> logits(static_cast<size_t>(n_out) * V);
   std::vector<float> logp(V), blogp(V);
   double nll = 0, nll2 = 0;
@@ -325,13 +325,16 @@ void register_perplexity(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::Range(0, 1024));
   cmd->add_option("--executor", o->executor,
-                  "Models without a batched prompt pass: executor of the prompt steps (mega, opbyop, reference)")
+                  "Executor of the steps (mega, opbyop, reference)")
       ->capture_default_str();
-  cmd->add_option("--ubatch", o->ubatch, "Models without a batched prompt pass: positions per executor step")
+  cmd->add_option("--ubatch", o->ubatch,
+                  "Positions per executor step (0: the model's prompt block, 32 with recurrent state, else 128; "
+                  "at most the model's program rows)")
       ->capture_default_str()
-      ->check(CLI::Range(1, 4096));
+      ->check(CLI::Range(0, 4096));
   cmd->add_flag("--no-batched", o->no_batched,
-               "Compute with executor steps even where the model has a batched prompt pass (cross-checks the two)");
+               "Run every position through the full program, output head included (the same bits as without; "
+               "a cross-check)");
   cmd->callback([o] { run_guarded([&] { run_perplexity(*o); }); });
 }
 

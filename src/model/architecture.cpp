@@ -28,10 +28,6 @@ const std::vector<const Architecture*>& architectures() {
 ArchModel::~ArchModel() = default;
 Architecture::~Architecture() = default;
 
-bool ArchModel::prompt_forward(ThreadPool&, KVCache&, const int32_t*, int, int, int, float*, Numerics) const {
-  return false;
-}
-
 bool Architecture::has_preset(const std::string& preset) const {
   const auto p = presets();
   return std::find(p.begin(), p.end(), preset) != p.end();

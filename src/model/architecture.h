@@ -24,7 +24,6 @@
 namespace megakern {
 
 class GGUFFile;
-class ThreadPool;
 
 struct ModelOptions {
   // Convert every weight matrix to this format at load (checkpoint
@@ -57,11 +56,6 @@ class ArchModel {
   virtual int ring_block() const { return 0; }
   // The GGUF file the model reads (its tokenizer and chat template), or null.
   virtual const GGUFFile* gguf() const { return nullptr; }
-  // A batched prompt pass (dense models): tokens[0..n) at positions pos0..,
-  // logits of the last n_out positions. False when the model has none.
-  virtual bool prompt_forward(ThreadPool& pool, KVCache& cache, const int32_t* tokens, int n, int pos0, int n_out,
-                              float* logits, Numerics numerics) const;
-  virtual bool has_prompt_forward() const { return false; }
 };
 
 // What `megakern gen-model` asks of an architecture.

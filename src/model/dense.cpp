@@ -6,11 +6,8 @@
 #include <tuple>
 
 #include "core/error.h"
-#include "core/thread_pool.h"
 #include "io/config_value.h"
 #include "io/gguf.h"
-#include "exec/executor.h"
-#include "model/dense_program.h"
 
 namespace megakern {
 namespace {
@@ -290,9 +287,9 @@ std::unique_ptr<DenseModel> DenseModel::load(const GGUFFile& f, std::optional<DT
     }
   }
 
-  // Bounds that keep every index computation of forward() (at most
-  // kMaxChunk positions at a time) inside int.
-  constexpr int64_t kMaxWidth = int64_t{1} << 22;
+  // Bounds that keep every index computation of the model's programs (at
+  // most kDenseMaxRows rows per step) inside int.
+  constexpr int64_t kMaxWidth = int64_t{1} << 21;  // x kDenseMaxRows = 2^30
   const int64_t qdim64 = int64_t{c.n_head} * c.head_dim;
   if (c.n_embd > kMaxWidth || c.n_ff > kMaxWidth || qdim64 > kMaxWidth)
     fail("{}: model widths ({} {}, {} {}, head_count x key_length {}) exceed the supported {}", f.name(),
@@ -519,48 +516,6 @@ size_t DenseModel::weight_bytes() const {
       total += L.experts.glu_bytes(e) + L.experts.down_bytes(e);
   }
   return total;
-}
-
-void DenseModel::forward(ThreadPool& pool, KVCache& cache, const int32_t* tokens, int n, int pos0, int n_out,
-                         float* logits, Numerics numerics) const {
-  const DenseConfig& c = cfg_;
-  if (n <= 0) fail("forward needs at least one token");
-  if (n_out < 0 || n_out > n) fail("forward: n_out {} must be in [0, {}]", n_out, n);
-  if (cache.n_layer != c.n_layer || cache.kv_dim != c.n_head_kv * c.head_dim ||
-      cache.v_width() != c.n_head_kv * c.v_dim() ||
-      cache.k.size() < static_cast<size_t>(c.n_layer) * cache.n_ctx * cache.kv_dim ||
-      cache.v.size() < static_cast<size_t>(c.n_layer) * cache.n_ctx * cache.v_width())
-    fail("forward: the KV cache was not made for this model");
-  if (pos0 < 0 || static_cast<int64_t>(pos0) + n > cache.n_ctx)
-    fail("context full: positions {}..{} do not fit in a context of {} tokens", pos0, static_cast<int64_t>(pos0) + n - 1,
-         cache.n_ctx);
-  for (int t = 0; t < n; ++t)
-    if (tokens[t] < 0 || tokens[t] >= c.n_vocab)
-      fail("token id {} is outside the vocabulary of {} tokens", tokens[t], c.n_vocab);
-  // The model's decode program on the megakernel executor, in steps of up to
-  // kMaxChunk positions of this sequence. Positions whose logits are not
-  // wanted go through the program without its output head. Every position's
-  // result has the bits of that position computed alone (rows do not depend
-  // on the step they are in).
-  const int rows = std::min(n, kMaxChunk), first_out = n - n_out;
-  DecodeProgram full = build_dense_program(*this, rows);
-  full.numerics = numerics;
-  DecodeProgram headless = without_head(full);
-  std::unique_ptr<Executor> ex_full, ex_headless;
-  std::vector<RowInput> in;
-  auto run = [&](int b, int e, bool head) {
-    if (b >= e) return;
-    in.clear();
-    for (int t = b; t < e; ++t) in.push_back({tokens[t], pos0 + t, &cache});
-    std::unique_ptr<Executor>& ex = head ? ex_full : ex_headless;
-    if (!ex) ex = make_executor("mega", head ? full : headless, pool);
-    ex->step(in, head ? logits + static_cast<size_t>(b - first_out) * static_cast<size_t>(c.n_vocab) : nullptr);
-  };
-  for (int c0 = 0; c0 < n; c0 += rows) {
-    const int c1 = std::min(n, c0 + rows), split = std::clamp(first_out, c0, c1);
-    run(c0, split, false);
-    run(split, c1, true);
-  }
 }
 
 }  // namespace megakern

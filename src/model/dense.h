@@ -21,7 +21,6 @@
 namespace megakern {
 
 class GGUFFile;
-class ThreadPool;
 
 struct DenseConfig {
   const DenseFamily* family = nullptr;
@@ -120,19 +119,6 @@ class DenseModel {
   const std::vector<DenseLayer>& layers() const { return layers_; }
   // [rope_dim / 2] RoPE frequency divisors (Llama 3 scaling), or empty.
   const std::vector<float>& rope_freqs() const { return rope_freqs_; }
-
-  // Positions computed per step inside forward(); longer inputs are chunked.
-  static constexpr int kMaxChunk = 128;
-
-  // Runs tokens[0..n) at positions pos0..pos0+n-1, appending their keys and
-  // values to `cache`. Writes logits [n_out][n_vocab] for the last n_out
-  // positions (n_out = n for teacher forcing, 1 for generation). Matrix
-  // products use `numerics`. This is the model's decode program (see
-  // model/dense_program.h) on the megakernel executor, in steps of up to
-  // kMaxChunk positions: each position's logits are the bits an executor
-  // step computing that position alone gives.
-  void forward(ThreadPool& pool, KVCache& cache, const int32_t* tokens, int n, int pos0, int n_out,
-               float* logits, Numerics numerics = Numerics::Exact) const;
 
  private:
   DenseConfig cfg_;

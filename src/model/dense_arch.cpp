@@ -29,12 +29,6 @@ class DenseArchModel final : public ArchModel {
                        dtype_traits(model_->layers()[0].w_up.type).name, model_->weight_bytes() / 1e6);
   }
   const GGUFFile* gguf() const override { return file_.get(); }
-  bool prompt_forward(ThreadPool& pool, KVCache& cache, const int32_t* tokens, int n, int pos0, int n_out,
-                      float* logits, Numerics numerics) const override {
-    model_->forward(pool, cache, tokens, n, pos0, n_out, logits, numerics);
-    return true;
-  }
-  bool has_prompt_forward() const override { return true; }
 
  private:
   std::vector<uint8_t> image_;

@@ -71,24 +71,48 @@ void Engine::teacher_forced_logits(SequenceState& seq, const int32_t* tokens, in
   if (n_out < 0 || n_out > n) fail("teacher forcing of {} tokens: {} output positions asked", n, n_out);
   if (pos0 < 0 || static_cast<int64_t>(pos0) + n > seq.n_ctx())
     fail("teacher forcing of {} tokens at position {} does not fit the context of {} tokens", n, pos0, seq.n_ctx());
-  if (batched && model_.prompt_forward_available() &&
-      model_.prompt_forward_logits(pool_, seq, tokens, n, pos0, n_out, logits))
-    return;
-  // Executor steps: the positions as rows, block by block.
   const size_t V = static_cast<size_t>(n_vocab());
-  const int block = max_rows();
-  const int first = n - n_out;
+  const int block = max_rows(), first = n - n_out;
+  // The positions before the first output without the head: all of them
+  // where rows do not depend on the block, else the whole blocks of
+  // max_rows (the head-less program's blocks then have that size too).
+  int done = 0;
+  if (batched && !seq.recurrent)
+    done = first;
+  else if (batched && prefill_rows_ == block)
+    done = first / block * block;
+  run_headless(seq, tokens, done, pos0);
   block_logits_.resize(static_cast<size_t>(block) * V);
-  std::vector<RowInput> rows;
-  for (int i = 0; i < n; i += block) {
+  for (int i = done; i < n; i += block) {
     const int m = std::min(block, n - i);
-    rows.clear();
-    for (int r = 0; r < m; ++r) rows.push_back(seq.row(tokens[i + r], pos0 + i + r));
-    step(rows, block_logits_.data());
+    step(rows_of(seq, tokens + i, m, pos0 + i), block_logits_.data());
     for (int r = 0; r < m; ++r)
       if (i + r >= first)
         std::copy_n(block_logits_.data() + static_cast<size_t>(r) * V, V, logits + static_cast<size_t>(i + r - first) * V);
   }
+}
+
+const std::vector<RowInput>& Engine::rows_of(SequenceState& seq, const int32_t* tokens, int m, int pos) {
+  rows_.clear();
+  for (int r = 0; r < m; ++r) rows_.push_back(seq.row(tokens[r], pos + r));
+  return rows_;
+}
+
+void Engine::step_headless(const std::vector<RowInput>& rows) {
+  if (rows.size() > static_cast<size_t>(prefill_rows_))
+    fail("a head-less step of {} rows exceeds the engine's prefill block of {} rows", rows.size(), prefill_rows_);
+  if (!headless_exec_) {
+    headless_ = without_head(model_.build_program(prefill_rows_));
+    headless_exec_ = make_executor(exec_kind_, headless_, pool_);
+    headless_exec_->set_trace(trace_);
+  }
+  // The head-less program writes no logits; the buffer is its scratch.
+  block_logits_.resize(std::max(block_logits_.size(), rows.size() * static_cast<size_t>(n_vocab())));
+  headless_exec_->step(rows, block_logits_.data());
+}
+
+void Engine::run_headless(SequenceState& seq, const int32_t* tokens, int n, int pos0) {
+  for (int i = 0; i < n; i += prefill_rows_) step_headless(rows_of(seq, tokens + i, std::min(prefill_rows_, n - i), pos0 + i));
 }
 
 void Engine::prefill(SequenceState& seq, const int32_t* tokens, int n, int pos0, float* logits, float* taps) {
@@ -96,50 +120,29 @@ void Engine::prefill(SequenceState& seq, const int32_t* tokens, int n, int pos0,
   if (pos0 < 0 || static_cast<int64_t>(pos0) + n > seq.n_ctx())
     fail("prefill of {} tokens at position {} does not fit the context of {} tokens", n, pos0, seq.n_ctx());
   const size_t V = static_cast<size_t>(n_vocab());
-  std::vector<RowInput> rows;
-  auto rows_of = [&](int i, int m) {
-    rows.clear();
-    for (int r = 0; r < m; ++r) rows.push_back(seq.row(tokens[i + r], pos0 + i + r));
-    return rows;
-  };
   if (taps) {
     const int block = max_rows();
     block_logits_.resize(static_cast<size_t>(block) * V);
     for (int i = 0; i < n; i += block) {
       const int m = std::min(block, n - i);
-      step(rows_of(i, m), block_logits_.data(), taps + static_cast<size_t>(i) * static_cast<size_t>(tap_width()));
+      step(rows_of(seq, tokens + i, m, pos0 + i), block_logits_.data(),
+           taps + static_cast<size_t>(i) * static_cast<size_t>(tap_width()));
       if (i + m == n) std::copy_n(block_logits_.data() + static_cast<size_t>(m - 1) * V, V, logits);
     }
     return;
   }
-  const int block = prefill_rows_;
-  if (!headless_exec_) {
-    DecodeProgram p = model_.build_program(block);
-    headless_ = without_head(std::move(p));
-    headless_exec_ = make_executor(exec_kind_, headless_, pool_);
-    headless_exec_->set_trace(trace_);
-  }
-  block_logits_.resize(static_cast<size_t>(std::max(block, 1)) * V);
-  for (int i = 0; i < n; i += block) {
-    const int m = std::min(block, n - i);
-    if (i + m < n) {
-      headless_exec_->step(rows_of(i, m), block_logits_.data());
-      continue;
-    }
-    // The last block: its last row's logits are needed. A model whose rows
-    // do not depend on the block runs the others head-less and that row
-    // alone; a recurrent one keeps the block whole (its chunked form
-    // depends on the block) and takes it through the full program.
-    if (!seq.recurrent && m > 1) {
-      headless_exec_->step(rows_of(i, m - 1), block_logits_.data());
-      step(rows_of(i + m - 1, 1), logits);
-    } else if (m <= max_rows()) {
-      step(rows_of(i, m), block_logits_.data());
-      std::copy_n(block_logits_.data() + static_cast<size_t>(m - 1) * V, V, logits);
-    } else {
-      fail("prefill: a block of {} rows exceeds the engine's {} rows", m, max_rows());
-    }
-  }
+  // Only the last position's logits are needed. A model whose rows do not
+  // depend on the block runs every other position head-less and that one
+  // alone; a recurrent one keeps the blocks of prefill_rows() whole (its
+  // chunked form depends on the block) and takes the last through the full
+  // program.
+  const int last = seq.recurrent ? (n - 1) / prefill_rows_ * prefill_rows_ : n - 1;
+  const int m = n - last;
+  if (m > max_rows()) fail("prefill: a block of {} rows exceeds the engine's {} rows", m, max_rows());
+  run_headless(seq, tokens, last, pos0);
+  block_logits_.resize(std::max(block_logits_.size(), static_cast<size_t>(m) * V));
+  step(rows_of(seq, tokens + last, m, pos0 + last), block_logits_.data());
+  std::copy_n(block_logits_.data() + static_cast<size_t>(m - 1) * V, V, logits);
 }
 
 }  // namespace megakern

@@ -66,12 +66,19 @@ class Engine {
   // position, [n][tap_width()] (by steps of the full program in blocks of
   // max_rows).
   void prefill(SequenceState& seq, const int32_t* tokens, int n, int pos0, float* logits, float* taps = nullptr);
+  // One step of the program without its output head (at most
+  // prefill_rows() rows): updates the rows' caches and states exactly as
+  // step() does, and computes no logits. For prompt rows whose logits
+  // nobody reads.
+  void step_headless(const std::vector<RowInput>& rows);
   // Teacher forcing: computes tokens[0..n) of seq at positions pos0..,
-  // writing the logits of the last n_out positions, [n_out][n_vocab]. With
-  // `batched` the model's batched prompt pass when it has one (each row the
-  // same bits as an executor step gives), else executor steps of the full
-  // program over blocks of max_rows() positions, which leave a recurrent
-  // model's state as prefill() does when pos0 is a multiple of max_rows().
+  // writing the logits of the last n_out positions, [n_out][n_vocab], by
+  // steps of the full program over blocks of max_rows() positions, which
+  // leave a recurrent model's state as prefill() does when pos0 is a
+  // multiple of max_rows(). With `batched`, the positions before the first
+  // output run as prefill() runs them, without the head (in blocks of
+  // prefill_rows(); for recurrent models only whole blocks of max_rows(),
+  // when that is the prefill block): the same bits, less work.
   // `megakern perplexity` and the server's prompt scoring both use it.
   void teacher_forced_logits(SequenceState& seq, const int32_t* tokens, int n, int pos0, int n_out, float* logits,
                              bool batched = true);
@@ -102,6 +109,12 @@ class Engine {
   std::string exec_kind_;
   std::vector<int> tap_layers_;
   std::vector<float> block_logits_;
+  std::vector<RowInput> rows_;
+  // Rows of m consecutive positions of seq from pos (into rows_).
+  const std::vector<RowInput>& rows_of(SequenceState& seq, const int32_t* tokens, int m, int pos);
+  // tokens[0..n) of seq at positions pos0.. through the program without its
+  // head, in blocks of prefill_rows_.
+  void run_headless(SequenceState& seq, const int32_t* tokens, int n, int pos0);
   int prefill_rows_ = 0;
   // The program without its output head, for prefill_rows_ rows, and its
   // executor (built on first use).

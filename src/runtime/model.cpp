@@ -14,7 +14,6 @@
 
 namespace megakern {
 
-Model::~Model() = default;
 
 DecodeProgram Model::build_program(int max_rows) const {
   DecodeProgram p = transformed(build_program_for(max_rows));
@@ -33,10 +32,6 @@ DecodeProgram Model::build_program(int max_rows) const {
 
 size_t Model::packed_weight_bytes() const { return packed_->bytes(); }
 
-bool Model::prompt_forward_logits(ThreadPool&, SequenceState&, const int32_t*, int, int, int, float*) const {
-  return false;
-}
-
 namespace {
 
 // A checkpoint directory's tokenizer.json, if it has one; a directory with
@@ -54,55 +49,74 @@ std::optional<std::string> hf_tokenizer_dir(const std::string& path) {
   return std::nullopt;
 }
 
-// Any architecture's model (model/architecture.h) as the runtime drives it:
-// its program, the shape of its sequences, and a tokenizer (the GGUF file's
-// own, a checkpoint directory's tokenizer.json, or the byte tokenizer).
-class RuntimeModel final : public Model {
- public:
-  RuntimeModel(const std::string& name, std::unique_ptr<ArchModel> m) : m_(std::move(m)) {
-    name_ = name;
-    n_vocab_ = m_->n_vocab();
-    train_ctx_ = m_->train_context();
-    max_program_rows_ = m_->max_program_rows();
-    set_sequence_shape(m_->ring_block());
-    const GGUFFile* file = m_->gguf();
-    if (file && file->has("tokenizer.ggml.model")) {
-      tokenizer_ = Tokenizer::from_gguf(*file);
-      chat_ = detect_chat_format(*file);
-      bind_chat_tokens(chat_, *tokenizer_);
-      chat_declared_ = file->has("tokenizer.chat_template");
-    } else if (std::optional<std::string> dir = hf_tokenizer_dir(name_)) {
-      std::optional<std::string> tmpl;
-      tokenizer_ = load_hf_tokenizer(*dir, &tmpl);
-      if (tmpl) chat_ = chat_format_from_template(*tmpl);
-      chat_declared_ = tmpl.has_value();
-      if (chat_.kind == ChatTemplate::None && tokenizer_->find_token("<|im_start|>")) chat_.kind = ChatTemplate::ChatML;
-    } else {
-      if (n_vocab_ < 256)
-        fail("model '{}' has no tokenizer of its own and a vocabulary of {} tokens, too small for the byte tokenizer "
-             "(256 needed)",
-             name_, n_vocab_);
-      tokenizer_ = std::make_unique<Tokenizer>(byte_vocab(n_vocab_));
-    }
-    // Every token the tokenizer can produce needs an embedding row (and a
-    // logit): a shorter table would fail, or read out of bounds, only once
-    // such a token comes up in a prompt.
-    if (tokenizer_->n_vocab() > n_vocab_)
-      fail("{}: tensor 'token_embd.weight' has {} rows, fewer than the {} tokens of the tokenizer",
-           file ? file->name() : name_, n_vocab_, tokenizer_->n_vocab());
-    description_ = m_->description();
-  }
-  DecodeProgram build_program_for(int max_rows) const override { return m_->build_program(max_rows); }
-  bool prompt_forward_logits(ThreadPool& pool, SequenceState& seq, const int32_t* tokens, int n, int pos0, int n_out,
-                             float* logits) const override {
-    if (transform_) return false;
-    return m_->prompt_forward(pool, seq.cache, tokens, n, pos0, n_out, logits, numerics_);
-  }
-  bool prompt_forward_available() const override { return !transform_ && m_->has_prompt_forward(); }
+}  // namespace
 
- private:
-  std::unique_ptr<ArchModel> m_;
-};
+Model::Model(const std::string& name, std::unique_ptr<ArchModel> arch) : arch_(std::move(arch)) {
+  name_ = name;
+  n_vocab_ = arch_->n_vocab();
+  train_ctx_ = arch_->train_context();
+  max_program_rows_ = arch_->max_program_rows();
+  set_sequence_shape(arch_->ring_block());
+  const GGUFFile* file = arch_->gguf();
+  if (file && file->has("tokenizer.ggml.model")) {
+    tokenizer_ = Tokenizer::from_gguf(*file);
+    chat_ = detect_chat_format(*file);
+    bind_chat_tokens(chat_, *tokenizer_);
+    chat_declared_ = file->has("tokenizer.chat_template");
+  } else if (std::optional<std::string> dir = hf_tokenizer_dir(name_)) {
+    std::optional<std::string> tmpl;
+    tokenizer_ = load_hf_tokenizer(*dir, &tmpl);
+    if (tmpl) chat_ = chat_format_from_template(*tmpl);
+    chat_declared_ = tmpl.has_value();
+    if (chat_.kind == ChatTemplate::None && tokenizer_->find_token("<|im_start|>")) chat_.kind = ChatTemplate::ChatML;
+  } else if (n_vocab_ >= 256) {
+    tokenizer_ = std::make_unique<Tokenizer>(byte_vocab(n_vocab_));
+  } else {
+    // Token ids still run (teacher forcing, benchmarks of programs); text
+    // cannot.
+    no_tokenizer_ = fmt::format(
+        "model '{}' has no tokenizer of its own and a vocabulary of {} tokens, too small for the byte tokenizer "
+        "(256 needed)",
+        name_, n_vocab_);
+  }
+  // Every token the tokenizer can produce needs an embedding row (and a
+  // logit): a shorter table would fail, or read out of bounds, only once
+  // such a token comes up in a prompt.
+  if (tokenizer_ && tokenizer_->n_vocab() > n_vocab_)
+    fail("{}: tensor 'token_embd.weight' has {} rows, fewer than the {} tokens of the tokenizer",
+         file ? file->name() : name_, n_vocab_, tokenizer_->n_vocab());
+  description_ = arch_->description();
+}
+
+Model::~Model() = default;
+
+const Tokenizer& Model::tokenizer() const {
+  if (!tokenizer_) fail("{}", no_tokenizer_);
+  return *tokenizer_;
+}
+
+void Model::set_chat_format(ChatFormat f) {
+  bind_chat_tokens(f, tokenizer());
+  chat_ = std::move(f);
+  chat_declared_ = true;
+}
+
+namespace {
+
+std::unique_ptr<ArchModel> load_arch_gguf(std::unique_ptr<GGUFFile> file, const ModelOptions& opts) {
+  if (opts.weights && *opts.weights != DType::F32)
+    fail("model '{}': a GGUF file keeps its weight formats; --weights can only be f32 for it "
+         "(every matrix dequantised at load), got {}",
+         file->name(), dtype_traits(*opts.weights).name);
+  const std::string arch = file->get_string("general.architecture");
+  if (const Architecture* a = architecture_of_gguf(arch)) return a->load_gguf(std::move(file), opts);
+  if (auto why = unsupported_gguf_reason(arch))
+    fail("{}: architecture '{}' is not supported: {}", file->name(), arch, *why);
+  std::vector<std::string> known;
+  for (const Architecture* a : architectures())
+    for (const std::string& g : a->gguf_architectures()) known.push_back(g);
+  fail("{}: architecture '{}' is not supported (expected one of {})", file->name(), arch, join_names(known));
+}
 
 std::unique_ptr<ArchModel> load_arch_model(const std::string& name_or_path, const ModelOptions& opts) {
   namespace fs = std::filesystem;
@@ -119,19 +133,7 @@ std::unique_ptr<ArchModel> load_arch_model(const std::string& name_or_path, cons
     fail("{}: model_type '{}' is not an architecture this engine runs from a checkpoint directory (supported: {})",
          name_or_path, mt, join_names(known));
   }
-  if (opts.weights && *opts.weights != DType::F32)
-    fail("model '{}': a GGUF file keeps its weight formats; --weights can only be f32 for it "
-         "(every matrix dequantised at load), got {}",
-         name_or_path, dtype_traits(*opts.weights).name);
-  std::unique_ptr<GGUFFile> file = GGUFFile::open(resolve_model_path(name_or_path));
-  const std::string arch = file->get_string("general.architecture");
-  if (const Architecture* a = architecture_of_gguf(arch)) return a->load_gguf(std::move(file), opts);
-  if (auto why = unsupported_gguf_reason(arch))
-    fail("{}: architecture '{}' is not supported: {}", file->name(), arch, *why);
-  std::vector<std::string> known;
-  for (const Architecture* a : architectures())
-    for (const std::string& g : a->gguf_architectures()) known.push_back(g);
-  fail("{}: architecture '{}' is not supported (expected one of {})", file->name(), arch, join_names(known));
+  return load_arch_gguf(GGUFFile::open(resolve_model_path(name_or_path)), opts);
 }
 
 }  // namespace
@@ -143,7 +145,15 @@ std::vector<std::string> known_model_and_preset_names() {
 }
 
 std::unique_ptr<Model> load_model(const std::string& name_or_path, const ModelOptions& opts) {
-  std::unique_ptr<Model> m = std::make_unique<RuntimeModel>(name_or_path, load_arch_model(name_or_path, opts));
+  auto m = std::make_unique<Model>(name_or_path, load_arch_model(name_or_path, opts));
+  m->set_numerics(opts.numerics);
+  return m;
+}
+
+std::unique_ptr<Model> load_model(std::unique_ptr<GGUFFile> file, const ModelOptions& opts) {
+  if (!file) fail("load_model: no GGUF file");
+  const std::string name = file->name();
+  auto m = std::make_unique<Model>(name, load_arch_gguf(std::move(file), opts));
   m->set_numerics(opts.numerics);
   return m;
 }

@@ -41,7 +41,14 @@ class ThreadPool;
 
 class Model {
  public:
-  virtual ~Model();
+  // The runtime's side of an architecture's model (model/architecture.h):
+  // its tokenizer (the GGUF file's own, a checkpoint directory's
+  // tokenizer.json, or the byte tokenizer) and chat format. Throws
+  // megakern::Error when the model has no usable tokenizer.
+  Model(const std::string& name, std::unique_ptr<ArchModel> arch);
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
   // The name it was loaded by, and a one-line description (architecture,
   // sizes, weight format).
   const std::string& name() const { return name_; }
@@ -62,8 +69,7 @@ class Model {
   DecodeProgram build_program(int max_rows) const;
   // A rewrite applied to every program this model builds from now on, before
   // the repacking (a tensor-parallel rank's part of the program,
-  // dist/tensor_parallel.h); the shape of new sequences follows it. Models
-  // with a transform run prompts through their programs (no prompt_forward).
+  // dist/tensor_parallel.h); the shape of new sequences follows it.
   using ProgramTransform = std::function<DecodeProgram(const DecodeProgram&)>;
   void set_program_transform(ProgramTransform t) {
     transform_ = std::move(t);
@@ -85,31 +91,19 @@ class Model {
   // The zeroed state of a new sequence of up to n_ctx positions, shaped by
   // the model's program (ir/sequence_state.h).
   SequenceState new_sequence(int n_ctx) const { return make_sequence_state(shape_, n_ctx, ring_block_); }
-  // Teacher forcing (dense models): computes tokens[0..n) of seq at
-  // positions pos0.., writing the logits of the last n_out positions,
-  // [n_out][n_vocab], each the same bits as an executor step computing that
-  // position gives. Returns false when the model has no batched pass; callers
-  // then run executor steps (Engine::step over the positions as rows).
-  virtual bool prompt_forward_logits(ThreadPool& pool, SequenceState& seq, const int32_t* tokens, int n, int pos0,
-                                     int n_out, float* logits) const;
-  // Whether prompt_forward_logits computes (dense models) rather than declining.
-  virtual bool prompt_forward_available() const { return false; }
-
-  const Tokenizer& tokenizer() const { return *tokenizer_; }
+  // Throws megakern::Error for a model with no tokenizer (no tokenizer of its
+  // own and a vocabulary too small for the byte tokenizer), naming why.
+  const Tokenizer& tokenizer() const;
   // The chat format, and whether the model declares one itself (a GGUF
   // chat template) rather than having it inferred from the architecture.
   const ChatFormat& chat_format() const { return chat_; }
   bool declares_chat_template() const { return chat_declared_; }
   // Replaces the chat format (--chat-template), binding it to this model's
   // control tokens.
-  void set_chat_format(ChatFormat f) {
-    bind_chat_tokens(f, *tokenizer_);
-    chat_ = std::move(f);
-    chat_declared_ = true;
-  }
+  void set_chat_format(ChatFormat f);
 
- protected:
-  virtual DecodeProgram build_program_for(int max_rows) const = 0;
+ private:
+  DecodeProgram build_program_for(int max_rows) const { return arch_->build_program(max_rows); }
   // Sets the shape of new sequences from the model's program; ring_block > 0
   // makes windowed attention layers rings (make_sequence_state).
   void set_sequence_shape(int ring_block = 0) {
@@ -117,11 +111,12 @@ class Model {
     ring_block_ = ring_block;
   }
 
-  std::string name_, description_;
+  std::unique_ptr<ArchModel> arch_;
+  std::string name_, description_, no_tokenizer_;
   int n_vocab_ = 0;
   int train_ctx_ = 0;
   int max_program_rows_ = 64;
-  std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<Tokenizer> tokenizer_;  // null when no_tokenizer_ says why
   ChatFormat chat_;
   bool chat_declared_ = false;
   Numerics numerics_ = Numerics::Exact;
@@ -136,6 +131,9 @@ class Model {
 
 // Throws megakern::Error naming what could not be found or read.
 std::unique_ptr<Model> load_model(const std::string& name_or_path, const ModelOptions& opts = {});
+// A parsed GGUF file (an image in memory, for instance) as load_model reads
+// a file of that name; the model keeps the file.
+std::unique_ptr<Model> load_model(std::unique_ptr<GGUFFile> file, const ModelOptions& opts = {});
 
 // Names load_model() knows without a path: fetched models, then presets.
 std::vector<std::string> known_model_and_preset_names();

@@ -394,6 +394,9 @@ std::string HttpServer::metrics_text() const {
          line("megakern_step_prompt_rows_total", s.prompt_rows));
   metric("megakern_mixed_steps_total", "counter", "Engine steps with both decode rows and prompt rows.",
          line("megakern_mixed_steps_total", s.mixed_steps));
+  metric("megakern_step_headless_rows_total", "counter",
+         "Prompt rows computed without the output head (no logits needed: not a prompt's last row, not scored).",
+         line("megakern_step_headless_rows_total", s.headless_rows));
   metric("megakern_prefill_seconds", "summary",
          "Prompt rows' share of step time (a step's time split by rows); count: prompts completed.",
          line("megakern_prefill_seconds_sum", s.prefill_seconds) + line("megakern_prefill_seconds_count", s.prefills));

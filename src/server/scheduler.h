@@ -117,12 +117,22 @@ class Job {
 inline constexpr double kPromptRowsPerDecodeRow = 1;
 inline constexpr int kMinPromptRows = 4;
 inline constexpr int kDefaultStepTokens = 32;
+// The fewest prompt rows of a step that go through a step of their own
+// without the output head (Scheduler::run_step). Below that the second pass
+// over the weights costs more than the head saves: per row the head is
+// 136 M multiply-adds of Qwen2.5-Coder-0.5B's 494 M (28 M of SmolLM2's
+// 135 M), while the extra pass reads the whole 0.4 GB (0.1 GB) once, about
+// one batch-1 decode step, the time of 8 to 10 rows' heads.
+inline constexpr int kHeadlessMinRows = 16;
 
 struct SchedulerOptions {
   int max_rows = 8;        // sequences decoded together (decode rows of one step)
   // Rows of one engine step, decode rows and prompt rows together; 0: the
   // default, max(kDefaultStepTokens, max_rows + the least prompt chunk).
   int step_tokens = 0;
+  // Prompt rows of a step that go through a head-less step of their own
+  // when at least this many need no logits (INT_MAX: never).
+  int headless_min_rows = kHeadlessMinRows;
   // Beside d decode rows, a step computes at most max(min_prompt_rows,
   // prompt_per_decode * d) prompt rows (PolicyOptions); with nothing to
   // decode, step_tokens of them.
@@ -148,6 +158,7 @@ struct SchedulerStats {
   uint64_t step_rows = 0;          // rows over all steps, decode and prompt rows
   uint64_t prompt_rows = 0;        // of which prompt rows
   uint64_t mixed_steps = 0;        // steps with both decode rows and prompt rows
+  uint64_t headless_rows = 0;      // prompt rows computed without the output head
   double step_seconds = 0;         // time in engine steps
   double prefill_seconds = 0;      // of which the prompt rows' share (by rows)
   uint64_t prefills = 0;           // prompts completed
