@@ -209,45 +209,72 @@ TEST(Families, GptOssFloatExpertsMatchTransformers) {
     }
 }
 
-// Qwen3-Next (Hugging Face qwen3_next) on the Qwen3.8 architecture: Gated
-// DeltaNet layers with the fused per-key-head projections, gated full
-// attention with partial RoPE, and routed experts plus a sigmoid-gated shared
-// expert in every layer. Under every executor and both numerics modes, one
-// position per step: top-1 at every position and max |diff| / max |ref| <=
-// 1e-4 against transformers' float32 logits; op-by-op and megakernel give the
-// same bits.
-TEST(Families, Qwen3NextMatchesTransformersUnderEveryExecutor) {
-  const Reference ref = load_reference("qwen3next");
-  ASSERT_EQ(ref.model_type, "qwen3_next");
-  auto m = Qwen38Model::load(family_dir("qwen3next") + "/hf");
-  ASSERT_TRUE(m->config().moe());
-  ASSERT_TRUE(m->config().fused_qkvz);
-  ASSERT_EQ(m->config().vocab, ref.n_vocab);
-  const int n = static_cast<int>(ref.tokens.size()), V = ref.n_vocab;
-  const double ref_max = ref.max_abs();
+// Logits of every position, one position per step, of a Qwen3.8-architecture model.
+std::vector<float> run_qwen38(const Qwen38Model& m, const std::string& executor, Numerics numerics,
+                              const std::vector<int32_t>& toks) {
   ThreadPool pool(2);
+  DecodeProgram p = build_qwen38_program(m, 1);
+  p.numerics = numerics;
+  auto ex = make_executor(executor, p, pool);
+  const int n = static_cast<int>(toks.size()), V = m.config().vocab;
+  KVCache cache = make_cache(m, n);
+  RecurrentState state = make_state(m);
+  std::vector<float> logits(static_cast<size_t>(n) * V);
+  for (int t = 0; t < n; ++t)
+    ex->step({{toks[static_cast<size_t>(t)], t, &cache, &state}}, logits.data() + static_cast<size_t>(t) * V);
+  return logits;
+}
+
+// The Qwen3.8-architecture families (Gated DeltaNet + gated attention) in
+// both forms: the Hugging Face directory and the GGUF file in llama.cpp's
+// conventions. Under every executor and both numerics modes, one position per
+// step: top-1 at every position and max |diff| / max |ref| <= 1e-4 against
+// transformers' float32 logits for each form; the two forms give the same
+// bits; op-by-op and megakernel give the same bits.
+void check_qwen38_family(const std::string& fam, const std::string& model_type,
+                         const std::function<void(const Qwen38Model&)>& check_layout) {
+  const Reference ref = load_reference(fam);
+  ASSERT_EQ(ref.model_type, model_type);
+  auto mh = Qwen38Model::load(family_dir(fam) + "/hf");
+  auto file = GGUFFile::open(family_dir(fam) + "/model.gguf");
+  EXPECT_EQ(file->get_string("general.architecture"), ref.arch);
+  auto mg = Qwen38Model::load_gguf(std::move(file));
+  ASSERT_EQ(mh->config().vocab, ref.n_vocab);
+  ASSERT_EQ(mg->config().vocab, ref.n_vocab);
+  check_layout(*mh);
+  check_layout(*mg);
+  const int n = static_cast<int>(ref.tokens.size());
+  const double ref_max = ref.max_abs();
   for (Numerics numerics : {Numerics::Exact, Numerics::Fast}) {
-    DecodeProgram p = build_qwen38_program(*m, 1);
-    p.numerics = numerics;
     std::map<std::string, std::vector<float>> got;
     for (const char* executor : {"reference", "opbyop", "mega"}) {
-      SCOPED_TRACE(fmt::format("{} {}", executor, numerics == Numerics::Exact ? "exact" : "fast"));
-      auto ex = make_executor(executor, p, pool);
-      KVCache cache = make_cache(*m, n);
-      RecurrentState state = make_state(*m);
-      std::vector<float> logits(static_cast<size_t>(n) * V);
-      for (int t = 0; t < n; ++t)
-        ex->step({{ref.tokens[static_cast<size_t>(t)], t, &cache, &state}}, logits.data() + static_cast<size_t>(t) * V);
-      const auto [top1, max_diff] = agreement(logits, ref);
-      EXPECT_EQ(top1, n) << "top-1 agreement " << top1 << " of " << n;
-      EXPECT_LE(max_diff / ref_max, 1e-4) << "max |diff| " << max_diff << " against max |ref| " << ref_max;
-      std::printf("[families] qwen3next %-9s %-5s top-1 %d/%d, max |diff| / max |ref| %.2e\n", executor,
-                  numerics == Numerics::Exact ? "exact" : "fast", top1, n, max_diff / ref_max);
-      got[executor] = std::move(logits);
+      const char* mode = numerics == Numerics::Exact ? "exact" : "fast";
+      SCOPED_TRACE(fmt::format("{} {} {}", fam, executor, mode));
+      const std::vector<float> h = run_qwen38(*mh, executor, numerics, ref.tokens);
+      const std::vector<float> g = run_qwen38(*mg, executor, numerics, ref.tokens);
+      EXPECT_EQ(std::memcmp(g.data(), h.data(), g.size() * 4), 0) << "GGUF and HF forms differ";
+      for (const auto& [form, logits] : {std::pair{"hf", &h}, std::pair{"gguf", &g}}) {
+        const auto [top1, max_diff] = agreement(*logits, ref);
+        EXPECT_EQ(top1, n) << form << ": top-1 agreement " << top1 << " of " << n;
+        EXPECT_LE(max_diff / ref_max, 1e-4) << form << ": max |diff| " << max_diff << " against max |ref| " << ref_max;
+        std::printf("[families] %s %-4s %-9s %-5s top-1 %d/%d, max |diff| / max |ref| %.2e\n", fam.c_str(), form,
+                    executor, mode, top1, n, max_diff / ref_max);
+      }
+      got[executor] = g;
     }
     EXPECT_EQ(std::memcmp(got["opbyop"].data(), got["mega"].data(), got["mega"].size() * 4), 0)
         << "op-by-op and megakernel differ";
   }
+}
+
+// Qwen3-Next (HF qwen3_next, GGUF qwen3next): Gated DeltaNet layers with the
+// fused per-key-head projections, gated full attention with partial RoPE,
+// and routed experts plus a sigmoid-gated shared expert in every layer.
+TEST(Families, Qwen3NextMatchesTransformersUnderEveryExecutor) {
+  check_qwen38_family("qwen3next", "qwen3_next", [](const Qwen38Model& m) {
+    EXPECT_TRUE(m.config().moe());
+    EXPECT_TRUE(m.config().fused_qkvz);
+  });
 }
 
 // A copy of a GGUF file without one tensor or key, or with a key changed.
@@ -355,6 +382,8 @@ TEST(Families, UnsupportedArchitectureNamesTheReason) {
   // Families that run are not in the refusal table.
   for (const DenseFamily& fam : dense_families())
     EXPECT_FALSE(unsupported_gguf_reason(fam.gguf_arch).has_value()) << fam.gguf_arch;
+  for (const std::string& arch : qwen38_gguf_architectures())
+    EXPECT_FALSE(unsupported_gguf_reason(arch).has_value()) << arch;
 }
 
 // Non-finite or out-of-range hyperparameters are refused naming the key.

@@ -7,6 +7,8 @@
 #include "core/error.h"
 #include "core/units.h"
 #include "io/config_value.h"
+#include "io/gguf.h"
+#include "model/gguf_weights.h"
 #include "io/hf_config.h"
 #include "model/dense_hf.h"
 
@@ -377,6 +379,77 @@ Qwen38Config qwen38_config_from_hf(const HFConfig& hf) {
   if (hf.get_bool_or("attention_bias", false)) fail("{}: attention_bias is not supported", hf.name());
   c.validate();
   return c;
+}
+
+const std::vector<std::string>& qwen38_gguf_architectures() {
+  static const std::vector<std::string> v = {"qwen3next", "qwen35", "qwen35moe"};
+  return v;
+}
+
+Qwen38Config qwen38_config_from_gguf(const GGUFFile& f) {
+  const std::string arch = f.get_string("general.architecture");
+  bool known = false;
+  for (const std::string& a : qwen38_gguf_architectures()) known |= a == arch;
+  if (!known) fail("{}: architecture '{}' is not a Qwen3-Next / Qwen3.5 file", f.name(), arch);
+  auto key = [&](const char* k) { return arch + "." + k; };
+  auto dim = [&](const char* k) { return gguf_int_in(f, key(k)); };
+  Qwen38Config c;
+  c.name = f.get_string_opt("general.name").value_or(f.name());
+  const int blocks = gguf_int_in(f, key("block_count"), 1, kMaxConfigLayers);
+  const int nextn = f.has(key("nextn_predict_layers")) ? gguf_int_in(f, key("nextn_predict_layers"), 0, blocks - 1) : 0;
+  c.n_layer = blocks - nextn;
+  c.hidden = dim("embedding_length");
+  c.vocab = 0;  // from token_embd
+  c.rms_eps = gguf_float_in(f, key("attention.layer_norm_rms_epsilon"), 0, 1);
+  c.n_head = dim("attention.head_count");
+  c.n_head_kv = f.has(key("attention.head_count_kv")) ? dim("attention.head_count_kv") : c.n_head;
+  c.head_dim = f.has(key("attention.key_length")) ? dim("attention.key_length") : c.hidden / c.n_head;
+  if (f.has(key("attention.value_length")) && dim("attention.value_length") != c.head_dim)
+    fail("{}: {} and {} differ, which Qwen3.8 does not support", f.name(), key("attention.key_length"),
+         key("attention.value_length"));
+  c.rope_theta = gguf_float_in(f, key("rope.freq_base"), 0, 1e12, 10000.0);
+  c.rotary_dim = f.has(key("rope.dimension_count")) ? dim("rope.dimension_count") : c.head_dim;
+  if (auto type = f.get_string_opt(key("rope.scaling.type")); type && *type != "none")
+    fail("{}: {} '{}' is not supported (only plain RoPE)", f.name(), key("rope.scaling.type"), *type);
+  c.conv_kernel = gguf_int_in(f, key("ssm.conv_kernel"), 1, 1024);
+  c.la_k_head_dim = dim("ssm.state_size");
+  c.la_n_k_heads = dim("ssm.group_count");
+  c.la_n_v_heads = dim("ssm.time_step_rank");
+  const int inner = dim("ssm.inner_size");
+  if (inner % c.la_n_v_heads != 0)
+    fail("{}: {} {} is not a multiple of {} {}", f.name(), key("ssm.inner_size"), inner, key("ssm.time_step_rank"),
+         c.la_n_v_heads);
+  c.la_v_head_dim = inner / c.la_n_v_heads;
+  c.full_attn_interval =
+      f.has(key("full_attention_interval")) ? gguf_int_in(f, key("full_attention_interval"), 1, kMaxConfigLayers) : 4;
+  if (f.has(key("attention.recurrent_layers"))) {
+    const std::vector<int64_t>& rec = f.get_int_array(key("attention.recurrent_layers"));
+    if (rec.size() < static_cast<size_t>(c.n_layer))
+      fail("{}: {} has {} entries for {} layers", f.name(), key("attention.recurrent_layers"), rec.size(), c.n_layer);
+    for (int l = 0; l < c.n_layer; ++l)
+      if ((rec[static_cast<size_t>(l)] != 0) == c.is_full_attention(l))
+        fail("{}: {}[{}] is {}, but Qwen3.8 runs layer l as full attention iff l % {} == {}", f.name(),
+             key("attention.recurrent_layers"), l, rec[static_cast<size_t>(l)] != 0, c.full_attn_interval,
+             c.full_attn_interval - 1);
+  }
+  c.tiled_v_heads = arch != "qwen3next";
+  if (arch == "qwen35") {
+    c.intermediate = dim("feed_forward_length");
+  } else {
+    c.fused_qkvz = arch == "qwen3next";  // the [b | a] pairs per key head of ssm_ba
+    c.n_expert = gguf_int_in(f, key("expert_count"), 1, 4096);
+    c.n_expert_used = gguf_int_in(f, key("expert_used_count"), 1, c.n_expert);
+    c.moe_intermediate = dim("expert_feed_forward_length");
+    c.shared_intermediate = dim("expert_shared_feed_forward_length");
+    c.intermediate = f.has(key("feed_forward_length")) ? dim("feed_forward_length") : c.moe_intermediate;
+    // llama.cpp renormalises the selected experts' weights for these files.
+    c.norm_topk_prob = f.get_bool_opt(key("expert_weights_norm")).value_or(true);
+    if (f.has(key("expert_weights_scale"))) {
+      const float s = gguf_float_in(f, key("expert_weights_scale"), -1, 1e6);
+      if (s != 0.f && s != 1.f) fail("{}: {} {} is not supported (only 1)", f.name(), key("expert_weights_scale"), s);
+    }
+  }
+  return c;  // validated once the vocabulary is known
 }
 
 }  // namespace megakern
