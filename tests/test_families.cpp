@@ -277,9 +277,13 @@ TEST(Families, Qwen3NextMatchesTransformersUnderEveryExecutor) {
   });
 }
 
-// A copy of a GGUF file without one tensor or key, or with a key changed.
+// A copy of a GGUF file without one tensor or key, or with a key changed
+// (to a float `value`, or an integer `int_value`), or with the f32 values of
+// tensor `edit_tensor` changed by `edit`.
 std::vector<uint8_t> mutated_gguf(const GGUFFile& orig, const std::string& drop_tensor, const std::string& key,
-                                  std::optional<float> value) {
+                                  std::optional<float> value, std::optional<uint32_t> int_value = std::nullopt,
+                                  const std::string& edit_tensor = "",
+                                  const std::function<void(std::vector<float>&)>& edit = nullptr) {
   GGUFWriter w;
   for (const std::string& k : orig.metadata_order()) {
     const GGUFValue& v = *orig.find(k);
@@ -292,8 +296,19 @@ std::vector<uint8_t> mutated_gguf(const GGUFFile& orig, const std::string& drop_
       w.set_u32(k, static_cast<uint32_t>(orig.get_int(k)));
   }
   if (value) w.set_f32(key, *value);
-  for (const GGUFTensorInfo& t : orig.tensors())
-    if (t.name != drop_tensor) w.add_tensor(t.name, t.type, t.shape, t.data, t.n_bytes);
+  if (int_value) w.set_u32(key, *int_value);
+  std::vector<float> edited;
+  for (const GGUFTensorInfo& t : orig.tensors()) {
+    if (t.name == drop_tensor) continue;
+    if (t.name == edit_tensor) {
+      EXPECT_EQ(t.type, DType::F32) << t.name;
+      edited.assign(reinterpret_cast<const float*>(t.data), reinterpret_cast<const float*>(t.data) + t.n_elements);
+      edit(edited);
+      w.add_tensor(t.name, t.type, t.shape, edited.data(), t.n_bytes);
+    } else {
+      w.add_tensor(t.name, t.type, t.shape, t.data, t.n_bytes);
+    }
+  }
   return w.serialize();
 }
 
@@ -353,6 +368,78 @@ TEST(Families, GptOssBadInputIsNamed) {
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find(c.want), std::string::npos) << e.what();
     }
+  }
+}
+
+// What a qwen3next file lacks, or gets wrong, is named: a missing tensor of
+// either layer kind or of the experts, a missing DeltaNet key, a layer
+// pattern the tensors do not follow, a decay A that is not -exp(A_log), a
+// tensor of the wrong shape.
+TEST(Families, Qwen3NextGgufBadInputIsNamed) {
+  auto orig = GGUFFile::open(family_dir("qwen3next") + "/model.gguf");
+  struct Case {
+    std::string tensor, key;
+    std::optional<uint32_t> int_value;
+    std::string edit_tensor;
+    std::function<void(std::vector<float>&)> edit;
+    std::string want;
+  };
+  const std::vector<Case> cases = {
+      {"blk.0.ssm_a", "", {}, "", nullptr, "tensor 'blk.0.ssm_a' is missing"},
+      {"blk.1.attn_qkv.weight", "", {}, "", nullptr, "blk.1.attn_qkv.weight"},
+      {"blk.2.ssm_ba.weight", "", {}, "", nullptr, "blk.2.ssm_ba.weight"},
+      {"blk.1.ssm_dt.bias", "", {}, "", nullptr, "blk.1.ssm_dt.bias"},
+      {"blk.3.attn_q_norm.weight", "", {}, "", nullptr, "blk.3.attn_q_norm.weight"},
+      {"blk.0.ffn_down_exps.weight", "", {}, "", nullptr, "blk.0.ffn_down_exps.weight"},
+      {"blk.2.ffn_gate_inp_shexp.weight", "", {}, "", nullptr, "blk.2.ffn_gate_inp_shexp.weight"},
+      {"output.weight", "", {}, "", nullptr, "tensor 'output.weight' is missing"},
+      {"", "qwen3next.ssm.group_count", {}, "", nullptr, "qwen3next.ssm.group_count"},
+      {"", "qwen3next.expert_shared_feed_forward_length", {}, "", nullptr,
+       "qwen3next.expert_shared_feed_forward_length"},
+      // Every second layer full attention: layer 1 has no attention tensors.
+      {"", "qwen3next.full_attention_interval", 2, "", nullptr, "blk.1.attn_q.weight"},
+      {"", "qwen3next.ssm.inner_size", 62, "", nullptr, "qwen3next.ssm.inner_size 62 is not a multiple"},
+      {"", "", {}, "blk.2.ssm_a", [](std::vector<float>& v) { v[1] = 0.5f; },
+       "tensor 'blk.2.ssm_a' holds 0.5 at index 1"},
+      {"", "", {}, "blk.0.ssm_norm.weight", [](std::vector<float>& v) { v[3] = NAN; },
+       "tensor 'blk.0.ssm_norm.weight' holds a non-finite value at index 3"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.tensor + c.key + c.edit_tensor);
+    std::vector<uint8_t> bytes = mutated_gguf(*orig, c.tensor, c.key, std::nullopt, c.int_value, c.edit_tensor, c.edit);
+    try {
+      Qwen38Model::load_gguf(GGUFFile::parse(bytes.data(), bytes.size(), "mutated.gguf"));
+      ADD_FAILURE() << "accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(c.want), std::string::npos) << e.what();
+    }
+  }
+  // A tensor of another shape: ssm_ba with the wrong number of rows.
+  GGUFWriter w;
+  for (const std::string& k : orig->metadata_order())
+    if (const GGUFValue& v = *orig->find(k); v.type == GGUFValueType::STRING)
+      w.set_string(k, orig->get_string(k));
+    else if (v.type == GGUFValueType::FLOAT32)
+      w.set_f32(k, static_cast<float>(orig->get_float(k)));
+    else if (v.type != GGUFValueType::ARRAY && v.type != GGUFValueType::BOOL)
+      w.set_u32(k, static_cast<uint32_t>(orig->get_int(k)));
+  for (const GGUFTensorInfo& t : orig->tensors()) {
+    std::vector<int64_t> shape = t.shape;
+    size_t bytes = t.n_bytes;
+    if (t.name == "blk.1.ssm_ba.weight") {
+      shape[1] -= 1;
+      bytes -= static_cast<size_t>(shape[0]) * 4;
+    }
+    w.add_tensor(t.name, t.type, shape, t.data, bytes);
+  }
+  std::vector<uint8_t> bytes = w.serialize();
+  try {
+    Qwen38Model::load_gguf(GGUFFile::parse(bytes.data(), bytes.size(), "mutated.gguf"));
+    ADD_FAILURE() << "a short ssm_ba was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tensor 'blk.1.ssm_ba.weight' has shape [32, 7], expected [32, 8]"),
+              std::string::npos)
+        << e.what();
   }
 }
 
