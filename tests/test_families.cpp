@@ -277,13 +277,31 @@ TEST(Families, Qwen3NextMatchesTransformersUnderEveryExecutor) {
   });
 }
 
+// Qwen3.5 dense (HF qwen3_5_text, GGUF qwen35): the DeltaNet projections
+// unfused, a SwiGLU MLP; its GGUF file stores the value heads tiled.
+TEST(Families, Qwen35MatchesTransformersUnderEveryExecutor) {
+  check_qwen38_family("qwen35", "qwen3_5_text", [](const Qwen38Model& m) {
+    EXPECT_FALSE(m.config().moe());
+    EXPECT_FALSE(m.config().fused_qkvz);
+  });
+}
+
+// Qwen3.5-MoE (HF qwen3_5_moe_text, GGUF qwen35moe): Qwen3.5's DeltaNet with
+// Qwen3-Next's experts in every layer.
+TEST(Families, Qwen35MoeMatchesTransformersUnderEveryExecutor) {
+  check_qwen38_family("qwen35moe", "qwen3_5_moe_text", [](const Qwen38Model& m) {
+    EXPECT_TRUE(m.config().moe());
+    EXPECT_FALSE(m.config().fused_qkvz);
+  });
+}
+
 // A copy of a GGUF file without one tensor or key, or with a key changed
-// (to a float `value`, or an integer `int_value`), or with the f32 values of
-// tensor `edit_tensor` changed by `edit`.
+// (to a float `value`, or an integer `int_value`), or with the shape and f32
+// values of tensor `edit_tensor` changed by `edit`.
 std::vector<uint8_t> mutated_gguf(const GGUFFile& orig, const std::string& drop_tensor, const std::string& key,
                                   std::optional<float> value, std::optional<uint32_t> int_value = std::nullopt,
                                   const std::string& edit_tensor = "",
-                                  const std::function<void(std::vector<float>&)>& edit = nullptr) {
+                                  const std::function<void(std::vector<int64_t>&, std::vector<float>&)>& edit = nullptr) {
   GGUFWriter w;
   for (const std::string& k : orig.metadata_order()) {
     const GGUFValue& v = *orig.find(k);
@@ -303,8 +321,9 @@ std::vector<uint8_t> mutated_gguf(const GGUFFile& orig, const std::string& drop_
     if (t.name == edit_tensor) {
       EXPECT_EQ(t.type, DType::F32) << t.name;
       edited.assign(reinterpret_cast<const float*>(t.data), reinterpret_cast<const float*>(t.data) + t.n_elements);
-      edit(edited);
-      w.add_tensor(t.name, t.type, t.shape, edited.data(), t.n_bytes);
+      std::vector<int64_t> shape = t.shape;
+      edit(shape, edited);
+      w.add_tensor(t.name, t.type, shape, edited.data(), edited.size() * 4);
     } else {
       w.add_tensor(t.name, t.type, t.shape, t.data, t.n_bytes);
     }
@@ -374,14 +393,14 @@ TEST(Families, GptOssBadInputIsNamed) {
 // What a qwen3next file lacks, or gets wrong, is named: a missing tensor of
 // either layer kind or of the experts, a missing DeltaNet key, a layer
 // pattern the tensors do not follow, a decay A that is not -exp(A_log), a
-// tensor of the wrong shape.
+// non-finite norm weight, a tensor of the wrong shape.
 TEST(Families, Qwen3NextGgufBadInputIsNamed) {
   auto orig = GGUFFile::open(family_dir("qwen3next") + "/model.gguf");
   struct Case {
     std::string tensor, key;
     std::optional<uint32_t> int_value;
     std::string edit_tensor;
-    std::function<void(std::vector<float>&)> edit;
+    std::function<void(std::vector<int64_t>&, std::vector<float>&)> edit;
     std::string want;
   };
   const std::vector<Case> cases = {
@@ -399,10 +418,17 @@ TEST(Families, Qwen3NextGgufBadInputIsNamed) {
       // Every second layer full attention: layer 1 has no attention tensors.
       {"", "qwen3next.full_attention_interval", 2, "", nullptr, "blk.1.attn_q.weight"},
       {"", "qwen3next.ssm.inner_size", 62, "", nullptr, "qwen3next.ssm.inner_size 62 is not a multiple"},
-      {"", "", {}, "blk.2.ssm_a", [](std::vector<float>& v) { v[1] = 0.5f; },
+      {"", "", {}, "blk.2.ssm_a", [](std::vector<int64_t>&, std::vector<float>& v) { v[1] = 0.5f; },
        "tensor 'blk.2.ssm_a' holds 0.5 at index 1"},
-      {"", "", {}, "blk.0.ssm_norm.weight", [](std::vector<float>& v) { v[3] = NAN; },
+      {"", "", {}, "blk.0.ssm_norm.weight", [](std::vector<int64_t>&, std::vector<float>& v) { v[3] = NAN; },
        "tensor 'blk.0.ssm_norm.weight' holds a non-finite value at index 3"},
+      // One row short.
+      {"", "", {}, "blk.1.ssm_ba.weight",
+       [](std::vector<int64_t>& shape, std::vector<float>& v) {
+         shape[1] -= 1;
+         v.resize(v.size() - static_cast<size_t>(shape[0]));
+       },
+       "tensor 'blk.1.ssm_ba.weight' has shape [32, 7], expected [32, 8]"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.tensor + c.key + c.edit_tensor);
@@ -414,32 +440,26 @@ TEST(Families, Qwen3NextGgufBadInputIsNamed) {
       EXPECT_NE(std::string(e.what()).find(c.want), std::string::npos) << e.what();
     }
   }
-  // A tensor of another shape: ssm_ba with the wrong number of rows.
-  GGUFWriter w;
-  for (const std::string& k : orig->metadata_order())
-    if (const GGUFValue& v = *orig->find(k); v.type == GGUFValueType::STRING)
-      w.set_string(k, orig->get_string(k));
-    else if (v.type == GGUFValueType::FLOAT32)
-      w.set_f32(k, static_cast<float>(orig->get_float(k)));
-    else if (v.type != GGUFValueType::ARRAY && v.type != GGUFValueType::BOOL)
-      w.set_u32(k, static_cast<uint32_t>(orig->get_int(k)));
-  for (const GGUFTensorInfo& t : orig->tensors()) {
-    std::vector<int64_t> shape = t.shape;
-    size_t bytes = t.n_bytes;
-    if (t.name == "blk.1.ssm_ba.weight") {
-      shape[1] -= 1;
-      bytes -= static_cast<size_t>(shape[0]) * 4;
+}
+
+// The Qwen3.5 files' own tensors and keys are named when missing.
+TEST(Families, Qwen35GgufBadInputIsNamed) {
+  struct Case {
+    std::string fam, tensor, key;
+  };
+  for (const Case& c : {Case{"qwen35", "blk.0.ssm_alpha.weight", ""}, Case{"qwen35", "blk.2.ffn_down.weight", ""},
+                        Case{"qwen35", "", "qwen35.feed_forward_length"}, Case{"qwen35", "blk.1.ssm_out.weight", ""},
+                        Case{"qwen35moe", "blk.1.ssm_beta.weight", ""},
+                        Case{"qwen35moe", "", "qwen35moe.expert_feed_forward_length"}}) {
+    SCOPED_TRACE(c.fam + " " + c.tensor + c.key);
+    auto orig = GGUFFile::open(family_dir(c.fam) + "/model.gguf");
+    std::vector<uint8_t> bytes = mutated_gguf(*orig, c.tensor, c.key, std::nullopt);
+    try {
+      Qwen38Model::load_gguf(GGUFFile::parse(bytes.data(), bytes.size(), "mutated.gguf"));
+      ADD_FAILURE() << "accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(c.tensor + c.key), std::string::npos) << e.what();
     }
-    w.add_tensor(t.name, t.type, shape, t.data, bytes);
-  }
-  std::vector<uint8_t> bytes = w.serialize();
-  try {
-    Qwen38Model::load_gguf(GGUFFile::parse(bytes.data(), bytes.size(), "mutated.gguf"));
-    ADD_FAILURE() << "a short ssm_ba was accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("tensor 'blk.1.ssm_ba.weight' has shape [32, 7], expected [32, 8]"),
-              std::string::npos)
-        << e.what();
   }
 }
 
@@ -452,6 +472,8 @@ TEST(Families, TableNamesAreUniqueAndResolve) {
   }
   EXPECT_EQ(dense_tensor_name(DenseTensor::AttnQ, 7, "bias"), "blk.7.attn_q.bias");
   EXPECT_EQ(dense_tensor_name(DenseTensor::OutputNorm, 3), "output_norm.weight");
+  EXPECT_EQ(dense_tensor_name(DenseTensor::SsmA, 2, ""), "blk.2.ssm_a");
+  EXPECT_EQ(dense_tensor_name(DenseTensor::SsmDt, 0, "bias"), "blk.0.ssm_dt.bias");
 }
 
 TEST(Families, UnsupportedArchitectureNamesTheReason) {

@@ -726,7 +726,9 @@ class Qwen38Architecture final : public Architecture {
     return v;
   }
   bool runnable(const std::string& preset) const override { return preset != "qwen3.8-27b"; }
-  std::vector<std::string> hf_model_types() const override { return {"qwen3_5_text", "qwen3_5", "qwen3_next"}; }
+  std::vector<std::string> hf_model_types() const override {
+    return {"qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe", "qwen3_next"};
+  }
   std::vector<std::string> gguf_architectures() const override { return qwen38_gguf_architectures(); }
   std::unique_ptr<ArchModel> load_gguf(std::unique_ptr<GGUFFile> file, const ModelOptions& o) const override {
     return std::make_unique<Qwen38ArchModel>(Qwen38Model::load_gguf(std::move(file), o.weights));

@@ -307,19 +307,22 @@ std::string describe(const Qwen38Config& c) {
 
 Qwen38Config qwen38_config_from_hf(const HFConfig& hf) {
   const std::string mt = hf.model_type();
-  if (mt != "qwen3_5_text" && mt != "qwen3_5" && mt != "qwen3_next")
-    fail("{}: model_type '{}' is not a Qwen3.5-family config (expected qwen3_5_text, qwen3_5 or qwen3_next)",
+  const bool next = mt == "qwen3_next", moe35 = mt == "qwen3_5_moe_text" || mt == "qwen3_5_moe";
+  if (mt != "qwen3_5_text" && mt != "qwen3_5" && !next && !moe35)
+    fail("{}: model_type '{}' is not a Qwen3.5-family config (expected qwen3_5_text, qwen3_5, qwen3_5_moe_text, "
+         "qwen3_5_moe or qwen3_next)",
          hf.name(), mt);
   Qwen38Config c;
-  if (mt == "qwen3_next") {
-    // Qwen3-Next: fused DeltaNet projections and a mixture of experts with a
-    // gated shared expert in every layer.
-    c.fused_qkvz = true;
+  if (next || moe35) {
+    // Qwen3-Next and Qwen3.5-MoE: a mixture of experts with a gated shared
+    // expert in every layer; Qwen3-Next fuses the DeltaNet projections.
+    c.fused_qkvz = next;
     c.n_expert = static_cast<int>(hf.get_int_in("num_experts", 1, 4096));
     c.n_expert_used = static_cast<int>(hf.get_int_in("num_experts_per_tok", 1, c.n_expert));
     c.moe_intermediate = static_cast<int>(hf.get_int_in("moe_intermediate_size", 1, kMaxConfigDim));
     c.shared_intermediate = static_cast<int>(hf.get_int_in("shared_expert_intermediate_size", 1, kMaxConfigDim));
-    c.norm_topk_prob = hf.get_bool_or("norm_topk_prob", true);
+    // Qwen3.5-MoE's router always renormalises the selected weights.
+    c.norm_topk_prob = next ? hf.get_bool_or("norm_topk_prob", true) : true;
     require_every_layer_sparse(hf);
   }
   c.name = hf.name();
