@@ -1,6 +1,7 @@
 // Qwen3.8 (Gated DeltaNet + gated full attention hybrid; see model/qwen38_config.h
-// and ../shared/docs/reference-system.md) loaded from a Hugging Face Qwen3.5
-// safetensors checkpoint, and its DecodeProgram.
+// and ../shared/docs/reference-system.md) loaded from a Hugging Face Qwen3.5 /
+// Qwen3.5-MoE / Qwen3-Next safetensors checkpoint or from a GGUF file of
+// those families in llama.cpp's conventions (load_gguf), and its DecodeProgram.
 //
 // Load-time transforms (buffers owned by the model; everything else is a
 // zero-copy view of the mapped checkpoint):
@@ -12,7 +13,9 @@
 //    matrix ([b | a]), so one product feeds the delta rule;
 //  - conv1d.weight [C][1][K] is read as taps [C][K] (tap K-1 = current input);
 //  - Qwen3-Next's fused in_proj_qkvz / in_proj_ba (rows grouped per key head)
-//    are regrouped into the same [q | k | v], z and [b | a] matrices;
+//    are regrouped into the same [q | k | v], z and [b | a] matrices (GGUF:
+//    ssm_ba, or the older ssm_in), and Qwen3.5 GGUF files' tiled value
+//    heads are put back in grouped order (rows, and ssm_out's columns);
 //  - matrices stay in F32, F16 or BF16 as stored (copied when the data is not
 //    aligned to its element size); any other float dtype is converted to F32;
 //    small tensors are converted to F32.
