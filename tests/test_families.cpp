@@ -295,6 +295,21 @@ TEST(Families, Qwen35MoeMatchesTransformersUnderEveryExecutor) {
   });
 }
 
+// The string, float and integer keys of a GGUF file but `skip` (arrays and
+// bools are left out), written to w.
+void copy_metadata(const GGUFFile& orig, GGUFWriter& w, const std::string& skip) {
+  for (const std::string& k : orig.metadata_order()) {
+    const GGUFValue& v = *orig.find(k);
+    if (k == skip) continue;
+    if (v.type == GGUFValueType::STRING)
+      w.set_string(k, orig.get_string(k));
+    else if (v.type == GGUFValueType::FLOAT32 || v.type == GGUFValueType::FLOAT64)
+      w.set_f32(k, static_cast<float>(orig.get_float(k)));
+    else if (v.type != GGUFValueType::ARRAY && v.type != GGUFValueType::BOOL)
+      w.set_u32(k, static_cast<uint32_t>(orig.get_int(k)));
+  }
+}
+
 // A copy of a GGUF file without one tensor or key, or with a key changed
 // (to a float `value`, or an integer `int_value`), or with the shape and f32
 // values of tensor `edit_tensor` changed by `edit`, or with the f32 tensors
@@ -305,16 +320,7 @@ std::vector<uint8_t> mutated_gguf(const GGUFFile& orig, const std::string& drop_
                                   const std::function<void(std::vector<int64_t>&, std::vector<float>&)>& edit = nullptr,
                                   const std::function<std::optional<DType>(const GGUFTensorInfo&)>& requantise = nullptr) {
   GGUFWriter w;
-  for (const std::string& k : orig.metadata_order()) {
-    const GGUFValue& v = *orig.find(k);
-    if (k == key) continue;
-    if (v.type == GGUFValueType::STRING)
-      w.set_string(k, orig.get_string(k));
-    else if (v.type == GGUFValueType::FLOAT32 || v.type == GGUFValueType::FLOAT64)
-      w.set_f32(k, static_cast<float>(orig.get_float(k)));
-    else if (v.type != GGUFValueType::ARRAY && v.type != GGUFValueType::BOOL)
-      w.set_u32(k, static_cast<uint32_t>(orig.get_int(k)));
-  }
+  copy_metadata(orig, w, key);
   if (value) w.set_f32(key, *value);
   if (int_value) w.set_u32(key, *int_value);
   std::vector<float> edited;
@@ -499,6 +505,51 @@ TEST(Families, Qwen38GgufInF16MatchesHfConvertedToF16) {
                   numerics == Numerics::Exact ? "exact" : "fast", top1, ref.tokens.size(), max_diff / ref.max_abs());
     }
   }
+}
+
+// Older qwen3next files keep in_proj_qkvz as one tensor, ssm_in (rows per
+// key head [q | k | v | z]); such a file, made from the fixture's attn_qkv and
+// attn_gate, gives the same bits.
+TEST(Families, Qwen3NextGgufWithFusedSsmInGivesTheSameBits) {
+  auto orig = GGUFFile::open(family_dir("qwen3next") + "/model.gguf");
+  const int64_t nk = orig->get_int("qwen3next.ssm.group_count"), dk = orig->get_int("qwen3next.ssm.state_size");
+  const int64_t nv = orig->get_int("qwen3next.ssm.time_step_rank");
+  const int64_t rv = orig->get_int("qwen3next.ssm.inner_size") / nk;  // value rows per key head
+  GGUFWriter w;
+  copy_metadata(*orig, w, "");
+  int fused = 0;
+  for (const GGUFTensorInfo& t : orig->tensors()) {
+    if (t.name.ends_with(".attn_gate.weight")) continue;
+    if (!t.name.ends_with(".attn_qkv.weight")) {
+      w.add_tensor(t.name, t.type, t.shape, t.data, t.n_bytes);
+      continue;
+    }
+    const std::string blk = t.name.substr(0, t.name.size() - std::string("attn_qkv.weight").size());
+    const GGUFTensorInfo& z = orig->tensor(blk + "attn_gate.weight");
+    const int64_t H = t.shape[0];
+    auto rows = [&](const GGUFTensorInfo& src, int64_t b, int64_t n, std::vector<float>& out) {
+      const float* p = reinterpret_cast<const float*>(src.data) + b * H;
+      out.insert(out.end(), p, p + n * H);
+    };
+    std::vector<float> in;
+    for (int64_t g = 0; g < nk; ++g) {
+      rows(t, g * dk, dk, in);                        // q of key head g
+      rows(t, nk * dk + g * dk, dk, in);              // k
+      rows(t, 2 * nk * dk + g * rv, rv, in);          // v of its value heads
+      rows(z, g * rv, rv, in);                        // z
+    }
+    w.add_tensor(blk + "ssm_in.weight", DType::F32, {H, static_cast<int64_t>(in.size()) / H}, in.data(), in.size() * 4);
+    ++fused;
+  }
+  ASSERT_EQ(fused, 3);
+  ASSERT_EQ(nv % nk, 0);
+  std::vector<uint8_t> bytes = w.serialize();
+  auto mf = Qwen38Model::load_gguf(GGUFFile::parse(bytes.data(), bytes.size(), "ssm_in.gguf"));
+  auto mg = Qwen38Model::load_gguf(std::move(orig));
+  const Reference ref = load_reference("qwen3next");
+  const std::vector<float> a = run_qwen38(*mf, "mega", Numerics::Exact, ref.tokens);
+  const std::vector<float> b = run_qwen38(*mg, "mega", Numerics::Exact, ref.tokens);
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "ssm_in and attn_qkv / attn_gate files differ";
 }
 
 TEST(Families, TableNamesAreUniqueAndResolve) {
