@@ -24,6 +24,8 @@
 #include "core/thread_pool.h"
 #include "exec/executor.h"
 #include "io/gguf.h"
+#include "io/safetensors.h"
+#include "io/safetensors_writer.h"
 #include "model/dense.h"
 #include "model/dense_families.h"
 #include "model/dense_hf.h"
@@ -550,6 +552,50 @@ TEST(Families, Qwen3NextGgufWithFusedSsmInGivesTheSameBits) {
   const std::vector<float> a = run_qwen38(*mf, "mega", Numerics::Exact, ref.tokens);
   const std::vector<float> b = run_qwen38(*mg, "mega", Numerics::Exact, ref.tokens);
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "ssm_in and attn_qkv / attn_gate files differ";
+}
+
+// A Qwen3.5-MoE checkpoint with each layer's experts in transformers 5's two
+// 3-D tensors (mlp.experts.gate_up_proj [E][2F][H], mlp.experts.down_proj
+// [E][H][F]), made from the fixture's per-expert matrices, gives the same bits.
+TEST(Families, Qwen35MoeFusedExpertCheckpointGivesTheSameBits) {
+  const std::string src = family_dir("qwen35moe") + "/hf";
+  const SafetensorsModel st = SafetensorsModel::open(src);
+  std::ifstream in(src + "/config.json");
+  const nlohmann::json cfg = nlohmann::json::parse(in);
+  const int E = cfg.at("num_experts").get<int>(), L = cfg.at("num_hidden_layers").get<int>();
+  const int64_t F = cfg.at("moe_intermediate_size").get<int64_t>(), H = cfg.at("hidden_size").get<int64_t>();
+  auto f32 = [&](const std::string& n) {
+    const SafetensorsTensor* t = st.find(n);
+    EXPECT_NE(t, nullptr) << n;
+    EXPECT_EQ(t->dtype, "F32") << n;
+    return std::vector<float>(reinterpret_cast<const float*>(t->data), reinterpret_cast<const float*>(t->data) + t->numel());
+  };
+  std::vector<SafetensorsOut> out;
+  for (const SafetensorsTensor* t : st.tensors())
+    if (t->name.find(".mlp.experts.") == std::string::npos) out.push_back(safetensors_f32(t->name, t->shape, f32(t->name)));
+  for (int l = 0; l < L; ++l) {
+    const std::string p = fmt::format("model.layers.{}.mlp.experts.", l);
+    std::vector<float> gu, dn;
+    for (int e = 0; e < E; ++e) {
+      for (const char* k : {"gate_proj", "up_proj"}) {
+        const std::vector<float> w = f32(fmt::format("{}{}.{}.weight", p, e, k));
+        gu.insert(gu.end(), w.begin(), w.end());
+      }
+      const std::vector<float> w = f32(fmt::format("{}{}.down_proj.weight", p, e));
+      dn.insert(dn.end(), w.begin(), w.end());
+    }
+    out.push_back(safetensors_f32(p + "gate_up_proj", {E, 2 * F, H}, gu));
+    out.push_back(safetensors_f32(p + "down_proj", {E, H, F}, dn));
+  }
+  TempDir dir;
+  std::filesystem::copy_file(src + "/config.json", dir.path + "/config.json");
+  write_safetensors(dir.path + "/model.safetensors", out, {{"format", "pt"}});
+  auto fused = Qwen38Model::load(dir.path);
+  auto split = Qwen38Model::load(src);
+  const Reference ref = load_reference("qwen35moe");
+  const std::vector<float> a = run_qwen38(*fused, "mega", Numerics::Exact, ref.tokens);
+  const std::vector<float> b = run_qwen38(*split, "mega", Numerics::Exact, ref.tokens);
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "fused and per-expert checkpoints differ";
 }
 
 TEST(Families, TableNamesAreUniqueAndResolve) {

@@ -104,14 +104,14 @@ struct Qwen38Loader {
     int64_t begin, end;
   };
   MatView stack(const std::vector<Piece>& pieces) {
-    const int64_t cols = pieces[0].t->shape[1];
+    const int64_t cols = pieces[0].t->shape.back();  // a 3-D tensor is read as [d0 * d1][d2]
     const std::optional<DType> first = safetensors_float_format(pieces[0].t->dtype);
     DType dt = first.value_or(DType::F32);
     size_t elem = first ? dtype_traits(dt).block_bytes : 4;
     bool keep = first.has_value();
     for (const auto& p : pieces) {
       if (safetensors_float_format(p.t->dtype) != first) keep = false;
-      MK_CHECK(p.t->shape.size() == 2 && p.t->shape[1] == cols, "stacked pieces must share their width");
+      MK_CHECK(p.t->shape.size() >= 2 && p.t->shape.back() == cols, "stacked pieces must share their width");
     }
     if (!keep) {
       dt = DType::F32;
@@ -227,8 +227,11 @@ std::unique_ptr<Qwen38Model> Qwen38Model::load_from(std::unique_ptr<Qwen38Model>
          "checkpoint",
          st.path());
 
+  // Transformers 5's Qwen3.5-MoE keeps each layer's experts in two 3-D
+  // tensors; the checkpoint may hold them so or one matrix per expert.
+  const bool fused_experts = c.moe() && st.find(m->prefix_ + "layers.0.mlp.experts.gate_up_proj");
   // Every tensor with its expected shape, before anything is read.
-  for (const Qwen38Tensor& t : qwen38_tensors(c, m->prefix_)) {
+  for (const Qwen38Tensor& t : qwen38_tensors(c, m->prefix_, fused_experts)) {
     const SafetensorsTensor* f = st.find(t.name);
     if (!f) fail("{}: tensor '{}' is missing (expected shape {})", st.path(), t.name, shape_str(t.shape));
     if (f->shape != t.shape)
@@ -291,7 +294,17 @@ std::unique_ptr<Qwen38Model> Qwen38Model::load_from(std::unique_ptr<Qwen38Model>
       B.n_expert = c.n_expert;
       B.d_in = c.hidden;
       B.d_ff = c.moe_intermediate;
+      const int64_t F = c.moe_intermediate, H = c.hidden;
       for (int e = 0; e < c.n_expert; ++e) {
+        if (fused_experts) {
+          // experts.gate_up_proj [E][gate F | up F][H], experts.down_proj [E][H][F].
+          const auto& gu = L.get(mp + "experts.gate_up_proj");
+          const auto& dn = L.get(mp + "experts.down_proj");
+          B.gate.push_back(L.stack({{&gu, 2 * F * e, 2 * F * e + F}}));
+          B.up.push_back(L.stack({{&gu, 2 * F * e + F, 2 * F * (e + 1)}}));
+          B.down.push_back(L.stack({{&dn, H * e, H * (e + 1)}}));
+          continue;
+        }
         const std::string x = fmt::format("{}experts.{}.", mp, e);
         B.gate.push_back(L.mat(x + "gate_proj.weight"));
         B.up.push_back(L.mat(x + "up_proj.weight"));

@@ -133,7 +133,8 @@ int64_t Qwen38Tensor::numel() const {
   return n;
 }
 
-std::vector<Qwen38Tensor> qwen38_tensors(const Qwen38Config& c, const std::string& model_prefix) {
+std::vector<Qwen38Tensor> qwen38_tensors(const Qwen38Config& c, const std::string& model_prefix,
+                                         bool fused_experts) {
   using K = Qwen38Tensor::Kind;
   const int64_t H = c.hidden;
   std::vector<Qwen38Tensor> t;
@@ -171,7 +172,11 @@ std::vector<Qwen38Tensor> qwen38_tensors(const Qwen38Config& c, const std::strin
     if (c.moe()) {
       const int64_t F = c.moe_intermediate, S = c.shared_intermediate;
       t.push_back({p + "mlp.gate.weight", {c.n_expert, H}, K::Mlp, l, true});
-      for (int e = 0; e < c.n_expert; ++e) {
+      if (fused_experts) {
+        t.push_back({p + "mlp.experts.gate_up_proj", {c.n_expert, 2 * F, H}, K::Mlp, l, true});
+        t.push_back({p + "mlp.experts.down_proj", {c.n_expert, H, F}, K::Mlp, l, true});
+      }
+      for (int e = 0; e < c.n_expert && !fused_experts; ++e) {
         const std::string x = fmt::format("{}mlp.experts.{}.", p, e);
         t.push_back({x + "gate_proj.weight", {F, H}, K::Mlp, l, true});
         t.push_back({x + "up_proj.weight", {F, H}, K::Mlp, l, true});

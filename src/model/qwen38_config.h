@@ -134,7 +134,11 @@ struct Qwen38Tensor {
 // "model.language_model.embed_tokens.weight", "model.language_model.norm.weight"
 // and keep "lm_head.weight" (plus model.visual.* and mtp.*, which Qwen3.8 ignores).
 // The full-size list has 851 tensors, as public Qwen3.5-27B loaders count.
-std::vector<Qwen38Tensor> qwen38_tensors(const Qwen38Config& c, const std::string& model_prefix = "model.");
+// With fused_experts (MoE only), each layer's experts as
+// mlp.experts.gate_up_proj [E][2 F][H] (per expert the gate rows, then the up
+// rows) and mlp.experts.down_proj [E][H][F] instead of one matrix per expert.
+std::vector<Qwen38Tensor> qwen38_tensors(const Qwen38Config& c, const std::string& model_prefix = "model.",
+                                         bool fused_experts = false);
 
 struct Qwen38ParamCount {
   int64_t embedding = 0;   // V * H
