@@ -26,6 +26,8 @@ TEST(Architecture, EveryPresetBelongsToExactlyOneArchitecture) {
   EXPECT_EQ(architecture_of_hf("kimi_k3")->name(), "kimi-k3");
   EXPECT_EQ(architecture_of_hf("qwen3_5")->name(), "qwen3.8");
   EXPECT_EQ(architecture_of_gguf("gemma3")->name(), "dense");
+  for (const char* a : {"qwen3next", "qwen35", "qwen35moe"}) EXPECT_EQ(architecture_of_gguf(a)->name(), "qwen3.8") << a;
+  EXPECT_EQ(architecture_of_hf("qwen3_5_moe_text")->name(), "qwen3.8");
   EXPECT_EQ(architecture_of_gguf("mamba"), nullptr);
   // Full-size presets are described but neither listed as loadable nor generated.
   const std::vector<std::string> runnable = all_presets(true);

@@ -8,89 +8,12 @@
 #include "core/error.h"
 #include "io/config_value.h"
 #include "io/gguf.h"
+#include "model/gguf_weights.h"
 
 namespace megakern {
 namespace {
 
 std::string arch_key(const DenseConfig& c, const char* k) { return c.arch_name + "." + k; }
-
-// An integer hyperparameter in [lo, hi] (io/config_value.h); by default a
-// size or count.
-int int_in(const GGUFFile& f, const std::string& key, int64_t lo = 1, int64_t hi = kMaxConfigDim) {
-  return static_cast<int>(config_int_in(f.name(), key, f.get_int(key), lo, hi));
-}
-
-// A float hyperparameter that must be finite and in (lo, hi]; `fallback`
-// when the key is absent (required when there is none).
-float bounded_float(const GGUFFile& f, const std::string& key, double lo, double hi,
-                    std::optional<double> fallback = std::nullopt) {
-  const std::optional<double> v = fallback ? f.get_float_opt(key) : std::optional<double>(f.get_float(key));
-  if (!v) return static_cast<float>(*fallback);
-  return static_cast<float>(config_float_in(f.name(), key, *v, lo, hi));
-}
-
-// A 2-D weight of GGUF shape {cols, rows}; checks both extents.
-MatView mat(const GGUFFile& f, const std::string& name, int64_t cols, int64_t rows) {
-  const GGUFTensorInfo& t = f.tensor(name);
-  if (t.shape.size() != 2 || t.shape[0] != cols || t.shape[1] != rows)
-    fail("{}: tensor '{}' has shape [{}], expected [{}, {}]", f.name(), name, fmt::join(t.shape, ", "), cols,
-         rows);
-  MatView m;
-  m.type = t.type;
-  m.cols = cols;
-  m.rows = rows;
-  m.data = t.data;
-  m.row_bytes = row_bytes(t.type, cols);
-  return m;
-}
-
-// A one-row weight [1][cols]: GGUF shape {cols} or {cols, 1} (llama.cpp's
-// converter keeps a [1][cols] checkpoint tensor 2-D).
-MatView row_mat(const GGUFFile& f, const std::string& name, int64_t cols) {
-  const GGUFTensorInfo& t = f.tensor(name);
-  if (t.shape.size() == 1 && t.shape[0] == cols) {
-    MatView m;
-    m.type = t.type;
-    m.cols = cols;
-    m.rows = 1;
-    m.data = t.data;
-    m.row_bytes = row_bytes(t.type, cols);
-    return m;
-  }
-  if (t.shape.size() != 2 || t.shape[0] != cols || t.shape[1] != 1)
-    fail("{}: tensor '{}' has shape [{}], expected [{}] or [{}, 1]", f.name(), name, fmt::join(t.shape, ", "), cols,
-         cols);
-  return mat(f, name, cols, 1);
-}
-
-// Rows [b, b + n) of a matrix (a fused projection's part), zero-copy: rows
-// are contiguous in every format.
-MatView row_range(const MatView& m, int64_t b, int64_t n) {
-  MatView v = m;
-  v.rows = n;
-  v.data = m.data + static_cast<size_t>(b) * m.row_bytes;
-  return v;
-}
-
-// A small weight of GGUF shape `shape` (innermost first), dequantised to
-// f32 in its element order; every value must be finite.
-std::vector<float> values(const GGUFFile& f, const std::string& name, const std::vector<int64_t>& shape) {
-  const GGUFTensorInfo& t = f.tensor(name);
-  if (t.shape != shape)
-    fail("{}: tensor '{}' has shape [{}], expected [{}]", f.name(), name, fmt::join(t.shape, ", "),
-         fmt::join(shape, ", "));
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  std::vector<float> out(static_cast<size_t>(n));
-  dtype_traits(t.type).dequantize(t.data, out.data(), n);
-  for (int64_t i = 0; i < n; ++i)
-    if (!std::isfinite(out[static_cast<size_t>(i)]))
-      fail("{}: tensor '{}' holds a non-finite value at index {}", f.name(), name, i);
-  return out;
-}
-
-// A 1-D weight, dequantised to f32.
-std::vector<float> vec(const GGUFFile& f, const std::string& name, int64_t n) { return values(f, name, {n}); }
 
 // YaRN's per-frequency divisors (transformers' _compute_yarn_parameters):
 // rotation i keeps its frequency above the beta_fast correction dim, is
@@ -141,10 +64,10 @@ std::unique_ptr<DenseModel> DenseModel::load(const GGUFFile& f, std::optional<DT
   using T = DenseTensor;
   auto name = [](T t, int l = 0, std::string_view suffix = "weight") { return dense_tensor_name(t, l, suffix); };
 
-  c.n_layer = int_in(f, arch_key(c, "block_count"));
-  c.n_embd = int_in(f, arch_key(c, "embedding_length"));
-  c.n_ff = int_in(f, arch_key(c, "feed_forward_length"));
-  c.n_head = int_in(f, arch_key(c, "attention.head_count"));
+  c.n_layer = gguf_int_in(f, arch_key(c, "block_count"));
+  c.n_embd = gguf_int_in(f, arch_key(c, "embedding_length"));
+  c.n_ff = gguf_int_in(f, arch_key(c, "feed_forward_length"));
+  c.n_head = gguf_int_in(f, arch_key(c, "attention.head_count"));
   if (fam.mla) {
     // Multi-head latent attention. llama.cpp's converter writes the per-head
     // key and value widths as key_length_mla / value_length_mla (key_length
@@ -152,12 +75,12 @@ std::unique_ptr<DenseModel> DenseModel::load(const GGUFFile& f, std::optional<DT
     // give them as key_length / value_length.
     c.mla = true;
     c.n_head_kv = c.n_head;
-    c.kv_lora_rank = int_in(f, arch_key(c, "attention.kv_lora_rank"));
-    c.q_lora_rank = f.has(arch_key(c, "attention.q_lora_rank")) ? int_in(f, arch_key(c, "attention.q_lora_rank")) : 0;
+    c.kv_lora_rank = gguf_int_in(f, arch_key(c, "attention.kv_lora_rank"));
+    c.q_lora_rank = f.has(arch_key(c, "attention.q_lora_rank")) ? gguf_int_in(f, arch_key(c, "attention.q_lora_rank")) : 0;
     const bool mla_keys = f.has(arch_key(c, "attention.key_length_mla"));
-    c.head_dim = int_in(f, arch_key(c, mla_keys ? "attention.key_length_mla" : "attention.key_length"));
-    c.v_head_dim = int_in(f, arch_key(c, mla_keys ? "attention.value_length_mla" : "attention.value_length"));
-    c.qk_rope = int_in(f, arch_key(c, "rope.dimension_count"));
+    c.head_dim = gguf_int_in(f, arch_key(c, mla_keys ? "attention.key_length_mla" : "attention.key_length"));
+    c.v_head_dim = gguf_int_in(f, arch_key(c, mla_keys ? "attention.value_length_mla" : "attention.value_length"));
+    c.qk_rope = gguf_int_in(f, arch_key(c, "rope.dimension_count"));
     if (c.qk_rope % 2 != 0 || c.qk_rope >= c.head_dim)
       fail("{}: rope.dimension_count {} must be even and below the key head size {}", f.name(), c.qk_rope, c.head_dim);
     c.qk_nope = c.head_dim - c.qk_rope;
@@ -166,22 +89,22 @@ std::unique_ptr<DenseModel> DenseModel::load(const GGUFFile& f, std::optional<DT
            "supported yet; files with plain RoPE are",
            f.name());
   } else {
-  c.n_head_kv = f.has(arch_key(c, "attention.head_count_kv")) ? int_in(f, arch_key(c, "attention.head_count_kv"))
+  c.n_head_kv = f.has(arch_key(c, "attention.head_count_kv")) ? gguf_int_in(f, arch_key(c, "attention.head_count_kv"))
                                                                 : c.n_head;
   }
   if (c.n_head % c.n_head_kv != 0)
     fail("{}: head_count {} is not a multiple of head_count_kv {}", f.name(), c.n_head, c.n_head_kv);
   if (!c.mla)
-    c.head_dim = f.has(arch_key(c, "attention.key_length")) ? int_in(f, arch_key(c, "attention.key_length"))
+    c.head_dim = f.has(arch_key(c, "attention.key_length")) ? gguf_int_in(f, arch_key(c, "attention.key_length"))
                                                              : c.n_embd / c.n_head;
   if (c.head_dim <= 0) fail("{}: embedding_length {} is smaller than head_count {}", f.name(), c.n_embd, c.n_head);
   if (!c.mla && f.has(arch_key(c, "attention.value_length")) &&
-      int_in(f, arch_key(c, "attention.value_length")) != c.head_dim)
+      gguf_int_in(f, arch_key(c, "attention.value_length")) != c.head_dim)
     fail("{}: key_length and value_length differ, which this engine does not support", f.name());
-  c.n_ctx_train = f.has(arch_key(c, "context_length")) ? int_in(f, arch_key(c, "context_length"), 1, int64_t{1} << 30) : 2048;
-  c.eps = bounded_float(f, arch_key(c, "attention.layer_norm_rms_epsilon"), 0.0, 1.0);
-  c.rope_base = bounded_float(f, arch_key(c, "rope.freq_base"), 0.0, 1e12, 10000.0);
-  c.rope_dim = f.has(arch_key(c, "rope.dimension_count")) ? int_in(f, arch_key(c, "rope.dimension_count"))
+  c.n_ctx_train = f.has(arch_key(c, "context_length")) ? gguf_int_in(f, arch_key(c, "context_length"), 1, int64_t{1} << 30) : 2048;
+  c.eps = gguf_float_in(f, arch_key(c, "attention.layer_norm_rms_epsilon"), 0.0, 1.0);
+  c.rope_base = gguf_float_in(f, arch_key(c, "rope.freq_base"), 0.0, 1e12, 10000.0);
+  c.rope_dim = f.has(arch_key(c, "rope.dimension_count")) ? gguf_int_in(f, arch_key(c, "rope.dimension_count"))
                                                            : c.head_dim;
   if (c.rope_dim > c.head_dim || c.rope_dim % 2 != 0)
     fail("{}: rope.dimension_count {} must be even and at most the head size {}", f.name(), c.rope_dim,
@@ -191,14 +114,14 @@ std::unique_ptr<DenseModel> DenseModel::load(const GGUFFile& f, std::optional<DT
   if (auto type = f.get_string_opt(arch_key(c, "rope.scaling.type")); type && *type == "yarn" && fam.gpt_oss) {
     // gpt-oss's YaRN: its released config does not truncate the correction
     // range; the attention factor scales cos and sin, so q.k by its square.
-    const double factor = bounded_float(f, arch_key(c, "rope.scaling.factor"), 0.0, 1e6);
-    const double orig = int_in(f, arch_key(c, "rope.scaling.original_context_length"), 1, int64_t{1} << 30);
-    const double bf = bounded_float(f, arch_key(c, "rope.scaling.yarn_beta_fast"), 0.0, 1e6, 32.0);
-    const double bs = bounded_float(f, arch_key(c, "rope.scaling.yarn_beta_slow"), 0.0, 1e6, 1.0);
+    const double factor = gguf_float_in(f, arch_key(c, "rope.scaling.factor"), 0.0, 1e6);
+    const double orig = gguf_int_in(f, arch_key(c, "rope.scaling.original_context_length"), 1, int64_t{1} << 30);
+    const double bf = gguf_float_in(f, arch_key(c, "rope.scaling.yarn_beta_fast"), 0.0, 1e6, 32.0);
+    const double bs = gguf_float_in(f, arch_key(c, "rope.scaling.yarn_beta_slow"), 0.0, 1e6, 1.0);
     if (factor < 1.0) fail("{}: '{}' is {}; YaRN needs a factor of at least 1", f.name(), arch_key(c, "rope.scaling.factor"), factor);
     yarn = yarn_divisors(c.rope_dim, c.rope_base, factor, orig, bf, bs, false);
     const double mscale = factor <= 1.0 ? 1.0 : 0.1 * std::log(factor) + 1.0;
-    yarn_attn = static_cast<float>(bounded_float(f, arch_key(c, "rope.scaling.yarn_attn_factor"), 0.0, 1e6, mscale));
+    yarn_attn = static_cast<float>(gguf_float_in(f, arch_key(c, "rope.scaling.yarn_attn_factor"), 0.0, 1e6, mscale));
   } else if (auto type = f.get_string_opt(arch_key(c, "rope.scaling.type")); type && *type != "none" && *type != "linear")
     fail("{}: rope.scaling.type '{}' is not supported (Llama 3 scaling comes as the rope_freqs tensor)", f.name(),
          *type);
@@ -229,7 +152,7 @@ std::unique_ptr<DenseModel> DenseModel::load(const GGUFFile& f, std::optional<DT
   const std::string window_key = arch_key(c, "attention.sliding_window");
   const bool has_window = f.has(window_key) && f.get_int(window_key) != 0;
   if (fam.swa != SwaPattern::None || (fam.window_all && has_window)) {
-    if (fam.swa != SwaPattern::None || has_window) c.sliding_window = int_in(f, window_key, 1, int64_t{1} << 30);
+    if (fam.swa != SwaPattern::None || has_window) c.sliding_window = gguf_int_in(f, window_key, 1, int64_t{1} << 30);
     for (int l = 0; l < c.n_layer; ++l) {
       bool swa = fam.window_all;
       if (fam.swa == SwaPattern::EvenLayers) swa = l % 2 == 0;
@@ -240,21 +163,21 @@ std::unique_ptr<DenseModel> DenseModel::load(const GGUFFile& f, std::optional<DT
   auto softcap = [&](const char* key) -> float {
     const std::string k = arch_key(c, key);
     if (!f.has(k)) return 0.f;
-    return bounded_float(f, k, 0.0, 1e6);
+    return gguf_float_in(f, k, 0.0, 1e6);
   };
   c.attn_softcap = softcap("attn_logit_softcapping");
   c.final_softcap = softcap("final_logit_softcapping");
   if (fam.moe) {
-    c.n_expert = int_in(f, arch_key(c, "expert_count"), 1, 4096);
-    c.n_expert_used = int_in(f, arch_key(c, "expert_used_count"), 1, 4096);
-    c.n_ff_exp = int_in(f, arch_key(c, "expert_feed_forward_length"));
+    c.n_expert = gguf_int_in(f, arch_key(c, "expert_count"), 1, 4096);
+    c.n_expert_used = gguf_int_in(f, arch_key(c, "expert_used_count"), 1, 4096);
+    c.n_ff_exp = gguf_int_in(f, arch_key(c, "expert_feed_forward_length"));
     if (c.n_expert_used > c.n_expert || c.n_expert > 4096)
       fail("{}: expert_used_count {} must be at most expert_count {} (at most 4096)", f.name(), c.n_expert_used,
            c.n_expert);
     // llama.cpp's default for deepseek2 and qwen2moe is no renormalisation, for the others renormalisation.
     c.expert_weights_norm = f.get_bool_opt(arch_key(c, "expert_weights_norm")).value_or(fam.expert_norm_default);
     if (fam.gated_shared_expert) {
-      c.n_ff_shexp = int_in(f, arch_key(c, "expert_shared_feed_forward_length"));
+      c.n_ff_shexp = gguf_int_in(f, arch_key(c, "expert_shared_feed_forward_length"));
       c.shared_gate = true;
     }
     if (c.mla) {
@@ -271,7 +194,7 @@ std::unique_ptr<DenseModel> DenseModel::load(const GGUFFile& f, std::optional<DT
       if (gating != 1 && gating != 2)
         fail("{}: '{}' is {} (1: softmax, 2: sigmoid)", f.name(), arch_key(c, "expert_gating_func"), gating);
       c.gating_sigmoid = gating == 2;
-      c.expert_weights_scale = bounded_float(f, arch_key(c, "expert_weights_scale"), 0.0, 1e6, 1.0);
+      c.expert_weights_scale = gguf_float_in(f, arch_key(c, "expert_weights_scale"), 0.0, 1e6, 1.0);
       const int64_t groups = f.has(arch_key(c, "expert_group_count")) ? f.get_int(arch_key(c, "expert_group_count")) : 1;
       const int64_t used =
           f.has(arch_key(c, "expert_group_used_count")) ? f.get_int(arch_key(c, "expert_group_used_count")) : groups;
@@ -298,13 +221,13 @@ std::unique_ptr<DenseModel> DenseModel::load(const GGUFFile& f, std::optional<DT
   const std::string embd = name(T::TokenEmbd);
   if (f.tensor(embd).shape.size() != 2 || f.tensor(embd).shape.back() > kMaxWidth)
     fail("{}: {} must be 2-D with at most {} rows", f.name(), embd, kMaxWidth);
-  m->tok_embd_ = mat(f, embd, c.n_embd, f.tensor(embd).shape.back());
+  m->tok_embd_ = gguf_mat(f, embd, c.n_embd, f.tensor(embd).shape.back());
   c.n_vocab = static_cast<int>(m->tok_embd_.rows);
-  m->output_ = f.find_tensor(name(T::Output)) ? mat(f, name(T::Output), c.n_embd, c.n_vocab) : m->tok_embd_;
-  m->output_norm_ = vec(f, name(T::OutputNorm), c.n_embd);
+  m->output_ = f.find_tensor(name(T::Output)) ? gguf_mat(f, name(T::Output), c.n_embd, c.n_vocab) : m->tok_embd_;
+  m->output_norm_ = gguf_vec(f, name(T::OutputNorm), c.n_embd);
   if (f.find_tensor(name(T::RopeFreqs))) {
     if (!yarn.empty()) fail("{}: both rope_freqs and YaRN scaling are given", f.name());
-    m->rope_freqs_ = vec(f, name(T::RopeFreqs), c.rope_dim / 2);
+    m->rope_freqs_ = gguf_vec(f, name(T::RopeFreqs), c.rope_dim / 2);
     for (float x : m->rope_freqs_)
       if (!(x > 0)) fail("{}: tensor '{}' holds a frequency factor {} (must be positive)", f.name(), name(T::RopeFreqs), x);
     if (linear_factor != 1.f) fail("{}: both rope_freqs and a linear rope.scaling.factor are given", f.name());
@@ -316,44 +239,30 @@ std::unique_ptr<DenseModel> DenseModel::load(const GGUFFile& f, std::optional<DT
   m->layers_.resize(static_cast<size_t>(c.n_layer));
   for (int l = 0; l < c.n_layer; ++l) {
     DenseLayer& L = m->layers_[static_cast<size_t>(l)];
-    L.attn_norm = vec(f, name(T::AttnNorm, l), c.n_embd);
-    L.ffn_norm = vec(f, name(fam.gpt_oss ? T::AttnPostNorm : T::FfnNorm, l), c.n_embd);
+    L.attn_norm = gguf_vec(f, name(T::AttnNorm, l), c.n_embd);
+    L.ffn_norm = gguf_vec(f, name(fam.gpt_oss ? T::AttnPostNorm : T::FfnNorm, l), c.n_embd);
     if (c.mla) {
       m->load_mla_layer(f, l);
     } else if (fam.fused_qkv) {
-      const MatView qkv = mat(f, name(T::AttnQkv, l), c.n_embd, qdim + 2 * kvdim);
+      const MatView qkv = gguf_mat(f, name(T::AttnQkv, l), c.n_embd, qdim + 2 * kvdim);
       L.wq = row_range(qkv, 0, qdim);
       L.wk = row_range(qkv, qdim, kvdim);
       L.wv = row_range(qkv, qdim + kvdim, kvdim);
     } else {
-      L.wq = mat(f, name(T::AttnQ, l), c.n_embd, qdim);
-      L.wk = mat(f, name(T::AttnK, l), c.n_embd, kvdim);
-      L.wv = mat(f, name(T::AttnV, l), c.n_embd, kvdim);
+      L.wq = gguf_mat(f, name(T::AttnQ, l), c.n_embd, qdim);
+      L.wk = gguf_mat(f, name(T::AttnK, l), c.n_embd, kvdim);
+      L.wv = gguf_mat(f, name(T::AttnV, l), c.n_embd, kvdim);
     }
-    if (!c.mla) L.wo = mat(f, name(T::AttnOut, l), qdim, c.n_embd);
+    if (!c.mla) L.wo = gguf_mat(f, name(T::AttnOut, l), qdim, c.n_embd);
     if (c.layer_moe(l)) {
-      L.router = mat(f, name(T::FfnGateInp, l), c.n_embd, c.n_expert);
+      L.router = gguf_mat(f, name(T::FfnGateInp, l), c.n_embd, c.n_expert);
       ExpertBank& B = L.experts;
       B.n_expert = c.n_expert;
       B.d_in = c.n_embd;
       B.d_ff = c.n_ff_exp;
       B.act = fam.gpt_oss ? ExpertAct::SwiGluOai : ExpertAct::SwiGLU;
-      // One 3-D tensor per kind: expert e's matrix is the e-th slab of rows.
       auto slabs = [&](T kind, int64_t cols, int64_t rows, std::vector<MatView>& out) {
-        const std::string n = name(kind, l);
-        const GGUFTensorInfo& t = f.tensor(n);
-        if (t.shape.size() != 3 || t.shape[0] != cols || t.shape[1] != rows || t.shape[2] != c.n_expert)
-          fail("{}: tensor '{}' has shape [{}], expected [{}, {}, {}]", f.name(), n, fmt::join(t.shape, ", "), cols,
-               rows, c.n_expert);
-        for (int e = 0; e < c.n_expert; ++e) {
-          MatView m;
-          m.type = t.type;
-          m.cols = cols;
-          m.rows = rows;
-          m.row_bytes = row_bytes(t.type, cols);
-          m.data = t.data + static_cast<size_t>(e) * static_cast<size_t>(rows) * m.row_bytes;
-          out.push_back(m);
-        }
+        out = gguf_expert_slabs(f, name(kind, l), cols, rows, c.n_expert);
       };
       slabs(T::FfnGateExps, c.n_embd, c.n_ff_exp, B.gate);
       slabs(T::FfnUpExps, c.n_embd, c.n_ff_exp, B.up);
@@ -361,29 +270,29 @@ std::unique_ptr<DenseModel> DenseModel::load(const GGUFFile& f, std::optional<DT
       if (fam.gpt_oss) {
         // Router and expert biases: [n_expert], [n_expert][n_ff_exp] (GGUF
         // shape {n_ff_exp, n_expert}), [n_expert][n_embd].
-        L.router_b = vec(f, name(T::FfnGateInp, l, "bias"), c.n_expert);
-        auto bias2 = [&](T kind, int64_t per) { return values(f, name(kind, l, "bias"), {per, c.n_expert}); };
+        L.router_b = gguf_vec(f, name(T::FfnGateInp, l, "bias"), c.n_expert);
+        auto bias2 = [&](T kind, int64_t per) { return gguf_values(f, name(kind, l, "bias"), {per, c.n_expert}); };
         B.gate_bias = bias2(T::FfnGateExps, c.n_ff_exp);
         B.up_bias = bias2(T::FfnUpExps, c.n_ff_exp);
         B.down_bias = bias2(T::FfnDownExps, c.n_embd);
       }
       if (c.mla && f.find_tensor(name(T::FfnExpProbsB, l, "bias")))
-        L.router_bias = vec(f, name(T::FfnExpProbsB, l, "bias"), c.n_expert);
+        L.router_bias = gguf_vec(f, name(T::FfnExpProbsB, l, "bias"), c.n_expert);
       if (c.n_ff_shexp > 0) {
-        L.sh_gate = mat(f, name(T::FfnGateShexp, l), c.n_embd, c.n_ff_shexp);
-        L.sh_up = mat(f, name(T::FfnUpShexp, l), c.n_embd, c.n_ff_shexp);
-        L.sh_down = mat(f, name(T::FfnDownShexp, l), c.n_ff_shexp, c.n_embd);
+        L.sh_gate = gguf_mat(f, name(T::FfnGateShexp, l), c.n_embd, c.n_ff_shexp);
+        L.sh_up = gguf_mat(f, name(T::FfnUpShexp, l), c.n_embd, c.n_ff_shexp);
+        L.sh_down = gguf_mat(f, name(T::FfnDownShexp, l), c.n_ff_shexp, c.n_embd);
       }
-      if (c.shared_gate) L.sh_gate_inp = row_mat(f, name(T::FfnGateInpShexp, l), c.n_embd);
+      if (c.shared_gate) L.sh_gate_inp = gguf_row_mat(f, name(T::FfnGateInpShexp, l), c.n_embd);
     } else if (fam.fused_gate_up) {
-      const MatView gu = mat(f, name(T::FfnUp, l), c.n_embd, 2 * int64_t{c.n_ff});
+      const MatView gu = gguf_mat(f, name(T::FfnUp, l), c.n_embd, 2 * int64_t{c.n_ff});
       L.w_gate = row_range(gu, 0, c.n_ff);
       L.w_up = row_range(gu, c.n_ff, c.n_ff);
     } else {
-      L.w_gate = mat(f, name(T::FfnGate, l), c.n_embd, c.n_ff);
-      L.w_up = mat(f, name(T::FfnUp, l), c.n_embd, c.n_ff);
+      L.w_gate = gguf_mat(f, name(T::FfnGate, l), c.n_embd, c.n_ff);
+      L.w_up = gguf_mat(f, name(T::FfnUp, l), c.n_embd, c.n_ff);
     }
-    if (!c.layer_moe(l)) L.w_down = mat(f, name(T::FfnDown, l), c.n_ff, c.n_embd);
+    if (!c.layer_moe(l)) L.w_down = gguf_mat(f, name(T::FfnDown, l), c.n_ff, c.n_embd);
     if (c.mla) continue;
     // q/k/v biases: required where the family has them, read where a file
     // of another family carries them (some llama conversions do).
@@ -394,20 +303,20 @@ std::unique_ptr<DenseModel> DenseModel::load(const GGUFFile& f, std::optional<DT
         if (f.find_tensor(bn)) fail("{}: tensor '{}': fused q/k/v biases are not supported", f.name(), bn);
         continue;
       }
-      if (fam.qkv_bias || f.find_tensor(bn)) *dst = vec(f, bn, n);
+      if (fam.qkv_bias || f.find_tensor(bn)) *dst = gguf_vec(f, bn, n);
     }
     if (fam.gpt_oss) {
-      L.bo = vec(f, name(T::AttnOut, l, "bias"), c.n_embd);
-      L.sinks = vec(f, name(T::AttnSinks, l), c.n_head);
+      L.bo = gguf_vec(f, name(T::AttnOut, l, "bias"), c.n_embd);
+      L.sinks = gguf_vec(f, name(T::AttnSinks, l), c.n_head);
     } else if (f.find_tensor(name(T::AttnOut, l, "bias")))
       fail("{}: tensor '{}': an output-projection bias is not supported", f.name(), name(T::AttnOut, l, "bias"));
     if (c.qk_norm) {
-      L.q_norm = vec(f, name(T::AttnQNorm, l), c.head_dim);
-      L.k_norm = vec(f, name(T::AttnKNorm, l), c.head_dim);
+      L.q_norm = gguf_vec(f, name(T::AttnQNorm, l), c.head_dim);
+      L.k_norm = gguf_vec(f, name(T::AttnKNorm, l), c.head_dim);
     }
     if (c.sandwich_norm) {
-      L.post_attn_norm = vec(f, name(T::AttnPostNorm, l), c.n_embd);
-      L.post_ffn_norm = vec(f, name(T::FfnPostNorm, l), c.n_embd);
+      L.post_attn_norm = gguf_vec(f, name(T::AttnPostNorm, l), c.n_embd);
+      L.post_ffn_norm = gguf_vec(f, name(T::FfnPostNorm, l), c.n_embd);
     }
   }
   if (weights) m->dequantize_all_to_f32();
@@ -426,15 +335,15 @@ void DenseModel::load_mla_layer(const GGUFFile& f, int l) {
   auto name = [l](T t) { return dense_tensor_name(t, l); };
   const int64_t nh = c.n_head, Dk = c.head_dim, kvl = c.kv_lora_rank, nope = c.qk_nope, Dv = c.v_head_dim;
   if (c.q_lora_rank > 0) {
-    L.q_a = mat(f, name(T::AttnQA), c.n_embd, c.q_lora_rank);
-    L.q_a_norm = vec(f, name(T::AttnQANorm), c.q_lora_rank);
-    L.q_b = mat(f, name(T::AttnQB), c.q_lora_rank, nh * Dk);
+    L.q_a = gguf_mat(f, name(T::AttnQA), c.n_embd, c.q_lora_rank);
+    L.q_a_norm = gguf_vec(f, name(T::AttnQANorm), c.q_lora_rank);
+    L.q_b = gguf_mat(f, name(T::AttnQB), c.q_lora_rank, nh * Dk);
   } else {
-    L.q_b = mat(f, name(T::AttnQ), c.n_embd, nh * Dk);
+    L.q_b = gguf_mat(f, name(T::AttnQ), c.n_embd, nh * Dk);
   }
-  L.kv_a = mat(f, name(T::AttnKvAMqa), c.n_embd, kvl + c.qk_rope);
-  L.kv_a_norm = vec(f, name(T::AttnKvANorm), kvl);
-  L.wo = mat(f, name(T::AttnOut), nh * Dv, c.n_embd);
+  L.kv_a = gguf_mat(f, name(T::AttnKvAMqa), c.n_embd, kvl + c.qk_rope);
+  L.kv_a_norm = gguf_vec(f, name(T::AttnKvANorm), kvl);
+  L.wo = gguf_mat(f, name(T::AttnOut), nh * Dv, c.n_embd);
   auto tensor3 = [&](T kind, int64_t d0, int64_t d1) -> const GGUFTensorInfo& {
     const GGUFTensorInfo& t = f.tensor(name(kind));
     if (t.shape.size() != 3 || t.shape[0] != d0 || t.shape[1] != d1 || t.shape[2] != nh)
@@ -464,7 +373,7 @@ void DenseModel::load_mla_layer(const GGUFFile& f, int l) {
     L.kv_b_v.row_bytes = row_bytes(vb.type, kvl);
     L.kv_b_v.data = vb.data;
   } else {
-    const MatView kvb = mat(f, name(T::AttnKvB), kvl, nh * (nope + Dv));
+    const MatView kvb = gguf_mat(f, name(T::AttnKvB), kvl, nh * (nope + Dv));
     for (auto [dst, first, n] : {std::tuple{&L.kv_b_k, int64_t{0}, nope}, std::tuple{&L.kv_b_v, nope, Dv}}) {
       std::vector<uint8_t> bytes(static_cast<size_t>(nh * n) * kvb.row_bytes);
       for (int64_t h = 0; h < nh; ++h)

@@ -48,6 +48,16 @@ constexpr std::array<std::string_view, kDenseTensorKinds> kGgufNames = {
     "blk.{}.exp_probs_b",    // FfnExpProbsB (suffix "bias")
     "blk.{}.attn_sinks",     // AttnSinks
     "blk.{}.ffn_gate_inp_shexp",  // FfnGateInpShexp
+    "blk.{}.attn_gate",      // AttnGate
+    "blk.{}.ssm_in",         // SsmIn
+    "blk.{}.ssm_conv1d",     // SsmConv1d
+    "blk.{}.ssm_dt",         // SsmDt (suffix "bias")
+    "blk.{}.ssm_a",          // SsmA (no suffix)
+    "blk.{}.ssm_ba",         // SsmBa
+    "blk.{}.ssm_beta",       // SsmBeta
+    "blk.{}.ssm_alpha",      // SsmAlpha
+    "blk.{}.ssm_norm",       // SsmNorm
+    "blk.{}.ssm_out",        // SsmOut
     "",                      // FfnGateUpExps: Hugging Face only
 };
 
@@ -310,7 +320,8 @@ const DenseFamily* dense_family_of_hf(std::string_view mt) {
 }
 
 std::string dense_tensor_name(DenseTensor t, int layer, std::string_view suffix) {
-  return fmt::format("{}.{}", fmt::format(fmt::runtime(kGgufNames[static_cast<size_t>(t)]), layer), suffix);
+  std::string base = fmt::format(fmt::runtime(kGgufNames[static_cast<size_t>(t)]), layer);
+  return suffix.empty() ? base : fmt::format("{}.{}", base, suffix);
 }
 
 std::optional<std::string> hf_tensor_name(const DenseFamily& f, DenseTensor t, int layer, std::string_view suffix,
@@ -325,11 +336,6 @@ std::optional<std::string> unsupported_gguf_reason(std::string_view a) {
     std::string_view arch, why;
   };
   static constexpr Known kKnown[] = {
-      {"qwen3next", "Qwen3-Next GGUF files are not read yet; a Hugging Face Qwen3-Next directory (model_type "
-                    "qwen3_next) runs on the qwen3.8 architecture"},
-      {"qwen35", "Qwen3.5 GGUF files are not read yet; a Hugging Face Qwen3.5 directory (model_type "
-                 "qwen3_5_text) runs on the qwen3.8 architecture"},
-      {"qwen35moe", "Qwen3.5-MoE is not supported yet (its dense form runs from a Hugging Face directory)"},
       {"kimi-linear", "Kimi Linear GGUF files are not read yet"},
       {"mistral3", "Mistral 3 (multimodal) is not supported"},
       {"phi2", "Phi-2 (parallel attention and MLP, LayerNorm) is not supported"},

@@ -55,6 +55,18 @@ enum class DenseTensor {
   FfnExpProbsB,  // [n_expert] the router's selection bias (DeepSeek-V3's e_score_correction_bias)
   AttnSinks,     // [n_head] per-head attention sink logits (gpt-oss)
   FfnGateInpShexp,  // [n_embd] (GGUF {n_embd} or {n_embd, 1}): the shared expert's gate logit (Qwen2-MoE)
+  // Gated DeltaNet layers (qwen3next, qwen35, qwen35moe): n_k key heads of
+  // d_k, n_v value heads of d_v, C = 2 n_k d_k + n_v d_v conv channels.
+  AttnGate,      // [n_v d_v][n_embd]: z, the gate of the output norm
+  SsmIn,         // [C + n_v d_v][n_embd]: older qwen3next files, per key head [q | k | v | z] (as in_proj_qkvz)
+  SsmConv1d,     // GGUF {taps, C}: the depthwise causal conv
+  SsmDt,         // [n_v] (suffix "bias"): dt_bias
+  SsmA,          // [n_v] (no suffix): A = -exp(A_log)
+  SsmBa,         // [2 n_v][n_embd]: per key head [b | a] of its value heads (qwen3next)
+  SsmBeta,       // [n_v][n_embd]: b (qwen35, qwen35moe)
+  SsmAlpha,      // [n_v][n_embd]: a (qwen35, qwen35moe)
+  SsmNorm,       // [d_v]: the gated RMSNorm's weight
+  SsmOut,        // [n_embd][n_v d_v]
   // gpt-oss in Hugging Face form: the experts' gate and up matrices
   // interleaved (gate = even columns, up = odd) and transposed, one tensor
   // [n_expert][n_embd][2 n_ff_exp] per layer (with "_bias" [n_expert][2 n_ff_exp]);
@@ -108,7 +120,8 @@ const std::vector<DenseFamily>& dense_families();
 const DenseFamily* dense_family_of_gguf(std::string_view general_architecture);
 const DenseFamily* dense_family_of_hf(std::string_view model_type);
 
-// "blk.3.attn_q.weight" (suffix "weight" or "bias"); global kinds ignore layer.
+// "blk.3.attn_q.weight" (suffix "weight" or "bias"; none when empty, as
+// "blk.3.ssm_a"); global kinds ignore layer.
 std::string dense_tensor_name(DenseTensor t, int layer, std::string_view suffix = "weight");
 // The family's Hugging Face name for a tensor (suffix appended as
 // ".weight" / ".bias"), or nullopt when the family has no such tensor.

@@ -7,11 +7,16 @@
 #include <map>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "model/architecture.h"
+#include "io/config_value.h"
+#include "io/gguf.h"
 #include "io/hf_config.h"
+#include "model/dense_families.h"
+#include "model/gguf_weights.h"
 #include "io/safetensors.h"
 #include "io/safetensors_writer.h"
 #include "core/rng.h"
@@ -21,15 +26,69 @@ namespace megakern {
 
 Qwen38Model::~Qwen38Model() = default;
 
+namespace {
+
+// Row ranges [begin, end) of a fused checkpoint matrix, in the order the
+// engine stacks them into one of its matrices.
+struct Rows {
+  int64_t begin, end;
+};
+// q_proj / attn_q, rows [head][query | gate]: the queries (gate false) or
+// the gates of every head.
+std::vector<Rows> query_rows(const Qwen38Config& c, bool gate) {
+  const int64_t Dh = c.head_dim;
+  std::vector<Rows> v;
+  for (int64_t h = 0; h < c.n_head; ++h) v.push_back({2 * h * Dh + (gate ? Dh : 0), 2 * h * Dh + (gate ? 2 * Dh : Dh)});
+  return v;
+}
+// Qwen3-Next's in_proj_qkvz (ssm_in in older GGUF files), rows per key head g
+// [q (dk) | k (dk) | v (r dv) | z (r dv)], r value heads per key head:
+// all q, all k, all v (value head g r + j), or (z true) all z.
+std::vector<Rows> qkvz_rows(const Qwen38Config& c, bool z) {
+  const int64_t nk = c.la_n_k_heads, dk = c.la_k_head_dim, rv = int64_t(c.la_n_v_heads / c.la_n_k_heads) * c.la_v_head_dim;
+  const int64_t group = 2 * dk + 2 * rv;
+  std::vector<Rows> v;
+  if (z) {
+    for (int64_t g = 0; g < nk; ++g) v.push_back({g * group + 2 * dk + rv, (g + 1) * group});
+    return v;
+  }
+  for (int64_t part : {int64_t{0}, dk, 2 * dk})  // q, k, v
+    for (int64_t g = 0; g < nk; ++g) v.push_back({g * group + part, g * group + part + (part == 2 * dk ? rv : dk)});
+  return v;
+}
+// Qwen3-Next's in_proj_ba / ssm_ba, rows per key head [b (r) | a (r)]: all b, then all a.
+std::vector<Rows> ba_rows(const Qwen38Config& c) {
+  const int64_t nk = c.la_n_k_heads, r = c.la_n_v_heads / c.la_n_k_heads;
+  std::vector<Rows> v;
+  for (int64_t part : {int64_t{0}, r})
+    for (int64_t g = 0; g < nk; ++g) v.push_back({g * 2 * r + part, g * 2 * r + part + r});
+  return v;
+}
+// Value heads stored tiled (Qwen3.5 GGUF: value head g r + j of key head g
+// at position j n_k + g), blocks of `per_head` rows from `offset`: the rows in
+// grouped order.
+std::vector<Rows> untiled_rows(const Qwen38Config& c, int64_t offset, int64_t per_head) {
+  const int64_t nk = c.la_n_k_heads, r = c.la_n_v_heads / c.la_n_k_heads;
+  std::vector<Rows> v;
+  for (int64_t h = 0; h < c.la_n_v_heads; ++h) {
+    const int64_t pos = (h % r) * nk + h / r;
+    v.push_back({offset + pos * per_head, offset + (pos + 1) * per_head});
+  }
+  return v;
+}
+
+}  // namespace
+
 struct Qwen38Loader {
   Qwen38Model& m;
-  const SafetensorsModel& st;
+  const SafetensorsModel* st;   // the checkpoint (null for a GGUF file)
   std::optional<DType> target;  // convert matrices to this format
+  std::string path;             // the file, for messages
 
   const SafetensorsTensor& get(const std::string& name) const {
-    const SafetensorsTensor* t = st.find(m.prefix_ + name);
-    if (!t && name == "lm_head.weight") t = st.find(name);
-    if (!t) fail("{}: tensor '{}' is missing", st.path(), name == "lm_head.weight" ? name : m.prefix_ + name);
+    const SafetensorsTensor* t = st->find(m.prefix_ + name);
+    if (!t && name == "lm_head.weight") t = st->find(name);
+    if (!t) fail("{}: tensor '{}' is missing", path, name == "lm_head.weight" ? name : m.prefix_ + name);
     return *t;
   }
 
@@ -45,14 +104,14 @@ struct Qwen38Loader {
     int64_t begin, end;
   };
   MatView stack(const std::vector<Piece>& pieces) {
-    const int64_t cols = pieces[0].t->shape[1];
+    const int64_t cols = pieces[0].t->shape.back();  // a 3-D tensor is read as [d0 * d1][d2]
     const std::optional<DType> first = safetensors_float_format(pieces[0].t->dtype);
     DType dt = first.value_or(DType::F32);
     size_t elem = first ? dtype_traits(dt).block_bytes : 4;
     bool keep = first.has_value();
     for (const auto& p : pieces) {
       if (safetensors_float_format(p.t->dtype) != first) keep = false;
-      MK_CHECK(p.t->shape.size() == 2 && p.t->shape[1] == cols, "stacked pieces must share their width");
+      MK_CHECK(p.t->shape.size() >= 2 && p.t->shape.back() == cols, "stacked pieces must share their width");
     }
     if (!keep) {
       dt = DType::F32;
@@ -65,7 +124,7 @@ struct Qwen38Loader {
     for (const auto& p : pieces) v.rows += p.end - p.begin;
     if (target && *target != dt) {
       const size_t n_owned = m.owned_.size();
-      const MatView q = convert(stack_as_is(pieces, v, keep), *pieces[0].t);
+      const MatView q = convert(stack_as_is(pieces, v, keep), pieces[0].t->name);
       if (m.owned_.size() == n_owned + 2)  // drop the intermediate copy
         m.owned_.erase(m.owned_.begin() + static_cast<std::ptrdiff_t>(n_owned));
       return q;
@@ -73,11 +132,11 @@ struct Qwen38Loader {
     return stack_as_is(pieces, v, keep);
   }
   // v re-encoded row by row in the target format.
-  MatView convert(const MatView& v, const SafetensorsTensor& src) {
+  MatView convert(const MatView& v, const std::string& tensor) {
     const auto& tr = dtype_traits(*target);
     if (v.cols % tr.block_size != 0)
       fail("{}: tensor '{}' has rows of {} values, which {} blocks of {} do not divide; load it in another format",
-           st.path(), src.name, v.cols, tr.name, tr.block_size);
+           path, tensor, v.cols, tr.name, tr.block_size);
     MatView q;
     q.type = *target;
     q.cols = v.cols;
@@ -116,6 +175,11 @@ struct Qwen38Loader {
       dst += n;
     }
     v.data = reinterpret_cast<const uint8_t*>(buf.data());
+    return v;
+  }
+  static std::vector<Piece> pieces(const SafetensorsTensor& t, const std::vector<Rows>& rows) {
+    std::vector<Piece> v;
+    for (const Rows& r : rows) v.push_back({&t, r.begin, r.end});
     return v;
   }
   MatView mat(const std::string& name) {
@@ -163,8 +227,11 @@ std::unique_ptr<Qwen38Model> Qwen38Model::load_from(std::unique_ptr<Qwen38Model>
          "checkpoint",
          st.path());
 
+  // Transformers 5's Qwen3.5-MoE keeps each layer's experts in two 3-D
+  // tensors; the checkpoint may hold them so or one matrix per expert.
+  const bool fused_experts = c.moe() && st.find(m->prefix_ + "layers.0.mlp.experts.gate_up_proj");
   // Every tensor with its expected shape, before anything is read.
-  for (const Qwen38Tensor& t : qwen38_tensors(c, m->prefix_)) {
+  for (const Qwen38Tensor& t : qwen38_tensors(c, m->prefix_, fused_experts)) {
     const SafetensorsTensor* f = st.find(t.name);
     if (!f) fail("{}: tensor '{}' is missing (expected shape {})", st.path(), t.name, shape_str(t.shape));
     if (f->shape != t.shape)
@@ -174,14 +241,13 @@ std::unique_ptr<Qwen38Model> Qwen38Model::load_from(std::unique_ptr<Qwen38Model>
       fail("{}: tensor '{}' has dtype {}; expected a float type (F32, F16, BF16)", st.path(), t.name, f->dtype);
   }
 
-  Qwen38Loader L{*m, st, weights};
+  Qwen38Loader L{*m, &st, weights, st.path()};
   // "model.language_model." checkpoints keep lm_head.weight at the top level,
   // which get() handles; embed/norm carry the prefix.
   m->tok_embd_ = L.mat("embed_tokens.weight");
   m->lm_head_ = L.mat("lm_head.weight");
   m->final_norm_ = L.vec("norm.weight", 1.f);
   int n_attn = 0, n_delta = 0;
-  const int64_t Dh = c.head_dim;
   for (int l = 0; l < c.n_layer; ++l) {
     Qwen38Layer Ly;
     const std::string p = fmt::format("layers.{}.", l);
@@ -192,13 +258,8 @@ std::unique_ptr<Qwen38Model> Qwen38Model::load_from(std::unique_ptr<Qwen38Model>
       Ly.cache_index = n_attn++;
       const std::string a = p + "self_attn.";
       const auto& q = L.get(a + "q_proj.weight");
-      std::vector<Qwen38Loader::Piece> qp, gp;
-      for (int64_t h = 0; h < c.n_head; ++h) {
-        qp.push_back({&q, 2 * h * Dh, 2 * h * Dh + Dh});
-        gp.push_back({&q, 2 * h * Dh + Dh, 2 * h * Dh + 2 * Dh});
-      }
-      Ly.wq = L.stack(qp);
-      Ly.wgate = L.stack(gp);
+      Ly.wq = L.stack(L.pieces(q, query_rows(c, false)));
+      Ly.wgate = L.stack(L.pieces(q, query_rows(c, true)));
       Ly.wk = L.mat(a + "k_proj.weight");
       Ly.wv = L.mat(a + "v_proj.weight");
       Ly.wo = L.mat(a + "o_proj.weight");
@@ -208,23 +269,11 @@ std::unique_ptr<Qwen38Model> Qwen38Model::load_from(std::unique_ptr<Qwen38Model>
       Ly.cache_index = n_delta++;
       const std::string a = p + "linear_attn.";
       if (c.fused_qkvz) {
-        // Per key head g: rows [q (dk) | k (dk) | v (r dv) | z (r dv)] of
-        // in_proj_qkvz and [b (r) | a (r)] of in_proj_ba, r value heads per
-        // key head; regrouped as all q, all k, all v (value head g r + j),
-        // all z, all b, all a.
         const auto& qkvz = L.get(a + "in_proj_qkvz.weight");
         const auto& ba = L.get(a + "in_proj_ba.weight");
-        const int64_t nk = c.la_n_k_heads, dk = c.la_k_head_dim, r = c.la_n_v_heads / c.la_n_k_heads;
-        const int64_t rv = r * c.la_v_head_dim, group = 2 * dk + 2 * rv;
-        std::vector<Qwen38Loader::Piece> qkv, zp, bap;
-        for (int64_t part : {int64_t{0}, dk, 2 * dk})  // q, k, v
-          for (int64_t g = 0; g < nk; ++g) qkv.push_back({&qkvz, g * group + part, g * group + part + (part == 2 * dk ? rv : dk)});
-        for (int64_t g = 0; g < nk; ++g) zp.push_back({&qkvz, g * group + 2 * dk + rv, (g + 1) * group});
-        for (int64_t part : {int64_t{0}, r})  // b, a
-          for (int64_t g = 0; g < nk; ++g) bap.push_back({&ba, g * 2 * r + part, g * 2 * r + part + r});
-        Ly.w_qkv = L.stack(qkv);
-        Ly.w_z = L.stack(zp);
-        Ly.w_ba = L.stack(bap);
+        Ly.w_qkv = L.stack(L.pieces(qkvz, qkvz_rows(c, false)));
+        Ly.w_z = L.stack(L.pieces(qkvz, qkvz_rows(c, true)));
+        Ly.w_ba = L.stack(L.pieces(ba, ba_rows(c)));
       } else {
         Ly.w_qkv = L.mat(a + "in_proj_qkv.weight");
         Ly.w_z = L.mat(a + "in_proj_z.weight");
@@ -245,7 +294,17 @@ std::unique_ptr<Qwen38Model> Qwen38Model::load_from(std::unique_ptr<Qwen38Model>
       B.n_expert = c.n_expert;
       B.d_in = c.hidden;
       B.d_ff = c.moe_intermediate;
+      const int64_t F = c.moe_intermediate, H = c.hidden;
       for (int e = 0; e < c.n_expert; ++e) {
+        if (fused_experts) {
+          // experts.gate_up_proj [E][gate F | up F][H], experts.down_proj [E][H][F].
+          const auto& gu = L.get(mp + "experts.gate_up_proj");
+          const auto& dn = L.get(mp + "experts.down_proj");
+          B.gate.push_back(L.stack({{&gu, 2 * F * e, 2 * F * e + F}}));
+          B.up.push_back(L.stack({{&gu, 2 * F * e + F, 2 * F * (e + 1)}}));
+          B.down.push_back(L.stack({{&dn, H * e, H * (e + 1)}}));
+          continue;
+        }
         const std::string x = fmt::format("{}experts.{}.", mp, e);
         B.gate.push_back(L.mat(x + "gate_proj.weight"));
         B.up.push_back(L.mat(x + "up_proj.weight"));
@@ -259,6 +318,192 @@ std::unique_ptr<Qwen38Model> Qwen38Model::load_from(std::unique_ptr<Qwen38Model>
       Ly.w_gate = L.mat(mp + "gate_proj.weight");
       Ly.w_up = L.mat(mp + "up_proj.weight");
       Ly.w_down = L.mat(mp + "down_proj.weight");
+    }
+    m->layers_.push_back(std::move(Ly));
+  }
+  return m;
+}
+
+namespace {
+
+// Several row ranges of GGUF matrices of one format and width, copied into
+// one matrix (rows are contiguous in every format, so any format keeps).
+MatView gather_rows(std::vector<std::vector<float>>& owned, const std::vector<MatView>& parts) {
+  MatView v = parts.at(0);
+  v.rows = 0;
+  v.packed = nullptr;
+  for (const MatView& p : parts) {
+    MK_CHECK(p.type == v.type && p.cols == v.cols, "gathered rows must share their format and width");
+    v.rows += p.rows;
+  }
+  owned.emplace_back((v.row_bytes * static_cast<size_t>(v.rows) + 3) / 4);
+  uint8_t* dst = reinterpret_cast<uint8_t*>(owned.back().data());
+  v.data = dst;
+  for (const MatView& p : parts) {
+    std::memcpy(dst, p.data, p.row_bytes * static_cast<size_t>(p.rows));
+    dst += p.row_bytes * static_cast<size_t>(p.rows);
+  }
+  return v;
+}
+std::vector<MatView> row_parts(const MatView& m, const std::vector<Rows>& rows) {
+  std::vector<MatView> v;
+  for (const Rows& r : rows) v.push_back(row_range(m, r.begin, r.end - r.begin));
+  return v;
+}
+// Elements of a vector of rows of `width` values, reordered by `rows`.
+std::vector<float> gather_values(const std::vector<float>& src, const std::vector<Rows>& rows, int64_t width) {
+  std::vector<float> v;
+  for (const Rows& r : rows)
+    v.insert(v.end(), src.begin() + r.begin * width, src.begin() + r.end * width);
+  return v;
+}
+
+}  // namespace
+
+std::unique_ptr<Qwen38Model> Qwen38Model::load_gguf(std::unique_ptr<GGUFFile> file, std::optional<DType> weights) {
+  if (weights && *weights != DType::F32)
+    fail("{}: a GGUF file keeps the formats it was written in; --weights can only be f32 (dequantised at load), "
+         "got {}",
+         file->name(), dtype_traits(*weights).name);
+  std::unique_ptr<Qwen38Model> m(new Qwen38Model());
+  m->cfg_ = qwen38_config_from_gguf(*file);
+  m->gguf_ = std::move(file);
+  Qwen38Config& c = m->cfg_;
+  const GGUFFile& f = *m->gguf_;
+  using T = DenseTensor;
+  auto name = [](T t, int l = 0, std::string_view suffix = "weight") { return dense_tensor_name(t, l, suffix); };
+  const int64_t H = c.hidden;
+  {
+    const GGUFTensorInfo& e = f.tensor(name(T::TokenEmbd));
+    if (e.shape.size() != 2 || e.shape[0] != H)
+      fail("{}: tensor '{}' has shape [{}], expected [{}, n_vocab]", f.name(), name(T::TokenEmbd),
+           fmt::join(e.shape, ", "), H);
+    c.vocab = static_cast<int>(config_int_in(f.name(), name(T::TokenEmbd) + " rows", e.shape[1], 1, kMaxConfigDim));
+  }
+  if (!f.find_tensor(name(T::Output)))
+    fail("{}: tensor '{}' is missing (Qwen3.8 has an untied LM head; tied embeddings are not supported)", f.name(),
+         name(T::Output));
+  c.validate();
+
+  Qwen38Loader L{*m, nullptr, weights, f.name()};
+  std::vector<std::vector<float>>& owned = m->owned_;
+  auto fin = [&](MatView v, const std::string& tensor) { return weights ? L.convert(v, tensor) : v; };
+  auto mat = [&](const std::string& n, int64_t cols, int64_t rows) { return fin(gguf_mat(f, n, cols, rows), n); };
+  auto gathered = [&](const std::vector<MatView>& parts, const std::string& n) {
+    return fin(gather_rows(owned, parts), n);
+  };
+  m->tok_embd_ = mat(name(T::TokenEmbd), H, c.vocab);
+  m->lm_head_ = mat(name(T::Output), H, c.vocab);
+  m->final_norm_ = gguf_vec(f, name(T::OutputNorm), H);  // stored as 1 + w
+
+  const int64_t nk = c.la_n_k_heads, dk = c.la_k_head_dim, nv = c.la_n_v_heads, dv = c.la_v_head_dim;
+  const int64_t C = c.la_conv_dim(), VD = c.la_value_dim(), K = c.conv_kernel;
+  const int64_t qd = int64_t(c.n_head) * c.head_dim, kvd = int64_t(c.n_head_kv) * c.head_dim;
+  // Qwen3.5's tiled value heads, as grouped rows: v of the qkv rows, z, b, a
+  // (one row per head) and A, dt_bias, the conv's v channels.
+  auto grouped = [&](int64_t offset, int64_t head_rows, int64_t total) {
+    if (!c.tiled_v_heads) return std::vector<Rows>{{0, total}};
+    std::vector<Rows> v;
+    if (offset > 0) v.push_back({0, offset});
+    for (const Rows& r : untiled_rows(c, offset, head_rows)) v.push_back(r);
+    return v;
+  };
+  int n_attn = 0, n_delta = 0;
+  for (int l = 0; l < c.n_layer; ++l) {
+    Qwen38Layer Ly;
+    Ly.attention = c.is_full_attention(l);
+    Ly.input_norm = gguf_vec(f, name(T::AttnNorm, l), H);
+    Ly.post_norm = gguf_vec(f, name(T::AttnPostNorm, l), H);
+    if (Ly.attention) {
+      Ly.cache_index = n_attn++;
+      const MatView q = gguf_mat(f, name(T::AttnQ, l), H, 2 * qd);  // per head [query | gate]
+      Ly.wq = gathered(row_parts(q, query_rows(c, false)), name(T::AttnQ, l));
+      Ly.wgate = gathered(row_parts(q, query_rows(c, true)), name(T::AttnQ, l));
+      Ly.wk = mat(name(T::AttnK, l), H, kvd);
+      Ly.wv = mat(name(T::AttnV, l), H, kvd);
+      Ly.wo = mat(name(T::AttnOut, l), qd, H);
+      Ly.q_norm = gguf_vec(f, name(T::AttnQNorm, l), c.head_dim);
+      Ly.k_norm = gguf_vec(f, name(T::AttnKNorm, l), c.head_dim);
+    } else {
+      Ly.cache_index = n_delta++;
+      if (f.find_tensor(name(T::AttnQkv, l)) || !f.find_tensor(name(T::SsmIn, l))) {
+        const MatView qkv = gguf_mat(f, name(T::AttnQkv, l), H, C);
+        const MatView z = gguf_mat(f, name(T::AttnGate, l), H, VD);
+        if (c.tiled_v_heads) {
+          Ly.w_qkv = gathered(row_parts(qkv, grouped(2 * nk * dk, dv, C)), name(T::AttnQkv, l));
+          Ly.w_z = gathered(row_parts(z, grouped(0, dv, VD)), name(T::AttnGate, l));
+        } else {
+          Ly.w_qkv = fin(qkv, name(T::AttnQkv, l));
+          Ly.w_z = fin(z, name(T::AttnGate, l));
+        }
+      } else {  // older qwen3next files: in_proj_qkvz as is
+        const MatView in = gguf_mat(f, name(T::SsmIn, l), H, C + VD);
+        Ly.w_qkv = gathered(row_parts(in, qkvz_rows(c, false)), name(T::SsmIn, l));
+        Ly.w_z = gathered(row_parts(in, qkvz_rows(c, true)), name(T::SsmIn, l));
+      }
+      if (c.fused_qkvz) {
+        const MatView ba = gguf_mat(f, name(T::SsmBa, l), H, 2 * nv);
+        Ly.w_ba = gathered(row_parts(ba, ba_rows(c)), name(T::SsmBa, l));
+      } else {
+        const MatView b = gguf_mat(f, name(T::SsmBeta, l), H, nv);
+        const MatView a = gguf_mat(f, name(T::SsmAlpha, l), H, nv);
+        std::vector<MatView> parts = row_parts(b, grouped(0, 1, nv));
+        for (const MatView& p : row_parts(a, grouped(0, 1, nv))) parts.push_back(p);
+        Ly.w_ba = gathered(parts, name(T::SsmBeta, l));
+      }
+      Ly.conv = gather_values(gguf_values(f, name(T::SsmConv1d, l), {K, C}), grouped(2 * nk * dk, dv, C), K);
+      Ly.dt_bias = gather_values(gguf_vec(f, name(T::SsmDt, l, "bias"), nv), grouped(0, 1, nv), 1);
+      const std::string a_name = name(T::SsmA, l, "");
+      const std::vector<float> A = gather_values(gguf_vec(f, a_name, nv), grouped(0, 1, nv), 1);
+      for (size_t h = 0; h < A.size(); ++h) {
+        if (!(A[h] < 0.f))
+          fail("{}: tensor '{}' holds {} at index {}; it stores A = -exp(A_log), which is negative", f.name(), a_name,
+               A[h], h);
+        Ly.a_log.push_back(std::log(-A[h]));
+      }
+      Ly.gated_norm = gguf_vec(f, name(T::SsmNorm, l), dv);  // used as is
+      const MatView out = gguf_mat(f, name(T::SsmOut, l), VD, H);
+      if (c.tiled_v_heads) {
+        // Columns tiled as the rows above: regrouped per row, in f32 unless
+        // the format's blocks divide a head's columns.
+        const auto& tr = dtype_traits(out.type);
+        MatView src = out;
+        if (dv % tr.block_size != 0) src = Qwen38Loader{*m, nullptr, DType::F32, f.name()}.convert(out, name(T::SsmOut, l));
+        const size_t head_bytes = row_bytes(src.type, dv);
+        const std::vector<Rows> heads = untiled_rows(c, 0, 1);  // grouped head h sits at heads[h].begin
+        owned.emplace_back((src.row_bytes * static_cast<size_t>(src.rows) + 3) / 4);
+        uint8_t* dst = reinterpret_cast<uint8_t*>(owned.back().data());
+        for (int64_t j = 0; j < src.rows; ++j)
+          for (size_t h = 0; h < heads.size(); ++h)
+            std::memcpy(dst + static_cast<size_t>(j) * src.row_bytes + h * head_bytes,
+                        src.row(j) + static_cast<size_t>(heads[h].begin) * head_bytes, head_bytes);
+        src.data = dst;
+        src.packed = nullptr;
+        Ly.w_out = weights && src.type != *weights ? L.convert(src, name(T::SsmOut, l)) : src;
+      } else {
+        Ly.w_out = fin(out, name(T::SsmOut, l));
+      }
+    }
+    if (c.moe()) {
+      Ly.router = mat(name(T::FfnGateInp, l), H, c.n_expert);
+      ExpertBank& B = Ly.experts;
+      B.n_expert = c.n_expert;
+      B.d_in = c.hidden;
+      B.d_ff = c.moe_intermediate;
+      B.gate = gguf_expert_slabs(f, name(T::FfnGateExps, l), H, c.moe_intermediate, c.n_expert);
+      B.up = gguf_expert_slabs(f, name(T::FfnUpExps, l), H, c.moe_intermediate, c.n_expert);
+      B.down = gguf_expert_slabs(f, name(T::FfnDownExps, l), c.moe_intermediate, H, c.n_expert);
+      for (auto* v : {&B.gate, &B.up, &B.down})
+        for (MatView& e : *v) e = fin(e, name(T::FfnGateExps, l));
+      const int64_t S = c.shared_intermediate;
+      Ly.sh_gate = mat(name(T::FfnGateShexp, l), H, S);
+      Ly.sh_up = mat(name(T::FfnUpShexp, l), H, S);
+      Ly.sh_down = mat(name(T::FfnDownShexp, l), S, H);
+      Ly.sh_gate_inp = fin(gguf_row_mat(f, name(T::FfnGateInpShexp, l), H), name(T::FfnGateInpShexp, l));
+    } else {
+      Ly.w_gate = mat(name(T::FfnGate, l), H, c.intermediate);
+      Ly.w_up = mat(name(T::FfnUp, l), H, c.intermediate);
+      Ly.w_down = mat(name(T::FfnDown, l), c.intermediate, H);
     }
     m->layers_.push_back(std::move(Ly));
   }
@@ -472,6 +717,7 @@ class Qwen38ArchModel final : public ArchModel {
   explicit Qwen38ArchModel(std::unique_ptr<Qwen38Model> m) : m_(std::move(m)) {}
   DecodeProgram build_program(int max_rows) const override { return build_qwen38_program(*m_, max_rows); }
   int n_vocab() const override { return m_->config().vocab; }
+  const GGUFFile* gguf() const override { return m_->gguf(); }
   std::string description() const override {
     const Qwen38Config& c = m_->config();
     return fmt::format("qwen3.8 (Gated DeltaNet + gated attention): {} layers, hidden {}, vocab {}, {} ({:.1f} MB "
@@ -493,7 +739,13 @@ class Qwen38Architecture final : public Architecture {
     return v;
   }
   bool runnable(const std::string& preset) const override { return preset != "qwen3.8-27b"; }
-  std::vector<std::string> hf_model_types() const override { return {"qwen3_5_text", "qwen3_5", "qwen3_next"}; }
+  std::vector<std::string> hf_model_types() const override {
+    return {"qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe", "qwen3_next"};
+  }
+  std::vector<std::string> gguf_architectures() const override { return qwen38_gguf_architectures(); }
+  std::unique_ptr<ArchModel> load_gguf(std::unique_ptr<GGUFFile> file, const ModelOptions& o) const override {
+    return std::make_unique<Qwen38ArchModel>(Qwen38Model::load_gguf(std::move(file), o.weights));
+  }
   std::unique_ptr<ArchModel> synthetic(const std::string& preset, const ModelOptions& o) const override {
     const Qwen38Config& c = *find_qwen38_preset(preset);
     if (!runnable(preset)) fail_full_size(preset, weight_bytes_total(c, DType::BF16) / 1e9);

@@ -1,6 +1,7 @@
 // Qwen3.8 (Gated DeltaNet + gated full attention hybrid; see model/qwen38_config.h
-// and ../shared/docs/reference-system.md) loaded from a Hugging Face Qwen3.5
-// safetensors checkpoint, and its DecodeProgram.
+// and ../shared/docs/reference-system.md) loaded from a Hugging Face Qwen3.5 /
+// Qwen3.5-MoE / Qwen3-Next safetensors checkpoint or from a GGUF file of
+// those families in llama.cpp's conventions (load_gguf), and its DecodeProgram.
 //
 // Load-time transforms (buffers owned by the model; everything else is a
 // zero-copy view of the mapped checkpoint):
@@ -12,7 +13,9 @@
 //    matrix ([b | a]), so one product feeds the delta rule;
 //  - conv1d.weight [C][1][K] is read as taps [C][K] (tap K-1 = current input);
 //  - Qwen3-Next's fused in_proj_qkvz / in_proj_ba (rows grouped per key head)
-//    are regrouped into the same [q | k | v], z and [b | a] matrices;
+//    are regrouped into the same [q | k | v], z and [b | a] matrices (GGUF:
+//    ssm_ba, or the older ssm_in), and Qwen3.5 GGUF files' tiled value
+//    heads are put back in grouped order (rows, and ssm_out's columns);
 //  - matrices stay in F32, F16 or BF16 as stored (copied when the data is not
 //    aligned to its element size); any other float dtype is converted to F32;
 //    small tensors are converted to F32.
@@ -36,6 +39,7 @@
 
 namespace megakern {
 
+class GGUFFile;
 class SafetensorsModel;
 struct SafetensorsOut;
 
@@ -77,6 +81,17 @@ class Qwen38Model {
   // converted to that format at load (e.g. Q8_0, Q4_0, MXFP4); its block size
   // must divide the matrix widths.
   static std::unique_ptr<Qwen38Model> load(const std::string& dir, std::optional<DType> weights = {});
+  // A GGUF file of one of qwen38_gguf_architectures() (qwen3next, qwen35,
+  // qwen35moe) in llama.cpp's naming and conventions (the converter's norm
+  // weights already 1 + w, A stored as -exp(A_log), dt_bias as ssm_dt.bias,
+  // Qwen3-Next's q | k | v and z split as attn_qkv / attn_gate or fused as
+  // ssm_in, [b | a] per key head as ssm_ba; Qwen3.5's b and a as ssm_beta /
+  // ssm_alpha and its value heads tiled, put back in grouped order at load).
+  // Matrices keep the formats of the file (zero-copy where no regrouping is
+  // needed), or are dequantised to f32 when `weights` is F32 (the only
+  // format accepted). The model keeps the file. Throws megakern::Error
+  // naming a missing tensor, a wrong shape or a bad key.
+  static std::unique_ptr<Qwen38Model> load_gguf(std::unique_ptr<GGUFFile> file, std::optional<DType> weights = {});
   // The deterministic synthetic checkpoint of qwen38_synthetic_tensors(c,
   // seed), built in memory and loaded as load() would load it from disk.
   static std::unique_ptr<Qwen38Model> synthetic(const Qwen38Config& c, uint64_t seed,
@@ -92,6 +107,8 @@ class Qwen38Model {
   const std::vector<float>& final_norm() const { return final_norm_; }
   const std::vector<Qwen38Layer>& layers() const { return layers_; }
   const std::string& tensor_prefix() const { return prefix_; }
+  // The GGUF file the model was read from, or null.
+  const GGUFFile* gguf() const { return gguf_.get(); }
 
  private:
   Qwen38Model() = default;
@@ -99,6 +116,7 @@ class Qwen38Model {
   static std::unique_ptr<Qwen38Model> load_from(std::unique_ptr<Qwen38Model> m, const std::string& config_name,
                                                 std::optional<DType> weights);
   std::unique_ptr<SafetensorsModel> st_;
+  std::unique_ptr<GGUFFile> gguf_;
   std::vector<uint8_t> image_;  // the checkpoint bytes of a synthetic model
   std::vector<std::vector<float>> owned_;  // backing store of transformed matrices
   std::string prefix_;

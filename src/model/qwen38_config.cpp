@@ -7,6 +7,8 @@
 #include "core/error.h"
 #include "core/units.h"
 #include "io/config_value.h"
+#include "io/gguf.h"
+#include "model/gguf_weights.h"
 #include "io/hf_config.h"
 #include "model/dense_hf.h"
 
@@ -131,7 +133,8 @@ int64_t Qwen38Tensor::numel() const {
   return n;
 }
 
-std::vector<Qwen38Tensor> qwen38_tensors(const Qwen38Config& c, const std::string& model_prefix) {
+std::vector<Qwen38Tensor> qwen38_tensors(const Qwen38Config& c, const std::string& model_prefix,
+                                         bool fused_experts) {
   using K = Qwen38Tensor::Kind;
   const int64_t H = c.hidden;
   std::vector<Qwen38Tensor> t;
@@ -169,7 +172,11 @@ std::vector<Qwen38Tensor> qwen38_tensors(const Qwen38Config& c, const std::strin
     if (c.moe()) {
       const int64_t F = c.moe_intermediate, S = c.shared_intermediate;
       t.push_back({p + "mlp.gate.weight", {c.n_expert, H}, K::Mlp, l, true});
-      for (int e = 0; e < c.n_expert; ++e) {
+      if (fused_experts) {
+        t.push_back({p + "mlp.experts.gate_up_proj", {c.n_expert, 2 * F, H}, K::Mlp, l, true});
+        t.push_back({p + "mlp.experts.down_proj", {c.n_expert, H, F}, K::Mlp, l, true});
+      }
+      for (int e = 0; e < c.n_expert && !fused_experts; ++e) {
         const std::string x = fmt::format("{}mlp.experts.{}.", p, e);
         t.push_back({x + "gate_proj.weight", {F, H}, K::Mlp, l, true});
         t.push_back({x + "up_proj.weight", {F, H}, K::Mlp, l, true});
@@ -305,19 +312,22 @@ std::string describe(const Qwen38Config& c) {
 
 Qwen38Config qwen38_config_from_hf(const HFConfig& hf) {
   const std::string mt = hf.model_type();
-  if (mt != "qwen3_5_text" && mt != "qwen3_5" && mt != "qwen3_next")
-    fail("{}: model_type '{}' is not a Qwen3.5-family config (expected qwen3_5_text, qwen3_5 or qwen3_next)",
+  const bool next = mt == "qwen3_next", moe35 = mt == "qwen3_5_moe_text" || mt == "qwen3_5_moe";
+  if (mt != "qwen3_5_text" && mt != "qwen3_5" && !next && !moe35)
+    fail("{}: model_type '{}' is not a Qwen3.5-family config (expected qwen3_5_text, qwen3_5, qwen3_5_moe_text, "
+         "qwen3_5_moe or qwen3_next)",
          hf.name(), mt);
   Qwen38Config c;
-  if (mt == "qwen3_next") {
-    // Qwen3-Next: fused DeltaNet projections and a mixture of experts with a
-    // gated shared expert in every layer.
-    c.fused_qkvz = true;
+  if (next || moe35) {
+    // Qwen3-Next and Qwen3.5-MoE: a mixture of experts with a gated shared
+    // expert in every layer; Qwen3-Next fuses the DeltaNet projections.
+    c.fused_qkvz = next;
     c.n_expert = static_cast<int>(hf.get_int_in("num_experts", 1, 4096));
     c.n_expert_used = static_cast<int>(hf.get_int_in("num_experts_per_tok", 1, c.n_expert));
     c.moe_intermediate = static_cast<int>(hf.get_int_in("moe_intermediate_size", 1, kMaxConfigDim));
     c.shared_intermediate = static_cast<int>(hf.get_int_in("shared_expert_intermediate_size", 1, kMaxConfigDim));
-    c.norm_topk_prob = hf.get_bool_or("norm_topk_prob", true);
+    // Qwen3.5-MoE's router always renormalises the selected weights.
+    c.norm_topk_prob = next ? hf.get_bool_or("norm_topk_prob", true) : true;
     require_every_layer_sparse(hf);
   }
   c.name = hf.name();
@@ -377,6 +387,77 @@ Qwen38Config qwen38_config_from_hf(const HFConfig& hf) {
   if (hf.get_bool_or("attention_bias", false)) fail("{}: attention_bias is not supported", hf.name());
   c.validate();
   return c;
+}
+
+const std::vector<std::string>& qwen38_gguf_architectures() {
+  static const std::vector<std::string> v = {"qwen3next", "qwen35", "qwen35moe"};
+  return v;
+}
+
+Qwen38Config qwen38_config_from_gguf(const GGUFFile& f) {
+  const std::string arch = f.get_string("general.architecture");
+  bool known = false;
+  for (const std::string& a : qwen38_gguf_architectures()) known |= a == arch;
+  if (!known) fail("{}: architecture '{}' is not a Qwen3-Next / Qwen3.5 file", f.name(), arch);
+  auto key = [&](const char* k) { return arch + "." + k; };
+  auto dim = [&](const char* k) { return gguf_int_in(f, key(k)); };
+  Qwen38Config c;
+  c.name = f.get_string_opt("general.name").value_or(f.name());
+  const int blocks = gguf_int_in(f, key("block_count"), 1, kMaxConfigLayers);
+  const int nextn = f.has(key("nextn_predict_layers")) ? gguf_int_in(f, key("nextn_predict_layers"), 0, blocks - 1) : 0;
+  c.n_layer = blocks - nextn;
+  c.hidden = dim("embedding_length");
+  c.vocab = 0;  // from token_embd
+  c.rms_eps = gguf_float_in(f, key("attention.layer_norm_rms_epsilon"), 0, 1);
+  c.n_head = dim("attention.head_count");
+  c.n_head_kv = f.has(key("attention.head_count_kv")) ? dim("attention.head_count_kv") : c.n_head;
+  c.head_dim = f.has(key("attention.key_length")) ? dim("attention.key_length") : c.hidden / c.n_head;
+  if (f.has(key("attention.value_length")) && dim("attention.value_length") != c.head_dim)
+    fail("{}: {} and {} differ, which Qwen3.8 does not support", f.name(), key("attention.key_length"),
+         key("attention.value_length"));
+  c.rope_theta = gguf_float_in(f, key("rope.freq_base"), 0, 1e12, 10000.0);
+  c.rotary_dim = f.has(key("rope.dimension_count")) ? dim("rope.dimension_count") : c.head_dim;
+  if (auto type = f.get_string_opt(key("rope.scaling.type")); type && *type != "none")
+    fail("{}: {} '{}' is not supported (only plain RoPE)", f.name(), key("rope.scaling.type"), *type);
+  c.conv_kernel = gguf_int_in(f, key("ssm.conv_kernel"), 1, 1024);
+  c.la_k_head_dim = dim("ssm.state_size");
+  c.la_n_k_heads = dim("ssm.group_count");
+  c.la_n_v_heads = dim("ssm.time_step_rank");
+  const int inner = dim("ssm.inner_size");
+  if (inner % c.la_n_v_heads != 0)
+    fail("{}: {} {} is not a multiple of {} {}", f.name(), key("ssm.inner_size"), inner, key("ssm.time_step_rank"),
+         c.la_n_v_heads);
+  c.la_v_head_dim = inner / c.la_n_v_heads;
+  c.full_attn_interval =
+      f.has(key("full_attention_interval")) ? gguf_int_in(f, key("full_attention_interval"), 1, kMaxConfigLayers) : 4;
+  if (f.has(key("attention.recurrent_layers"))) {
+    const std::vector<int64_t>& rec = f.get_int_array(key("attention.recurrent_layers"));
+    if (rec.size() < static_cast<size_t>(c.n_layer))
+      fail("{}: {} has {} entries for {} layers", f.name(), key("attention.recurrent_layers"), rec.size(), c.n_layer);
+    for (int l = 0; l < c.n_layer; ++l)
+      if ((rec[static_cast<size_t>(l)] != 0) == c.is_full_attention(l))
+        fail("{}: {}[{}] is {}, but Qwen3.8 runs layer l as full attention iff l % {} == {}", f.name(),
+             key("attention.recurrent_layers"), l, rec[static_cast<size_t>(l)] != 0, c.full_attn_interval,
+             c.full_attn_interval - 1);
+  }
+  c.tiled_v_heads = arch != "qwen3next";
+  if (arch == "qwen35") {
+    c.intermediate = dim("feed_forward_length");
+  } else {
+    c.fused_qkvz = arch == "qwen3next";  // the [b | a] pairs per key head of ssm_ba
+    c.n_expert = gguf_int_in(f, key("expert_count"), 1, 4096);
+    c.n_expert_used = gguf_int_in(f, key("expert_used_count"), 1, c.n_expert);
+    c.moe_intermediate = dim("expert_feed_forward_length");
+    c.shared_intermediate = dim("expert_shared_feed_forward_length");
+    c.intermediate = f.has(key("feed_forward_length")) ? dim("feed_forward_length") : c.moe_intermediate;
+    // llama.cpp renormalises the selected experts' weights for these files.
+    c.norm_topk_prob = f.get_bool_opt(key("expert_weights_norm")).value_or(true);
+    if (f.has(key("expert_weights_scale"))) {
+      const float s = gguf_float_in(f, key("expert_weights_scale"), -1, 1e6);
+      if (s != 0.f && s != 1.f) fail("{}: {} {} is not supported (only 1)", f.name(), key("expert_weights_scale"), s);
+    }
+  }
+  return c;  // validated once the vocabulary is known
 }
 
 }  // namespace megakern

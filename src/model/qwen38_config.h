@@ -46,6 +46,7 @@
 
 namespace megakern {
 
+class GGUFFile;
 class HFConfig;
 
 struct Qwen38Config {
@@ -77,6 +78,10 @@ struct Qwen38Config {
   // key head (v and z for its la_n_v_heads / la_n_k_heads value heads) and
   // in_proj_ba rows [b | a] of each key head's value heads.
   bool fused_qkvz = false;
+  // Qwen3.5's GGUF layout (qwen35, qwen35moe): llama.cpp's converter stores
+  // the value heads tiled (value head j r + g of key head g at position
+  // j n_k + g) instead of grouped by key head; the loader puts them back.
+  bool tiled_v_heads = false;
 
   // Mixture of experts in every layer instead of the SwiGLU MLP (Qwen3-Next;
   // 0 experts: dense): softmax routing to the top n_expert_used, renormalised
@@ -129,7 +134,11 @@ struct Qwen38Tensor {
 // "model.language_model.embed_tokens.weight", "model.language_model.norm.weight"
 // and keep "lm_head.weight" (plus model.visual.* and mtp.*, which Qwen3.8 ignores).
 // The full-size list has 851 tensors, as public Qwen3.5-27B loaders count.
-std::vector<Qwen38Tensor> qwen38_tensors(const Qwen38Config& c, const std::string& model_prefix = "model.");
+// With fused_experts (MoE only), each layer's experts as
+// mlp.experts.gate_up_proj [E][2 F][H] (per expert the gate rows, then the up
+// rows) and mlp.experts.down_proj [E][H][F] instead of one matrix per expert.
+std::vector<Qwen38Tensor> qwen38_tensors(const Qwen38Config& c, const std::string& model_prefix = "model.",
+                                         bool fused_experts = false);
 
 struct Qwen38ParamCount {
   int64_t embedding = 0;   // V * H
@@ -177,5 +186,15 @@ std::string describe(const Qwen38Config& c);
 // megakern::Error for another model type, a layer_types list that is not the
 // l % interval pattern, tied embeddings, or an inconsistent config.
 Qwen38Config qwen38_config_from_hf(const HFConfig& hf);
+
+// The GGUF `general.architecture` values read as Qwen3.8: qwen3next (Qwen3-Next),
+// qwen35 (Qwen3.5 dense) and qwen35moe (Qwen3.5-MoE).
+const std::vector<std::string>& qwen38_gguf_architectures();
+// Reads the hyperparameters of such a file, with the keys llama.cpp's
+// converter writes ("{arch}.ssm.*" for the DeltaNet, the expert keys for the
+// mixtures, "{arch}.attention.recurrent_layers" or full_attention_interval
+// for the layer pattern; MTP blocks counted by nextn_predict_layers are not
+// part of the model). Throws megakern::Error naming a missing or bad key.
+Qwen38Config qwen38_config_from_gguf(const GGUFFile& f);
 
 }  // namespace megakern
