@@ -16,7 +16,9 @@
 #include <malloc.h>
 #include <unistd.h>
 #if MEGAKERN_TEST_SANITIZER_ALLOCATOR
-#include <sanitizer/allocator_interface.h>
+// The sanitizers' allocator statistics (sanitizer/allocator_interface.h,
+// which clang ships and GCC does not; libasan and libtsan export it).
+extern "C" size_t __sanitizer_get_current_allocated_bytes();
 #endif
 
 #include <cstdint>
