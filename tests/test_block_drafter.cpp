@@ -460,7 +460,10 @@ TEST(SpecCli, BlockDraftersRunGenerateAndBench) {
     EXPECT_NE(r.err.find("acceptance length"), std::string::npos) << r.err;
   }
   const CliResult bad = run_cli(base + " --spec dspark:" + dir.path + "/dflash");
-  EXPECT_NE(bad.status, 0);
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_NE(bad.err.find("drafter 'dspark:" + dir.path + "/dflash': " + dir.path + "/dflash holds a dflash drafter"),
+            std::string::npos)
+      << bad.err;
   const CliResult b = run_cli("bench-spec -m dense-mini --drafters dspark,dflash -n 16 -t 2 --verify-reps 2");
   ASSERT_EQ(b.status, 0) << b.err << b.out;
   for (const char* want : {"dspark", "dflash", "accept len", "identical"})

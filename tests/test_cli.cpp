@@ -39,35 +39,170 @@ TEST(Cli, HelpForEachCommand) {
   }
 }
 
+// A refusal: the exit status and each piece of the message (stdout and
+// stderr together), which names the flag or file and the constraint.
+struct Refusal {
+  std::string args;
+  int status;  // 1: the command's own check; 105 / 106: CLI11's ValidationError / RequiredError; 2: no command
+  std::vector<std::string> want;
+};
+
+void expect_refusals(const std::vector<Refusal>& cases) {
+  for (const Refusal& c : cases) {
+    const Result r = run(c.args);
+    EXPECT_EQ(r.status, c.status) << c.args << ":\n" << r.out;
+    for (const std::string& w : c.want) EXPECT_NE(r.out.find(w), std::string::npos) << c.args << ": no '" << w << "' in:\n" << r.out;
+  }
+}
+
 TEST(Cli, BadInputGivesClearMessageAndNonZeroExit) {
-  Result r = run("");
-  EXPECT_NE(r.status, 0);
-  r = run("frobnicate");
-  EXPECT_NE(r.status, 0);
-  r = run("run -p hi --no-such-flag");
-  EXPECT_NE(r.status, 0);
-  EXPECT_NE(r.out.find("no-such-flag"), std::string::npos) << r.out;
-  r = run("run -p hi -m /nonexistent/model.gguf");
-  EXPECT_EQ(r.status, 1);
-  EXPECT_NE(r.out.find("model '/nonexistent/model.gguf' not found"), std::string::npos) << r.out;
-  r = run("run -p hi -m no-such-model-name");
-  EXPECT_EQ(r.status, 1);
-  EXPECT_NE(r.out.find("known: smollm2-135m, gemma3-270m, qwen2.5-coder-0.5b"), std::string::npos) << r.out;
-  r = run("run -p hi -n -5");
-  EXPECT_NE(r.status, 0);
-  r = run("run -p hi -n banana");
-  EXPECT_NE(r.status, 0);
-  r = run("inspect " + std::string(MEGAKERN_SOURCE_DIR) + "/CMakeLists.txt");
-  EXPECT_EQ(r.status, 1);
-  EXPECT_NE(r.out.find("error:"), std::string::npos) << r.out;
+  const std::string known = "known: smollm2-135m, gemma3-270m, qwen2.5-coder-0.5b";
+  expect_refusals({
+      {"", 106, {"A subcommand is required"}},
+      {"frobnicate", 2, {"unknown command 'frobnicate'", "commands: run, chat, inspect"}},
+      {"run -p hi --no-such-flag", 109, {"The following argument was not expected: --no-such-flag"}},
+      {"run -p hi -m /nonexistent/model.gguf", 1, {"model '/nonexistent/model.gguf' not found", known}},
+      {"run -p hi -m no-such-model-name", 1, {"model 'no-such-model-name' not found", known}},
+      {"run -p hi -n -5", 105, {"--n-predict: Value -5 not in range 1 to 1048576"}},
+      {"run -p hi -n banana", 105, {"--n-predict: Value banana not in range 1 to 1048576"}},
+      {"inspect " + std::string(MEGAKERN_SOURCE_DIR) + "/CMakeLists.txt", 1,
+       {"error: " + std::string(MEGAKERN_SOURCE_DIR) + "/CMakeLists.txt: not a model file"}},
+  });
+}
+
+// Every command's flags out of range, bad names of a mode, an executor or a
+// format, missing and unwritable files: refused with the exit status and a
+// message that names the flag or file and what it must be. Where the model
+// named does not exist, the flag is checked before the model loads.
+TEST(Cli, EveryCommandNamesTheFlagAndTheConstraintItRefuses) {
+  const TempDir tmp;
+  const std::string none = "/nonexistent/model.gguf", m = " -m " + none;
+  const std::string missing_dir = tmp.path + "/no-such-dir";
+  const std::string drafters = "(expected ngram, ngram:N, self, self:N, self:skip=A-B, model:PATH, dspark[:PATH] or dflash[:PATH])";
+  const std::string unwritable = "cannot write '" + missing_dir + "/out': the directory '" + missing_dir + "' does not exist";
+  expect_refusals({
+      // run / chat
+      {"run -m dense-mini", 106, {"--prompt is required"}},
+      {"run -p hi" + m + " --executor warp", 105, {"--executor: warp not in {mega,opbyop,reference}"}},
+      {"run -p hi" + m + " --ubatch 0", 105, {"--ubatch: Value 0 not in range 1 to 256"}},
+      {"run -p hi" + m + " --ubatch 100000", 105, {"--ubatch: Value 100000 not in range 1 to 256"}},
+      {"run -p hi" + m + " --draft 40", 105, {"--draft: Value 40 not in range 1 to 32"}},
+      {"run -p hi" + m + " --tp 0", 105, {"--tp: Value 0 not in range 1 to 1024"}},
+      {"run -p hi" + m + " --top-k 99999999999", 105, {"--top-k: Value 99999999999 not in range 0 to 16777216"}},
+      {"run -p hi" + m + " -c 99999999999", 105, {"--context: Value 99999999999 not in range 16 to 1048576"}},
+      {"run -p hi" + m + " --spec nonsense", 105, {"--spec: unknown drafter 'nonsense' " + drafters}},
+      {"run -p hi -m dense-mini --numerics medium", 1, {"--numerics: unknown mode 'medium' (exact or fast)"}},
+      {"run -p hi -m dense-mini --weights q9_9", 1, {"--weights: unknown weight format 'q9_9'"}},
+      {"run -p hi -m dense-mini --experts q9_9", 1, {"--experts: unknown weight format 'q9_9'"}},
+      {"run -p hi -m dense-mini --chat-template " + tmp.path + "/t.jinja", 1,
+       {"--chat-template '" + tmp.path + "/t.jinja' is neither a built-in format", "nor a readable template file"}},
+      {"chat" + m + " -n 0", 105, {"--n-predict: Value 0 not in range 1 to 1048576"}},
+      {"chat" + m, 1, {"model '" + none + "' not found"}},
+      // inspect
+      {"inspect " + tmp.path + "/model.gguf", 1, {"model '" + tmp.path + "/model.gguf' not found"}},
+      {"inspect --config nope", 1, {"unknown config preset 'nope' (known: dense-bench, dense-mini"}},
+      {"inspect" + m + " --max-array -1", 105, {"--max-array: Value -1 not in range 0 to 1073741824"}},
+      {"inspect --config kimi-k3 --schedule --max-rows 65", 105, {"--max-rows: Value 65 not in range 1 to 64"}},
+      // bench
+      {"bench -m dense-mini --batch 0", 1, {"--batch: 0 is outside 1..64"}},
+      {"bench -m dense-mini --batch 65", 1, {"--batch: 65 is outside 1..64"}},
+      {"bench -m dense-mini --batch ,", 1, {"--batch needs at least one batch size"}},
+      {"bench -m dense-mini --executor ,", 1, {"--executor needs at least one of opbyop, mega, reference"}},
+      {"bench -m dense-mini --numerics fast,slow", 1, {"--numerics: unknown mode 'slow' (exact or fast)"}},
+      {"bench" + m + " --steps 0", 105, {"--steps: Value 0 not in range 1 to 100000"}},
+      {"bench" + m + " --warmup -1", 105, {"--warmup: Value -1 not in range 0 to 1000"}},
+      {"bench" + m + " --rounds 0", 105, {"--rounds: Value 0 not in range 1 to 100"}},
+      {"bench" + m + " --probe-mib 1", 105, {"--probe-mib: Value 1 not in range 64 to 16384"}},
+      {"bench" + m + " --prefetch-kib -5", 105, {"--prefetch-kib: Value -5 not in range 0 to 1048576"}},
+      {"bench" + m + " --prompt -3", 105, {"--prompt: Value -3 not in range 1 to 1048576"}},
+      {"bench" + m + " --ubatch 0", 105, {"--ubatch: Value 0 not in range 1 to 512"}},
+      {"bench" + m + " --json " + missing_dir + "/out", 105, {"--json: " + unwritable}},
+      {"bench" + m + " --trace " + missing_dir + "/out", 105, {"--trace: " + unwritable}},
+      {"bench" + m + " --svg " + tmp.path, 105, {"--svg: '" + tmp.path + "' is a directory, not a file"}},
+      {"bench" + m + " --spec nonsense", 105, {"--spec: unknown drafter 'nonsense'"}},
+      {"bench" + m, 1, {"model '" + none + "' not found"}},
+      // gen-model
+      {"gen-model --config dense-mini", 106, {"--output is required"}},
+      {"gen-model -o " + tmp.path + "/gm", 106, {"--config is required"}},
+      {"gen-model --config muse-spark-mini --layout weird -o " + tmp.path + "/gm", 1,
+       {"--layout: expected 'ours' or 'reference', got 'weird'"}},
+      {"gen-model --config muse-spark-mini --experts q9_9 -o " + tmp.path + "/gm", 1, {"--experts: unknown weight format 'q9_9'"}},
+      {"gen-model --config dense-mini --layout reference -o " + tmp.path + "/gm", 1,
+       {"--layout reference: written for the Muse Spark presets only so far (got 'dense-mini')"}},
+      {"gen-model --config dense-mini -o " + std::string(MEGAKERN_SOURCE_DIR) + "/CMakeLists.txt", 1,
+       {"-o " + std::string(MEGAKERN_SOURCE_DIR) + "/CMakeLists.txt: exists and is not a directory"}},
+      // serve (refused before it listens: a server that started would not return)
+      {"serve" + m + " --port 70000", 105, {"--port: Value 70000 not in range 0 to 65535"}},
+      {"serve" + m + " --port -1", 105, {"--port: Value -1 not in range 0 to 65535"}},
+      {"serve" + m + " --batch 65", 105, {"--batch: Value 65 not in range 1 to 64"}},
+      {"serve" + m + " --queue -1", 105, {"--queue: Value -1 not in range 0 to 100000"}},
+      {"serve" + m + " --executor warp", 105, {"--executor: warp not in {mega,opbyop,reference}"}},
+      {"serve" + m + " --prefix-cache maybe", 105, {"--prefix-cache: maybe not in {on,off}"}},
+      {"serve" + m + " --http-threads 0", 105, {"--http-threads: Value 0 not in range 1 to 256"}},
+      {"serve" + m + " --max-connections 0", 105, {"--max-connections: Value 0 not in range 1 to 1000000"}},
+      {"serve" + m + " --idle-timeout 0", 105, {"--idle-timeout: Value 0 not in range 0.001"}},
+      {"serve" + m + " --drain-timeout -1", 105, {"--drain-timeout: Value -1 not in range 0 to 3600"}},
+      {"serve" + m + " -c 8", 105, {"--context: Value 8 not in range 16 to 1048576"}},
+      {"serve -m dense-mini --numerics medium", 1, {"--numerics: unknown mode 'medium' (exact or fast)"}},
+      {"serve -m dense-mini --port 0 --chat-template " + tmp.path + "/t.jinja", 1,
+       {"--chat-template '" + tmp.path + "/t.jinja' is neither a built-in format"}},
+      {"serve" + m + " --port 0", 1, {"model '" + none + "' not found"}},
+      // bench-serve
+      {"bench-serve --concurrency 0", 105, {"--concurrency: Value 0 not in range 1 to 4096"}},
+      {"bench-serve --requests 0", 105, {"--requests: Value 0 not in range 1 to 1000000"}},
+      {"bench-serve --output-len 0", 105, {"--output-len: Value 0 not in range 1 to 1048576"}},
+      {"bench-serve --turns 0", 105, {"--turns: Value 0 not in range 1 to 1000"}},
+      {"bench-serve --url notaurl --requests 1", 1, {"--url must start with http:// or https://, got 'notaurl'"}},
+      // bench-spec / gen-drafter
+      {"bench-spec" + m + " --spec nonsense", 105, {"--spec: unknown drafter 'nonsense' " + drafters}},
+      {"bench-spec" + m + " --drafters ngram,bogus:3", 105, {"--spec: unknown drafter 'bogus:3'"}},
+      {"bench-spec" + m + " --draft 0", 105, {"--draft: Value 0 not in range 1 to 32"}},
+      {"bench-spec" + m + " -n 0", 105, {"--n-predict: Value 0 not in range 1 to 65536"}},
+      {"bench-spec" + m + " --reps 0", 105, {"--reps: Value 0 not in range 1 to 100"}},
+      {"bench-spec" + m + " --verify-reps 0", 105, {"--verify-reps: Value 0 not in range 1 to 10000"}},
+      {"bench-spec" + m + " --json " + missing_dir + "/out", 105, {"--json: " + unwritable}},
+      {"bench-spec" + m, 1, {"model '" + none + "' not found"}},
+      {"gen-drafter -m dense-mini --kind other -o " + tmp.path + "/gd", 105, {"--kind: other not in {dspark,dflash}"}},
+      {"gen-drafter -m dense-mini", 106, {"--out is required"}},
+      {"gen-drafter" + m + " -o " + tmp.path + "/gd", 1, {"model '" + none + "' not found"}},
+      // perplexity
+      {"perplexity -m dense-mini", 106, {"--file is required"}},
+      {"perplexity -m dense-mini -f " + tmp.path + "/t.txt", 1, {"-f: cannot read text file '" + tmp.path + "/t.txt'"}},
+      {"perplexity -m dense-mini -f /dev/null", 1, {"-f: text file '/dev/null' is empty"}},
+      {"perplexity" + m + " -f README.md --chunks -1", 105, {"--chunks: Value -1 not in range 0 to 1048576"}},
+      {"perplexity" + m + " -f README.md --executor warp", 105, {"--executor: warp not in {mega,opbyop,reference,serial}"}},
+      {"perplexity" + m + " -f README.md --ubatch 0", 105, {"--ubatch: Value 0 not in range 1 to 4096"}},
+      {"perplexity" + m + " -f README.md --save-logits " + missing_dir + "/out", 105, {"--save-logits: " + unwritable}},
+      {"perplexity -m dense-mini -f " + std::string(MEGAKERN_SOURCE_DIR) + "/README.md --kl-base " + tmp.path + "/b.bin", 1,
+       {"--kl-base: cannot read '" + tmp.path + "/b.bin'"}},
+      // step
+      {"step" + m + " --rows 0", 105, {"--rows: Value 0 not in range 1 to 64"}},
+      {"step" + m + " --executor warp", 105, {"--executor: warp not in {serial,reference,mega,opbyop}"}},
+      {"step" + m + " -t 0", 105, {"--threads: Value 0 not in range 1 to 256"}},
+      {"step" + m + " --stop-after-op -1", 105, {"--stop-after-op: Value -1 not in range 0 to 1073741824"}},
+      {"step" + m + " --layers 0", 105, {"--layers: Value 0 not in range 1 to 1048576"}},
+      {"step" + m + " --values -1", 105, {"--values: Value -1 not in range 0 to 1048576"}},
+      {"step" + m + " --bisect 0", 105, {"--bisect: must be a finite number above 0, got '0'"}},
+      {"step" + m + " --bisect nan", 105, {"--bisect: must be a finite number above 0, got 'nan'"}},
+      {"step -m dense-mini --slot nope", 1, {"--slot: the program has no slot 'nope'"}},
+      {"step -m dense-mini --rows 64 -p ab", 1, {"--rows 64: the prompt has only 2 tokens"}},
+      // tp-check
+      {"tp-check" + m + " --tp 0", 105, {"--tp: Value 0 not in range 1 to 1024"}},
+      {"tp-check" + m + " -n 0", 105, {"--steps: Value 0 not in range 1 to 4096"}},
+      {"tp-check" + m + " -t 0", 105, {"--threads: Value 0 not in range 1 to 1024"}},
+      {"tp-check" + m + " --executor warp", 105, {"--executor: warp not in {mega,opbyop,serial,reference}"}},
+      {"tp-check" + m + " --tol -1", 105, {"--tol: must be a finite number of at least 0 and at most 1, got '-1'"}},
+      {"tp-check -m dense-mini --tp 3 --local", 1, {"--tp 3: qwen3 has 4 query heads and 2 key/value heads"}},
+      {"tp-check -m dense-mini -p '' --local --tp 2", 1, {"the prompt has no tokens"}},
+  });
 }
 
 TEST(Cli, BadSamplingParametersAreRefused) {
   Result r = run("run -p hi --temp -1");
-  EXPECT_NE(r.status, 0);
+  EXPECT_EQ(r.status, 105);
   EXPECT_NE(r.out.find("--temp: must be a finite number in [0, 1e6], got -1"), std::string::npos) << r.out;
   r = run("run -p hi --top-p 0");
-  EXPECT_NE(r.status, 0);
+  EXPECT_EQ(r.status, 105);
   EXPECT_NE(r.out.find("--top-p: must be in (0, 1], got 0"), std::string::npos) << r.out;
 }
 
@@ -107,7 +242,7 @@ TEST(Cli, NumericAndEmptyFlagsAreRefusedBeforeTheModelLoads) {
   };
   for (const auto& [args, want] : cases) {
     const Result r = run(args);
-    EXPECT_NE(r.status, 0) << args;
+    EXPECT_EQ(r.status, 105) << args << ":\n" << r.out;
     EXPECT_NE(r.out.find(want), std::string::npos) << args << ":\n" << r.out;
     EXPECT_EQ(r.out.find("not found"), std::string::npos) << args << ": the model was looked up:\n" << r.out;
   }
@@ -155,8 +290,8 @@ TEST(Cli, SpeculationIsLosslessOnEveryArchitecture) {
 }
 
 TEST(Cli, GenModelWritesALoadableCheckpoint) {
-  char tmpl[] = "/tmp/megakern-cli-XXXXXX";
-  const std::string dir = mkdtemp(tmpl);
+  const TempDir tmp;
+  const std::string& dir = tmp.path;
   Result r = run("gen-model --config qwen3.8-mini -o " + dir + "/m");
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_TRUE(std::filesystem::exists(dir + "/m/config.json"));
@@ -191,7 +326,6 @@ TEST(Cli, GenModelWritesALoadableCheckpoint) {
   r = run("run -m qwen3.8-mini -p Hi --weights q9_9");
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.out.find("unknown weight format 'q9_9'"), std::string::npos) << r.out;
-  std::filesystem::remove_all(dir);
 }
 
 TEST(Cli, Gemma3Generates) {
@@ -289,6 +423,7 @@ TEST(Cli, BenchRejectsBadLists) {
   EXPECT_NE(r.out.find("'x' is not a number"), std::string::npos) << r.out;
   r = run("bench -m dense-mini --batch 0");
   EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("--batch: 0 is outside 1..64"), std::string::npos) << r.out;
   r = run("bench -m dense-mini --executor warp");
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.out.find("unknown executor 'warp'"), std::string::npos) << r.out;

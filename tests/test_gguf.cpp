@@ -330,7 +330,7 @@ TEST(GGUF, InspectReportsTheFormatItDetected) {
   }
   const CliResult r = run_cli("inspect " + path);
   std::filesystem::remove(path);
-  EXPECT_NE(r.status, 0);
+  EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.err.find("not a model file"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("GGUF magic"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("58005546"), std::string::npos) << r.err;  // the bytes it found

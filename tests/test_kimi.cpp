@@ -587,16 +587,10 @@ TEST(KimiReferenceLayout, ShardedCheckpointIsMappedNotCopied) {
   const DecodeProgram pa = build_kimi_program(ours, 1);
   auto ea = make_reference_executor(pa);
   const auto la = decode(ours, *ea, tokens);
-  constexpr int kLoads = 8;
   std::vector<std::unique_ptr<KimiModel>> models;
-  models.push_back(KimiModel::load(dir.string()));  // first: allocator and page-table warm-up
-  const size_t before = anon_resident_bytes();
-  for (int i = 0; i < kLoads; ++i) models.push_back(KimiModel::load(dir.string()));
-  const size_t grown = anon_resident_bytes() - before;
-  const double share = static_cast<double>(grown) / static_cast<double>(kLoads * ckpt);
-  std::printf("kimi: %d loads of a %zu-byte 3-shard checkpoint: anonymous memory +%zu bytes (%.1f%% of %zu)\n", kLoads,
-              ckpt, grown, 100 * share, kLoads * ckpt);
-  EXPECT_LT(share, 0.6);
+  const LoadCost cost = measure_loads("kimi", 8, ckpt, [&] { models.push_back(KimiModel::load(dir.string())); });
+  EXPECT_LT(cost.heap_share, 0.6);
+  if (cost.anon_share >= 0) EXPECT_LT(cost.anon_share, 0.6);
   const DecodeProgram pb = build_kimi_program(*models.back(), 1);
   auto eb = make_reference_executor(pb);
   const auto lb = decode(*models.back(), *eb, tokens);

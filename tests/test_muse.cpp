@@ -1167,16 +1167,10 @@ TEST(MuseReferenceLayout, ShardedCheckpointIsMappedNotCopied) {
     return decode(x, *e, toks, k, 2);
   };
   const auto a = logits(*MuseModel::load(one));
-  constexpr int kLoads = 8;
   std::vector<std::unique_ptr<MuseModel>> models;
-  models.push_back(MuseModel::load(dir));  // first: allocator and page-table warm-up
-  const size_t before = anon_resident_bytes();
-  for (int i = 0; i < kLoads; ++i) models.push_back(MuseModel::load(dir));
-  const size_t grown = anon_resident_bytes() - before;
-  const double share = static_cast<double>(grown) / static_cast<double>(kLoads * ckpt);
-  std::printf("muse: %d loads of a %zu-byte 3-shard checkpoint: anonymous memory +%zu bytes (%.1f%% of %zu)\n", kLoads,
-              ckpt, grown, 100 * share, kLoads * ckpt);
-  EXPECT_LT(share, 0.25);
+  const LoadCost cost = measure_loads("muse", 8, ckpt, [&] { models.push_back(MuseModel::load(dir)); });
+  EXPECT_LT(cost.heap_share, 0.25);
+  if (cost.anon_share >= 0) EXPECT_LT(cost.anon_share, 0.25);
   const auto b = logits(*models.back());
   EXPECT_TRUE(same_bits(a, b));
   std::printf("muse: logits hash %016llx\n", static_cast<unsigned long long>(bits_hash(b)));

@@ -770,8 +770,8 @@ TEST(ServerCli, AbsurdStepTokensAreRefusedAtStartup) {
       {"--step-tokens 100000", "more rows than a step of dense-mini can have (512)"},
       {"--batch 8 --step-tokens 4", "must be at least 9"},
       {"-m qwen3.8-mini --batch 8 --step-tokens 12", "must be at least 16"},
-      {"--step-tokens 0", "--step-tokens"},
-      {"--step-tokens -3", "--step-tokens"},
+      {"--step-tokens 0", "--step-tokens: Value 0 not in range 1 to 1048576"},
+      {"--step-tokens -3", "--step-tokens: Value -3 not in range 1 to 1048576"},
   };
   for (const auto& [flags, want] : cases) {
     const std::string model = flags.find("-m ") == std::string::npos ? "-m dense-mini " : "";

@@ -772,10 +772,11 @@ TEST(SpecCli, RunWithSpecPrintsTheSameTextAndTheAcceptanceLength) {
     EXPECT_NE(r.err.find("acceptance length"), std::string::npos) << r.err;
   }
   const CliResult bad = run_cli(base + " --spec nonsense");
-  EXPECT_NE(bad.status, 0);
-  EXPECT_NE(bad.err.find("unknown drafter 'nonsense'"), std::string::npos) << bad.err;
+  EXPECT_EQ(bad.status, 105);
+  EXPECT_NE(bad.err.find("--spec: unknown drafter 'nonsense'"), std::string::npos) << bad.err;
   const CliResult wide = run_cli(base + " --spec ngram --draft 40");
-  EXPECT_NE(wide.status, 0);
+  EXPECT_EQ(wide.status, 105);
+  EXPECT_NE(wide.err.find("--draft: Value 40 not in range 1 to 32"), std::string::npos) << wide.err;
 }
 
 TEST(SpecCli, BenchSpecReportsSpeedupAcceptanceAndVerifyCost) {

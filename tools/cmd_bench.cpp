@@ -150,7 +150,7 @@ void write_svg(const std::string& path, const std::string& model, const std::vec
   }
   s += "</svg>\n";
   std::ofstream out(path);
-  if (!out) fail("cannot write '{}'", path);
+  if (!out) fail("--svg: cannot write '{}'", path);
   out << s;
 }
 
@@ -175,7 +175,7 @@ void write_merged_trace(const std::string& path, const std::vector<std::string>&
   }
   merged += "\n]}\n";
   std::ofstream out(path);
-  if (!out) fail("cannot write '{}'", path);
+  if (!out) fail("--trace: cannot write '{}'", path);
   out << merged;
 }
 
@@ -251,7 +251,7 @@ void bench_prompt(const BenchOptions& o, Model& M, ThreadPool& pool, const std::
     for (size_t i = 0; i < cases.size(); ++i)
       j["results"].push_back({{"case", cases[i].name}, {"ms", best[i]}, {"tokens_per_s", n * 1000.0 / best[i]}});
     std::ofstream out(o.json);
-    if (!out) fail("cannot write '{}'", o.json);
+    if (!out) fail("--json: cannot write '{}'", o.json);
     out << j.dump(2) << "\n";
   }
 }
@@ -441,7 +441,7 @@ void bench_cmd(const BenchOptions& o) {
                               {"gbs", r.gbs},
                               {"fraction_of_probe", r.gbs / probe}});
     std::ofstream out(o.json);
-    if (!out) fail("cannot write '{}'", o.json);
+    if (!out) fail("--json: cannot write '{}'", o.json);
     out << j.dump(2) << "\n";
   }
 }
@@ -472,9 +472,9 @@ void register_bench(CLI::App& app) {
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--ubatch", o->ubatch, "With --prompt: rows per executor step (default: the prompt block of megakern run)")
       ->check(CLI::Range(1, 512));
-  cmd->add_option("--json", o->json, "Also write the results to this JSON file");
-  cmd->add_option("--trace", o->trace, "Write a Chrome/Perfetto trace of one step per executor (largest batch; with --prompt, the prompt's last block)");
-  cmd->add_option("--svg", o->svg, "Write a bar chart of tokens/s per batch size");
+  check_output_file(cmd->add_option("--json", o->json, "Also write the results to this JSON file"));
+  check_output_file(cmd->add_option("--trace", o->trace, "Write a Chrome/Perfetto trace of one step per executor (largest batch; with --prompt, the prompt's last block)"));
+  check_output_file(cmd->add_option("--svg", o->svg, "Write a bar chart of tokens/s per batch size"));
   o->spec.drafters.clear();
   add_spec_bench_options(cmd, o->spec, true);
   cmd->callback([o] {

@@ -225,10 +225,10 @@ void register_run(CLI::App& app) {
   cmd->add_flag("--raw", o->raw, "Feed the prompt as plain text, without the chat template");
   cmd->add_flag("-q,--quiet", o->quiet, "Do not print statistics");
   add_tp_flag(cmd, o->tp);
-  cmd->add_option("--spec", o->gen.drafter,
-                  "Speculative decoding with this drafter: ngram, ngram:N, self, self:skip=A-B, self:N (layers kept), model:PATH, "
-                  "dspark[:PATH] or dflash[:PATH] (block drafters on target taps; without PATH random MINI weights, "
-                  "so acceptance is near zero)");
+  check_drafters(cmd->add_option("--spec", o->gen.drafter,
+                                 "Speculative decoding with this drafter: ngram, ngram:N, self, self:skip=A-B, self:N (layers kept), model:PATH, "
+                                 "dspark[:PATH] or dflash[:PATH] (block drafters on target taps; without PATH random MINI weights, "
+                                 "so acceptance is near zero)"));
   cmd->add_option("--draft", o->gen.draft, "Speculative decoding: most draft tokens per verify step")
       ->capture_default_str()
       ->check(CLI::Range(1, 32));

@@ -203,7 +203,9 @@ void register_inspect(CLI::App& app) {
                 "schedule build for batch 1, 2, 4, ... up to --max-rows");
   cmd->add_flag("--no-tensors", o->no_tensors, "Omit the tensor table");
   cmd->add_flag("--no-metadata", o->no_metadata, "Omit the metadata");
-  cmd->add_option("--max-array", o->max_array, "Array elements shown per metadata value")->capture_default_str();
+  cmd->add_option("--max-array", o->max_array, "Array elements shown per metadata value")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 30));
   cmd->callback([o] { run_guarded([&] { inspect_cmd(*o); }); });
 }
 

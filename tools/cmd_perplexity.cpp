@@ -315,9 +315,9 @@ void register_perplexity(CLI::App& app) {
   cmd->add_option("--chunks", o->chunks, "Number of chunks to score (0: every whole chunk of the text)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 20));
-  cmd->add_option("--save-logits", o->save_logits,
-                  "Write the f32 log-probabilities of every scored position to this file (format in "
-                  "tools/cmd_perplexity.cpp and the README)");
+  check_output_file(cmd->add_option("--save-logits", o->save_logits,
+                                    "Write the f32 log-probabilities of every scored position to this file (format in "
+                                    "tools/cmd_perplexity.cpp and the README)"));
   cmd->add_option("--kl-base", o->kl_base,
                   "Compare with a file written by --save-logits (same text, -c and --chunks): KL divergence "
                   "(base || this), same top-1, PPL ratio");
@@ -326,7 +326,8 @@ void register_perplexity(CLI::App& app) {
       ->check(CLI::Range(0, 1024));
   cmd->add_option("--executor", o->executor,
                   "Executor of the steps (mega, opbyop, reference)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::IsMember({"mega", "opbyop", "reference", "serial"}));
   cmd->add_option("--ubatch", o->ubatch,
                   "Positions per executor step (0: the model's prompt block, 32 with recurrent state, else 128; "
                   "at most the model's program rows)")

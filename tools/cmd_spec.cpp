@@ -150,9 +150,9 @@ double time_verify(Engine& eng, SequenceState& seq, int rows, int pos, int reps)
 
 void add_spec_bench_options(CLI::App* cmd, SpecBenchOptions& o, bool with_spec_flag) {
   if (with_spec_flag)
-    cmd->add_option("--spec", o.drafters,
-                    "Benchmark speculative decoding instead, with these comma-separated drafters (ngram, ngram:N, "
-                    "self, self:skip=A-B, self:N, model:PATH)");
+    check_drafters(cmd->add_option("--spec", o.drafters,
+                                   "Benchmark speculative decoding instead, with these comma-separated drafters (ngram, ngram:N, "
+                                   "self, self:skip=A-B, self:N, model:PATH)"));
   cmd->add_option("--draft", o.draft, "Speculative: most draft tokens per verify step")
       ->capture_default_str()
       ->check(CLI::Range(1, SpecOptions::kMaxDraft));
@@ -374,7 +374,7 @@ void spec_bench_cmd(const SpecBenchOptions& o) {
   }
   if (!o.json.empty()) {
     std::ofstream f(o.json);
-    if (!f) fail("cannot write {}", o.json);
+    if (!f) fail("--json: cannot write '{}'", o.json);
     f << j.dump(2) << "\n";
   }
 }
@@ -385,15 +385,15 @@ void register_bench_spec(CLI::App& app) {
       "bench-spec", "Speculative decoding benchmark: plain vs speculative tokens/s, acceptance length, verify cost");
   check_non_empty(cmd->add_option("-m,--model", o->model, "Target model (a fetched model, preset or path)")->capture_default_str());
   add_numerics_flag(cmd, o->numerics);
-  cmd->add_option("--spec,--drafters", o->drafters,
-                  "Comma-separated drafters: ngram, ngram:N, self, self:skip=A-B, self:N, model:PATH, dspark[:PATH], "
-                  "dflash[:PATH] (dspark/dflash without a path use random MINI weights: acceptance near zero)")
+  check_drafters(cmd->add_option("--spec,--drafters", o->drafters,
+                                 "Comma-separated drafters: ngram, ngram:N, self, self:skip=A-B, self:N, model:PATH, dspark[:PATH], "
+                                 "dflash[:PATH] (dspark/dflash without a path use random MINI weights: acceptance near zero)"))
       ->capture_default_str();
   add_spec_bench_options(cmd, *o, false);
   cmd->add_option("-t,--threads", o->threads, "Worker threads (0: one per core)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1024));
-  cmd->add_option("--json", o->json, "Also write the results to this JSON file");
+  check_output_file(cmd->add_option("--json", o->json, "Also write the results to this JSON file"));
   cmd->callback([o] { run_guarded([&] { spec_bench_cmd(*o); }); });
 }
 

@@ -2,6 +2,8 @@
 // wrong result: stop after any op and print the slot it wrote, run the
 // program cut to its first layers, compare with the scalar reference.
 #include <CLI/CLI.hpp>
+
+#include <limits>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -188,15 +190,17 @@ void register_step(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::Range(1, 256));
   cmd->add_option("--stop-after-op", o->stop_after_op,
-                  "Stop the examined step after op N (see inspect --program) and print the slot it wrote");
-  cmd->add_option("--layers", o->layers, "Run the program cut after its first N layers (global ops kept)");
+                  "Stop the examined step after op N (see inspect --program) and print the slot it wrote")
+      ->check(CLI::Range(0, 1 << 30));
+  cmd->add_option("--layers", o->layers, "Run the program cut after its first N layers (global ops kept)")
+      ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--slot", o->slot, "Print this slot instead (by name; with --stop-after-op, of that op's layer)");
-  cmd->add_option("--values", o->values, "Values printed per row")->capture_default_str();
+  cmd->add_option("--values", o->values, "Values printed per row")->capture_default_str()->check(CLI::Range(0, 1 << 20));
   cmd->add_flag("--compare", o->compare, "Also run the scalar reference and print the difference per row");
-  cmd->add_option("--bisect", o->bisect,
+  check_finite(cmd->add_option("--bisect", o->bisect,
                   "Run the step to each op in turn and report the first whose output differs from the scalar "
-                  "reference's by more than this share of its largest value (e.g. 1e-3)")
-      ->check(CLI::PositiveNumber);
+                  "reference's by more than this share of its largest value (e.g. 1e-3)"),
+               0, false, std::numeric_limits<double>::infinity());
   cmd->callback([o] { run_guarded([&] { step_cmd(*o); }); });
 }
 

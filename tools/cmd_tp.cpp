@@ -162,8 +162,9 @@ void register_tp_check(CLI::App& app) {
   cmd->add_option("--executor", o->executor, "mega, opbyop, serial or reference")
       ->capture_default_str()
       ->check(CLI::IsMember({"mega", "opbyop", "serial", "reference"}));
-  cmd->add_option("--tol", o->tol, "Largest |logit difference| to one process, over the largest |logit|")
-      ->capture_default_str();
+  check_finite(cmd->add_option("--tol", o->tol, "Largest |logit difference| to one process, over the largest |logit|")
+                   ->capture_default_str(),
+               0, true, 1);
   cmd->add_flag("--local", o->local, "Only the in-process ranks (no MPI)");
   cmd->callback([o] { run_guarded([o] { tp_check(*o); }); });
 }

@@ -7,8 +7,12 @@
 #include "core/error.h"
 #include "dist/mpi_comm.h"
 #include "dist/tensor_parallel.h"
+#include "spec/drafter.h"
 
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <exception>
 #include <sstream>
 #include <string_view>
@@ -93,6 +97,48 @@ CLI::Option* check_non_empty(CLI::Option* opt) {
         return "";
       },
       "NONEMPTY");
+}
+
+CLI::Option* check_output_file(CLI::Option* opt) {
+  return opt->check(
+      [](const std::string& v) -> std::string {
+        namespace fs = std::filesystem;
+        if (v.find_first_not_of(" \t\r\n") == std::string::npos) return "the file name is empty";
+        std::error_code ec;
+        if (fs::is_directory(v, ec)) return fmt::format("'{}' is a directory, not a file", v);
+        const fs::path dir = fs::path(v).parent_path();
+        if (!dir.empty() && !fs::is_directory(dir, ec))
+          return fmt::format("cannot write '{}': the directory '{}' does not exist", v, dir.string());
+        return "";
+      },
+      "FILE");
+}
+
+CLI::Option* check_finite(CLI::Option* opt, double lo, bool lo_included, double hi) {
+  return opt->check(
+      [=](const std::string& v) -> std::string {
+        char* end = nullptr;
+        const double x = std::strtod(v.c_str(), &end);
+        const bool ok = !v.empty() && end && *end == '\0' && std::isfinite(x) && (lo_included ? x >= lo : x > lo) &&
+                        x <= hi;
+        if (ok) return "";
+        const std::string upper = std::isinf(hi) ? "" : fmt::format(" and at most {:g}", hi);
+        return fmt::format("must be a finite number {} {:g}{}, got '{}'", lo_included ? "of at least" : "above", lo,
+                           upper, v);
+      },
+      "NUMBER");
+}
+
+CLI::Option* check_drafters(CLI::Option* opt) {
+  return opt->check(
+      [](const std::string& v) -> std::string {
+        const std::vector<std::string> specs = split_list(v);
+        if (specs.empty()) return fmt::format("no drafter named (expected {})", kDrafterForms);
+        for (const std::string& s : specs)
+          if (!known_drafter_kind(s)) return fmt::format("unknown drafter '{}' (expected {})", s, kDrafterForms);
+        return "";
+      },
+      "DRAFTERS");
 }
 
 void add_tp_flag(CLI::App* cmd, int& tp) {

@@ -58,6 +58,14 @@ Numerics parse_numerics(const std::string& value);
 CLI::Option* check_seed(CLI::Option* opt);
 // A name or address that must not be empty (or only spaces).
 CLI::Option* check_non_empty(CLI::Option* opt);
+// A file the command writes: its directory must exist and the path must not
+// be a directory (checked before any work, so that a long run does not fail
+// at its end).
+CLI::Option* check_output_file(CLI::Option* opt);
+// A finite number from lo (included or not) to hi (infinity: no upper bound).
+CLI::Option* check_finite(CLI::Option* opt, double lo, bool lo_included, double hi);
+// A comma-separated list of drafters whose kinds make_drafter knows.
+CLI::Option* check_drafters(CLI::Option* opt);
 
 // --tp N: tensor parallelism over the N processes of `mpirun -np N`
 // (dist/tensor_parallel.h). apply_tensor_parallel makes every program of the

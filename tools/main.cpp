@@ -32,6 +32,20 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "error: {}\n", e.what());
     return 2;
   }
+  // A first word that is neither a flag nor a command: CLI11 would only say
+  // that a subcommand is required.
+  if (argc > 1 && argv[1][0] != '-') {
+    std::string known;
+    bool found = false;
+    for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+      found = found || sub->get_name() == argv[1];
+      known += (known.empty() ? "" : ", ") + sub->get_name();
+    }
+    if (!found) {
+      fmt::print(stderr, "error: unknown command '{}' (commands: {}; see megakern --help)\n", argv[1], known);
+      return 2;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -327,8 +327,14 @@ std::unique_ptr<Drafter> make_drafter(const std::string& spec, const Model& targ
     }
     return std::make_unique<BlockDrafter>(target, std::move(w), pool, n_ctx);
   }
-  fail("unknown drafter '{}' (expected ngram, ngram:N, self, self:N, model:PATH, dspark[:PATH] or dflash[:PATH])",
-       spec);
+  fail("unknown drafter '{}' (expected {})", spec, kDrafterForms);
+}
+
+const char* const kDrafterForms = "ngram, ngram:N, self, self:N, self:skip=A-B, model:PATH, dspark[:PATH] or dflash[:PATH]";
+
+bool known_drafter_kind(const std::string& spec) {
+  const std::string kind = spec.substr(0, spec.find(':'));
+  return kind == "ngram" || kind == "self" || kind == "model" || kind == "dspark" || kind == "dflash";
 }
 
 }  // namespace megakern

@@ -211,6 +211,11 @@ class ModelDrafter final : public Drafter {
 //   near zero), "dspark:PATH", "dflash:PATH" (weights from a directory or
 //   .safetensors file as `megakern gen-drafter` writes them); see
 //   spec/block_drafter.h.
+// Whether spec names a drafter kind make_drafter knows (the part before
+// ':'; its argument is checked when the drafter is made), and the forms it
+// takes, for messages.
+bool known_drafter_kind(const std::string& spec);
+extern const char* const kDrafterForms;
 std::unique_ptr<Drafter> make_drafter(const std::string& spec, const Model& target, ThreadPool& pool, int n_ctx,
                                       const SamplingParams& sampling, std::unique_ptr<Model>& owned_model,
                                       const std::string& executor = "mega");
