@@ -171,7 +171,7 @@ TEST(Cli, EveryCommandNamesTheFlagAndTheConstraintItRefuses) {
       {"perplexity -m dense-mini -f /dev/null", 1, {"-f: text file '/dev/null' is empty"}},
       {"perplexity" + m + " -f README.md --chunks -1", 105, {"--chunks: Value -1 not in range 0 to 1048576"}},
       {"perplexity" + m + " -f README.md --executor warp", 105, {"--executor: warp not in {mega,opbyop,reference,serial}"}},
-      {"perplexity" + m + " -f README.md --ubatch 0", 105, {"--ubatch: Value 0 not in range 1 to 4096"}},
+      {"perplexity" + m + " -f README.md --ubatch -1", 105, {"--ubatch: Value -1 not in range 0 to 4096"}},
       {"perplexity" + m + " -f README.md --save-logits " + missing_dir + "/out", 105, {"--save-logits: " + unwritable}},
       {"perplexity -m dense-mini -f " + std::string(MEGAKERN_SOURCE_DIR) + "/README.md --kl-base " + tmp.path + "/b.bin", 1,
        {"--kl-base: cannot read '" + tmp.path + "/b.bin'"}},
