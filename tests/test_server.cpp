@@ -637,11 +637,27 @@ void expect_long_prompt_mid_stream(const std::string& model_name, int step_token
     r.ignore_eos = true;
     return r;
   };
-  const int n_short = 120, n_long = 12;
+  // The long prompt's answer is compared by its tokens' log-probabilities
+  // too, bit for bit: a random mini model's greedy text may not change when
+  // part of a long prompt is lost, its log-probabilities do.
+  auto long_req = [&] {
+    server::GenRequest r = req(long_prompt, 12);
+    r.logprobs = 0;
+    return r;
+  };
+  auto logprobs_of = [](const server::Job::Update& u) {
+    std::vector<double> v;
+    for (const auto& e : u.logprobs) v.push_back(e.logprob);
+    return v;
+  };
+  const int n_short = 120;
   std::vector<std::string> alone;
   for (const auto& p : prompts) alone.push_back(solo.submit(req(p, n_short))->wait_all().text);
-  const std::string long_alone = solo.submit(req(long_prompt, n_long))->wait_all().text;
+  const auto long_alone_u = solo.submit(long_req())->wait_all();
+  const std::string long_alone = long_alone_u.text;
+  const std::vector<double> long_alone_lp = logprobs_of(long_alone_u);
   ASSERT_FALSE(long_alone.empty());
+  ASSERT_EQ(long_alone_lp.size(), 12u);
   EXPECT_EQ(solo.stats().headless_rows, 0u);
   const auto before = sched.stats();
 
@@ -654,9 +670,11 @@ void expect_long_prompt_mid_stream(const std::string& model_name, int step_token
     ASSERT_FALSE(u.finished);
     first_text += u.text;
   }
-  auto long_job = sched.submit(req(long_prompt, n_long));
+  auto long_job = sched.submit(long_req());
   ASSERT_NE(long_job, nullptr);
-  EXPECT_EQ(long_job->wait_all().text, long_alone) << model_name;
+  const auto long_u = long_job->wait_all();
+  EXPECT_EQ(long_u.text, long_alone) << model_name;
+  EXPECT_EQ(logprobs_of(long_u), long_alone_lp) << model_name;
   for (size_t i = 0; i < jobs.size(); ++i) {
     const auto u = jobs[i]->wait_all();
     EXPECT_EQ((i == 0 ? first_text : std::string()) + u.text, alone[i]) << model_name << ": prompt " << i;
@@ -673,7 +691,9 @@ void expect_long_prompt_mid_stream(const std::string& model_name, int step_token
   // head-less rows none below kHeadlessMinRows rows a step; else every chunk
   // before the last (and, dense, the last one but its final row).
   const uint64_t headless0 = sched.stats().headless_rows;
-  EXPECT_EQ(sched.submit(req(long_prompt, n_long))->wait_all().text, long_alone) << model_name;
+  const auto again = sched.submit(long_req())->wait_all();
+  EXPECT_EQ(again.text, long_alone) << model_name;
+  EXPECT_EQ(logprobs_of(again), long_alone_lp) << model_name;
   const uint64_t headless = sched.stats().headless_rows - headless0;
   if ((m->recurrent() ? max_rows : step_tokens) < server::kHeadlessMinRows) {
     EXPECT_EQ(headless, 0u) << model_name;
