@@ -78,25 +78,33 @@ TEST(Repack, PackedBytesEqualOriginalBytes) {
   EXPECT_TRUE(r16_supports(DType::Q4_K, Numerics::Fast));
   EXPECT_FALSE(r16_supports(DType::Q4_K, Numerics::Exact));
   EXPECT_TRUE(r16_supports(DType::Q8_0, Numerics::Exact));
-  EXPECT_FALSE(r16_supports(DType::Q6_K));
+  // Q6_K: its nibbles, high bits, scales and d as many bytes as the original.
+  const Weights k6 = make_weights(DType::Q6_K, 48, 512, 3, 0);
+  EXPECT_EQ(r16_packed_bytes(k6.view), 48 * row_bytes(DType::Q6_K, 512));
+  EXPECT_TRUE(r16_supports(DType::Q6_K, Numerics::Fast));
+  EXPECT_FALSE(r16_supports(DType::Q6_K, Numerics::Exact));
+  EXPECT_FALSE(r16_supports(DType::Q5_K));
   EXPECT_FALSE(r16_supports(DType::F32));
 }
 
-// Q4_K's packed fast kernel against the fast oracle: one to nine inputs and
-// 128, one to three super-blocks, row ranges inside groups.
-TEST(Repack, Q4KFastKernelMatchesOracleBitForBit) {
+// The K-quants' packed fast kernels (Q4_K, Q6_K) against the fast oracle:
+// one to nine inputs and 128, one to three super-blocks, row ranges inside
+// groups.
+TEST(Repack, KQuantFastKernelsMatchOracleBitForBit) {
   if (!host_has_r16()) return;
   int cases = 0;
-  for (int64_t cols : {256, 512, 768})
+  for (DType t : {DType::Q4_K, DType::Q6_K})
+    for (int64_t cols : {256, 512, 768})
     for (int64_t n_x : {1, 2, 3, 4, 5, 8, 9, 128}) {
       const int64_t rows = 48;
-      const Weights w = make_weights(DType::Q4_K, rows, cols, (uint32_t)(cols + n_x), 1);
+      const Weights w = make_weights(t, rows, cols, (uint32_t)(cols + n_x), 1);
       const Packed p = packed(w.view);
       const std::vector<float> x = inputs(n_x, cols, (uint32_t)(3 * cols + n_x));
       Q8Acts qa;
       quantize_q8_acts(x.data(), n_x, cols, 256, qa);
       for (auto [rb, re] : {std::pair<int64_t, int64_t>{0, 48}, {3, 29}, {16, 32}, {17, 18}}) {
-        SCOPED_TRACE(::testing::Message() << "cols " << cols << " n_x " << n_x << " rows [" << rb << ", " << re << ")");
+        SCOPED_TRACE(::testing::Message() << dtype_traits(t).name << " cols " << cols << " n_x " << n_x << " rows ["
+                                          << rb << ", " << re << ")");
         std::vector<float> y((size_t)(n_x * rows), -1.f), ref = y;
         matmul_rows_fast_r16_evex(p.view, qa, y.data(), rows, rb, re);
         matmul_rows_fast_ref(w.view, qa, ref.data(), rows, rb, re);
@@ -104,28 +112,31 @@ TEST(Repack, Q4KFastKernelMatchesOracleBitForBit) {
         ++cases;
       }
     }
-  std::printf("[kernels] packed r16 Q4_K fast kernel: %d cases against the scalar oracle\n", cases);
+  std::printf("[kernels] packed r16 Q4_K / Q6_K fast kernels: %d cases against the scalar oracle\n", cases);
 }
 
-// Random bytes as Q4_K weights (every code, scale and min; d and dmin inf,
-// NaN or subnormal); inputs with an inf.
-TEST(Repack, Q4KRandomBitPatternsMatchOracle) {
+// Random bytes as Q4_K / Q6_K weights (every code, scale and min; d and
+// dmin inf, NaN or subnormal); inputs with an inf.
+TEST(Repack, KQuantRandomBitPatternsMatchOracle) {
   if (!host_has_r16()) return;
-  std::mt19937 rng(12);
-  const int64_t rows = 32, cols = 512;
-  const size_t rb = row_bytes(DType::Q4_K, cols);
-  std::vector<uint8_t> raw(rb * rows);
-  for (uint8_t& b : raw) b = (uint8_t)rng();
-  const MatView W{DType::Q4_K, cols, rows, raw.data(), rb};
-  const Packed p = packed(W);
-  std::vector<float> x = inputs(3, cols, 6);
-  x[300] = INFINITY;
-  Q8Acts qa;
-  quantize_q8_acts(x.data(), 3, cols, 256, qa);
-  std::vector<float> y((size_t)(3 * rows)), ref = y;
-  matmul_rows_fast_r16_evex(p.view, qa, y.data(), rows, 0, rows);
-  matmul_rows_fast_ref(W, qa, ref.data(), rows, 0, rows);
-  EXPECT_TRUE(same_bits(y, ref));
+  for (DType t : {DType::Q4_K, DType::Q6_K}) {
+    SCOPED_TRACE(dtype_traits(t).name);
+    std::mt19937 rng(12);
+    const int64_t rows = 32, cols = 512;
+    const size_t rb = row_bytes(t, cols);
+    std::vector<uint8_t> raw(rb * rows);
+    for (uint8_t& b : raw) b = (uint8_t)rng();
+    const MatView W{t, cols, rows, raw.data(), rb};
+    const Packed p = packed(W);
+    std::vector<float> x = inputs(3, cols, 6);
+    x[300] = INFINITY;
+    Q8Acts qa;
+    quantize_q8_acts(x.data(), 3, cols, 256, qa);
+    std::vector<float> y((size_t)(3 * rows)), ref = y;
+    matmul_rows_fast_r16_evex(p.view, qa, y.data(), rows, 0, rows);
+    matmul_rows_fast_ref(W, qa, ref.data(), rows, 0, rows);
+    EXPECT_TRUE(same_bits(y, ref));
+  }
 }
 
 // Row ranges that start and end inside groups, odd and even block counts
@@ -210,19 +221,21 @@ TEST(Repack, MatmulRowsWithPackedCopyMatchesOriginal) {
       matmul_rows(w.view, x.data(), n_x, ref.data(), rows, 5, rows, nm);
       EXPECT_TRUE(same_bits(y, ref)) << dtype_traits(t).name << ' ' << numerics_name(nm);
     }
-  // Q4_K: packed groups in the fast mode; the exact mode, which has no
-  // packed kernel for it, reads the original rows. 40 rows: 8 tail rows.
+  // Q4_K, Q6_K: packed groups in the fast mode; the exact mode, which has
+  // no packed kernel for them, reads the original rows. 40 rows: 8 tail rows.
+  for (DType t : {DType::Q4_K, DType::Q6_K})
   for (Numerics nm : {Numerics::Exact, Numerics::Fast})
     for (int64_t rows : {40, 77})
       for (int64_t n_x : {1, 2, 8}) {
         const int64_t cols = 512;
-        const Weights w = make_weights(DType::Q4_K, rows, cols, 22, 0);
+        const Weights w = make_weights(t, rows, cols, 22, 0);
         const Packed p = packed(w.view);
         const std::vector<float> x = inputs(n_x, cols, 9);
         std::vector<float> y((size_t)(n_x * rows)), ref = y;
         matmul_rows(p.view, x.data(), n_x, y.data(), rows, 5, rows, nm);
         matmul_rows(w.view, x.data(), n_x, ref.data(), rows, 5, rows, nm);
-        EXPECT_TRUE(same_bits(y, ref)) << "q4_k " << numerics_name(nm) << " rows " << rows << " n_x " << n_x;
+        EXPECT_TRUE(same_bits(y, ref)) << dtype_traits(t).name << ' ' << numerics_name(nm) << " rows " << rows
+                                       << " n_x " << n_x;
       }
 }
 
@@ -343,25 +356,25 @@ TEST(Repack, EngineOnRepackedWeightsGivesTheOriginalBits) {
     }
 }
 
-// The fast mode's packed Q4_K kernel through the engine: dense-mini with
-// every matrix converted to Q4_K, and the fetched Gemma 3 file (Q4_K_M:
-// Q4_K beside Q5_0 / Q6_K / Q8_0), batch 1 and 3 rows per step; the
-// repacked weights give the original layout's bits.
-TEST(Repack, EngineOnRepackedQ4KGivesTheOriginalBits) {
+// The fast mode's packed K-quant kernels through the engine: dense-mini with
+// every matrix converted to Q4_K and to Q6_K, and the fetched Gemma 3 file
+// (Q4_K_M: Q4_K beside Q5_0 / Q6_K / Q8_0), batch 1 and 3 rows per step;
+// the repacked weights give the original layout's bits.
+TEST(Repack, EngineOnRepackedKQuantsGivesTheOriginalBits) {
   if (!host_has_r16()) return;
   if (!repack_enabled()) {
-    std::printf("[kernels] engine on repacked Q4_K: not run, MEGAKERN_ISA or MEGAKERN_REPACK turns repacking off\n");
+    std::printf("[kernels] engine on repacked K-quants: not run, MEGAKERN_ISA or MEGAKERN_REPACK turns repacking off\n");
     return;
   }
   ThreadPool pool(2);
-  std::vector<std::string> names = {"dense-mini"};
-  if (!test_model_path("gemma3-270m").empty()) names.push_back(test_model_path("gemma3-270m"));
-  else std::printf("[kernels] engine on repacked Q4_K: gemma3-270m not fetched, dense-mini only\n");
-  for (const std::string& name : names)
+  std::vector<std::pair<std::string, DType>> names = {{"dense-mini", DType::Q4_K}, {"dense-mini", DType::Q6_K}};
+  if (!test_model_path("gemma3-270m").empty()) names.push_back({test_model_path("gemma3-270m"), DType::F32});
+  else std::printf("[kernels] engine on repacked K-quants: gemma3-270m not fetched, dense-mini only\n");
+  for (const auto& [name, weights] : names)
     for (int rows : {1, 3}) {
-      SCOPED_TRACE(::testing::Message() << name << " rows " << rows);
+      SCOPED_TRACE(::testing::Message() << name << ' ' << dtype_traits(weights).name << " rows " << rows);
       ModelOptions o;
-      if (name == "dense-mini") o.weights = DType::Q4_K;
+      if (name == "dense-mini") o.weights = weights;
       o.numerics = Numerics::Fast;
       auto m = load_model(name, o);
       std::vector<float> logits[2];

@@ -27,7 +27,7 @@ constexpr FormatKernels kTable[] = {
     {DType::Q3_K,      true,    32,   4,  3,       true, 0},
     {DType::Q4_K,      true,    256,  2,  2,       true, kR16Fast},
     {DType::Q5_K,      true,    256,  4,  2,       true, 0},
-    {DType::Q6_K,      true,    256,  4,  4,       true, 0},
+    {DType::Q6_K,      true,    256,  4,  4,       true, kR16Fast},
     {DType::IQ4_NL,    true,    32,   4,  3,       true, 0},
     {DType::IQ4_XS,    true,    256,  4,  4,       true, 0},
     {DType::MXFP4,     true,    32,   3,  3,       false, 0},

@@ -15,6 +15,7 @@
 //    the inputs' sums split as 256 * hi + lo (hi signed, lo unsigned bytes,
 //    vpdpbusd against the mins as bytes); acc = fma((float)isum, d * dx,
 //    acc), then fma((float)msum, (-dmin) * dx, acc); one accumulator.
+//  * fast, Q6_K: the same with 16-element groups and no mins (q6k_block).
 //  * exact (qmatmul.h): lane L's sum over the lane's four columns, with
 //    int16 inputs split as q = 256 * hi + lo (hi signed, lo unsigned bytes):
 //    sum(w * q) = 256 * sum(w * hi) + sum(w * lo), both exact; the lanes'
@@ -286,6 +287,20 @@ void q4k_inputs(const Q8Acts& A, Q4KInputs& I) {
   I.made = A.id;
 }
 
+// A sub-block's sixteen rows' codes c[8] (lanes of four columns) against
+// one input's 32 values q: the first 16 columns' sums added to s0, the
+// last 16's to s1.
+inline void half_dots(const __m512i c[8], const int8_t* q, __m512i& s0, __m512i& s1) {
+  for_lanes([&](auto L) {
+    int32_t v;
+    std::memcpy(&v, q + 4 * L, 4);
+    if constexpr (L < 4)
+      s0 = _mm512_dpbusd_epi32(s0, c[L], _mm512_set1_epi32(v));
+    else
+      s1 = _mm512_dpbusd_epi32(s1, c[L], _mm512_set1_epi32(v));
+  });
+}
+
 template <int NT>
 inline void q4k_block(const uint8_t* codes, const uint8_t* scales, const uint8_t* mins, const Q8Acts& A,
                       const Q4KInputs& I, int64_t t0, int64_t k, __m512 acc[NT]) {
@@ -299,14 +314,7 @@ inline void q4k_block(const uint8_t* codes, const uint8_t* scales, const uint8_t
     for (int t = 0; t < NT; ++t) {
       const int8_t* q = A.q_row(t0 + t) + 256 * k + 32 * j;
       __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
-      for_lanes([&](auto L) {
-        int32_t v;
-        std::memcpy(&v, q + 4 * L, 4);
-        if constexpr (L < 4)
-          s0 = _mm512_dpbusd_epi32(s0, c[L], _mm512_set1_epi32(v));
-        else
-          s1 = _mm512_dpbusd_epi32(s1, c[L], _mm512_set1_epi32(v));
-      });
+      half_dots(c, q, s0, s1);
       isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(_mm512_add_epi32(s0, s1), sc));
     }
   }
@@ -326,15 +334,14 @@ inline void q4k_block(const uint8_t* codes, const uint8_t* scales, const uint8_t
   }
 }
 
-void q4k_rows(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t rb, int64_t re) {
-  thread_local Q4KInputs I;
-  q4k_inputs(A, I);
+// The K-quants' packed rows: per group, super-block by super-block, one
+// accumulator per input; block(G, k, t0, acc, nt) adds super-block k of
+// inputs t0 .. t0 + nt - 1 (nt an integral_constant).
+template <class Block>
+void k_rows(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t rb, int64_t re, Block&& block) {
   const int64_t g_end = (re + kR16Rows - 1) / kR16Rows;
-  const size_t cb = r16_code_bytes(W.type), sb = r16_scale_bytes(W.type), mb = r16_min_bytes(W.type);
   for (int64_t g = rb / kR16Rows; g * kR16Rows < re; ++g) {
-    const uint8_t* codes = W.packed + (size_t)g * r16_group_bytes(W.type, W.cols);
-    const uint8_t* scales = codes + (size_t)A.nb * cb;
-    const uint8_t* mins = scales + (size_t)A.nb * sb;
+    const Group G = group_at(W, g, A.nb);
     const __mmask16 m = row_mask(g * kR16Rows, rb, re);
     int64_t t = 0;
     auto run = [&](auto nt) {
@@ -344,7 +351,7 @@ void q4k_rows(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t 
       Ahead ahead(W, g, t == 0 ? g_end : 0, A.nb);  // the first pass over the group prefetches
       for (int64_t k = 0; k < A.nb; ++k) {
         ahead.upto(k);
-        q4k_block<NT>(codes + (size_t)k * cb, scales + (size_t)k * sb, mins + (size_t)k * mb, A, I, t, k, acc);
+        block(G, k, t, acc, nt);
       }
       for (int u = 0; u < NT; ++u) _mm512_mask_storeu_ps(Y + (t + u) * ldy + g * kR16Rows, m, acc[u]);
       t += NT;
@@ -354,6 +361,67 @@ void q4k_rows(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t 
     if (A.n_x - t == 2) run(std::integral_constant<int, 2>{});
     if (A.n_x - t == 1) run(std::integral_constant<int, 1>{});
   }
+}
+
+void q4k_rows(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t rb, int64_t re) {
+  thread_local Q4KInputs I;
+  q4k_inputs(A, I);
+  const size_t sb = r16_scale_bytes(W.type), mb = r16_min_bytes(W.type);
+  k_rows(W, A, Y, ldy, rb, re, [&](const Group& G, int64_t k, int64_t t0, __m512* acc, auto nt) {
+    q4k_block<decltype(nt)::value>(G.c(k), G.scales + (size_t)k * sb, G.mins + (size_t)k * mb, A, I, t0, k, acc);
+  });
+}
+
+// ---- fast mode, Q6_K --------------------------------------------------------
+
+// Super-block k: per sub-block j the sixteen rows' codes c = w + 32 (the
+// nibble lanes of Q4_K with the two high bits of lane L at bits 2 (L % 4)
+// of vector L / 4 of the sub-block's bits), the 16-element groups 2j (lanes
+// 0-3) and 2j + 1 (lanes 4-7) summed apart from -32 times the inputs' sums
+// over the group (Q8Acts::s16): S_g = sum of w * q, exactly; isum = sum_g
+// sc_g * S_g (vpmulld by the signed scales widened); acc = fma((float)isum,
+// d * dx, acc).
+template <int NT>
+inline void q6k_block(const Group& G, const Q8Acts& A, int64_t t0, int64_t k, __m512 acc[NT]) {
+  const uint8_t* codes = G.c(k);
+  const uint8_t* bits = G.h(k);
+  const uint8_t* scales = G.scales + (size_t)k * r16_scale_bytes(DType::Q6_K);
+  __m512i isum[NT];
+  for (int t = 0; t < NT; ++t) isum[t] = _mm512_setzero_si512();
+  const __m512i m30 = _mm512_set1_epi8(0x30);
+  for (int j = 0; j < 8; ++j) {
+    const __m512i hb0 = _mm512_loadu_si512(bits + 128 * j), hb1 = _mm512_loadu_si512(bits + 128 * j + 64);
+    __m512i c[8];
+    for_lanes([&](auto L) {
+      const __m512i hb = L < 4 ? hb0 : hb1;
+      constexpr int b = 2 * (L % 4);  // the lane's high bits, to bits 4-5 of each byte
+      const __m512i s = b <= 4 ? _mm512_slli_epi16(hb, 4 - b) : _mm512_srli_epi16(hb, b - 4);
+      c[L] = _mm512_ternarylogic_epi32(s, m30, lane_codes<DType::Q4_0, L>(codes + 256 * j, nullptr), 0xEA);
+    });
+    const __m512i sc0 = _mm512_cvtepi8_epi32(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 2 * kR16Rows + kR16Rows * (2 * j))));
+    const __m512i sc1 = _mm512_cvtepi8_epi32(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 2 * kR16Rows + kR16Rows * (2 * j + 1))));
+    for (int t = 0; t < NT; ++t) {
+      const int8_t* q = A.q_row(t0 + t) + 256 * k + 32 * j;
+      const int16_t* s16 = A.s16_row(t0 + t) + 16 * k + 2 * j;
+      __m512i s0 = _mm512_set1_epi32(-32 * s16[0]), s1 = _mm512_set1_epi32(-32 * s16[1]);
+      half_dots(c, q, s0, s1);
+      isum[t] = _mm512_add_epi32(isum[t],
+                                 _mm512_add_epi32(_mm512_mullo_epi32(s0, sc0), _mm512_mullo_epi32(s1, sc1)));
+    }
+  }
+  const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales)));
+  for (int t = 0; t < NT; ++t) {
+    const __m512 dx = _mm512_set1_ps(A.d_row(t0 + t)[k]);
+    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(d, dx), acc[t]);
+  }
+}
+
+void q6k_rows(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t rb, int64_t re) {
+  k_rows(W, A, Y, ldy, rb, re, [&](const Group& G, int64_t k, int64_t t0, __m512* acc, auto nt) {
+    q6k_block<decltype(nt)::value>(G, A, t0, k, acc);
+  });
 }
 
 // ---- exact mode ------------------------------------------------------------
@@ -499,6 +567,7 @@ void matmul_rows_fast_r16_evex(const MatView& W, const Q8Acts& A, float* Y, int6
            A.cols == W.cols);
   switch (W.type) {
     case DType::Q4_K: q4k_rows(W, A, Y, ldy, rb, re); break;
+    case DType::Q6_K: q6k_rows(W, A, Y, ldy, rb, re); break;
     case DType::Q4_0: fast_rows<DType::Q4_0>(W, A, Y, ldy, rb, re); break;
     case DType::Q4_1: fast_rows<DType::Q4_1>(W, A, Y, ldy, rb, re); break;
     case DType::Q5_0: fast_rows<DType::Q5_0>(W, A, Y, ldy, rb, re); break;

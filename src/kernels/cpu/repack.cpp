@@ -60,9 +60,13 @@ bool r16_supports(DType t, Numerics numerics) {
   return (format_kernels(t).r16 & (numerics == Numerics::Fast ? kR16Fast : kR16Exact)) != 0;
 }
 
-size_t r16_code_bytes(DType t) { return t == DType::Q4_K ? 2048 : t == DType::Q8_0 ? 512 : 256; }
-size_t r16_bit_bytes(DType t) { return t == DType::Q5_0 ? 64 : 0; }
-size_t r16_scale_bytes(DType t) { return t == DType::Q4_K ? 2 * kR16Rows + 8 * kR16Rows : 2 * kR16Rows; }
+size_t r16_code_bytes(DType t) {
+  return t == DType::Q4_K || t == DType::Q6_K ? 2048 : t == DType::Q8_0 ? 512 : 256;
+}
+size_t r16_bit_bytes(DType t) { return t == DType::Q5_0 ? 64 : t == DType::Q6_K ? 1024 : 0; }
+size_t r16_scale_bytes(DType t) {
+  return t == DType::Q4_K ? 2 * kR16Rows + 8 * kR16Rows : t == DType::Q6_K ? 2 * kR16Rows + 16 * kR16Rows : 2 * kR16Rows;
+}
 size_t r16_min_bytes(DType t) {
   return t == DType::Q4_K ? 2 * kR16Rows + 8 * kR16Rows : t == DType::Q4_1 ? 2 * kR16Rows : 0;
 }
@@ -103,6 +107,29 @@ void pack_q4_k_block(const MatView& W, int64_t row0, int64_t k, uint8_t* codes, 
   }
 }
 
+// Q6_K (repack.h): super-block k of the group's sixteen rows, its codes
+// c = w + 32 as Q4_K's nibbles plus their two high bits apart.
+void pack_q6_k_block(const MatView& W, int64_t row0, int64_t k, uint8_t* codes, uint8_t* bits, uint8_t* scales) {
+  const size_t bb = dtype_traits(W.type).block_bytes;
+  std::memset(codes, 0, 2048);
+  std::memset(bits, 0, 1024);
+  for (int r = 0; r < kR16Rows; ++r) {
+    const uint8_t* b = W.row(row0 + r) + (size_t)k * bb;
+    std::memcpy(scales + 2 * r, b + 208, 2);  // d
+    for (int g = 0; g < 16; ++g) scales[2 * kR16Rows + kR16Rows * g + r] = b[192 + g];
+    for (int e = 0; e < 256; ++e) {
+      // Element e's code (the layout of deq_q6_k in core/dtype.cpp).
+      const int h = e / 128, q = (e % 128) / 32, l = e % 32;
+      const uint8_t ql = b[64 * h + l + 32 * (q & 1)];
+      const int lo = q >= 2 ? ql >> 4 : ql & 0x0f;
+      const int hi = (b[128 + 32 * h + l] >> (2 * q)) & 3;
+      const int j = e / 32, i = e % 32, L = i / 4;
+      codes[256 * j + 64 * (L % 4) + 4 * r + i % 4] |= (uint8_t)(lo << (L < 4 ? 0 : 4));
+      bits[128 * j + 64 * (L / 4) + 4 * r + i % 4] |= (uint8_t)(hi << (2 * (L % 4)));
+    }
+  }
+}
+
 }  // namespace
 
 void r16_pack(const MatView& W, uint8_t* dst) {
@@ -118,6 +145,18 @@ void r16_pack(const MatView& W, uint8_t* dst) {
       for (int64_t k = 0; k < nb; ++k)
         pack_q4_k_block(W, g * kR16Rows, k, codes + (size_t)k * 2048, scales + (size_t)k * r16_scale_bytes(W.type),
                         mins + (size_t)k * r16_min_bytes(W.type));
+    }
+    return;
+  }
+  if (W.type == DType::Q6_K) {
+    const int64_t nb = W.cols / 256;
+    for (int64_t g = 0; g < W.rows / kR16Rows; ++g) {
+      uint8_t* codes = dst + (size_t)g * r16_group_bytes(W.type, W.cols);
+      uint8_t* bits = codes + (size_t)nb * 2048;
+      uint8_t* scales = bits + (size_t)nb * 1024;
+      for (int64_t k = 0; k < nb; ++k)
+        pack_q6_k_block(W, g * kR16Rows, k, codes + (size_t)k * 2048, bits + (size_t)k * 1024,
+                        scales + (size_t)k * r16_scale_bytes(W.type));
     }
     return;
   }

@@ -1,6 +1,6 @@
 // Weights repacked at load for the AVX-512 VNNI row-interleaved kernels
 // (qmatmul_r16_evex_avx2.cpp), which both numerics modes have on hosts with
-// AVX512-VNNI for the formats r16_supports names (Q4_K: the fast mode's
+// AVX512-VNNI for the formats r16_supports names (Q4_K, Q6_K: the fast mode's
 // kernel only); models pack for the fast mode, and for the exact mode only
 // when asked (repack_exact_by_default).
 //
@@ -30,6 +30,13 @@
 // the 6-bit mins as bytes in two vectors, byte 4r + i of vector v row r's
 // min of sub-block 4v + i. 2368 bytes per 16 rows and super-block against
 // 2304 in the original (2.8 % more: the scales and mins decoded to bytes).
+// Q6_K: a 256-element super-block, its codes c = w + 32 (0..63) cut into
+// the low nibbles, laid out as Q4_K's (2048 bytes), and the two high bits,
+// 128 bytes per sub-block j: vector v (lanes 4v .. 4v + 3), bits 2 (L % 4)
+// and 2 (L % 4) + 1 of byte 4r + i the high bits of row r's code at lane L,
+// column i (1024 bytes); the scales run the 16 rows' d (f16) and then the
+// signed group scales as bytes, [16][16] (group g's sixteen rows together).
+// 3360 bytes per 16 rows and super-block, as the original.
 // The other formats' packed bytes equal the original ones in number (same
 // bandwidth). The results are those of the original layout bit for bit in each mode
 // (the kernels compute the modes' contracts, qmatmul.h / qmatmul_fast.h).
@@ -54,9 +61,9 @@ constexpr int64_t kR16Rows = 16;
 bool r16_supports(DType t);
 bool r16_supports(DType t, Numerics numerics);
 // Bytes of one group's block in each run, and of the packed rows.
-size_t r16_code_bytes(DType t);   // 256, 512 or 2048 (Q4_K)
-size_t r16_bit_bytes(DType t);    // 64 (Q5_0) or 0
-size_t r16_scale_bytes(DType t);  // 32, or 160 (Q4_K)
+size_t r16_code_bytes(DType t);   // 256, 512 or 2048 (Q4_K, Q6_K)
+size_t r16_bit_bytes(DType t);    // 64 (Q5_0), 1024 (Q6_K) or 0
+size_t r16_scale_bytes(DType t);  // 32, 160 (Q4_K) or 288 (Q6_K)
 size_t r16_min_bytes(DType t);    // 32 (Q4_1), 160 (Q4_K) or 0
 size_t r16_group_bytes(DType t, int64_t cols);
 size_t r16_packed_bytes(const MatView& W);
