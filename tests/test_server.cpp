@@ -763,6 +763,134 @@ void expect_multi_turn_reuse(const std::string& model_name, bool reuses) {
 TEST(ServerScheduler, MultiTurnChatReusesTheHeldPrefixDense) { expect_multi_turn_reuse("dense-mini", true); }
 TEST(ServerScheduler, MultiTurnChatReusesNothingRecurrent) { expect_multi_turn_reuse("qwen3.8-mini", false); }
 
+// Speculative decoding in the server (--spec): each decoding sequence's
+// drafts are verified as rows of the same steps as the others' decode rows
+// and prompt chunks, and every request gets exactly what it gets without
+// speculation: greedy text and token ids, log-probabilities, a seeded
+// sampled request's text, an echoed prompt's scores; requests that join
+// mid-stream and a long prompt chunked beside them included. `fixed`
+// verifies every draft that fits (most rows rejected on random weights, so
+// both outcomes of the verify are exercised); otherwise the drafts the
+// estimates expect to pay.
+void expect_spec_keeps_every_output(const std::string& model_name, const std::string& spec, bool fixed) {
+  SCOPED_TRACE(model_name + " --spec " + spec + (fixed ? " (fixed)" : " (adaptive)"));
+  auto m = load_model(model_name);
+  ThreadPool pool(2);
+  server::SchedulerOptions so;
+  so.max_rows = 4;
+  so.n_ctx = 512;
+  so.step_tokens = 24;
+  so.prefix_cache = false;
+  server::Scheduler plain(*m, pool, so);
+  so.spec = spec;
+  so.draft = 5;
+  so.fixed_draft = fixed;
+  server::Scheduler sched(*m, pool, so);
+  const Tokenizer& tok = m->tokenizer();
+  std::ifstream in(std::string(MEGAKERN_SOURCE_DIR) + "/bench/data/gpl-3.0.txt", std::ios::binary);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<int32_t> long_prompt = tok.encode(text, tok.add_bos_default(), false);
+  ASSERT_GE(long_prompt.size(), 301u);
+  long_prompt.resize(301);
+  auto req = [&](const std::string& p, int n) {
+    server::GenRequest r;
+    r.prompt = tok.encode(p, tok.add_bos_default(), false);
+    r.max_tokens = n;
+    r.ignore_eos = true;
+    r.logprobs = 0;  // the token ids come back with their entries
+    return r;
+  };
+  std::vector<server::GenRequest> first, later;
+  first.push_back(req("one two three one two three one two three one two", 90));
+  first.push_back(req("The cat sat on the mat. The cat sat on the mat. The cat", 70));
+  first.push_back(req("Numbers: 1 2 3 4 5 6 7 8 9", 80));
+  later.push_back(req("", 12));
+  later.back().prompt = long_prompt;
+  later.push_back(req("Once upon a time, once upon a time", 60));
+  later.back().sampling = {0.9f, 0, 0.95f, 11};  // sampled, seeded
+  later.push_back(req("a b a b a b a b", 40));
+  later.back().logprobs = 3;
+  later.push_back(req("Echo this prompt, echo this prompt", 30));
+  later.back().echo = true;
+  auto expect_same = [&](const server::Job::Update& got, const server::Job::Update& want, const std::string& what) {
+    ASSERT_TRUE(got.error.empty()) << what << ": " << got.error;
+    EXPECT_EQ(got.text, want.text) << what;
+    EXPECT_EQ(got.usage.completion_tokens, want.usage.completion_tokens) << what;
+    ASSERT_EQ(got.logprobs.size(), want.logprobs.size()) << what;
+    for (size_t i = 0; i < got.logprobs.size(); ++i) {
+      EXPECT_EQ(got.logprobs[i].token, want.logprobs[i].token) << what << ": entry " << i;
+      EXPECT_EQ(got.logprobs[i].logprob, want.logprobs[i].logprob) << what << ": entry " << i;
+      EXPECT_EQ(got.logprobs[i].top, want.logprobs[i].top) << what << ": entry " << i;
+    }
+  };
+  std::vector<server::Job::Update> alone;
+  for (const auto* list : {&first, &later})
+    for (const auto& r : *list) alone.push_back(plain.submit(r)->wait_all());
+  std::vector<std::shared_ptr<server::Job>> jobs;
+  for (const auto& r : first) jobs.push_back(sched.submit(r));
+  // Once the first stream has produced text (so it decodes with drafts),
+  // the rest arrive: the long prompt is chunked beside the drafts.
+  server::Job::Update head;
+  while (head.text.empty()) {
+    auto u = jobs[0]->take(std::chrono::milliseconds(1000));
+    ASSERT_FALSE(u.finished);
+    head.text += u.text;
+    head.logprobs.insert(head.logprobs.end(), u.logprobs.begin(), u.logprobs.end());
+  }
+  for (const auto& r : later) jobs.push_back(sched.submit(r));
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    ASSERT_NE(jobs[i], nullptr);
+    server::Job::Update u = jobs[i]->wait_all();
+    if (i == 0) {
+      u.text = head.text + u.text;
+      u.logprobs.insert(u.logprobs.begin(), head.logprobs.begin(), head.logprobs.end());
+    }
+    expect_same(u, alone[i], "request " + std::to_string(i));
+  }
+  const auto st = sched.stats();
+  EXPECT_GT(st.draft_tokens, 0u);
+  EXPECT_LE(st.accepted_tokens, st.draft_tokens);
+  EXPECT_EQ(plain.stats().draft_tokens, 0u);
+  EXPECT_EQ(st.generated_tokens, plain.stats().generated_tokens);
+  std::printf("[spec %s on %s, %s] %llu drafts verified, %llu accepted; %llu steps (without: %llu)\n", spec.c_str(),
+              model_name.c_str(), fixed ? "fixed" : "adaptive", static_cast<unsigned long long>(st.draft_tokens),
+              static_cast<unsigned long long>(st.accepted_tokens), static_cast<unsigned long long>(st.steps),
+              static_cast<unsigned long long>(plain.stats().steps));
+}
+
+TEST(ServerSpec, NgramKeepsEveryOutputDense) {
+  expect_spec_keeps_every_output("dense-mini", "ngram", true);
+  expect_spec_keeps_every_output("dense-mini", "ngram", false);
+}
+TEST(ServerSpec, NgramKeepsEveryOutputRecurrent) {
+  expect_spec_keeps_every_output("qwen3.8-mini", "ngram", true);
+  expect_spec_keeps_every_output("qwen3.8-mini", "ngram", false);
+}
+TEST(ServerSpec, BlockDrafterKeepsEveryOutputDense) { expect_spec_keeps_every_output("dense-mini", "dspark", true); }
+TEST(ServerSpec, SelfDrafterKeepsEveryOutputDense) { expect_spec_keeps_every_output("dense-mini", "self", true); }
+
+// Speculative flags that cannot work stop the start with the reason.
+TEST(ServerCli, BadSpecFlagsAreRefusedAtStartup) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--spec bogus", "unknown drafter 'bogus'"},
+      {"--spec ngram:0", "'0' is not a whole number >= 1"},
+      {"--spec ngram --draft 0", "--draft: Value 0 not in range 1 to 32"},
+      {"--spec ngram --draft 33", "--draft: Value 33 not in range 1 to 32"},
+      {"--draft 4", "--draft requires --spec"},
+      {"--spec ngram --draft 20 --step-tokens 16", "--draft 20 needs 21 rows of a step"},
+      {"--spec self:skip=0-99", "are not a range within"},
+      {"--spec model:/nonexistent/draft.gguf", "/nonexistent/draft.gguf"},
+  };
+  for (const auto& [flags, want] : cases) {
+    const std::string cmd = fmt::format("timeout 30 {} serve -m dense-mini --port 0 {} 2>&1", MEGAKERN_BINARY, flags);
+    const auto [status, out] = run_shell(cmd);
+    ASSERT_GE(status, 0) << out;
+    EXPECT_NE(status, 0) << flags << ": " << out;
+    EXPECT_NE(status, 124) << "the server started with " << flags << ": " << out;
+    EXPECT_NE(out.find(want), std::string::npos) << flags << ": " << out;
+  }
+}
+
 // --step-tokens that no step can have, or too few for a full decode batch
 // and a prompt chunk beside it, stop the start with the reason.
 TEST(ServerCli, AbsurdStepTokensAreRefusedAtStartup) {
