@@ -497,6 +497,40 @@ TEST(ServerHttp, InfoEndpoints) {
     EXPECT_NE(r->body.find(m), std::string::npos) << m << "\n" << r->body;
 }
 
+// With --spec, /metrics counts the draft tokens verified and those accepted
+// (Prometheus counters), /version names the drafter, and the streamed text
+// is the server's without speculation.
+TEST(ServerHttp, SpecMetricsCountDraftsAndAcceptance) {
+  server::ServerOptions o = opts(2);
+  TestServer plain("dense-mini", o);
+  o.spec = "ngram";
+  TestServer s("dense-mini", o);
+  const json body = {{"prompt", "one two one two one two one two"}, {"max_tokens", 40}, {"ignore_eos", true},
+                     {"temperature", 0}, {"stream", true}};
+  const Completion a = complete(s, body), b = complete(plain, body);
+  ASSERT_EQ(a.status, 200);
+  EXPECT_EQ(a.text, b.text);
+  auto r = s.client().Get("/version");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(json::parse(r->body)["spec"], "ngram");
+  r = s.client().Get("/metrics");
+  ASSERT_TRUE(r);
+  auto value = [&](const std::string& name) {
+    const size_t at = r->body.find("\n" + name + " ");
+    EXPECT_NE(at, std::string::npos) << name << "\n" << r->body;
+    return at == std::string::npos ? -1.0 : std::stod(r->body.substr(at + name.size() + 2));
+  };
+  EXPECT_NE(r->body.find("# TYPE megakern_spec_draft_tokens_total counter"), std::string::npos);
+  EXPECT_NE(r->body.find("# TYPE megakern_spec_accepted_tokens_total counter"), std::string::npos);
+  const double drafted = value("megakern_spec_draft_tokens_total"), accepted = value("megakern_spec_accepted_tokens_total");
+  EXPECT_GT(drafted, 0);
+  EXPECT_GE(accepted, 0);
+  EXPECT_LE(accepted, drafted);
+  const auto st = s.srv->scheduler().stats();
+  EXPECT_EQ(drafted, static_cast<double>(st.draft_tokens));
+  EXPECT_EQ(accepted, static_cast<double>(st.accepted_tokens));
+}
+
 TEST(ServerHttp, TokenizeRoundTrips) {
   TestServer s("dense-mini", opts(1));
   auto r = s.post("/tokenize", {{"content", "héllo"}});

@@ -398,8 +398,13 @@ TEST(DraftEstimates, CostsAndAcceptanceFollowTheMeasurements) {
   EXPECT_DOUBLE_EQ(e.step_cost(4), 0.008);
   EXPECT_DOUBLE_EQ(e.step_cost(2), 0.004);
   EXPECT_DOUBLE_EQ(e.step_cost(6), 0.008 * 1.1);
+  // Two row counts: the line through them (then fitted to every step).
   e.record_step(8, 0.02);
-  EXPECT_DOUBLE_EQ(e.step_cost(8), 0.02);
+  EXPECT_NEAR(e.step_cost(8), 0.02, 1e-12);
+  EXPECT_NEAR(e.step_cost(12), 0.032, 1e-12);
+  for (int i = 0; i < 200; ++i) e.record_step(4 + 4 * (i % 3), 0.01 + 0.001 * (4 + 4 * (i % 3)));
+  e.record_step(12, 0.05);  // one step slowed down by something else
+  EXPECT_NEAR(e.step_cost(16), 0.026, 0.004);
   for (int i = 0; i < 50; ++i) {
     e.judge(10, 0, true);
     e.judge(0, 1, false);

@@ -228,9 +228,24 @@ void DraftEstimates::record_step(int rows, double seconds) {
   constexpr double kSmooth = 0.2;
   double& t = step_s_[static_cast<size_t>(rows)];
   t = t > 0 ? (1 - kSmooth) * t + kSmooth * seconds : seconds;
+  constexpr double kDecay = 0.995;  // a few hundred steps
+  const double r = rows;
+  w_ = w_ * kDecay + 1;
+  sr_ = sr_ * kDecay + r;
+  st_ = st_ * kDecay + seconds;
+  srr_ = srr_ * kDecay + r * r;
+  srt_ = srt_ * kDecay + r * seconds;
 }
 
 double DraftEstimates::step_cost(int rows) const {
+  if (w_ > 0) {
+    const double mr = sr_ / w_, mt = st_ / w_, var = srr_ / w_ - mr * mr;
+    // Row counts spread by a quarter of a row at least: fit the line.
+    if (var > 0.25) {
+      const double b = std::max(0.0, (srt_ / w_ - mr * mt) / var), a = mt - b * mr;
+      return std::max(a + b * rows, 0.05 * mt);
+    }
+  }
   size_t first = 1;
   while (first < step_s_.size() && step_s_[first] <= 0) ++first;
   if (first == step_s_.size()) return 0;

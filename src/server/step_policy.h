@@ -201,11 +201,15 @@ class DraftEstimates {
   explicit DraftEstimates(int max_rows);
   // A step of `rows` rows took `seconds`.
   void record_step(int rows, double seconds);
-  // The expected seconds of a step of `rows` rows: the smoothed measurement,
-  // or for a row count never measured an optimistic guess (so that it gets
-  // tried): in proportion to the rows below the fewest measured, else 5% a
-  // row above the nearest measured count below it. 0 when nothing was
-  // measured yet.
+  // The expected seconds of a step of `rows` rows. Once steps of different
+  // row counts were measured: a straight line a + b x rows fitted to the
+  // recent steps (least squares, old steps fading), which one noisy step or
+  // a row count measured once cannot bend much; a is what a step costs
+  // whatever its rows (the weights read once), the saving draft rows live
+  // on. Before: the smoothed measurement, or for a row count never measured
+  // an optimistic guess (so that it gets tried): in proportion to the rows
+  // below the fewest measured, else 5% a row above the nearest measured
+  // count below it. 0 when nothing was measured yet.
   double step_cost(int rows) const;
   // Draft `index` of a proposal of grade `match` was judged against the
   // target's token: accepted or not.
@@ -220,6 +224,7 @@ class DraftEstimates {
  private:
   static int grade(int match, int index);
   std::vector<double> step_s_;  // [rows]: smoothed seconds, 0 when not measured
+  double w_ = 0, sr_ = 0, st_ = 0, srr_ = 0, srt_ = 0;  // decayed sums over steps: 1, rows, seconds, rows^2, rows x seconds
   std::vector<double> judged_, accepted_;
 };
 
