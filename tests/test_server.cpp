@@ -633,6 +633,15 @@ void expect_batch_independence(const std::string& model) {
 TEST(ServerHttp, GreedyOutputDoesNotDependOnTheBatchDense) { expect_batch_independence("dense-mini"); }
 TEST(ServerHttp, GreedyOutputDoesNotDependOnTheBatchRecurrent) { expect_batch_independence("qwen3.8-mini"); }
 
+// The first n tokens of the GPL's text (fewer if it is shorter).
+std::vector<int32_t> gpl_prompt(const Tokenizer& tok, size_t n) {
+  std::ifstream in(std::string(MEGAKERN_SOURCE_DIR) + "/bench/data/gpl-3.0.txt", std::ios::binary);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<int32_t> ids = tok.encode(text, tok.add_bos_default(), false);
+  if (ids.size() > n) ids.resize(n);
+  return ids;
+}
+
 // A long prompt admitted while other requests stream is computed in chunks
 // beside their decode rows (mixed steps, never more than the step's budget),
 // and every request's greedy output is the same as when it runs alone: a
@@ -655,11 +664,8 @@ void expect_long_prompt_mid_stream(const std::string& model_name, int step_token
   so.headless_min_rows = std::numeric_limits<int>::max();
   server::Scheduler solo(*m, pool, so);
   const Tokenizer& tok = m->tokenizer();
-  std::ifstream in(std::string(MEGAKERN_SOURCE_DIR) + "/bench/data/gpl-3.0.txt", std::ios::binary);
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::vector<int32_t> long_prompt = tok.encode(text, tok.add_bos_default(), false);
-  ASSERT_GE(long_prompt.size(), 301u);
-  long_prompt.resize(301);  // not a multiple of the recurrent block (4)
+  const std::vector<int32_t> long_prompt = gpl_prompt(tok, 301);  // not a multiple of the recurrent block (4)
+  ASSERT_EQ(long_prompt.size(), 301u);
   std::vector<std::vector<int32_t>> prompts;
   for (const char* p : {"The cat", "Numbers: 1 2 3", "Once upon a time"})
     prompts.push_back(tok.encode(p, tok.add_bos_default(), false));
@@ -821,11 +827,8 @@ void expect_spec_keeps_every_output(const std::string& model_name, const std::st
   so.fixed_draft = fixed;
   server::Scheduler sched(*m, pool, so);
   const Tokenizer& tok = m->tokenizer();
-  std::ifstream in(std::string(MEGAKERN_SOURCE_DIR) + "/bench/data/gpl-3.0.txt", std::ios::binary);
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::vector<int32_t> long_prompt = tok.encode(text, tok.add_bos_default(), false);
-  ASSERT_GE(long_prompt.size(), 301u);
-  long_prompt.resize(301);
+  const std::vector<int32_t> long_prompt = gpl_prompt(tok, 301);
+  ASSERT_EQ(long_prompt.size(), 301u);
   auto req = [&](const std::string& p, int n) {
     server::GenRequest r;
     r.prompt = tok.encode(p, tok.add_bos_default(), false);
@@ -882,7 +885,7 @@ void expect_spec_keeps_every_output(const std::string& model_name, const std::st
     expect_same(u, alone[i], "request " + std::to_string(i));
   }
   const auto st = sched.stats();
-  EXPECT_GT(st.draft_tokens, 0u);
+  if (fixed) EXPECT_GT(st.draft_tokens, 0u);  // adaptive: as many as the timings make worth it, maybe none
   EXPECT_LE(st.accepted_tokens, st.draft_tokens);
   EXPECT_EQ(plain.stats().draft_tokens, 0u);
   EXPECT_EQ(st.generated_tokens, plain.stats().generated_tokens);
