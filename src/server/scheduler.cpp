@@ -176,7 +176,7 @@ void Scheduler::setup_spec(ThreadPool& pool) {
     fail("--draft {} needs {} rows of a step for one sequence's verify, more than --step-tokens {}", opts_.draft,
          opts_.draft + 1, opts_.step_tokens);
   // A ring layer keeps only its window's positions: the rows of rejected
-  // drafts would overwrite positions the sequence still attends to.
+  // drafts could overwrite positions the sequence still attends to.
   const auto& ring = rows_.front()->seq.cache.ring;
   if (std::any_of(ring.begin(), ring.end(), [](int r) { return r > 0; }))
     fail("--spec: {} has sliding-window layers, whose ring caches cannot take draft rows that may be rejected",
