@@ -497,6 +497,40 @@ TEST(ServerHttp, InfoEndpoints) {
     EXPECT_NE(r->body.find(m), std::string::npos) << m << "\n" << r->body;
 }
 
+// With --spec, /metrics counts the draft tokens verified and those accepted
+// (Prometheus counters), /version names the drafter, and the streamed text
+// is the server's without speculation.
+TEST(ServerHttp, SpecMetricsCountDraftsAndAcceptance) {
+  server::ServerOptions o = opts(2);
+  TestServer plain("dense-mini", o);
+  o.spec = "ngram";
+  TestServer s("dense-mini", o);
+  const json body = {{"prompt", "one two one two one two one two"}, {"max_tokens", 40}, {"ignore_eos", true},
+                     {"temperature", 0}, {"stream", true}};
+  const Completion a = complete(s, body), b = complete(plain, body);
+  ASSERT_EQ(a.status, 200);
+  EXPECT_EQ(a.text, b.text);
+  auto r = s.client().Get("/version");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(json::parse(r->body)["spec"], "ngram");
+  r = s.client().Get("/metrics");
+  ASSERT_TRUE(r);
+  auto value = [&](const std::string& name) {
+    const size_t at = r->body.find("\n" + name + " ");
+    EXPECT_NE(at, std::string::npos) << name << "\n" << r->body;
+    return at == std::string::npos ? -1.0 : std::stod(r->body.substr(at + name.size() + 2));
+  };
+  EXPECT_NE(r->body.find("# TYPE megakern_spec_draft_tokens_total counter"), std::string::npos);
+  EXPECT_NE(r->body.find("# TYPE megakern_spec_accepted_tokens_total counter"), std::string::npos);
+  const double drafted = value("megakern_spec_draft_tokens_total"), accepted = value("megakern_spec_accepted_tokens_total");
+  EXPECT_GT(drafted, 0);
+  EXPECT_GE(accepted, 0);
+  EXPECT_LE(accepted, drafted);
+  const auto st = s.srv->scheduler().stats();
+  EXPECT_EQ(drafted, static_cast<double>(st.draft_tokens));
+  EXPECT_EQ(accepted, static_cast<double>(st.accepted_tokens));
+}
+
 TEST(ServerHttp, TokenizeRoundTrips) {
   TestServer s("dense-mini", opts(1));
   auto r = s.post("/tokenize", {{"content", "héllo"}});
@@ -599,6 +633,15 @@ void expect_batch_independence(const std::string& model) {
 TEST(ServerHttp, GreedyOutputDoesNotDependOnTheBatchDense) { expect_batch_independence("dense-mini"); }
 TEST(ServerHttp, GreedyOutputDoesNotDependOnTheBatchRecurrent) { expect_batch_independence("qwen3.8-mini"); }
 
+// The first n tokens of the GPL's text (fewer if it is shorter).
+std::vector<int32_t> gpl_prompt(const Tokenizer& tok, size_t n) {
+  std::ifstream in(std::string(MEGAKERN_SOURCE_DIR) + "/bench/data/gpl-3.0.txt", std::ios::binary);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<int32_t> ids = tok.encode(text, tok.add_bos_default(), false);
+  if (ids.size() > n) ids.resize(n);
+  return ids;
+}
+
 // A long prompt admitted while other requests stream is computed in chunks
 // beside their decode rows (mixed steps, never more than the step's budget),
 // and every request's greedy output is the same as when it runs alone: a
@@ -621,11 +664,8 @@ void expect_long_prompt_mid_stream(const std::string& model_name, int step_token
   so.headless_min_rows = std::numeric_limits<int>::max();
   server::Scheduler solo(*m, pool, so);
   const Tokenizer& tok = m->tokenizer();
-  std::ifstream in(std::string(MEGAKERN_SOURCE_DIR) + "/bench/data/gpl-3.0.txt", std::ios::binary);
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::vector<int32_t> long_prompt = tok.encode(text, tok.add_bos_default(), false);
-  ASSERT_GE(long_prompt.size(), 301u);
-  long_prompt.resize(301);  // not a multiple of the recurrent block (4)
+  const std::vector<int32_t> long_prompt = gpl_prompt(tok, 301);  // not a multiple of the recurrent block (4)
+  ASSERT_EQ(long_prompt.size(), 301u);
   std::vector<std::vector<int32_t>> prompts;
   for (const char* p : {"The cat", "Numbers: 1 2 3", "Once upon a time"})
     prompts.push_back(tok.encode(p, tok.add_bos_default(), false));
@@ -782,6 +822,131 @@ void expect_multi_turn_reuse(const std::string& model_name, bool reuses) {
 
 TEST(ServerScheduler, MultiTurnChatReusesTheHeldPrefixDense) { expect_multi_turn_reuse("dense-mini", true); }
 TEST(ServerScheduler, MultiTurnChatReusesNothingRecurrent) { expect_multi_turn_reuse("qwen3.8-mini", false); }
+
+// Speculative decoding in the server (--spec): each decoding sequence's
+// drafts are verified as rows of the same steps as the others' decode rows
+// and prompt chunks, and every request gets exactly what it gets without
+// speculation: greedy text and token ids, log-probabilities, a seeded
+// sampled request's text, an echoed prompt's scores; requests that join
+// mid-stream and a long prompt chunked beside them included. `fixed`
+// verifies every draft that fits (most rows rejected on random weights, so
+// both outcomes of the verify are exercised); otherwise the drafts the
+// estimates expect to pay.
+void expect_spec_keeps_every_output(const std::string& model_name, const std::string& spec, bool fixed) {
+  SCOPED_TRACE(model_name + " --spec " + spec + (fixed ? " (fixed)" : " (adaptive)"));
+  auto m = load_model(model_name);
+  ThreadPool pool(2);
+  server::SchedulerOptions so;
+  so.max_rows = 4;
+  so.n_ctx = 512;
+  so.step_tokens = 24;
+  so.prefix_cache = false;
+  server::Scheduler plain(*m, pool, so);
+  so.spec = spec;
+  so.draft = 5;
+  so.fixed_draft = fixed;
+  server::Scheduler sched(*m, pool, so);
+  const Tokenizer& tok = m->tokenizer();
+  const std::vector<int32_t> long_prompt = gpl_prompt(tok, 301);
+  ASSERT_EQ(long_prompt.size(), 301u);
+  auto req = [&](const std::string& p, int n) {
+    server::GenRequest r;
+    r.prompt = tok.encode(p, tok.add_bos_default(), false);
+    r.max_tokens = n;
+    r.ignore_eos = true;
+    r.logprobs = 0;  // the token ids come back with their entries
+    return r;
+  };
+  std::vector<server::GenRequest> first, later;
+  first.push_back(req("one two three one two three one two three one two", 90));
+  first.push_back(req("The cat sat on the mat. The cat sat on the mat. The cat", 70));
+  first.push_back(req("Numbers: 1 2 3 4 5 6 7 8 9", 80));
+  later.push_back(req("", 12));
+  later.back().prompt = long_prompt;
+  later.push_back(req("Once upon a time, once upon a time", 60));
+  later.back().sampling = {0.9f, 0, 0.95f, 11};  // sampled, seeded
+  later.push_back(req("a b a b a b a b", 40));
+  later.back().logprobs = 3;
+  later.push_back(req("Echo this prompt, echo this prompt", 30));
+  later.back().echo = true;
+  auto expect_same = [&](const server::Job::Update& got, const server::Job::Update& want, const std::string& what) {
+    ASSERT_TRUE(got.error.empty()) << what << ": " << got.error;
+    EXPECT_EQ(got.text, want.text) << what;
+    EXPECT_EQ(got.usage.completion_tokens, want.usage.completion_tokens) << what;
+    ASSERT_EQ(got.logprobs.size(), want.logprobs.size()) << what;
+    for (size_t i = 0; i < got.logprobs.size(); ++i) {
+      EXPECT_EQ(got.logprobs[i].token, want.logprobs[i].token) << what << ": entry " << i;
+      EXPECT_EQ(got.logprobs[i].logprob, want.logprobs[i].logprob) << what << ": entry " << i;
+      EXPECT_EQ(got.logprobs[i].top, want.logprobs[i].top) << what << ": entry " << i;
+    }
+  };
+  std::vector<server::Job::Update> alone;
+  for (const auto* list : {&first, &later})
+    for (const auto& r : *list) alone.push_back(plain.submit(r)->wait_all());
+  std::vector<std::shared_ptr<server::Job>> jobs;
+  for (const auto& r : first) jobs.push_back(sched.submit(r));
+  // Once the first stream has produced text (so it decodes with drafts),
+  // the rest arrive: the long prompt is chunked beside the drafts.
+  server::Job::Update head;
+  while (head.text.empty()) {
+    auto u = jobs[0]->take(std::chrono::milliseconds(1000));
+    ASSERT_FALSE(u.finished);
+    head.text += u.text;
+    head.logprobs.insert(head.logprobs.end(), u.logprobs.begin(), u.logprobs.end());
+  }
+  for (const auto& r : later) jobs.push_back(sched.submit(r));
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    ASSERT_NE(jobs[i], nullptr);
+    server::Job::Update u = jobs[i]->wait_all();
+    if (i == 0) {
+      u.text = head.text + u.text;
+      u.logprobs.insert(u.logprobs.begin(), head.logprobs.begin(), head.logprobs.end());
+    }
+    expect_same(u, alone[i], "request " + std::to_string(i));
+  }
+  const auto st = sched.stats();
+  if (fixed) EXPECT_GT(st.draft_tokens, 0u);  // adaptive: as many as the timings make worth it, maybe none
+  EXPECT_LE(st.accepted_tokens, st.draft_tokens);
+  EXPECT_EQ(plain.stats().draft_tokens, 0u);
+  EXPECT_EQ(st.generated_tokens, plain.stats().generated_tokens);
+  std::printf("[spec %s on %s, %s] %llu drafts verified, %llu accepted; %llu steps (without: %llu)\n", spec.c_str(),
+              model_name.c_str(), fixed ? "fixed" : "adaptive", static_cast<unsigned long long>(st.draft_tokens),
+              static_cast<unsigned long long>(st.accepted_tokens), static_cast<unsigned long long>(st.steps),
+              static_cast<unsigned long long>(plain.stats().steps));
+}
+
+TEST(ServerSpec, NgramKeepsEveryOutputDense) {
+  expect_spec_keeps_every_output("dense-mini", "ngram", true);
+  expect_spec_keeps_every_output("dense-mini", "ngram", false);
+}
+TEST(ServerSpec, NgramKeepsEveryOutputRecurrent) {
+  expect_spec_keeps_every_output("qwen3.8-mini", "ngram", true);
+  expect_spec_keeps_every_output("qwen3.8-mini", "ngram", false);
+}
+TEST(ServerSpec, BlockDrafterKeepsEveryOutputDense) { expect_spec_keeps_every_output("dense-mini", "dspark", true); }
+TEST(ServerSpec, SelfDrafterKeepsEveryOutputDense) { expect_spec_keeps_every_output("dense-mini", "self", true); }
+
+// Speculative flags that cannot work stop the start with the reason.
+TEST(ServerCli, BadSpecFlagsAreRefusedAtStartup) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--spec bogus", "unknown drafter 'bogus'"},
+      {"--spec ngram:0", "'0' is not a whole number >= 1"},
+      {"--spec ngram --draft 0", "--draft: Value 0 not in range 1 to 32"},
+      {"--spec ngram --draft 33", "--draft: Value 33 not in range 1 to 32"},
+      {"--draft 4", "--draft requires --spec"},
+      {"--spec ngram --draft 20 --step-tokens 16", "--draft 20 needs 21 rows of a step"},
+      {"--spec self:skip=0-99", "are not a range within"},
+      {"--spec model:/nonexistent/draft.gguf", "/nonexistent/draft.gguf"},
+  };
+  for (const auto& [flags, want] : cases) {
+    const std::string cmd = fmt::format("timeout 30 {} serve -m dense-mini --port 0 {} 2>&1", MEGAKERN_BINARY, flags);
+    const auto [status, out] = run_shell(cmd);
+    ASSERT_GE(status, 0) << out;
+    EXPECT_NE(status, 0) << flags << ": " << out;
+    EXPECT_NE(status, 124) << "the server started with " << flags << ": " << out;
+    EXPECT_NE(out.find(want), std::string::npos) << flags << ": " << out;
+  }
+}
 
 // --step-tokens that no step can have, or too few for a full decode batch
 // and a prompt chunk beside it, stop the start with the reason.

@@ -325,5 +325,98 @@ TEST(StepPolicy, CallsOutOfOrderAreInternalErrors) {
   EXPECT_ANY_THROW(p.postprocess(s, {}));
 }
 
+// Rule 4: draft rows take only the rows that decode rows and prompt chunks
+// leave; the likeliest drafts first, equal ones spread evenly over the
+// sequences, each sequence's as a prefix of its proposal; accepted drafts
+// advance their sequence.
+TEST(StepPolicy, DraftRowsFillOnlyTheRowsLeftLikeliestFirst) {
+  StepPolicy p(opts(4, 12));
+  for (SeqId id : {1, 2, 3}) p.add(id, 2);
+  p.postprocess(p.schedule(), {});  // three prompts of 2 rows in one step
+  std::map<SeqId, std::vector<double>> offer = {{1, {1, 1, 1, 1, 1, 1}}, {2, {1, 1, 1, 1, 1, 1}}, {3, {1, 1}}};
+  auto drafts = [&](SeqId id, std::vector<double>& g) { g = offer[id]; };
+  // A long prompt arriving is not held back by drafts: 3 decode rows, 9 left.
+  p.add(4, 50);
+  StepPlan a = p.schedule({}, drafts);
+  ASSERT_EQ(a.decode.size(), 3u);
+  ASSERT_EQ(a.prefill.size(), 1u);
+  EXPECT_EQ(a.prefill[0].n, 9);
+  EXPECT_EQ(a.draft_rows(), 0);
+  p.postprocess(a, {4});  // the long prompt goes away (cancelled)
+  // 3 decode rows and 9 draft rows: sequence 3 offers 2, the rest is spread
+  // evenly over 1 and 2.
+  StepPlan b = p.schedule({}, drafts);
+  ASSERT_EQ(b.decode.size(), 3u);
+  EXPECT_EQ(b.rows(), 12);
+  EXPECT_EQ(b.decode[0].draft, 4);
+  EXPECT_EQ(b.decode[1].draft, 3);
+  EXPECT_EQ(b.decode[2].draft, 2);
+  // Accepted drafts advance their sequence past the decode row's position.
+  p.postprocess(b, {}, {4, 1, 0});
+  EXPECT_EQ(p.cached(1), 3 + 1 + 4);  // the prompt, step a's row, b's
+  EXPECT_EQ(p.cached(2), 3 + 1 + 1);
+  EXPECT_EQ(p.cached(3), 3 + 1);
+  // Likeliest first: sequence 2's drafts beat sequence 1's second and later.
+  offer = {{1, {0.9, 0.2, 0.1}}, {2, {0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.3, 0.3, 0.3, 0.3}}, {3, {}}};
+  StepPlan c = p.schedule({}, drafts);
+  EXPECT_EQ(c.decode[0].draft, 1);
+  EXPECT_EQ(c.decode[1].draft, 8);
+  EXPECT_EQ(c.decode[2].draft, 0);
+  EXPECT_EQ(c.decode[1].pos, 5);
+  EXPECT_THROW(p.postprocess(c, {}, {2, 0, 0}), std::logic_error);  // more accepted than drafted
+}
+
+// With a step cost, as many drafts are taken as give the most expected
+// tokens per cost: none when rows cost in proportion, those of high gain
+// when extra rows are cheap up to a point.
+TEST(StepPolicy, DraftRowsPayForTheirCostOrAreLeftOut) {
+  StepPolicy p(opts(2, 16));
+  for (SeqId id : {1, 2}) p.add(id, 2);
+  p.postprocess(p.schedule(), {});
+  auto drafts = [](SeqId, std::vector<double>& g) { g = {0.9, 0.8, 0.5, 0.1}; };
+  auto linear = [](int rows) { return static_cast<double>(rows); };
+  StepPlan a = p.schedule({}, drafts, linear);
+  EXPECT_EQ(a.draft_rows(), 0);
+  p.postprocess(a, {});
+  // Up to 6 rows cost as much as 2; beyond, each row costs one more.
+  auto flat = [](int rows) { return rows <= 6 ? 2.0 : 2.0 + (rows - 6); };
+  StepPlan b = p.schedule({}, drafts, flat);
+  EXPECT_EQ(b.decode[0].draft, 2);
+  EXPECT_EQ(b.decode[1].draft, 2);
+  p.postprocess(b, {});
+  auto bad = [](SeqId, std::vector<double>& g) { g = {0.5, 0.9}; };  // rising: not a chain of acceptances
+  EXPECT_THROW(p.schedule({}, bad), std::logic_error);
+}
+
+// The estimates: optimistic costs for row counts never measured, and
+// acceptance by grade leaning on all grades while a grade has few.
+TEST(DraftEstimates, CostsAndAcceptanceFollowTheMeasurements) {
+  DraftEstimates e(16);
+  EXPECT_EQ(e.step_cost(4), 0.0);
+  EXPECT_DOUBLE_EQ(e.alpha(0, 0), 0.5);
+  e.record_step(4, 0.008);
+  EXPECT_DOUBLE_EQ(e.step_cost(4), 0.008);
+  EXPECT_DOUBLE_EQ(e.step_cost(2), 0.004);
+  EXPECT_DOUBLE_EQ(e.step_cost(6), 0.008 * 1.1);
+  // Two row counts: the line through them (then fitted to every step).
+  e.record_step(8, 0.02);
+  EXPECT_NEAR(e.step_cost(8), 0.02, 1e-12);
+  EXPECT_NEAR(e.step_cost(12), 0.032, 1e-12);
+  for (int i = 0; i < 200; ++i) e.record_step(4 + 4 * (i % 3), 0.01 + 0.001 * (4 + 4 * (i % 3)));
+  e.record_step(12, 0.05);  // one step slowed down by something else
+  EXPECT_NEAR(e.step_cost(16), 0.026, 0.004);
+  for (int i = 0; i < 50; ++i) {
+    e.judge(10, 0, true);
+    e.judge(0, 1, false);
+  }
+  EXPECT_GT(e.alpha(10, 0), 0.9);
+  EXPECT_LT(e.alpha(0, 1), 0.1);
+  std::vector<double> g;
+  e.gains(10, 3, g);
+  ASSERT_EQ(g.size(), 3u);
+  EXPECT_GT(g[0], g[1]);
+  EXPECT_GE(g[1], g[2]);
+}
+
 }  // namespace
 }  // namespace megakern::server

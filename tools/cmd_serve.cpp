@@ -13,6 +13,7 @@
 #include "runtime/model.h"
 #include "server/bench_client.h"
 #include "server/http_server.h"
+#include "spec/speculative.h"
 #include "tools/commands.h"
 
 namespace megakern::cli {
@@ -66,6 +67,9 @@ void serve_cmd(const ServeOptions& o) {
              srv.model_id(), model->description(), so.host, port, so.batch, srv.scheduler().options().step_tokens,
              so.n_ctx, pool.size(), so.executor,
              numerics_name(model->numerics()));
+  if (!so.spec.empty())
+    fmt::print(stderr, "megakern serve: speculative decoding with {}, at most {} drafts per sequence and step\n", so.spec,
+               so.draft);
   if (!so.api_key.empty()) fmt::print(stderr, "megakern serve: an API key is required (Authorization: Bearer ...)\n");
   std::fflush(stderr);
 
@@ -140,6 +144,14 @@ void register_serve(CLI::App& app) {
                   "off: every prompt from its first token")
       ->capture_default_str()
       ->check(CLI::IsMember({"on", "off"}));
+  auto* spec = check_drafters(cmd->add_option("--spec", o->server.spec,
+                                 "Speculative decoding with this drafter (as for run: ngram, ngram:N, self, self:N, "
+                                 "self:skip=A-B, model:PATH, dspark[:PATH], dflash[:PATH]): each decoding sequence's "
+                                 "drafts are verified as rows of the same step, in the rows --step-tokens leaves"));
+  cmd->add_option("--draft", o->server.draft, "Speculative decoding: most draft tokens per sequence and step")
+      ->capture_default_str()
+      ->check(CLI::Range(1, SpecOptions::kMaxDraft))
+      ->needs(spec);
   cmd->add_option("--queue", o->server.queue, "Requests that may wait for a batch row; beyond that, HTTP 503")
       ->capture_default_str()
       ->check(CLI::Range(0, 100000));

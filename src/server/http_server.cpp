@@ -290,6 +290,8 @@ HttpServer::HttpServer(const Model& model, ThreadPool& pool, ServerOptions opts)
   so.queue_limit = opts_.queue;
   so.executor = opts_.executor;
   so.prefix_cache = opts_.prefix_cache;
+  so.spec = opts_.spec;
+  so.draft = opts_.draft;
   scheduler_ = std::make_unique<Scheduler>(model_, pool, so);
   HttpLimits hl;
   hl.io_threads = opts_.io_threads;
@@ -407,6 +409,12 @@ std::string HttpServer::metrics_text() const {
   metric("megakern_prefix_cache_lookup_tokens_total", "counter",
          "Prompt tokens of every request started (hit rate: cache tokens over these).",
          line("megakern_prefix_cache_lookup_tokens_total", s.prefix_lookup_tokens));
+  metric("megakern_spec_draft_tokens_total", "counter",
+         "Speculative decoding (--spec): draft tokens verified, as draft rows of engine steps.",
+         line("megakern_spec_draft_tokens_total", s.draft_tokens));
+  metric("megakern_spec_accepted_tokens_total", "counter",
+         "Speculative decoding: verified draft tokens accepted (acceptance rate: these over the draft tokens).",
+         line("megakern_spec_accepted_tokens_total", s.accepted_tokens));
   return out;
 }
 
@@ -476,6 +484,7 @@ void HttpServer::setup_routes() {
                                      {"batch", opts_.batch},
                                      {"step_tokens", scheduler_->options().step_tokens},
                                      {"prefix_cache", scheduler_->options().prefix_cache},
+                                     {"spec", opts_.spec},
                                      {"context", opts_.n_ctx},
                                      {"max_tokens", opts_.max_tokens}}));
   });

@@ -32,6 +32,8 @@ struct ServerOptions {
   int queue = 64;           // requests that may wait for a row before 503
   std::string executor = "mega";
   bool prefix_cache = true;  // reuse a free row's held prompt prefix (SchedulerOptions::prefix_cache)
+  std::string spec;          // speculative decoding's drafter (SchedulerOptions::spec); empty: none
+  int draft = 6;             // most draft tokens per sequence and step
   std::string model_id;     // the name reported and accepted in "model" (empty: the model's name)
   // Connection handling (see http_io.h). io_threads serve every connection.
   // Beyond max_connections an idle keep-alive connection is closed to make

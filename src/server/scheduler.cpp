@@ -5,11 +5,14 @@
 #include "core/zeroed_buffer.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "core/error.h"
 #include "runtime/generation.h"
 #include "runtime/model.h"
 #include "runtime/engine.h"
+#include "spec/drafter.h"
+#include "spec/speculative.h"
 
 namespace megakern::server {
 
@@ -109,6 +112,14 @@ struct Scheduler::BatchRow {
   // and handed to the job once the prompt is done.
   bool score = false;
   std::vector<TokenLogprob> prompt_logprobs;
+  // --spec: this row's drafter (and draft model), made once; the proposal
+  // for the next step and the context it continues (held, then the newest
+  // token); recurrent models: the states after each draft row.
+  std::unique_ptr<Model> draft_model;
+  std::unique_ptr<Drafter> drafter;
+  Draft draft;
+  std::vector<int32_t> context;
+  std::vector<RecurrentState> snapshots;
 };
 
 Scheduler::Scheduler(const Model& model, ThreadPool& pool, const SchedulerOptions& opts)
@@ -139,6 +150,7 @@ Scheduler::Scheduler(const Model& model, ThreadPool& pool, const SchedulerOption
     s->seq = model_.new_sequence(opts_.n_ctx);
     rows_.push_back(std::move(s));
   }
+  if (!opts_.spec.empty()) setup_spec(pool);
   // Each cache is committed only as it fills, and each alone was checked
   // against physical memory; all rows at full context must fit as well.
   double kv_bytes = 0;
@@ -149,11 +161,42 @@ Scheduler::Scheduler(const Model& model, ThreadPool& pool, const SchedulerOption
          "smaller --batch or --context",
          opts_.max_rows, opts_.n_ctx, human_bytes(kv_bytes), human_bytes(static_cast<double>(phys)));
   logits_.resize(static_cast<size_t>(opts_.step_tokens) * static_cast<size_t>(engine_->n_vocab()));
+  if (engine_->tap_width() > 0) taps_.resize(static_cast<size_t>(opts_.step_tokens) * static_cast<size_t>(engine_->tap_width()));
   // Steps take any number of rows up to step_tokens; the megakernel compiles
   // a schedule per row count at its first use, which would land in the
   // middle of some stream. Compile them all now.
   for (int n = 1; n <= opts_.step_tokens; ++n) engine_->executor().prepare(n);
   thread_ = std::thread([this] { loop(); });
+}
+
+void Scheduler::setup_spec(ThreadPool& pool) {
+  if (opts_.draft < 1 || opts_.draft > SpecOptions::kMaxDraft)
+    fail("--draft must be in 1..{}, got {}", SpecOptions::kMaxDraft, opts_.draft);
+  if (opts_.draft + 1 > opts_.step_tokens)
+    fail("--draft {} needs {} rows of a step for one sequence's verify, more than --step-tokens {}", opts_.draft,
+         opts_.draft + 1, opts_.step_tokens);
+  // A ring layer keeps only its window's positions: the rows of rejected
+  // drafts could overwrite positions the sequence still attends to.
+  const auto& ring = rows_.front()->seq.cache.ring;
+  if (std::any_of(ring.begin(), ring.end(), [](int r) { return r > 0; }))
+    fail("--spec: {} has sliding-window layers, whose ring caches cannot take draft rows that may be rejected",
+         model_.name());
+  // Drafts are the drafter's most likely tokens, never sampled: a sampled
+  // request then keeps its random stream and so its exact tokens (take_token
+  // draws each verify row as plain decoding would, and a draft counts as
+  // accepted when the drawn token is the draft).
+  SamplingParams greedy;
+  for (auto& s : rows_)
+    s->drafter = make_drafter(opts_.spec, model_, pool, opts_.n_ctx, greedy, s->draft_model, opts_.executor);
+  const Drafter& d = *rows_.front()->drafter;
+  if (d.wants_taps()) {
+    // The drafter sees the taps of every position: every prompt row goes
+    // through the full program and from position 0 (no held prefix).
+    engine_->enable_taps(d.tap_layers());
+    opts_.headless_min_rows = std::numeric_limits<int>::max();
+    opts_.prefix_cache = false;
+  }
+  if (!opts_.fixed_draft) estimates_ = std::make_unique<DraftEstimates>(opts_.step_tokens);
 }
 
 Scheduler::~Scheduler() {
@@ -246,7 +289,19 @@ void Scheduler::loop() {
       continue;
     }
     take_queued();
-    const StepPlan plan = policy_->schedule([this](SeqId id, int slot) { return reusable(id, slot); });
+    StepPolicy::Drafts drafts;
+    StepPolicy::StepCost cost;
+    if (!opts_.spec.empty()) {
+      for (auto& s : rows_) s->draft.clear();
+      drafts = [this](SeqId id, std::vector<double>& gains) {
+        for (auto& s : rows_)
+          if (s->job && s->id == id) return offer_drafts(*s, gains);
+      };
+      // Costs once some step was measured (before, every draft that fits).
+      if (estimates_ && estimates_->step_cost(1) > 0) cost = [this](int rows) { return estimates_->step_cost(rows); };
+    }
+    const StepPlan plan =
+        policy_->schedule([this](SeqId id, int slot) { return reusable(id, slot); }, drafts, cost);
     for (const auto& a : plan.admitted) {
       BatchRow& s = *rows_[static_cast<size_t>(a.slot)];
       MK_CHECK(!s.job && !admitting_.empty() && admitting_.front().first == a.id,
@@ -257,8 +312,9 @@ void Scheduler::loop() {
       start(s, a.reused);
     }
     MK_CHECK(admitting_.empty(), "{} queued sequences were not admitted", admitting_.size());
-    const std::vector<SeqId> finished = plan.empty() ? std::vector<SeqId>{} : run_step(plan);
-    policy_->postprocess(plan, finished);
+    std::vector<int> accepted;
+    const std::vector<SeqId> finished = plan.empty() ? std::vector<SeqId>{} : run_step(plan, accepted);
+    policy_->postprocess(plan, finished, accepted);
   }
 }
 
@@ -338,10 +394,47 @@ void Scheduler::start(BatchRow& s, int reused) {
     return;
   }
   if (reused == 0) s.seq.clear();
+  if (s.drafter) s.drafter->reset();
 }
 
-std::vector<SeqId> Scheduler::run_step(const StepPlan& plan) {
+void Scheduler::offer_drafts(BatchRow& s, std::vector<double>& gains) {
+  if (!s.drafter || !s.gen) return;
+  try {
+    propose(s);
+  } catch (const std::exception& e) {
+    // The step goes on without this sequence's drafts (plain decoding is
+    // never wrong); the failure is reported.
+    s.draft.clear();
+    fmt::print(stderr, "megakern serve: drafter {} failed, sequence {} decodes plainly this step: {}\n",
+               s.drafter->name(), s.id, e.what());
+  }
+  const int n = static_cast<int>(s.draft.tokens.size());
+  if (estimates_)
+    estimates_->gains(s.draft.match, n, gains);
+  else
+    gains.assign(static_cast<size_t>(n), 1.0);
+}
+
+void Scheduler::propose(BatchRow& s) {
+  const int N = s.gen->position();
+  // Drafts at N + 1 .. N + k: within the context, and no more than the
+  // generation may still take after the token at N.
+  const int k = std::min({opts_.draft, s.gen->remaining() - 1, s.seq.n_ctx() - 1 - N});
+  if (k < 1) return;
+  s.context.assign(s.held.begin(), s.held.end());
+  MK_CHECK(static_cast<int>(s.context.size()) == N, "sequence {} holds {} tokens at position {}", s.id,
+           s.context.size(), N);
+  s.context.push_back(s.gen->last_token());
+  s.drafter->propose(s.context, k, s.draft);
+  if (static_cast<int>(s.draft.tokens.size()) > k) s.draft.tokens.resize(static_cast<size_t>(k));
+  const int64_t V = engine_->n_vocab();
+  for (int32_t t : s.draft.tokens)
+    if (t < 0 || t >= V) fail("drafter {} proposed token {}, outside the vocabulary of {}", s.drafter->name(), t, V);
+}
+
+std::vector<SeqId> Scheduler::run_step(const StepPlan& plan, std::vector<int>& accepted) {
   const size_t V = static_cast<size_t>(engine_->n_vocab());
+  accepted.assign(plan.decode.size(), 0);
   // Entries of the plan whose sequence failed to start have no row.
   auto live = [&](int slot, SeqId id) -> BatchRow* {
     BatchRow* s = rows_[static_cast<size_t>(slot)].get();
@@ -351,7 +444,15 @@ std::vector<SeqId> Scheduler::run_step(const StepPlan& plan) {
   };
   std::vector<RowInput> rows, headless;
   rows.reserve(static_cast<size_t>(plan.rows()));
-  std::vector<BatchRow*> decode_rows;
+  // Each decode row with its draft rows (a verify block): the plan's entry,
+  // and where its rows start in the full step.
+  struct Block {
+    BatchRow* s;
+    size_t entry;
+    size_t first;
+    int draft;
+  };
+  std::vector<Block> blocks;
   // Each chunk, and how many of its rows (its last ones) go through the full
   // program; the others go through the program without its output head.
   struct Chunk {
@@ -360,14 +461,30 @@ std::vector<SeqId> Scheduler::run_step(const StepPlan& plan) {
     int full;
   };
   std::vector<Chunk> chunks;
-  for (const DecodeRow& d : plan.decode) {
+  for (size_t e = 0; e < plan.decode.size(); ++e) {
+    const DecodeRow& d = plan.decode[e];
     BatchRow* s = live(d.slot, d.id);
     if (!s) continue;
     MK_CHECK(s->gen && s->gen->position() == d.pos, "sequence {}: the plan decodes position {}, the generation is at {}",
              d.id, d.pos, s->gen ? s->gen->position() : -1);
+    MK_CHECK(d.draft <= static_cast<int>(s->draft.tokens.size()), "sequence {}: {} draft rows for {} drafts", d.id,
+             d.draft, s->draft.tokens.size());
+    blocks.push_back({s, e, rows.size(), d.draft});
     rows.push_back(s->seq.row(s->gen->last_token(), d.pos));
-    decode_rows.push_back(s);
+    // Draft row i verifies draft i - 1 at d.pos + i; a recurrent row starts
+    // from the state the row before it left (a snapshot of its own).
+    if (s->seq.recurrent)
+      while (s->snapshots.size() < static_cast<size_t>(d.draft)) s->snapshots.push_back(s->seq.state);
+    for (int i = 1; i <= d.draft; ++i) {
+      RowInput row = s->seq.row(s->draft.tokens[static_cast<size_t>(i - 1)], d.pos + i);
+      if (s->seq.recurrent) {
+        row.state = &s->snapshots[static_cast<size_t>(i - 1)];
+        row.state_in = rows.back().state;
+      }
+      rows.push_back(row);
+    }
   }
+  const size_t n_decode_rows = rows.size();
   // Prompt rows whose logits nobody reads (all but a prompt's last row,
   // unless the prompt is scored) skip the output head, a fifth to a quarter
   // of a small model's work per row, when there are enough of them to pay
@@ -400,13 +517,16 @@ std::vector<SeqId> Scheduler::run_step(const StepPlan& plan) {
   const auto t0 = Clock::now();
   try {
     if (!headless.empty()) engine_->step_headless(headless);
-    if (!rows.empty()) engine_->step(rows, logits_.data());
+    const auto t1 = Clock::now();
+    if (!rows.empty()) engine_->step(rows, logits_.data(), taps_.empty() ? nullptr : taps_.data());
+    if (estimates_ && !rows.empty())
+      estimates_->record_step(static_cast<int>(rows.size()), std::chrono::duration<double>(Clock::now() - t1).count());
   } catch (const std::exception& e) {
     // What the failed step wrote is unknown: these states hold nothing.
-    for (BatchRow* s : decode_rows) {
-      s->held.clear();
-      finished.push_back(s->id);
-      release(*s, FinishReason::Error, fmt::format("decode step failed: {}", e.what()));
+    for (const Block& b : blocks) {
+      b.s->held.clear();
+      finished.push_back(b.s->id);
+      release(*b.s, FinishReason::Error, fmt::format("decode step failed: {}", e.what()));
     }
     for (const Chunk& k : chunks) {
       k.s->held.clear();
@@ -416,13 +536,8 @@ std::vector<SeqId> Scheduler::run_step(const StepPlan& plan) {
     return finished;
   }
   const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
-  const size_t n_rows = rows.size() + headless.size(), n_prompt = n_rows - decode_rows.size();
-  // What each row's state now holds (before sampling, which may release it).
-  for (size_t i = 0; i < decode_rows.size(); ++i) {
-    BatchRow& s = *decode_rows[i];
-    s.held.resize(static_cast<size_t>(rows[i].pos));
-    s.held.push_back(rows[i].token);
-  }
+  const size_t n_rows = rows.size() + headless.size(), n_prompt = n_rows - n_decode_rows;
+  // What each prompt's state now holds (before sampling, which may release it).
   for (const Chunk& k : chunks) {
     const auto& prompt = k.s->job->request.prompt;
     k.s->held.resize(static_cast<size_t>(k.c->begin));
@@ -434,17 +549,59 @@ std::vector<SeqId> Scheduler::run_step(const StepPlan& plan) {
     stats_.step_rows += n_rows;
     stats_.prompt_rows += n_prompt;
     stats_.headless_rows += headless.size();
-    if (n_prompt > 0 && !decode_rows.empty()) ++stats_.mixed_steps;
+    if (n_prompt > 0 && !blocks.empty()) ++stats_.mixed_steps;
     stats_.step_seconds += dt;
     stats_.prefill_seconds += dt * static_cast<double>(n_prompt) / static_cast<double>(n_rows);
     stats_.prompt_tokens += n_prompt;
     for (const Chunk& k : chunks) stats_.prefills += k.c->last ? 1 : 0;
   }
-  for (size_t i = 0; i < decode_rows.size(); ++i) {
-    const SeqId id = decode_rows[i]->id;  // release() clears it
-    if (take_token(*decode_rows[i], logits_.data() + i * V)) finished.push_back(id);
+  const size_t W = static_cast<size_t>(engine_->tap_width());
+  uint64_t drafted = 0, drafts_accepted = 0;
+  for (const Block& b : blocks) {
+    BatchRow& s = *b.s;
+    const SeqId id = s.id;  // release() clears it
+    const int N = rows[b.first].pos;
+    const Draft& draft = s.draft;
+    // Row i gives the token after the anchor and drafts 0..i-1, drawn as
+    // plain decoding draws it; draft i is accepted when that token is it,
+    // and then row i + 1 holds the next token's logits. Every token drawn
+    // judges the draft proposed for it (verified or not).
+    int a = 0;
+    bool done = false;
+    for (int i = 0; i <= b.draft; ++i) {
+      int32_t token = -1;
+      done = take_token(s, logits_.data() + (b.first + static_cast<size_t>(i)) * V, &token);
+      const bool hit = i < static_cast<int>(draft.tokens.size()) && token == draft.tokens[static_cast<size_t>(i)];
+      if (estimates_ && i < static_cast<int>(draft.tokens.size())) estimates_->judge(draft.match, i, hit);
+      if (hit && i < b.draft) ++a;
+      if (done || !hit) break;
+    }
+    drafted += static_cast<uint64_t>(b.draft);
+    drafts_accepted += static_cast<uint64_t>(a);
+    // The state holds the anchor and the accepted drafts (the rows after
+    // them are overwritten by the next step); a recurrent state is the
+    // snapshot after the last accepted one.
+    s.held.resize(static_cast<size_t>(N));
+    s.held.push_back(rows[b.first].token);
+    s.held.insert(s.held.end(), draft.tokens.begin(), draft.tokens.begin() + a);
+    if (done) {
+      finished.push_back(id);
+      continue;
+    }
+    accepted[b.entry] = a;
+    if (s.seq.recurrent && a > 0) {
+      const RecurrentState& st = s.snapshots[static_cast<size_t>(a - 1)];
+      std::copy(st.conv.begin(), st.conv.end(), s.seq.state.conv.begin());
+      std::copy(st.S.begin(), st.S.end(), s.seq.state.S.begin());
+    }
+    if (W > 0) s.drafter->observe_taps(taps_.data() + b.first * W, a + 1, N);
   }
-  size_t at = decode_rows.size();  // the chunk's first row in the full step
+  if (!blocks.empty() && !opts_.spec.empty()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.draft_tokens += drafted;
+    stats_.accepted_tokens += drafts_accepted;
+  }
+  size_t at = n_decode_rows;  // the chunk's first row in the full step
   for (const Chunk& k : chunks) {
     BatchRow* s = k.s;
     const PromptChunk* c = k.c;
@@ -458,6 +615,8 @@ std::vector<SeqId> Scheduler::run_step(const StepPlan& plan) {
                                                      engine_->n_vocab(), req.prompt[static_cast<size_t>(next)],
                                                      req.logprobs));
       }
+    // Drafters on taps see every prompt row (all in the full step).
+    if (W > 0 && s->drafter) s->drafter->observe_taps(taps_.data() + at * W, c->n, c->begin);
     const float* last = logits_.data() + (at + static_cast<size_t>(k.full) - 1) * V;
     at += static_cast<size_t>(k.full);
     if (!c->last) continue;
@@ -473,10 +632,11 @@ std::vector<SeqId> Scheduler::run_step(const StepPlan& plan) {
   return finished;
 }
 
-bool Scheduler::take_token(BatchRow& s, const float* logits) {
+bool Scheduler::take_token(BatchRow& s, const float* logits, int32_t* sampled) {
   Generation& g = *s.gen;
   const int before = g.generated();
   const int32_t token = g.sample(logits, engine_->n_vocab());
+  if (sampled) *sampled = token;
   const Delta& d = g.push(token);
   if (d.generated > before) {
     std::lock_guard<std::mutex> lock(mu_);

@@ -145,6 +145,16 @@ struct SchedulerOptions {
   // already holds the longest prefix of its prompt (an earlier chat turn, a
   // shared system prompt) and computes only the rest. Attention models only.
   bool prefix_cache = true;
+  // Speculative decoding: each decoding sequence's drafter (make_drafter's
+  // names, spec/drafter.h; one drafter per row) proposes up to `draft`
+  // tokens each step, verified as rows of the same step (StepPolicy rule 4).
+  // Greedy and sampled requests alike keep exactly the tokens they would
+  // get without it. Empty: no speculation.
+  std::string spec;
+  int draft = 6;
+  // Verify every draft that fits the step; otherwise only as many as are
+  // expected to pay (DraftEstimates).
+  bool fixed_draft = false;
 };
 
 // Counters for /metrics. Totals only grow; the gauges are current values.
@@ -165,6 +175,8 @@ struct SchedulerStats {
   uint64_t prefix_hits = 0;        // requests that started on a held prefix
   uint64_t prefix_tokens = 0;      // prompt positions those did not recompute
   uint64_t prefix_lookup_tokens = 0;  // prompt tokens of every admitted request
+  uint64_t draft_tokens = 0;       // draft tokens verified (draft rows of steps)
+  uint64_t accepted_tokens = 0;    // of which accepted
   int queue_depth = 0;
   int active = 0;
 };
@@ -207,10 +219,18 @@ class Scheduler {
   int reusable(SeqId id, int slot) const;
   // Runs one plan through the engine and samples; returns the sequences
   // whose generation ended.
-  std::vector<SeqId> run_step(const StepPlan& plan);
+  // accepted[i] receives the drafts accepted for plan.decode[i].
+  std::vector<SeqId> run_step(const StepPlan& plan, std::vector<int>& accepted);
+  // --spec: makes every row's drafter and checks they fit the model.
+  void setup_spec(ThreadPool& pool);
   // Samples a batch row's next token from its logits and hands the text to its
   // request; true when the generation is over (the row is then released).
-  bool take_token(BatchRow& s, const float* logits);
+  // `sampled`, when given, receives the token.
+  bool take_token(BatchRow& s, const float* logits, int32_t* sampled = nullptr);
+  // --spec: the drafts decoding row s offers for the next step (its
+  // proposal in s.draft), as StepPolicy::Drafts wants them.
+  void offer_drafts(BatchRow& s, std::vector<double>& gains);
+  void propose(BatchRow& s);  // fills s.draft; throws when the drafter fails
   void release(BatchRow& s, FinishReason reason, const std::string& error = {});
 
   const Model& model_;
@@ -218,6 +238,8 @@ class Scheduler {
   std::unique_ptr<Engine> engine_;
   std::vector<std::unique_ptr<BatchRow>> rows_;  // max_rows of them: the policy's slots
   std::vector<float> logits_;                 // [step_tokens][n_vocab]
+  std::vector<float> taps_;                   // drafters on target taps: [step_tokens][tap width]
+  std::unique_ptr<DraftEstimates> estimates_;  // --spec without fixed_draft
   // Owned by the scheduler thread (like the rows): no lock.
   std::unique_ptr<StepPolicy> policy_;
   SeqId next_id_ = 1;

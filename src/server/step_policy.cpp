@@ -7,7 +7,13 @@
 
 namespace megakern::server {
 
-int StepPlan::rows() const { return static_cast<int>(decode.size()) + prompt_rows(); }
+int StepPlan::rows() const { return static_cast<int>(decode.size()) + draft_rows() + prompt_rows(); }
+
+int StepPlan::draft_rows() const {
+  int n = 0;
+  for (const auto& d : decode) n += d.draft;
+  return n;
+}
 
 int StepPlan::prompt_rows() const {
   int n = 0;
@@ -74,7 +80,7 @@ int StepPolicy::cached(SeqId id) const {
   return s ? s->cached : -1;
 }
 
-StepPlan StepPolicy::schedule(const Reuse& reuse) {
+StepPlan StepPolicy::schedule(const Reuse& reuse, const Drafts& drafts, const StepCost& cost) {
   MK_CHECK(!planned_, "schedule() called twice without postprocess()");
   StepPlan plan;
   // 1. Admission, first come first served, each to the free slot that holds
@@ -131,19 +137,75 @@ StepPlan StepPolicy::schedule(const Reuse& reuse) {
     plan.prefill.push_back({s.id, i, s.cached, n, n == left});
     budget -= n;
   }
+  // 4. Draft rows in the rows still left, the likeliest first.
+  if (drafts && n_decode > 0 && plan.rows() < opts_.step_tokens) plan_drafts(plan, drafts, cost);
   MK_CHECK(plan.rows() <= opts_.step_tokens, "plan of {} rows over the budget of {}", plan.rows(), opts_.step_tokens);
   planned_ = true;
   return plan;
 }
 
-void StepPolicy::postprocess(const StepPlan& plan, const std::vector<SeqId>& finished) {
+void StepPolicy::plan_drafts(StepPlan& plan, const Drafts& drafts, const StepCost& cost) const {
+  const size_t n = plan.decode.size();
+  std::vector<std::vector<double>> offers(n);
+  for (size_t i = 0; i < n; ++i) {
+    drafts(plan.decode[i].id, offers[i]);
+    for (size_t j = 0; j < offers[i].size(); ++j)
+      MK_CHECK(offers[i][j] >= 0 && offers[i][j] <= 1 && (j == 0 || offers[i][j] <= offers[i][j - 1]),
+               "sequence {}: draft {} offers {} expected tokens", plan.decode[i].id, j, offers[i][j]);
+  }
+  // Take offers one at a time, best first; remember after how many the
+  // step promises the most tokens per cost. A draft row must promise 5% more
+  // than the plain step: the estimates are noisy, and a row that does not
+  // pay costs more than one that barely pays gains.
+  constexpr double kMargin = 1.05;
+  const int rows = plan.rows(), left = opts_.step_tokens - rows;
+  std::vector<int> taken(n, 0);
+  std::vector<size_t> order;
+  double tokens = static_cast<double>(n);
+  auto cost_of = [&](int r) {
+    const double c = cost(r);
+    MK_CHECK(c > 0, "the cost of a step of {} rows is {}", r, c);
+    return c;
+  };
+  double best_rate = cost ? kMargin * tokens / cost_of(rows) : 0;
+  size_t best = 0;
+  for (int k = 1; k <= left; ++k) {
+    size_t pick = n;
+    for (size_t i = 0; i < n; ++i) {
+      if (static_cast<size_t>(taken[i]) >= offers[i].size()) continue;
+      if (pick == n) {
+        pick = i;
+        continue;
+      }
+      const double g = offers[i][static_cast<size_t>(taken[i])], bg = offers[pick][static_cast<size_t>(taken[pick])];
+      if (g > bg || (g == bg && taken[i] < taken[pick])) pick = i;
+    }
+    if (pick == n) break;
+    tokens += offers[pick][static_cast<size_t>(taken[pick]++)];
+    order.push_back(pick);
+    if (!cost) {
+      best = order.size();
+    } else if (const double rate = tokens / cost_of(rows + k); rate > best_rate) {
+      best_rate = rate;
+      best = order.size();
+    }
+  }
+  for (size_t j = 0; j < best; ++j) ++plan.decode[order[j]].draft;
+}
+
+void StepPolicy::postprocess(const StepPlan& plan, const std::vector<SeqId>& finished, const std::vector<int>& accepted) {
   MK_CHECK(planned_, "postprocess() without a schedule()");
   planned_ = false;
-  for (const DecodeRow& d : plan.decode) {
+  MK_CHECK(accepted.empty() || accepted.size() == plan.decode.size(), "{} accepted counts for {} decode rows",
+           accepted.size(), plan.decode.size());
+  for (size_t i = 0; i < plan.decode.size(); ++i) {
+    const DecodeRow& d = plan.decode[i];
     Slot* s = find(d.id);
     if (!s) continue;  // removed during the step
     MK_CHECK(s->cached == d.pos, "sequence {} decoded at {} but holds {} positions", d.id, d.pos, s->cached);
-    ++s->cached;
+    const int a = accepted.empty() ? 0 : accepted[i];
+    MK_CHECK(a >= 0 && a <= d.draft, "sequence {}: {} of {} drafts accepted", d.id, a, d.draft);
+    s->cached += 1 + a;
   }
   for (const PromptChunk& c : plan.prefill) {
     Slot* s = find(c.id);
@@ -152,6 +214,74 @@ void StepPolicy::postprocess(const StepPlan& plan, const std::vector<SeqId>& fin
     s->cached += c.n;
   }
   for (SeqId id : finished) remove(id);
+}
+
+// ---- DraftEstimates ------------------------------------------------------------
+
+DraftEstimates::DraftEstimates(int max_rows)
+    : step_s_(static_cast<size_t>(std::max(1, max_rows)) + 1, 0.0), judged_(kGrades, 0.0), accepted_(kGrades, 0.0) {}
+
+int DraftEstimates::grade(int match, int index) { return std::clamp(match + index, 0, kGrades - 1); }
+
+void DraftEstimates::record_step(int rows, double seconds) {
+  if (rows < 1 || static_cast<size_t>(rows) >= step_s_.size() || !(seconds > 0)) return;
+  constexpr double kSmooth = 0.2;
+  double& t = step_s_[static_cast<size_t>(rows)];
+  t = t > 0 ? (1 - kSmooth) * t + kSmooth * seconds : seconds;
+  constexpr double kDecay = 0.995;  // a few hundred steps
+  const double r = rows;
+  w_ = w_ * kDecay + 1;
+  sr_ = sr_ * kDecay + r;
+  st_ = st_ * kDecay + seconds;
+  srr_ = srr_ * kDecay + r * r;
+  srt_ = srt_ * kDecay + r * seconds;
+}
+
+double DraftEstimates::step_cost(int rows) const {
+  if (w_ > 0) {
+    const double mr = sr_ / w_, mt = st_ / w_, var = srr_ / w_ - mr * mr;
+    // Row counts spread by a quarter of a row at least: fit the line.
+    if (var > 0.25) {
+      const double b = std::max(0.0, (srt_ / w_ - mr * mt) / var), a = mt - b * mr;
+      return std::max(a + b * rows, 0.05 * mt);
+    }
+  }
+  size_t first = 1;
+  while (first < step_s_.size() && step_s_[first] <= 0) ++first;
+  if (first == step_s_.size()) return 0;
+  if (rows < static_cast<int>(first)) return step_s_[first] * rows / static_cast<double>(first);
+  int m = std::min(rows, static_cast<int>(step_s_.size()) - 1);
+  while (step_s_[static_cast<size_t>(m)] <= 0) --m;  // stops at first
+  return step_s_[static_cast<size_t>(m)] * (1.0 + 0.05 * (rows - m));
+}
+
+void DraftEstimates::judge(int match, int index, bool ok) {
+  // Old judgements fade, so that a grade's estimate follows the texts being
+  // written; the sequences share the estimates, so they fade slowly.
+  constexpr double kDecay = 0.98;
+  const size_t g = static_cast<size_t>(grade(match, index));
+  judged_[g] = judged_[g] * kDecay + 1.0;
+  accepted_[g] = accepted_[g] * kDecay + (ok ? 1.0 : 0.0);
+}
+
+double DraftEstimates::alpha(int match, int index) const {
+  double all_j = 0, all_a = 0;
+  for (int i = 0; i < kGrades; ++i) {
+    all_j += judged_[static_cast<size_t>(i)];
+    all_a += accepted_[static_cast<size_t>(i)];
+  }
+  const double prior = (all_a + 1.0) / (all_j + 2.0);
+  const size_t g = static_cast<size_t>(grade(match, index));
+  return std::clamp((accepted_[g] + prior) / (judged_[g] + 1.0), 0.0, 0.99);
+}
+
+void DraftEstimates::gains(int match, int n, std::vector<double>& out) const {
+  out.clear();
+  double chain = 1;
+  for (int i = 0; i < n; ++i) {
+    chain *= alpha(match, i);
+    out.push_back(chain);
+  }
 }
 
 }  // namespace megakern::server

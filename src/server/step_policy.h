@@ -33,6 +33,19 @@
 //     sequence in one step are computed in a chunked form that depends on the
 //     block, so fixed blocks keep its output the same whatever else is in the
 //     step.
+//  4. Speculative decoding: the rows still left go to draft rows, each the
+//     verify of one draft token after a decoding sequence's newest token
+//     (its decode row and its draft rows form one verify block). Each
+//     decoding sequence offers its drafts with the tokens each is expected
+//     to add (the chance that it and every draft before it are accepted);
+//     the offers are taken best first (equal ones spread evenly over the
+//     sequences, the fewest taken first, then slot order), a sequence's
+//     drafts always as a prefix. With a step cost, as many are taken as give
+//     the most expected tokens per cost of the whole step (none when a plain
+//     step does best); without one, every draft that fits. So when the rows
+//     cannot hold every sequence's drafts, the likeliest drafts are verified
+//     and the rest of each proposal is left out: drafts never take rows from
+//     decode rows or prompt chunks.
 // Since decode rows always come first and the budget leaves room for at
 // least one chunk beside a full decode batch, a long prompt delays the other
 // sequences by the cost of one step of step_tokens rows, never by its whole
@@ -60,11 +73,14 @@ struct PolicyOptions {
 
 using SeqId = uint64_t;
 
-// One decode row: the sequence's newest token at position `pos`.
+// One decode row: the sequence's newest token at position `pos`, and
+// `draft` rows after it verifying the first `draft` tokens it proposed (at
+// positions pos + 1 .. pos + draft).
 struct DecodeRow {
   SeqId id = 0;
   int slot = 0;
   int pos = 0;
+  int draft = 0;
 };
 
 // Prompt positions [begin, begin + n) of one sequence; `last` when they end
@@ -77,8 +93,8 @@ struct PromptChunk {
   bool last = false;
 };
 
-// What one engine step computes. Its rows are the decode rows in order, then
-// each chunk's rows in order; `admitted` lists the sequences that took a
+// What one engine step computes. Its rows are the decode rows in order (each
+// followed by its draft rows), then each chunk's rows in order; `admitted` lists the sequences that took a
 // slot in this schedule() (their chunks, if any, are in `prefill`).
 struct StepPlan {
   struct Admission {
@@ -91,6 +107,7 @@ struct StepPlan {
   std::vector<PromptChunk> prefill;
   int rows() const;
   int prompt_rows() const;
+  int draft_rows() const;
   bool empty() const { return decode.empty() && prefill.empty(); }
 };
 
@@ -114,17 +131,27 @@ class StepPolicy {
   // How many leading positions of waiting sequence `id`'s prompt the state
   // of free slot `slot` holds computed (0: none). Asked at admission only.
   using Reuse = std::function<int(SeqId id, int slot)>;
+  // Speculative decoding (rule 4): the drafts decoding sequence `id` offers
+  // for this step, as the expected tokens each adds (`gains`, cleared
+  // before the call, at most one per draft proposed, each in [0, 1] and
+  // none above the one before).
+  using Drafts = std::function<void(SeqId id, std::vector<double>& gains)>;
+  // The cost of an engine step of `rows` rows (any unit, > 0).
+  using StepCost = std::function<double(int rows)>;
 
   // The next step. Empty when nothing can run (no sequences held). Must be
   // followed by postprocess() before the next schedule(). Without `reuse`
-  // every prompt is computed from position 0 in the first free slot.
-  StepPlan schedule(const Reuse& reuse = {});
+  // every prompt is computed from position 0 in the first free slot;
+  // without `drafts` no draft rows are planned; without `cost` every draft
+  // that fits is.
+  StepPlan schedule(const Reuse& reuse = {}, const Drafts& drafts = {}, const StepCost& cost = {});
   // Accounts for the step that ran `plan` (the last schedule()): decode rows
-  // advance their sequence by one position, chunks advance their prompt, and
-  // a last chunk makes its sequence decode from the next step on. Sequences
-  // in `finished` (their generation ended on this step's row) leave and free
-  // their slots.
-  void postprocess(const StepPlan& plan, const std::vector<SeqId>& finished);
+  // advance their sequence by one position plus accepted[i] for
+  // plan.decode[i] (the drafts accepted, at most its draft rows; empty: none),
+  // chunks advance their prompt, and a last chunk makes its sequence decode
+  // from the next step on. Sequences in `finished` (their generation ended on
+  // this step's row) leave and free their slots.
+  void postprocess(const StepPlan& plan, const std::vector<SeqId>& finished, const std::vector<int>& accepted = {});
 
   const PolicyOptions& options() const { return opts_; }
   int free_slots() const;
@@ -151,6 +178,8 @@ class StepPolicy {
   };
   Slot* find(SeqId id);
   const Slot* find(SeqId id) const;
+  // Rule 4: adds draft rows to the plan's decode rows.
+  void plan_drafts(StepPlan& plan, const Drafts& drafts, const StepCost& cost) const;
 
   PolicyOptions opts_;
   std::vector<Slot> slots_;  // max_seqs of them
@@ -158,6 +187,45 @@ class StepPolicy {
   uint64_t next_order_ = 0;
   uint64_t next_release_ = 1;
   bool planned_ = false;  // schedule() called, postprocess() not yet
+};
+
+// Speculative decoding's estimates for the server, without clocks: the
+// cost of a step by its rows, from measured times, and the chance that a
+// draft is accepted, by grade. A draft's grade is its proposal's match
+// (Draft::match, 0 for drafters that do not grade) plus its index in the
+// proposal, capped at kGrades - 1: graded drafters' drafts are accepted more
+// often the longer the text they continue agrees with its source.
+class DraftEstimates {
+ public:
+  static constexpr int kGrades = 40;
+  explicit DraftEstimates(int max_rows);
+  // A step of `rows` rows took `seconds`.
+  void record_step(int rows, double seconds);
+  // The expected seconds of a step of `rows` rows. Once steps of different
+  // row counts were measured: a straight line a + b x rows fitted to the
+  // recent steps (least squares, old steps fading), which one noisy step or
+  // a row count measured once cannot bend much; a is what a step costs
+  // whatever its rows (the weights read once), the saving draft rows live
+  // on. Before: the smoothed measurement, or for a row count never measured
+  // an optimistic guess (so that it gets tried): in proportion to the rows
+  // below the fewest measured, else 5% a row above the nearest measured
+  // count below it. 0 when nothing was measured yet.
+  double step_cost(int rows) const;
+  // Draft `index` of a proposal of grade `match` was judged against the
+  // target's token: accepted or not.
+  void judge(int match, int index, bool accepted);
+  // The chance that a draft of that grade is accepted once those before it
+  // were: the decayed count at its grade, leaning on all grades together
+  // while it has few judgements (0.5 before anything was judged).
+  double alpha(int match, int index) const;
+  // The expected tokens drafts 0..n-1 of a proposal of grade `match` add.
+  void gains(int match, int n, std::vector<double>& out) const;
+
+ private:
+  static int grade(int match, int index);
+  std::vector<double> step_s_;  // [rows]: smoothed seconds, 0 when not measured
+  double w_ = 0, sr_ = 0, st_ = 0, srr_ = 0, srt_ = 0;  // decayed sums over steps: 1, rows, seconds, rows^2, rows x seconds
+  std::vector<double> judged_, accepted_;
 };
 
 }  // namespace megakern::server
