@@ -104,8 +104,11 @@ TEST_P(ExecArchTest, MegaEqualsOpByOpBitForBitAndMatchesReference) {
     ASSERT_EQ(0, std::memcmp(a.data(), b.data(), sizeof(float) * a.size())) << "rows " << rows;
     const auto r = run_with_history(*m, *ref, w, kv());
     // Scalar and vector kernels differ only in summation order: 1e-4 of the
-    // largest logit.
-    EXPECT_LT(max_normalized_diff(a, r), 1e-4) << "rows " << rows;
+    // largest logit. A rounded cache can turn such a difference into a
+    // stored value one unit of its type apart (f16 2^-11 relative, bf16
+    // 2^-8, q8_0 1/254 of its block's largest): about 3x the largest seen.
+    const double tol = kv() == KvType::f32 ? 1e-4 : kv() == KvType::f16 ? 1e-3 : kv() == KvType::bf16 ? 3e-3 : 1e-2;
+    EXPECT_LT(max_normalized_diff(a, r), tol) << "rows " << rows;
   }
 }
 

@@ -116,11 +116,11 @@ TEST(KvCache, StoreRoundsOrQuantisesAndLoadGivesTheStoredValues) {
         if (rel > 0)
           for (int i = 0; i < 128; ++i)
             if (std::fabs(kr[i]) > 1e-4f) ASSERT_LE(std::fabs(kb[i] - kr[i]), rel * std::fabs(kr[i]) * 1.0001) << i;
-        if (t == KvType::q8_0)  // half a step of the block's scale amax / 127
+        if (t == KvType::q8_0)  // half a step of amax / 127, plus 127 steps' share of the f16 scale's rounding
           for (int b = 0; b < 4; ++b) {
             float amax = 0;
             for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(kr[32 * b + i]));
-            for (int i = 0; i < 32; ++i) ASSERT_LE(std::fabs(kb[32 * b + i] - kr[32 * b + i]), amax / 127 * 0.502f);
+            for (int i = 0; i < 32; ++i) ASSERT_LE(std::fabs(kb[32 * b + i] - kr[32 * b + i]), amax / 127 * (0.5f + 127.f / 2048));
           }
         if (t == KvType::f16) EXPECT_TRUE(std::isinf(vb[9]));
       }
@@ -314,9 +314,8 @@ TEST(Kernels, AttentionOverTypedCachesMatchesItsDefinitionBitForBit) {
 // refused naming the width.
 TEST(Cli, KvTypeIsCheckedByEveryModelLoadingCommand) {
   const std::string want = "--kv-type: unknown KV cache type 'q4' (the types are f32, f16, bf16 or q8_0)";
-  for (const std::string args :
-       {"run -p hi -m dense-mini --kv-type q4", "bench -m dense-mini --kv-type q4 --steps 1",
-        "perplexity -m dense-mini --kv-type q4 -f /dev/null", "serve -m dense-mini --kv-type q4",
+  for (const std::string& args : std::vector<std::string>{"run -p hi -m dense-mini --kv-type q4", "bench -m dense-mini --kv-type q4 --steps 1",
+        "perplexity -m dense-mini --kv-type q4 -f " + std::string(MEGAKERN_SOURCE_DIR) + "/bench/data/gpl-3.0.txt", "serve -m dense-mini --kv-type q4",
         "step -m dense-mini --kv-type q4", "chat -m dense-mini --kv-type q4", "bench-spec -m dense-mini --kv-type q4"}) {
     const CliResult r = run_cli(args + " </dev/null");
     EXPECT_NE(r.status, 0) << args;
