@@ -29,7 +29,7 @@ void kv_decode_rows_scalar(KvType t, const uint8_t* src, int64_t stride, int64_t
 }
 
 void kv_decode_rows(KvType t, const uint8_t* src, int64_t stride, int64_t rows, int64_t n, float* dst, bool scalar) {
-  if (!scalar && use_avx2() && (t != KvType::f16 || cpu_features().f16c))
+  if (!scalar && use_avx2() && cpu_features().f16c)
     kv_decode_rows_avx2(t, src, stride, rows, n, dst);
   else
     kv_decode_rows_scalar(t, src, stride, rows, n, dst);

@@ -14,6 +14,7 @@ namespace megakern {
 // dst + r * n (q8_0: n a multiple of 32). t is not f32.
 void kv_decode_rows(KvType t, const uint8_t* src, int64_t stride, int64_t rows, int64_t n, float* dst, bool scalar);
 void kv_decode_rows_scalar(KvType t, const uint8_t* src, int64_t stride, int64_t rows, int64_t n, float* dst);
+// AVX2 + F16C (kv_decode_rows takes it where the CPU has both).
 void kv_decode_rows_avx2(KvType t, const uint8_t* src, int64_t stride, int64_t rows, int64_t n, float* dst);
 
 }  // namespace megakern

@@ -17,7 +17,7 @@ void kv_decode_rows_avx2(KvType t, const uint8_t* src, int64_t stride, int64_t r
         const uint8_t* blk = src + b * static_cast<int64_t>(kKvQ8BlockBytes);
         uint16_t h;
         std::memcpy(&h, blk, 2);
-        const __m256 d = _mm256_set1_ps(f16_to_f32(h));
+        const __m256 d = _mm256_set1_ps(_cvtsh_ss(h));  // F16C: exact, as f16_to_f32
         float* y = dst + b * kKvQ8Block;
         for (int j = 0; j < kKvQ8Block; j += 8) {
           const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2 + j));
