@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "core/units.h"
+#include "kernels/cpu/kv_decode.h"
 #include "ir/program.h"
 
 namespace megakern {
@@ -55,18 +56,6 @@ void encode_kv(KvType t, const float* x, int n, uint8_t* b) {
     dtype_detail::store_u16(b + 2 * i, t == KvType::f16 ? f32_to_f16(x[i]) : f32_to_bf16(x[i]));
 }
 
-void decode_kv(KvType t, const uint8_t* b, int n, float* y) {
-  for (int i = 0; i < n; ++i) {
-    if (t == KvType::q8_0) {
-      const uint8_t* blk = b + static_cast<size_t>(i / kKvQ8Block) * kKvQ8BlockBytes;
-      y[i] = static_cast<float>(static_cast<int8_t>(blk[2 + i % kKvQ8Block])) * dtype_detail::load_f16(blk);
-    } else {
-      const uint16_t h = dtype_detail::load_u16(b + 2 * i);
-      y[i] = t == KvType::f16 ? f16_to_f32(h) : bf16_to_f32(h);
-    }
-  }
-}
-
 }  // namespace
 
 void KVCache::store(int layer, int pos, const float* k_row, const float* v_row) {
@@ -93,8 +82,10 @@ void KVCache::load(int layer, int pos, float* k_row, float* v_row) const {
       std::memcpy(k_row + h * hk, k.data() + k_head_offset(layer, h) + s * hk, sizeof(float) * hk);
       std::memcpy(v_row + h * hv, v.data() + v_head_offset(layer, h) + s * hv, sizeof(float) * hv);
     } else {
-      decode_kv(type, kq.data() + kv_row_bytes(type, k_head_offset(layer, h) + s * hk), head_k(), k_row + h * hk);
-      decode_kv(type, vq.data() + kv_row_bytes(type, v_head_offset(layer, h) + s * hv), head_v(), v_row + h * hv);
+      kv_decode_rows_scalar(type, kq.data() + kv_row_bytes(type, k_head_offset(layer, h) + s * hk), 0, 1, head_k(),
+                            k_row + h * hk);
+      kv_decode_rows_scalar(type, vq.data() + kv_row_bytes(type, v_head_offset(layer, h) + s * hv), 0, 1, head_v(),
+                            v_row + h * hv);
     }
   }
 }
