@@ -33,10 +33,12 @@
 //                                Against BM_Matmul(Fast)'s GMAC/s at 64 rows
 //                                it says how far a kernel is from what its
 //                                instructions allow.
-//   BM_Attention/ctx:N/threads:T one decode row attending over N cached
-//                                positions, 32 query / 8 KV heads of 128 (f32 K
-//                                and V read once: bytes = 2 N 8 128 4); tiles
-//                                (one per head) split across the pool.
+//   BM_Attention/<kv type>/ctx:N/threads:T/kv:K
+//                                one decode row attending over N cached
+//                                positions, 32 query / 8 KV heads of 128, K and
+//                                V stored as f32, f16, bf16 or q8_0 and read
+//                                once (bytes = the cache's); tiles (one per
+//                                head) split across the pool.
 //   BM_GluAct/<silu|gelu_tanh|situ>/<scalar|dispatch>
 //                                the gated activation over 4096 values in L1,
 //                                C library formulas vs the run-time choice
@@ -504,6 +506,7 @@ void counters(benchmark::State& state, double bytes, int threads, double per_cal
 
 void BM_Attention(benchmark::State& state) {
   const int n_ctx = (int)state.range(0), threads = (int)state.range(1);
+  const KvType kv_type = static_cast<KvType>(state.range(2));  // core/kv_type.h
   const int H = 32, Hkv = 8, D = 128;
   DecodeProgram prog;
   prog.kv_dim = Hkv * D;
@@ -522,10 +525,16 @@ void BM_Attention(benchmark::State& state) {
   cache.kv_dim = prog.kv_dim;
   std::mt19937 rng(3);
   std::normal_distribution<float> g(0.f, 1.f);
-  cache.k.assign((size_t)n_ctx * prog.kv_dim, 0.f);
-  cache.v.assign(cache.k.size(), 0.f);
-  for (auto& x : cache.k) x = g(rng);
-  for (auto& x : cache.v) x = g(rng);
+  cache.type = kv_type;
+  cache.allocate((size_t)n_ctx * prog.kv_dim, (size_t)n_ctx * prog.kv_dim);
+  {
+    std::vector<float> kr(prog.kv_dim), vr(prog.kv_dim);
+    for (int p = 0; p < n_ctx; ++p) {
+      for (auto& x : kr) x = g(rng);
+      for (auto& x : vr) x = g(rng);
+      cache.store(0, p, kr.data(), vr.data());
+    }
+  }
   std::vector<float> qv(H * D), ov(H * D);
   for (auto& x : qv) x = g(rng);
   RowInput row{0, n_ctx - 1, &cache, nullptr};
@@ -541,7 +550,7 @@ void BM_Attention(benchmark::State& state) {
     run_tiles(p, prog.ops[0], ctx, tiles);
     benchmark::DoNotOptimize(ov.data());
   }
-  counters(state, 2.0 * n_ctx * prog.kv_dim * sizeof(float), threads, 1);
+  counters(state, static_cast<double>(cache.bytes()), threads, 1);
 }
 
 void BM_DeltaRule(benchmark::State& state) {
@@ -688,12 +697,13 @@ void register_all() {
     }
   for (int threads : {1, 2}) {
     for (int64_t ctx : {512, 4096, 32768})
-      benchmark::RegisterBenchmark("BM_Attention", BM_Attention)
-          ->Args({ctx, threads})
-          ->ArgNames({"ctx", "threads"})
-          ->UseRealTime()
-          ->Unit(benchmark::kMillisecond)
-          ->MinTime(0.2);
+      for (KvType t : {KvType::f32, KvType::f16, KvType::bf16, KvType::q8_0})
+        benchmark::RegisterBenchmark((std::string("BM_Attention/") + kv_type_name(t)).c_str(), BM_Attention)
+            ->Args({ctx, threads, static_cast<int64_t>(t)})
+            ->ArgNames({"ctx", "threads", "kv"})
+            ->UseRealTime()
+            ->Unit(benchmark::kMillisecond)
+            ->MinTime(0.2);
     for (int64_t block : {1, 8, 64})
       benchmark::RegisterBenchmark("BM_DeltaRule", BM_DeltaRule)
           ->Args({block, threads})

@@ -3,6 +3,8 @@
 // the model's program.
 #pragma once
 
+#include <string>
+
 #include "ir/sequence_state.h"
 #include "model/dense_program.h"
 #include "model/kimi.h"
@@ -17,12 +19,21 @@ inline DecodeProgram program_of(const Qwen38Model& m) { return build_qwen38_prog
 inline DecodeProgram program_of(const KimiModel& m) { return build_kimi_program(m, 1); }
 inline DecodeProgram program_of(const MuseModel& m) { return build_muse_program(m, 1); }
 
-// The KV cache of a sequence of n_ctx positions (ring_block: see
+// The KV cache of a sequence of n_ctx positions (ring_block, kv_type: see
 // make_sequence_state).
 template <class M>
-KVCache make_cache(const M& m, int n_ctx, int ring_block = 0) {
-  return make_sequence_state(sequence_shape(program_of(m)), n_ctx, ring_block).cache;
+KVCache make_cache(const M& m, int n_ctx, int ring_block = 0, KvType kv_type = KvType::f32) {
+  return make_sequence_state(sequence_shape(program_of(m)), n_ctx, ring_block, kv_type).cache;
 }
+
+// The KV types, and a test parameter's name for each ("f16").
+inline constexpr KvType kAllKvTypes[] = {KvType::f32, KvType::f16, KvType::bf16, KvType::q8_0};
+struct KvTypeName {
+  template <class P>
+  std::string operator()(const P& info) const {
+    return kv_type_name(info.param);
+  }
+};
 // The recurrent state of a sequence.
 template <class M>
 RecurrentState make_state(const M& m) {

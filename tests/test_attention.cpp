@@ -175,8 +175,11 @@ TEST(Kernels, AttentionSinkTakesItsShareOfTheSoftmax) {
 
 // Through the executors, on a tiny gemma3 (sliding-window and global layers,
 // GQA): 64 positions of one sequence prefilled as one step, as steps of 8 and
-// one row per step give the same logits for every position, bit for bit.
-TEST(Exec, RowGivesSameBitsAloneInEightAndInLongChunk) {
+// one row per step give the same logits for every position, bit for bit,
+// for every KV cache type (core/kv_type.h).
+class ExecKvTest : public ::testing::TestWithParam<KvType> {};
+
+TEST_P(ExecKvTest, RowGivesSameBitsAloneInEightAndInLongChunk) {
   for (const char* arch : {"gemma3", "llama"}) {
     TinySpec spec;
     spec.arch = arch;
@@ -196,7 +199,7 @@ TEST(Exec, RowGivesSameBitsAloneInEightAndInLongChunk) {
       std::vector<int32_t> toks(N);
       for (int p = 0; p < N; ++p) toks[static_cast<size_t>(p)] = (p * 29 + 3) % V;
       auto run = [&](int block) {
-        KVCache c = make_cache(*m, 128);
+        KVCache c = make_cache(*m, 128, 0, GetParam());
         std::vector<float> out(static_cast<size_t>(N) * V);
         for (int p0 = 0; p0 < N; p0 += block) {
           std::vector<RowInput> rows;
@@ -219,8 +222,10 @@ TEST(Exec, RowGivesSameBitsAloneInEightAndInLongChunk) {
 // Engine::prefill runs a dense prompt in blocks through the program without
 // its output head, and the last position alone through the full program:
 // the logits are those of one row per step, bit for bit, for any block.
-TEST(Exec, PrefillInHeadlessBlocksEqualsOneRowPerStep) {
-  auto m = load_model("dense-mini");
+TEST_P(ExecKvTest, PrefillInHeadlessBlocksEqualsOneRowPerStep) {
+  ModelOptions mo;
+  mo.kv_type = GetParam();
+  auto m = load_model("dense-mini", mo);
   ThreadPool pool(2);
   const int n = 70, V = m->n_vocab();
   std::vector<int32_t> toks(n);
@@ -238,6 +243,8 @@ TEST(Exec, PrefillInHeadlessBlocksEqualsOneRowPerStep) {
       ASSERT_EQ(0, std::memcmp(want.data(), got.data(), sizeof(float) * V)) << kind << ", blocks of " << block;
     }
 }
+
+INSTANTIATE_TEST_SUITE_P(KvTypes, ExecKvTest, ::testing::ValuesIn(kAllKvTypes), KvTypeName());
 
 }  // namespace
 }  // namespace megakern

@@ -252,7 +252,11 @@ TEST(KimiModel, ProgramReadsWhatTheConfigArithmeticSays) {
   EXPECT_EQ(n_restart, 3);  // layers 0, 4 and 8
 }
 
-TEST(KimiModel, MegaMatchesOpByOpBitForBitAtBatch124) {
+// With each KV cache type the MLA layers take (their heads, 24 / 16 wide,
+// are no multiple of q8_0's blocks of 32: refused below).
+class KimiKvTest : public ::testing::TestWithParam<KvType> {};
+
+TEST_P(KimiKvTest, MegaMatchesOpByOpBitForBitAtBatch124) {
   const KimiModel& m = synthetic_mini();
   const DecodeProgram p = build_kimi_program(m, 4);
   auto obo = make_opbyop_executor(p, pool());
@@ -261,7 +265,7 @@ TEST(KimiModel, MegaMatchesOpByOpBitForBitAtBatch124) {
   // Four sequences, prefilled to different lengths, then stepped together.
   auto run = [&](Executor& ex, int batch) {
     std::vector<Seq> seqs;
-    for (int s = 0; s < 4; ++s) seqs.push_back({make_cache(m, 32), make_state(m), 0});
+    for (int s = 0; s < 4; ++s) seqs.push_back({make_cache(m, 32, 0, GetParam()), make_state(m), 0});
     std::vector<float> out, scratch(V);
     for (int s = 0; s < 4; ++s)
       for (int t = 0; t < 1 + s; ++t) {
@@ -286,6 +290,21 @@ TEST(KimiModel, MegaMatchesOpByOpBitForBitAtBatch124) {
     EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "batch " << batch;
     EXPECT_EQ(std::memcmp(a.data(), single.data(), a.size() * sizeof(float)), 0)
         << "batch " << batch << " differs from one row at a time";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(KvTypes, KimiKvTest, ::testing::Values(KvType::f32, KvType::f16, KvType::bf16),
+                         KvTypeName());
+
+TEST(KimiModel, Q8KvCacheIsRefusedNamingTheHeadWidth) {
+  const KimiModel& m = synthetic_mini();
+  try {
+    make_cache(m, 32, 0, KvType::q8_0);
+    FAIL() << "a q8_0 cache of 24-wide MLA key heads was made";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("q8_0"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("heads of 24 (keys)"), std::string::npos) << msg;
   }
 }
 

@@ -780,10 +780,10 @@ struct Batch {
   int pos(int s) const { return 2 + 5 * s; }
 };
 
-Batch prefilled_batch(const MuseModel& m, Executor& ex) {
+Batch prefilled_batch(const MuseModel& m, Executor& ex, KvType kv = KvType::f32) {
   Batch b;
   for (int s = 0; s < 8; ++s) {
-    b.caches.push_back(make_cache(m, 64, 8));
+    b.caches.push_back(make_cache(m, 64, 8, kv));
     const auto toks = random_tokens(b.pos(s) + 1, m.config().vocab_used, 100 + static_cast<uint32_t>(s));
     decode(m, ex, std::vector<int32_t>(toks.begin(), toks.end() - 1), b.caches.back(), 8);
     b.next.push_back(toks.back());
@@ -800,14 +800,17 @@ std::vector<float> batched_step(const MuseModel& m, Executor& ex, Batch b, int n
   return logits;
 }
 
-TEST(MuseModel, MegaMatchesOpByOpBitwiseAtEveryBatch) {
+// Each test of this suite runs with every KV cache type (ring layers included).
+class MuseKvTest : public ::testing::TestWithParam<KvType> {};
+
+TEST_P(MuseKvTest, MegaMatchesOpByOpBitwiseAtEveryBatch) {
   ThreadPool pool(2);
   for (auto [dense, experts] : {std::pair{DType::BF16, DType::INT4_G128}, std::pair{DType::INT8_COL, DType::NVFP4}}) {
     const MuseModel& m = synthetic_mini(dense, experts);
     const DecodeProgram prog = build_muse_program(m, 8);
     auto op = make_executor("opbyop", prog, pool);
     auto mega = make_executor("mega", prog, pool);
-    const Batch batch = prefilled_batch(m, *op);
+    const Batch batch = prefilled_batch(m, *op, GetParam());
     const size_t V = static_cast<size_t>(m.n_vocab());
     // Each row alone, at batch 1.
     std::vector<float> alone;
@@ -856,25 +859,26 @@ TEST(MuseModel, TileCutsDoNotChangeResults) {
   EXPECT_TRUE(same_bits(runs[0], runs[2]));
 }
 
-TEST(MuseModel, PrefillBlocksMatchSingleSteps) {
+TEST_P(MuseKvTest, PrefillBlocksMatchSingleSteps) {
   const MuseModel& m = synthetic_mini(DType::BF16, DType::INT4_G128);
   const DecodeProgram prog = build_muse_program(m, 8);
   ThreadPool pool(2);
   const auto toks = random_tokens(29, m.config().vocab_used, 5);
   for (const char* kind : {"opbyop", "mega"}) {
     auto ex = make_executor(kind, prog, pool);
-    KVCache c1 = make_cache(m, 64, 8), c8 = make_cache(m, 64, 8), c3 = make_cache(m, 64, 8);
+    const KvType kv = GetParam();
+    KVCache c1 = make_cache(m, 64, 8, kv), c8 = make_cache(m, 64, 8, kv), c3 = make_cache(m, 64, 8, kv);
     const auto one = decode(m, *ex, toks, c1, 1);
     EXPECT_TRUE(same_bits(one, decode(m, *ex, toks, c8, 8))) << kind;
     EXPECT_TRUE(same_bits(one, decode(m, *ex, toks, c3, 3))) << kind;
   }
   // The scalar reference agrees too (its own bits).
   auto ref = make_executor("reference", prog, pool);
-  KVCache r1 = make_cache(m, 64, 8), r8 = make_cache(m, 64, 8);
+  KVCache r1 = make_cache(m, 64, 8, GetParam()), r8 = make_cache(m, 64, 8, GetParam());
   EXPECT_TRUE(same_bits(decode(m, *ref, toks, r1, 1), decode(m, *ref, toks, r8, 8)));
 }
 
-TEST(MuseModel, RingCacheMatchesFullCache) {
+TEST_P(MuseKvTest, RingCacheMatchesFullCache) {
   const MuseModel& m = synthetic_mini(DType::BF16, DType::INT4_G128);
   const DecodeProgram prog = build_muse_program(m, 4);
   ThreadPool pool(2);
@@ -882,22 +886,26 @@ TEST(MuseModel, RingCacheMatchesFullCache) {
   const auto toks = random_tokens(5 * window, m.config().vocab_used, 9);
   for (const char* kind : {"reference", "mega"}) {
     auto ex = make_executor(kind, prog, pool);
-    KVCache ring = make_cache(m, 64, 4), full = make_cache(m, 64, /*ring_block=*/0);
+    const KvType kv = GetParam();
+    KVCache ring = make_cache(m, 64, 4, kv), full = make_cache(m, 64, /*ring_block=*/0, kv);
     // Windowed layers hold window + 3 positions; the full layer all 64.
     EXPECT_EQ(ring.ring_len(0), window + 3);
     EXPECT_EQ(ring.ring_len(1), 0);
-    EXPECT_EQ(ring.k.size(), static_cast<size_t>(3 * (window + 3) + 64) * ring.kv_dim);
-    EXPECT_EQ(full.k.size(), static_cast<size_t>(4 * 64) * full.kv_dim);
+    EXPECT_EQ(ring.k_values(), static_cast<size_t>(3 * (window + 3) + 64) * ring.kv_dim);
+    EXPECT_EQ(full.k_values(), static_cast<size_t>(4 * 64) * full.kv_dim);
+    EXPECT_EQ(ring.bytes(), kv_row_bytes(kv, static_cast<int64_t>(ring.k_values() + ring.v_values())));
     EXPECT_TRUE(same_bits(decode(m, *ex, toks, ring, 4), decode(m, *ex, toks, full, 4))) << kind;
   }
   // A block longer than the ring allows is refused.
   auto ex = make_executor("opbyop", prog, pool);
-  KVCache small = make_cache(m, 64, 2);
+  KVCache small = make_cache(m, 64, 2, GetParam());
   std::vector<float> logits(4 * static_cast<size_t>(m.n_vocab()));
   std::vector<RowInput> rows;
   for (int t = 0; t < 4; ++t) rows.push_back({1, t, &small, nullptr});
   EXPECT_THROW(ex->step(rows, logits.data()), Error);
 }
+
+INSTANTIATE_TEST_SUITE_P(KvTypes, MuseKvTest, ::testing::ValuesIn(kAllKvTypes), KvTypeName());
 
 TEST(MuseModel, SyntheticIsDeterministicAndFiniteOverManyLayers) {
   MuseConfig c = mini_config();

@@ -483,6 +483,7 @@ void register_bench(CLI::App& app) {
       SpecBenchOptions so = o->spec;
       so.model = o->model;
       so.numerics = o->model_flags.numerics;
+      so.kv_type = o->model_flags.kv_type;
       so.threads = o->threads;
       so.json = o->json;
       spec_bench_cmd(so);

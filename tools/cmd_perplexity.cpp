@@ -219,8 +219,8 @@ void run_perplexity(const PerplexityOptions& o) {
 
   const bool batched = !o.no_batched;
   const int rows = o.ubatch > 0 ? std::min(o.ubatch, model->max_program_rows()) : default_prompt_block(*model);
-  fmt::print("model {} ({}), load {:.0f} ms; numerics {}\n", model->name(), model->description(), ms_since(t_load),
-             numerics_name(model->numerics()));
+  fmt::print("model {} ({}), load {:.0f} ms; numerics {}; KV cache {}\n", model->name(), model->description(),
+             ms_since(t_load), numerics_name(model->numerics()), kv_type_name(model->kv_type()));
   fmt::print("text {}: {} tokens; {} chunks of {} (first {} of each as context, {} scored each); {}; {} threads\n",
              o.text_file, all.size(), n_chunks, n_ctx, first, n_scored,
              fmt::format("executor steps ({}, {} rows{})", o.executor, rows,

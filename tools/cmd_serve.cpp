@@ -22,6 +22,7 @@ namespace {
 struct ServeOptions {
   std::string model = "smollm2-135m";
   std::string numerics = "exact";
+  std::string kv_type = "f32";
   std::string chat_template;
   int threads = 0;
   int drain_s = 30;
@@ -52,6 +53,7 @@ void serve_cmd(const ServeOptions& o) {
 
   ModelOptions mo;
   mo.numerics = parse_numerics(o.numerics);
+  mo.kv_type = parse_kv_type(o.kv_type);
   auto model = load_model(o.model, mo);
   if (!o.chat_template.empty()) model->set_chat_format(chat_format_from_option(o.chat_template));
   ThreadPool pool(o.threads);
@@ -102,6 +104,7 @@ void register_serve(CLI::App& app) {
                                        fmt::format("{}", fmt::join(known_model_and_preset_names(), ", ")) + ")")
                        ->capture_default_str());
   add_numerics_flag(cmd, o->numerics);
+  add_kv_type_flag(cmd, o->kv_type);
   cmd->add_option("--chat-template", o->chat_template,
                   "Chat format instead of the model's own: a Jinja template file or a built-in name (" +
                       builtin_chat_format_names() + ")");

@@ -172,6 +172,7 @@ void spec_bench_cmd(const SpecBenchOptions& o) {
   const auto t_load = Clock::now();
   ModelOptions mo;
   mo.numerics = parse_numerics(o.numerics);
+  mo.kv_type = parse_kv_type(o.kv_type);
   auto model = load_model(o.model, mo);
   ThreadPool pool(o.threads);
   fmt::print("model {} | {} | load {:.0f} ms | {} threads\n", model->name(), model->description(), ms_since(t_load),
@@ -385,6 +386,7 @@ void register_bench_spec(CLI::App& app) {
       "bench-spec", "Speculative decoding benchmark: plain vs speculative tokens/s, acceptance length, verify cost");
   check_non_empty(cmd->add_option("-m,--model", o->model, "Target model (a fetched model, preset or path)")->capture_default_str());
   add_numerics_flag(cmd, o->numerics);
+  add_kv_type_flag(cmd, o->kv_type);
   check_drafters(cmd->add_option("--spec,--drafters", o->drafters,
                                  "Comma-separated drafters: ngram, ngram:N, self, self:skip=A-B, self:N, model:PATH, dspark[:PATH], "
                                  "dflash[:PATH] (dspark/dflash without a path use random MINI weights: acceptance near zero)"))

@@ -46,7 +46,21 @@ ModelOptions ModelFlags::options() const {
   if (!weights.empty()) o.weights = parse("--weights", weights);
   if (!experts.empty()) o.experts = parse("--experts", experts);
   o.numerics = parse_numerics(numerics);
+  o.kv_type = parse_kv_type(kv_type);
   return o;
+}
+
+KvType parse_kv_type(const std::string& value) {
+  const auto t = kv_type_from_name(value);
+  if (!t) fail("--kv-type: unknown KV cache type '{}' (the types are {})", value, kv_type_names());
+  return *t;
+}
+
+void add_kv_type_flag(CLI::App* cmd, std::string& kv_type) {
+  cmd->add_option("--kv-type", kv_type,
+                  "Element type of the attention KV cache: f32, f16, bf16 (rounded to nearest even) or q8_0 (blocks "
+                  "of 32 along a head with an f16 scale); the recurrent state stays f32")
+      ->capture_default_str();
 }
 
 Numerics parse_numerics(const std::string& value) {
@@ -74,6 +88,7 @@ void add_model_flags(CLI::App* cmd, std::string& model, ModelFlags& f) {
   cmd->add_option("--experts", f.experts, "MoE presets: format of the routed experts (int4_g128, nvfp4, ...)");
   check_seed(cmd->add_option("--model-seed", f.seed, "Seed of a synthetic preset's weights")->capture_default_str());
   add_numerics_flag(cmd, f.numerics);
+  add_kv_type_flag(cmd, f.kv_type);
 }
 
 CLI::Option* check_seed(CLI::Option* opt) {

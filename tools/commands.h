@@ -43,6 +43,7 @@ int exit_code();
 struct ModelFlags {
   std::string weights, experts;
   std::string numerics = "exact";
+  std::string kv_type = "f32";
   uint64_t seed = 1;
   ModelOptions options() const;  // throws megakern::Error on an unknown format name
 };
@@ -51,6 +52,10 @@ void add_model_flags(CLI::App* cmd, std::string& model, ModelFlags& f);
 // model flags; parse_numerics turns its value into the mode.
 void add_numerics_flag(CLI::App* cmd, std::string& numerics);
 Numerics parse_numerics(const std::string& value);
+// The --kv-type option alone (f32|f16|bf16|q8_0: the KV cache's element
+// type, core/kv_type.h); parse_kv_type refuses other names, listing these.
+void add_kv_type_flag(CLI::App* cmd, std::string& kv_type);
+KvType parse_kv_type(const std::string& value);
 
 // Checks on a flag's text, applied when the command line is parsed (before
 // any model loads); a failure names the flag and the constraint.

@@ -13,6 +13,7 @@ namespace megakern::cli {
 struct SpecBenchOptions {
   std::string model = "smollm2-135m";
   std::string numerics = "exact";
+  std::string kv_type = "f32";
   std::string drafters = "ngram";  // comma-separated
   int draft = 6;
   bool fixed = false;

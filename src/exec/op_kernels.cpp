@@ -35,8 +35,8 @@ void validate_rows(const DecodeProgram& p, const std::vector<RowInput>& rows) {
       fail("row {}: KV cache widths K {} / V {} do not match the model's {} / {}", r, in.cache->kv_dim,
            in.cache->v_width(), p.kv_dim, p.v_width());
     const size_t need = in.cache->floats_for(n_cache_layers);
-    if (in.cache->n_layer < n_cache_layers || in.cache->k.size() < need ||
-        in.cache->v.size() < in.cache->v_offset(need))
+    if (in.cache->n_layer < n_cache_layers || in.cache->k_values() < need ||
+        in.cache->v_values() < in.cache->v_offset(need))
       fail("row {}: the KV cache holds {} layers, the program needs {}", r, in.cache->n_layer, n_cache_layers);
     // Rows sharing a cache are one sequence's block: adjacent in the row
     // list at consecutive positions, so no two rows write the same entry and

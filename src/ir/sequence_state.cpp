@@ -2,8 +2,11 @@
 
 #include <cstring>
 
+#include "core/dtype_blocks.h"
 #include "core/error.h"
+#include "core/half.h"
 #include "core/units.h"
+#include "kernels/cpu/kv_decode.h"
 #include "ir/program.h"
 
 namespace megakern {
@@ -17,15 +20,57 @@ void KVCache::init_rings(const std::vector<int>& ring_lens) {
     const int kept = ring[static_cast<size_t>(l)] > 0 ? ring[static_cast<size_t>(l)] : n_ctx;
     layer_offset[static_cast<size_t>(l) + 1] = layer_offset[static_cast<size_t>(l)] + static_cast<size_t>(kept) * kv_dim;
   }
-  k.assign(layer_offset.back(), 0.f);
-  v.assign(v_offset(layer_offset.back()), 0.f);
+  allocate(layer_offset.back(), v_offset(layer_offset.back()));
 }
+
+size_t KVCache::k_values() const {
+  if (type == KvType::f32) return k.size();
+  return head_k() > 0 ? kq.size() / kv_row_bytes(type, head_k()) * static_cast<size_t>(head_k()) : 0;
+}
+
+size_t KVCache::v_values() const {
+  if (type == KvType::f32) return v.size();
+  return head_v() > 0 ? vq.size() / kv_row_bytes(type, head_v()) * static_cast<size_t>(head_v()) : 0;
+}
+
+void KVCache::allocate(size_t k_vals, size_t v_vals) {
+  k.reset(), v.reset(), kq.reset(), vq.reset();
+  if (type == KvType::f32) {
+    k.assign(k_vals, 0.f);
+    v.assign(v_vals, 0.f);
+  } else {
+    kq.assign(kv_row_bytes(type, static_cast<int64_t>(k_vals)), 0);
+    vq.assign(kv_row_bytes(type, static_cast<int64_t>(v_vals)), 0);
+  }
+}
+
+namespace {
+
+// n values of x into the bytes of type t at b (q8_0: n a multiple of 32).
+void encode_kv(KvType t, const float* x, int n, uint8_t* b) {
+  if (t == KvType::q8_0) {
+    for (int i = 0; i < n; i += kKvQ8Block, b += kKvQ8BlockBytes) dtype_detail::quant_q8_0(x + i, b);
+    return;
+  }
+  for (int i = 0; i < n; ++i)
+    dtype_detail::store_u16(b + 2 * i, t == KvType::f16 ? f32_to_f16(x[i]) : f32_to_bf16(x[i]));
+}
+
+}  // namespace
 
 void KVCache::store(int layer, int pos, const float* k_row, const float* v_row) {
   const size_t hk = static_cast<size_t>(head_k()), hv = static_cast<size_t>(head_v());
+  if (type == KvType::f32) {
+    for (int h = 0; h < heads; ++h) {
+      std::memcpy(k_at(layer, h, pos), k_row + h * hk, sizeof(float) * hk);
+      std::memcpy(v_at(layer, h, pos), v_row + h * hv, sizeof(float) * hv);
+    }
+    return;
+  }
+  const size_t s = static_cast<size_t>(slot(layer, pos));
   for (int h = 0; h < heads; ++h) {
-    std::memcpy(k_at(layer, h, pos), k_row + h * hk, sizeof(float) * hk);
-    std::memcpy(v_at(layer, h, pos), v_row + h * hv, sizeof(float) * hv);
+    encode_kv(type, k_row + h * hk, head_k(), kq.data() + kv_row_bytes(type, k_head_offset(layer, h) + s * hk));
+    encode_kv(type, v_row + h * hv, head_v(), vq.data() + kv_row_bytes(type, v_head_offset(layer, h) + s * hv));
   }
 }
 
@@ -33,8 +78,15 @@ void KVCache::load(int layer, int pos, float* k_row, float* v_row) const {
   const size_t hk = static_cast<size_t>(head_k()), hv = static_cast<size_t>(head_v());
   const size_t s = static_cast<size_t>(slot(layer, pos));
   for (int h = 0; h < heads; ++h) {
-    std::memcpy(k_row + h * hk, k.data() + k_head_offset(layer, h) + s * hk, sizeof(float) * hk);
-    std::memcpy(v_row + h * hv, v.data() + v_head_offset(layer, h) + s * hv, sizeof(float) * hv);
+    if (type == KvType::f32) {
+      std::memcpy(k_row + h * hk, k.data() + k_head_offset(layer, h) + s * hk, sizeof(float) * hk);
+      std::memcpy(v_row + h * hv, v.data() + v_head_offset(layer, h) + s * hv, sizeof(float) * hv);
+    } else {
+      kv_decode_rows_scalar(type, kq.data() + kv_row_bytes(type, k_head_offset(layer, h) + s * hk), 0, 1, head_k(),
+                            k_row + h * hk);
+      kv_decode_rows_scalar(type, vq.data() + kv_row_bytes(type, v_head_offset(layer, h) + s * hv), 0, 1, head_v(),
+                            v_row + h * hv);
+    }
   }
 }
 
@@ -69,6 +121,10 @@ SequenceShape sequence_shape(const DecodeProgram& p) {
     } else if (op.kind == OpKind::Attention) {
       if (static_cast<int>(s.window.size()) <= l) s.window.resize(static_cast<size_t>(l) + 1, 0);
       s.window[static_cast<size_t>(l)] = op.as<ops::Attention>().window;
+      s.head_k.resize(s.window.size(), 0);
+      s.head_v.resize(s.window.size(), 0);
+      s.head_k[static_cast<size_t>(l)] = op.as<ops::Attention>().head_dim;
+      s.head_v[static_cast<size_t>(l)] = op.as<ops::Attention>().v_dim();
       // Attention ops that disagree on the KV heads share the
       // position-major layout (heads = 1), which serves any split.
       const int heads = op.as<ops::Attention>().n_head_kv;
@@ -92,6 +148,8 @@ SequenceShape sequence_shape(const DecodeProgram& p) {
     }
   }
   s.window.resize(static_cast<size_t>(s.kv_layers), 0);
+  s.head_k.resize(static_cast<size_t>(s.kv_layers), 0);
+  s.head_v.resize(static_cast<size_t>(s.kv_layers), 0);
   if (s.kv_heads <= 0 || s.kv_dim % s.kv_heads != 0 || (s.v_dim > 0 ? s.v_dim : s.kv_dim) % s.kv_heads != 0)
     fail("{}: {} KV heads do not divide the cache widths K {} / V {}", p.model_name, s.kv_heads, s.kv_dim,
          s.v_dim > 0 ? s.v_dim : s.kv_dim);
@@ -99,11 +157,31 @@ SequenceShape sequence_shape(const DecodeProgram& p) {
   return s;
 }
 
-SequenceState make_sequence_state(const SequenceShape& shape, int n_ctx, int ring_block) {
+void check_kv_type(const SequenceShape& shape, KvType kv_type) {
+  if (kv_type != KvType::q8_0) return;
+  // The cache's heads, and the heads each attention reads (a position-major
+  // cache's heads = 1 row is cut into them): every block of 32 lies in one.
+  const int v_width = shape.v_dim > 0 ? shape.v_dim : shape.kv_dim;
+  const int ck = shape.kv_heads > 0 ? shape.kv_dim / shape.kv_heads : 0;
+  const int cv = shape.kv_heads > 0 ? v_width / shape.kv_heads : 0;
+  for (int l = 0; l < shape.kv_layers; ++l) {
+    const size_t i = static_cast<size_t>(l);
+    const int k = i < shape.head_k.size() && shape.head_k[i] > 0 ? shape.head_k[i] : ck;
+    const int v = i < shape.head_v.size() && shape.head_v[i] > 0 ? shape.head_v[i] : cv;
+    if (k % kKvQ8Block != 0 || v % kKvQ8Block != 0 || ck % kKvQ8Block != 0 || cv % kKvQ8Block != 0)
+      fail("--kv-type q8_0 stores blocks of {} values along a head, but KV layer {} has heads of {} (keys) / {} "
+           "(values) values: use f32, f16 or bf16",
+           kKvQ8Block, l, k % kKvQ8Block != 0 ? k : ck, v % kKvQ8Block != 0 ? v : cv);
+  }
+}
+
+SequenceState make_sequence_state(const SequenceShape& shape, int n_ctx, int ring_block, KvType kv_type) {
   if (n_ctx <= 0) fail("context size must be positive, got {}", n_ctx);
   if (ring_block < 0) fail("ring_block must not be negative, got {}", ring_block);
+  check_kv_type(shape, kv_type);
   SequenceState s;
   KVCache& kv = s.cache;
+  kv.type = kv_type;
   kv.n_ctx = n_ctx;
   kv.n_layer = shape.kv_layers;
   kv.kv_dim = shape.kv_dim;
@@ -120,17 +198,17 @@ SequenceState make_sequence_state(const SequenceShape& shape, int n_ctx, int rin
   // The cache is committed only as positions fill, but a context whose full
   // cache could never fit would fail (or swap) far into a generation: refuse
   // it now, naming the sizes. (Rings are small; the plain layers count.)
-  const double plain = static_cast<double>(kv.n_layer) * n_ctx * (kv.kv_dim + kv.v_width()) * sizeof(float);
+  const double per_position = static_cast<double>(kv_row_bytes(kv_type, kv.kv_dim) + kv_row_bytes(kv_type, kv.v_width()));
+  const double plain = static_cast<double>(kv.n_layer) * n_ctx * per_position;
   if (const size_t phys = physical_memory_bytes(); !rings && phys > 0 && plain > static_cast<double>(phys))
-    fail("a context of {} positions needs a KV cache of {} ({} layers x {} positions x {} values x 2 (K and V) x "
-         "4 bytes), more than the {} of physical memory: use a smaller --context",
-         n_ctx, human_bytes(plain), kv.n_layer, n_ctx, kv.kv_dim, human_bytes(static_cast<double>(phys)));
-  if (rings) {
+    fail("a context of {} positions needs a KV cache of {} ({} layers x {} positions x {} bytes of {} K and V), "
+         "more than the {} of physical memory: use a smaller --context",
+         n_ctx, human_bytes(plain), kv.n_layer, n_ctx, per_position, kv_type_name(kv_type),
+         human_bytes(static_cast<double>(phys)));
+  if (rings)
     kv.init_rings(lens);
-  } else {
-    kv.k.assign(kv.floats_for(kv.n_layer), 0.f);
-    kv.v.assign(kv.v_offset(kv.floats_for(kv.n_layer)), 0.f);
-  }
+  else
+    kv.allocate(kv.floats_for(kv.n_layer), kv.v_offset(kv.floats_for(kv.n_layer)));
   if (shape.recurrent) {
     s.state = RecurrentState(shape.rec_layers, shape.conv_dim, shape.conv_hist, shape.n_v_heads, shape.rec_v_dim,
                              shape.rec_k_dim);

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/kv_type.h"
 #include "core/zeroed_buffer.h"
 
 namespace megakern {
@@ -30,6 +31,14 @@ struct DecodeProgram;
 // `ring` is non-empty, layer l keeps only its last ring[l] positions
 // (0: all n_ctx), position p living in slot p % ring[l], and the layers are
 // packed back to back (`layer_offset`, in floats). init_rings() sets this up.
+//
+// The element type (core/kv_type.h) is f32 by default: the values are the
+// floats of `k` and `v`, and the float accessors (k_head, k_at, ...) address
+// them. Other types keep `k` and `v` empty and store the same layout in the
+// bytes of `kq` and `vq`: n values at a value offset o (a multiple of the
+// head width) take kv_row_bytes(type, n) bytes from kv_row_bytes(type, o).
+// store() rounds or quantises, load() and the attention kernels decode.
+// Offsets below count values whatever the type.
 struct KVCache {
   int n_ctx = 0;
   int n_layer = 0;
@@ -38,6 +47,8 @@ struct KVCache {
   int heads = 1;  // KV heads; divides kv_dim and v_width()
   // Zeroed, committed as positions are written (see ZeroedBuffer).
   ZeroedBuffer<float> k, v;
+  KvType type = KvType::f32;
+  ZeroedBuffer<uint8_t> kq, vq;  // type != f32
   int v_width() const { return v_dim > 0 ? v_dim : kv_dim; }
   int head_k() const { return kv_dim / heads; }     // floats of one head's key
   int head_v() const { return v_width() / heads; }  // floats of one head's value
@@ -63,13 +74,25 @@ struct KVCache {
   size_t v_head_offset(int layer, int h) const {
     return v_offset(layer_base(layer)) + static_cast<size_t>(h) * kept(layer) * head_v();
   }
+  // (f32 caches.)
   float* k_head(int layer, int h) { return k.data() + k_head_offset(layer, h); }
   float* v_head(int layer, int h) { return v.data() + v_head_offset(layer, h); }
   // Head h's key (value) of position pos.
   float* k_at(int layer, int h, int pos) { return k_head(layer, h) + static_cast<size_t>(slot(layer, pos)) * head_k(); }
   float* v_at(int layer, int h, int pos) { return v_head(layer, h) + static_cast<size_t>(slot(layer, pos)) * head_v(); }
+  // The stored bytes of head h of a layer (types other than f32).
+  const uint8_t* k_head_bytes(int layer, int h) const { return kq.data() + kv_row_bytes(type, k_head_offset(layer, h)); }
+  const uint8_t* v_head_bytes(int layer, int h) const { return vq.data() + kv_row_bytes(type, v_head_offset(layer, h)); }
+  // Values allocated for K and V, and their bytes.
+  size_t k_values() const;
+  size_t v_values() const;
+  size_t bytes() const { return kv_row_bytes(type, static_cast<int64_t>(k_values() + v_values())); }
+  // Zeroed storage of the cache's type for k_values values of K and
+  // v_values of V (the other type's buffers emptied).
+  void allocate(size_t k_values, size_t v_values);
   // Writes (reads) position pos of a layer from (to) whole rows: kv_dim
-  // floats of K, v_width() of V, heads one after another.
+  // floats of K, v_width() of V, heads one after another. Storing rounds or
+  // quantises to the cache's type; loading gives the values it holds.
   void store(int layer, int pos, const float* k_row, const float* v_row);
   void load(int layer, int pos, float* k_row, float* v_row) const;
   // Floats of k that layers [0, n) occupy (of v: v_offset of it).
@@ -78,7 +101,7 @@ struct KVCache {
     return layer_offset[static_cast<size_t>(std::min(n, n_layer))];
   }
   // Makes layer l a ring of ring_lens[l] positions (0 or >= n_ctx: a plain
-  // layer of n_ctx) and allocates zeroed k and v.
+  // layer of n_ctx) and allocates zeroed storage (allocate()).
   void init_rings(const std::vector<int>& ring_lens);
 };
 
@@ -121,6 +144,9 @@ struct SequenceShape {
   // each (0: attends to every position).
   int kv_layers = 0, kv_dim = 0, v_dim = 0, kv_heads = 1;
   std::vector<int> window;  // [kv_layers]
+  // The key and value width of the heads that each layer's attention reads
+  // (0: no attention op reads the layer).
+  std::vector<int> head_k, head_v;  // [kv_layers]
   // Recurrent state (0 layers: none).
   int rec_layers = 0, conv_dim = 0, conv_hist = 0, n_v_heads = 0, rec_v_dim = 0, rec_k_dim = 0;
   bool recurrent = false;
@@ -166,9 +192,14 @@ struct SequenceState {
 // The zeroed state of a sequence of up to n_ctx positions. With ring_block >
 // 0, every windowed attention layer is a ring of window + ring_block - 1
 // positions, enough for steps whose rows of one sequence number at most
-// ring_block; with 0 every layer keeps all n_ctx positions. Throws
-// megakern::Error for a non-positive n_ctx, or a cache that could never fit
-// in physical memory (naming the sizes).
-SequenceState make_sequence_state(const SequenceShape& shape, int n_ctx, int ring_block = 0);
+// ring_block; with 0 every layer keeps all n_ctx positions. The KV cache
+// stores kv_type. Throws megakern::Error for a non-positive n_ctx, a cache
+// that could never fit in physical memory (naming the sizes), or a type the
+// shape cannot take (check_kv_type).
+SequenceState make_sequence_state(const SequenceShape& shape, int n_ctx, int ring_block = 0,
+                                  KvType kv_type = KvType::f32);
+// Throws megakern::Error when a cache of this shape cannot store kv_type
+// (q8_0: a head width not a multiple of 32, naming the layer and widths).
+void check_kv_type(const SequenceShape& shape, KvType kv_type);
 
 }  // namespace megakern

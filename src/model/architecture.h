@@ -35,6 +35,7 @@ struct ModelOptions {
   std::optional<DType> experts;
   uint64_t seed = 1;  // synthetic presets
   Numerics numerics = Numerics::Exact;  // activation quantisation (core/numerics.h)
+  KvType kv_type = KvType::f32;         // element type of the KV cache (core/kv_type.h)
 };
 
 // A model of some architecture, as loaded or generated.

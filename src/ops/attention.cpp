@@ -82,7 +82,28 @@ void attention_tile(const Op& op_, const StepContext& ctx, int r0, int r1, int g
     // KV head g's positions: their own contiguous run in a head-major cache,
     // else every kv_dim floats of a position-major one (heads = 1).
     KvHeadView kv;
-    if (cache.heads == op.n_head_kv) {
+    kv.type = cache.type;
+    if (cache.type != KvType::f32) {
+      // The same layout in bytes (sequence_state.h); q8_0 blocks never
+      // straddle two heads (check_kv_type).
+      const KvType t = cache.type;
+      if (cache.heads == op.n_head_kv) {
+        kv.kb = cache.k_head_bytes(layer, g);
+        kv.vb = cache.v_head_bytes(layer, g);
+        kv.k_stride = static_cast<int64_t>(kv_row_bytes(t, hd));
+        kv.v_stride = static_cast<int64_t>(kv_row_bytes(t, vd));
+      } else {
+        MK_CHECK(cache.heads == 1, "attention over {} KV heads: the cache is laid out for {}", op.n_head_kv,
+                 cache.heads);
+        MK_CHECK(t != KvType::q8_0 || (hd % kKvQ8Block == 0 && vd % kKvQ8Block == 0),
+                 "a q8_0 KV cache needs head widths that are multiples of {}, attention reads {} / {}", kKvQ8Block,
+                 hd, vd);
+        kv.kb = cache.k_head_bytes(layer, 0) + kv_row_bytes(t, static_cast<int64_t>(g) * hd);
+        kv.vb = cache.v_head_bytes(layer, 0) + kv_row_bytes(t, static_cast<int64_t>(g) * vd);
+        kv.k_stride = static_cast<int64_t>(kv_row_bytes(t, cache.kv_dim));
+        kv.v_stride = static_cast<int64_t>(kv_row_bytes(t, cache.v_width()));
+      }
+    } else if (cache.heads == op.n_head_kv) {
       kv.k = cache.k_head(layer, g);
       kv.v = cache.v_head(layer, g);
       kv.k_stride = hd;

@@ -147,6 +147,7 @@ std::vector<std::string> known_model_and_preset_names() {
 std::unique_ptr<Model> load_model(const std::string& name_or_path, const ModelOptions& opts) {
   auto m = std::make_unique<Model>(name_or_path, load_arch_model(name_or_path, opts));
   m->set_numerics(opts.numerics);
+  m->set_kv_type(opts.kv_type);
   return m;
 }
 
@@ -155,6 +156,7 @@ std::unique_ptr<Model> load_model(std::unique_ptr<GGUFFile> file, const ModelOpt
   const std::string name = file->name();
   auto m = std::make_unique<Model>(name, load_arch_gguf(std::move(file), opts));
   m->set_numerics(opts.numerics);
+  m->set_kv_type(opts.kv_type);
   return m;
 }
 

@@ -90,7 +90,15 @@ class Model {
   void set_numerics(Numerics n) { numerics_ = n; }
   // The zeroed state of a new sequence of up to n_ctx positions, shaped by
   // the model's program (ir/sequence_state.h).
-  SequenceState new_sequence(int n_ctx) const { return make_sequence_state(shape_, n_ctx, ring_block_); }
+  SequenceState new_sequence(int n_ctx) const { return make_sequence_state(shape_, n_ctx, ring_block_, kv_type_); }
+  // The element type of new sequences' KV caches (ModelOptions::kv_type).
+  // Throws megakern::Error when the model's cache cannot store it (q8_0 and
+  // a head width not a multiple of 32), naming the layer and width.
+  KvType kv_type() const { return kv_type_; }
+  void set_kv_type(KvType t) {
+    check_kv_type(shape_, t);
+    kv_type_ = t;
+  }
   // Throws megakern::Error for a model with no tokenizer (no tokenizer of its
   // own and a vocabulary too small for the byte tokenizer), naming why.
   const Tokenizer& tokenizer() const;
@@ -120,6 +128,7 @@ class Model {
   ChatFormat chat_;
   bool chat_declared_ = false;
   Numerics numerics_ = Numerics::Exact;
+  KvType kv_type_ = KvType::f32;
   SequenceShape shape_;
   int ring_block_ = 0;
   std::shared_ptr<PackedWeights> packed_ = std::make_shared<PackedWeights>();

@@ -155,7 +155,7 @@ Scheduler::Scheduler(const Model& model, ThreadPool& pool, const SchedulerOption
   // against physical memory; all rows at full context must fit as well.
   double kv_bytes = 0;
   for (const auto& s : rows_)
-    kv_bytes += static_cast<double>(s->seq.cache.k.size() + s->seq.cache.v.size()) * sizeof(float);
+    kv_bytes += static_cast<double>(s->seq.cache.bytes());
   if (const size_t phys = physical_memory_bytes(); phys > 0 && kv_bytes > static_cast<double>(phys))
     fail("--batch {} x --context {} needs KV caches of {} in all, more than the {} of physical memory: use a "
          "smaller --batch or --context",

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/cpu/kv_decode.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/vec.h"
 
@@ -66,10 +67,11 @@ void attention_block(const AttentionBlock& a, const KvHeadView& kv, bool scalar)
   auto prefetch_tile = [&](bool values, int p) {
     if (!prefetch || p > last) return;
     const int e = tile_end(p);
-    const int w = values ? vd : hd;
+    const int64_t w = kv_row_bytes(kv.type, values ? vd : hd);
     for (int q = p; q < e; ++q) {
-      const float* line = values ? kv.v_at(q) : kv.k_at(q);
-      for (int c = 0; c < w; c += 16) __builtin_prefetch(line + c, 0, 3);
+      const char* line = kv.type != KvType::f32 ? reinterpret_cast<const char*>(values ? kv.vb_at(q) : kv.kb_at(q))
+                                                : reinterpret_cast<const char*>(values ? kv.v_at(q) : kv.k_at(q));
+      for (int64_t c = 0; c < w; c += 64) __builtin_prefetch(line + c, 0, 3);
     }
   };
 
@@ -81,14 +83,23 @@ void attention_block(const AttentionBlock& a, const KvHeadView& kv, bool scalar)
   // of the block would each fetch the tile again from L2: there a tile's keys
   // (then values) are first copied into a packed buffer, which stays in L1
   // for all of them. The values are the same floats; the bits do not change.
-  // A single row reads its tile once, straight from the cache.
-  const bool packing = R > 1 && (kv.k_stride != hd || kv.v_stride != vd);
+  // A single row reads its tile once, straight from the cache. A cache of
+  // another type than f32 always goes through the buffer, its tile decoded
+  // there (exactly: the same floats on every ISA).
+  const bool decoding = kv.type != KvType::f32;
+  const bool packing = decoding || (R > 1 && (kv.k_stride != hd || kv.v_stride != vd));
   const int64_t ks = packing ? hd : kv.k_stride, vs = packing ? vd : kv.v_stride;
   thread_local std::vector<float> packed;
   if (packing) packed.resize(static_cast<size_t>(T) * static_cast<size_t>(std::max(hd, vd)));
   auto pack = [&](bool values, int p, int e) -> const float* {
     if (!packing) return values ? kv.v_at(p) : kv.k_at(p);
     const int w = values ? vd : hd;
+    if (decoding) {
+      // The tile's slots are consecutive (tiles never cross a ring's wrap).
+      kv_decode_rows(kv.type, values ? kv.vb_at(p) : kv.kb_at(p), values ? kv.v_stride : kv.k_stride, e - p, w,
+                     packed.data(), scalar);
+      return packed.data();
+    }
     for (int q = p; q < e; ++q)
       std::memcpy(packed.data() + static_cast<size_t>(q - p) * w, values ? kv.v_at(q) : kv.k_at(q),
                   sizeof(float) * static_cast<size_t>(w));
@@ -183,6 +194,19 @@ void attention_block(const AttentionBlock& a, const KvHeadView& kv, bool scalar)
 
 void attention_rows_reference(const AttentionBlock& a, const KvHeadView& kv, bool scalar) {
   std::vector<float> s;
+  // Another type than f32: each position's key or value decoded by the
+  // scalar decoder, alone.
+  std::vector<float> kd(static_cast<size_t>(a.head_dim)), vd(static_cast<size_t>(a.v_dim));
+  auto key = [&](int p) -> const float* {
+    if (kv.type == KvType::f32) return kv.k_at(p);
+    kv_decode_rows_scalar(kv.type, kv.kb_at(p), 0, 1, a.head_dim, kd.data());
+    return kd.data();
+  };
+  auto value = [&](int p) -> const float* {
+    if (kv.type == KvType::f32) return kv.v_at(p);
+    kv_decode_rows_scalar(kv.type, kv.vb_at(p), 0, 1, a.v_dim, vd.data());
+    return vd.data();
+  };
   const int extra = a.sinks ? 1 : 0;
   for (int i = 0; i < a.n_rows; ++i) {
     const int pos = a.pos0 + i, start = row_start(a, i), n = pos - start + 1;
@@ -190,7 +214,7 @@ void attention_rows_reference(const AttentionBlock& a, const KvHeadView& kv, boo
       const float* qh = a.q + static_cast<int64_t>(i) * a.q_stride + static_cast<int64_t>(j) * a.head_dim;
       s.assign(static_cast<size_t>(n + extra), 0.f);
       for (int p = start; p <= pos; ++p) {
-        const float d = scalar ? dot_f32_scalar(qh, kv.k_at(p), a.head_dim) : dot_f32(qh, kv.k_at(p), a.head_dim);
+        const float d = scalar ? dot_f32_scalar(qh, key(p), a.head_dim) : dot_f32(qh, key(p), a.head_dim);
         s[static_cast<size_t>(p - start)] = d * a.scale;
       }
       if (a.softcap > 0.f) {
@@ -208,9 +232,9 @@ void attention_rows_reference(const AttentionBlock& a, const KvHeadView& kv, boo
       std::fill(o, o + a.v_dim, 0.f);
       for (int p = start; p <= pos; ++p) {
         if (scalar)
-          axpy_f32_scalar(s[static_cast<size_t>(p - start)], kv.v_at(p), o, a.v_dim);
+          axpy_f32_scalar(s[static_cast<size_t>(p - start)], value(p), o, a.v_dim);
         else
-          axpy_f32(s[static_cast<size_t>(p - start)], kv.v_at(p), o, a.v_dim);
+          axpy_f32(s[static_cast<size_t>(p - start)], value(p), o, a.v_dim);
       }
     }
   }

@@ -26,9 +26,14 @@
 
 #include <cstdint>
 
+#include "core/kv_type.h"
+
 namespace megakern {
 
-// Where one KV head's keys and values of one layer are.
+// Where one KV head's keys and values of one layer are. A cache of another
+// type than f32 (core/kv_type.h) is given by kb / vb instead, the strides
+// then counting bytes; the kernels decode its tiles to f32 (kv_decode.h)
+// and use the decoded floats as they use an f32 cache's.
 struct KvHeadView {
   const float* k = nullptr;  // key of slot s: k + s * k_stride (head_dim floats; head-major cache: stride = head_dim)
   const float* v = nullptr;  // value of slot s: v + s * v_stride (v_dim floats)
@@ -37,6 +42,11 @@ struct KvHeadView {
   int slot(int p) const { return ring > 0 ? p % ring : p; }
   const float* k_at(int p) const { return k + static_cast<int64_t>(slot(p)) * k_stride; }
   const float* v_at(int p) const { return v + static_cast<int64_t>(slot(p)) * v_stride; }
+  KvType type = KvType::f32;
+  const uint8_t* kb = nullptr;  // type != f32: key of slot s at kb + s * k_stride bytes
+  const uint8_t* vb = nullptr;
+  const uint8_t* kb_at(int p) const { return kb + static_cast<int64_t>(slot(p)) * k_stride; }
+  const uint8_t* vb_at(int p) const { return vb + static_cast<int64_t>(slot(p)) * v_stride; }
 };
 
 struct AttentionBlock {
@@ -58,7 +68,8 @@ struct AttentionBlock {
 };
 
 // The tiled kernel. `scalar`: the portable kernels (the reference executor's
-// arithmetic); otherwise the AVX2 ones where the CPU has them.
+// arithmetic); otherwise the AVX2 ones where the CPU has them (decoding
+// included: its floats are the same either way).
 void attention_block(const AttentionBlock& a, const KvHeadView& kv, bool scalar);
 
 // One row and one head at a time, each position on its own: the definition
