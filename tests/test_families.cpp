@@ -376,21 +376,17 @@ std::vector<uint8_t> mutated_gguf(const GGUFFile& orig, const std::string& drop_
 
 // A gpt_oss config.json the engine does not run as written is refused naming
 // the setting.
-TEST(Families, GptOssCheckpointSettingsAreChecked) {
-  const std::string src = family_dir("gpt-oss") + "/hf";
+struct ConfigEdit {
+  std::function<void(nlohmann::json&)> edit;
+  std::string want;  // in the error message
+};
+// Each edit of family `fam`'s config.json (with its weights) is refused by
+// the Hugging Face converter with a message holding `want`.
+void expect_config_edits_refused(const std::string& fam, const std::vector<ConfigEdit>& cases) {
+  const std::string src = family_dir(fam) + "/hf";
   std::ifstream in(src + "/config.json");
   const nlohmann::json base = nlohmann::json::parse(in);
-  struct Case {
-    std::function<void(nlohmann::json&)> edit;
-    std::string want;
-  };
-  const std::vector<Case> cases = {
-      {[](nlohmann::json& j) { j["swiglu_limit"] = 5.0; }, "swiglu_limit 5"},
-      {[](nlohmann::json& j) { j["rope_parameters"]["truncate"] = true; }, "truncated correction range"},
-      {[](nlohmann::json& j) { j["layer_types"][0] = "full_attention"; }, "layer_types[0]"},
-      {[](nlohmann::json& j) { j.erase("sliding_window"); }, "sliding_window"},
-  };
-  for (const Case& c : cases) {
+  for (const ConfigEdit& c : cases) {
     TempDir dir;
     nlohmann::json j = base;
     c.edit(j);
@@ -398,10 +394,31 @@ TEST(Families, GptOssCheckpointSettingsAreChecked) {
     std::filesystem::copy_file(src + "/model.safetensors", dir.path + "/model.safetensors");
     try {
       dense_gguf_from_hf(dir.path, std::nullopt);
-      ADD_FAILURE() << c.want << ": accepted";
+      ADD_FAILURE() << fam << ": " << c.want << ": accepted";
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find(c.want), std::string::npos) << e.what();
     }
+  }
+}
+
+TEST(Families, GptOssCheckpointSettingsAreChecked) {
+  expect_config_edits_refused(
+      "gpt-oss", {
+                     {[](nlohmann::json& j) { j["swiglu_limit"] = 5.0; }, "swiglu_limit 5"},
+                     {[](nlohmann::json& j) { j["rope_parameters"]["truncate"] = true; }, "truncated correction range"},
+                     {[](nlohmann::json& j) { j["layer_types"][0] = "full_attention"; }, "layer_types[0]"},
+                     {[](nlohmann::json& j) { j.erase("sliding_window"); }, "sliding_window"},
+                 });
+}
+
+// Loading the dense GGUF image `bytes` fails with a message holding `want`.
+void expect_dense_gguf_refused(const std::vector<uint8_t>& bytes, const std::string& want) {
+  auto f = GGUFFile::parse(bytes.data(), bytes.size(), "mutated.gguf");
+  try {
+    DenseModel::load(*f);
+    ADD_FAILURE() << want << ": accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
   }
 }
 
@@ -423,13 +440,7 @@ TEST(Families, GptOssBadInputIsNamed) {
                         Case{"", "gpt-oss.attention.sliding_window", std::nullopt, "gpt-oss.attention.sliding_window"}}) {
     SCOPED_TRACE(c.tensor + c.key);
     std::vector<uint8_t> bytes = mutated_gguf(*orig, c.tensor, c.key, c.value);
-    auto f = GGUFFile::parse(bytes.data(), bytes.size(), "mutated.gguf");
-    try {
-      DenseModel::load(*f);
-      ADD_FAILURE() << "accepted";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(c.want), std::string::npos) << e.what();
-    }
+    expect_dense_gguf_refused(bytes, c.want);
   }
 }
 
@@ -480,42 +491,18 @@ TEST(Families, DeepSeekYarnSettingsAreChecked) {
                  "deepseek2.rope.scaling.original_context_length"}}) {
     SCOPED_TRACE(c.key);
     std::vector<uint8_t> bytes = mutated_gguf(*orig, "", c.key, c.value);
-    auto f = GGUFFile::parse(bytes.data(), bytes.size(), "mutated.gguf");
-    try {
-      DenseModel::load(*f);
-      ADD_FAILURE() << "accepted";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(c.want), std::string::npos) << e.what();
-    }
+    expect_dense_gguf_refused(bytes, c.want);
   }
-  const std::string src = family_dir("deepseek2_yarn") + "/hf";
-  std::ifstream in(src + "/config.json");
-  const nlohmann::json base = nlohmann::json::parse(in);
-  struct HfCase {
-    std::function<void(nlohmann::json&)> edit;
-    std::string want;
-  };
-  const std::vector<HfCase> cases = {
-      {[](nlohmann::json& j) { j["rope_parameters"]["mscale"] = 1.0; }, "rotates with the amplitude"},
-      {[](nlohmann::json& j) { j["rope_parameters"].erase("mscale_all_dim"); }, "rotates with the amplitude"},
-      {[](nlohmann::json& j) { j["rope_parameters"]["attention_factor"] = 1.2; }, "rotates with the amplitude 1.2"},
-      {[](nlohmann::json& j) { j["rope_parameters"]["truncate"] = false; }, "truncate' must be true"},
-      {[](nlohmann::json& j) { j["rope_parameters"]["factor"] = 0.5; }, "factor' is 0.5"},
-      {[](nlohmann::json& j) { j["rope_parameters"]["rope_type"] = "dynamic"; }, "RoPE scaling 'dynamic'"},
-  };
-  for (const HfCase& c : cases) {
-    TempDir dir;
-    nlohmann::json j = base;
-    c.edit(j);
-    std::ofstream(dir.path + "/config.json") << j.dump();
-    std::filesystem::copy_file(src + "/model.safetensors", dir.path + "/model.safetensors");
-    try {
-      dense_gguf_from_hf(dir.path, std::nullopt);
-      ADD_FAILURE() << c.want << ": accepted";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(c.want), std::string::npos) << e.what();
-    }
-  }
+  expect_config_edits_refused(
+      "deepseek2_yarn",
+      {
+          {[](nlohmann::json& j) { j["rope_parameters"]["mscale"] = 1.0; }, "rotates with the amplitude"},
+          {[](nlohmann::json& j) { j["rope_parameters"].erase("mscale_all_dim"); }, "rotates with the amplitude"},
+          {[](nlohmann::json& j) { j["rope_parameters"]["attention_factor"] = 1.2; }, "rotates with the amplitude 1.2"},
+          {[](nlohmann::json& j) { j["rope_parameters"]["truncate"] = false; }, "truncate' must be true"},
+          {[](nlohmann::json& j) { j["rope_parameters"]["factor"] = 0.5; }, "factor' is 0.5"},
+          {[](nlohmann::json& j) { j["rope_parameters"]["rope_type"] = "dynamic"; }, "RoPE scaling 'dynamic'"},
+      });
 }
 
 // A qwen3next / qwen35 file without output.weight ties the LM head to the
@@ -536,14 +523,15 @@ TEST(Families, Qwen38GgufTiedHeadAndFusedExpertsAreChecked) {
                                               v.resize(v.size() / static_cast<size_t>(shape[2]) * (shape[2] - 1));
                                               shape[2] -= 1;
                                             });
-  try {
-    Qwen38Model::load_gguf(GGUFFile::parse(bytes.data(), bytes.size(), "mutated.gguf"));
-    ADD_FAILURE() << "accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("tensor 'blk.1.ffn_gate_up_exps.weight' has shape [32, 64, 7], expected [32, 64, 8]"),
-              std::string::npos)
-        << e.what();
-  }
+  auto refused = [](const std::vector<uint8_t>& file, const std::string& want) {
+    try {
+      Qwen38Model::load_gguf(GGUFFile::parse(file.data(), file.size(), "mutated.gguf"));
+      ADD_FAILURE() << want << ": accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  };
+  refused(bytes, "tensor 'blk.1.ffn_gate_up_exps.weight' has shape [32, 64, 7], expected [32, 64, 8]");
   // Both forms in one layer: the split gate tensor of the unfused file added.
   auto split = GGUFFile::open(family_dir("qwen35moe") + "/model.gguf");
   GGUFWriter w;
@@ -551,15 +539,7 @@ TEST(Families, Qwen38GgufTiedHeadAndFusedExpertsAreChecked) {
   for (const GGUFTensorInfo& t : fused->tensors()) w.add_tensor(t.name, t.type, t.shape, t.data, t.n_bytes);
   const GGUFTensorInfo& g = split->tensor("blk.2.ffn_gate_exps.weight");
   w.add_tensor(g.name, g.type, g.shape, g.data, g.n_bytes);
-  std::vector<uint8_t> both = w.serialize();
-  try {
-    Qwen38Model::load_gguf(GGUFFile::parse(both.data(), both.size(), "both.gguf"));
-    ADD_FAILURE() << "accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("both 'blk.2.ffn_gate_up_exps.weight' and 'blk.2.ffn_gate_exps.weight'"),
-              std::string::npos)
-        << e.what();
-  }
+  refused(w.serialize(), "both 'blk.2.ffn_gate_up_exps.weight' and 'blk.2.ffn_gate_exps.weight'");
 }
 
 // What a qwen3next file lacks, or gets wrong, is named: a missing tensor of

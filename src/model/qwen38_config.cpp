@@ -345,12 +345,9 @@ Qwen38Config qwen38_config_from_hf(const HFConfig& hf) {
   c.la_v_head_dim = dim("linear_value_head_dim");
   c.conv_kernel = static_cast<int>(hf.get_int_in_or("linear_conv_kernel_dim", 4, 1, 1024));
   c.full_attn_interval = static_cast<int>(hf.get_int_in_or("full_attention_interval", 4, 1, kMaxConfigLayers));
-  // A composite config (qwen3_5 / qwen3_5_moe with a text_config) ties the
-  // embeddings at its top level, as transformers reads it.
-  const auto top_tie = hf.json().find("tie_word_embeddings");
-  c.tie_embeddings = hf.text_config() && top_tie != hf.json().end() && top_tie->is_boolean()
-                         ? top_tie->get<bool>()
-                         : hf.get_bool_or("tie_word_embeddings", false);
+  // A composite config (qwen3_5 with a text_config) ties at its top level,
+  // which the lookup reads first.
+  c.tie_embeddings = hf.get_bool_or("tie_word_embeddings", false);
 
   constexpr double kMaxRopeBase = 1e12;
   double theta = hf.get_float_in_or("rope_theta", 1e7, 0, kMaxRopeBase);
