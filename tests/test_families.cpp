@@ -144,7 +144,8 @@ TEST_P(FamilyTest, BothFormsMatchTransformersUnderEveryExecutor) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Dense, FamilyTest,
-                         ::testing::Values("llama", "llama3", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "qwen3moe", "qwen2moe", "deepseek3", "deepseek2", "gpt-oss"),
+                         ::testing::Values("llama", "llama3", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "qwen3moe", "qwen2moe", "deepseek3", "deepseek2",
+                                           "deepseek3_yarn", "deepseek2_yarn", "gpt-oss"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& ch : n)
@@ -297,17 +298,47 @@ TEST(Families, Qwen35MoeMatchesTransformersUnderEveryExecutor) {
   });
 }
 
-// The string, float and integer keys of a GGUF file but `skip` (arrays and
-// bools are left out), written to w.
+// Qwen3.5 with tied embeddings (tie_word_embeddings true, no lm_head.weight;
+// the GGUF file without output.weight): the LM head is the embedding's own
+// storage, one copy in memory.
+TEST(Families, Qwen35TiedEmbeddingsMatchTransformersUnderEveryExecutor) {
+  check_qwen38_family("qwen35_tied", "qwen3_5_text", [](const Qwen38Model& m) {
+    EXPECT_TRUE(m.config().tie_embeddings);
+    EXPECT_EQ(m.lm_head().data, m.tok_embd().data);
+    EXPECT_EQ(m.lm_head().rows, m.config().vocab);
+  });
+  // Converted at load, the two views still share one converted copy.
+  auto m = Qwen38Model::load(family_dir("qwen35_tied") + "/hf", DType::Q8_0);
+  EXPECT_EQ(m->lm_head().data, m->tok_embd().data);
+  EXPECT_EQ(m->lm_head().type, DType::Q8_0);
+}
+
+// Qwen3.5-MoE as newer llama.cpp converters write it: each layer's expert
+// gate and up matrices as one ffn_gate_up_exps tensor (per expert the gate
+// rows, then the up rows).
+TEST(Families, Qwen35MoeFusedGateUpExpsMatchTransformersUnderEveryExecutor) {
+  auto f = GGUFFile::open(family_dir("qwen35moe_gate_up") + "/model.gguf");
+  ASSERT_NE(f->find_tensor("blk.0.ffn_gate_up_exps.weight"), nullptr);
+  ASSERT_EQ(f->find_tensor("blk.0.ffn_gate_exps.weight"), nullptr);
+  check_qwen38_family("qwen35moe_gate_up", "qwen3_5_moe_text", [](const Qwen38Model& m) {
+    EXPECT_TRUE(m.config().moe());
+    EXPECT_EQ(m.layers()[0].experts.gate[1].rows, m.config().moe_intermediate);
+  });
+}
+
+// The string, float, integer and bool keys of a GGUF file but `skip`
+// (arrays are left out), written to w.
 void copy_metadata(const GGUFFile& orig, GGUFWriter& w, const std::string& skip) {
   for (const std::string& k : orig.metadata_order()) {
     const GGUFValue& v = *orig.find(k);
     if (k == skip) continue;
-    if (v.type == GGUFValueType::STRING)
+    if (v.type == GGUFValueType::BOOL)
+      w.set_bool(k, *orig.get_bool_opt(k));
+    else if (v.type == GGUFValueType::STRING)
       w.set_string(k, orig.get_string(k));
     else if (v.type == GGUFValueType::FLOAT32 || v.type == GGUFValueType::FLOAT64)
       w.set_f32(k, static_cast<float>(orig.get_float(k)));
-    else if (v.type != GGUFValueType::ARRAY && v.type != GGUFValueType::BOOL)
+    else if (v.type != GGUFValueType::ARRAY)
       w.set_u32(k, static_cast<uint32_t>(orig.get_int(k)));
   }
 }
@@ -345,21 +376,17 @@ std::vector<uint8_t> mutated_gguf(const GGUFFile& orig, const std::string& drop_
 
 // A gpt_oss config.json the engine does not run as written is refused naming
 // the setting.
-TEST(Families, GptOssCheckpointSettingsAreChecked) {
-  const std::string src = family_dir("gpt-oss") + "/hf";
+struct ConfigEdit {
+  std::function<void(nlohmann::json&)> edit;
+  std::string want;  // in the error message
+};
+// Each edit of family `fam`'s config.json (with its weights) is refused by
+// the Hugging Face converter with a message holding `want`.
+void expect_config_edits_refused(const std::string& fam, const std::vector<ConfigEdit>& cases) {
+  const std::string src = family_dir(fam) + "/hf";
   std::ifstream in(src + "/config.json");
   const nlohmann::json base = nlohmann::json::parse(in);
-  struct Case {
-    std::function<void(nlohmann::json&)> edit;
-    std::string want;
-  };
-  const std::vector<Case> cases = {
-      {[](nlohmann::json& j) { j["swiglu_limit"] = 5.0; }, "swiglu_limit 5"},
-      {[](nlohmann::json& j) { j["rope_parameters"]["truncate"] = true; }, "truncated correction range"},
-      {[](nlohmann::json& j) { j["layer_types"][0] = "full_attention"; }, "layer_types[0]"},
-      {[](nlohmann::json& j) { j.erase("sliding_window"); }, "sliding_window"},
-  };
-  for (const Case& c : cases) {
+  for (const ConfigEdit& c : cases) {
     TempDir dir;
     nlohmann::json j = base;
     c.edit(j);
@@ -367,10 +394,31 @@ TEST(Families, GptOssCheckpointSettingsAreChecked) {
     std::filesystem::copy_file(src + "/model.safetensors", dir.path + "/model.safetensors");
     try {
       dense_gguf_from_hf(dir.path, std::nullopt);
-      ADD_FAILURE() << c.want << ": accepted";
+      ADD_FAILURE() << fam << ": " << c.want << ": accepted";
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find(c.want), std::string::npos) << e.what();
     }
+  }
+}
+
+TEST(Families, GptOssCheckpointSettingsAreChecked) {
+  expect_config_edits_refused(
+      "gpt-oss", {
+                     {[](nlohmann::json& j) { j["swiglu_limit"] = 5.0; }, "swiglu_limit 5"},
+                     {[](nlohmann::json& j) { j["rope_parameters"]["truncate"] = true; }, "truncated correction range"},
+                     {[](nlohmann::json& j) { j["layer_types"][0] = "full_attention"; }, "layer_types[0]"},
+                     {[](nlohmann::json& j) { j.erase("sliding_window"); }, "sliding_window"},
+                 });
+}
+
+// Loading the dense GGUF image `bytes` fails with a message holding `want`.
+void expect_dense_gguf_refused(const std::vector<uint8_t>& bytes, const std::string& want) {
+  auto f = GGUFFile::parse(bytes.data(), bytes.size(), "mutated.gguf");
+  try {
+    DenseModel::load(*f);
+    ADD_FAILURE() << want << ": accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
   }
 }
 
@@ -392,14 +440,106 @@ TEST(Families, GptOssBadInputIsNamed) {
                         Case{"", "gpt-oss.attention.sliding_window", std::nullopt, "gpt-oss.attention.sliding_window"}}) {
     SCOPED_TRACE(c.tensor + c.key);
     std::vector<uint8_t> bytes = mutated_gguf(*orig, c.tensor, c.key, c.value);
-    auto f = GGUFFile::parse(bytes.data(), bytes.size(), "mutated.gguf");
-    try {
-      DenseModel::load(*f);
-      ADD_FAILURE() << "accepted";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(c.want), std::string::npos) << e.what();
+    expect_dense_gguf_refused(bytes, c.want);
+  }
+}
+
+// DeepSeek's YaRN fixtures exercise both of its parts: without the
+// interpolated frequencies (factor 1) or without the softmax-scale
+// correction (yarn_log_multiplier 1e-6; 0 reads as unset and is refused) the
+// logits leave the 1e-4 bound.
+TEST(Families, DeepSeekYarnFixturesNeedBothCorrections) {
+  for (const char* fam : {"deepseek3_yarn", "deepseek2_yarn"}) {
+    const Reference ref = load_reference(fam);
+    auto orig = GGUFFile::open(family_dir(fam) + "/model.gguf");
+    struct Case {
+      std::string key;
+      float value;
+    };
+    for (const Case& c : {Case{"", 0.f}, Case{"deepseek2.rope.scaling.factor", 1.f},
+                          Case{"deepseek2.rope.scaling.yarn_log_multiplier", 1e-6f}}) {
+      SCOPED_TRACE(std::string(fam) + " " + c.key);
+      std::vector<uint8_t> bytes = mutated_gguf(*orig, "", c.key, c.key.empty() ? std::nullopt : std::optional(c.value));
+      auto f = GGUFFile::parse(bytes.data(), bytes.size(), "mutated.gguf");
+      auto m = DenseModel::load(*f);
+      const double rel = agreement(run(*m, "reference", Numerics::Exact, ref.tokens, false), ref).max_diff / ref.max_abs();
+      std::printf("[families] %s with %s: max |diff| / max |ref| %.2e\n", fam, c.key.empty() ? "the file's keys" : c.key.c_str(), rel);
+      if (c.key.empty())
+        EXPECT_LE(rel, 1e-4);  // the copy itself changes nothing
+      else
+        EXPECT_GT(rel, 1e-3);
     }
   }
+}
+
+// DeepSeek YaRN settings the engine does not run are refused naming them: in
+// a GGUF file a missing yarn_log_multiplier or a rotation amplitude other
+// than 1; in a config.json mscale differing from mscale_all_dim, an explicit
+// attention_factor, an untruncated correction range, a factor below 1.
+TEST(Families, DeepSeekYarnSettingsAreChecked) {
+  auto orig = GGUFFile::open(family_dir("deepseek3_yarn") + "/model.gguf");
+  struct GgufCase {
+    std::string key;
+    std::optional<float> value;
+    std::string want;
+  };
+  for (const GgufCase& c :
+       {GgufCase{"deepseek2.rope.scaling.yarn_log_multiplier", std::nullopt, "deepseek2.rope.scaling.yarn_log_multiplier"},
+        GgufCase{"deepseek2.rope.scaling.yarn_attn_factor", 1.5f, "rotation amplitude 1 only"},
+        GgufCase{"deepseek2.rope.scaling.factor", 0.5f, "YaRN needs a factor of at least 1"},
+        GgufCase{"deepseek2.rope.scaling.original_context_length", std::nullopt,
+                 "deepseek2.rope.scaling.original_context_length"}}) {
+    SCOPED_TRACE(c.key);
+    std::vector<uint8_t> bytes = mutated_gguf(*orig, "", c.key, c.value);
+    expect_dense_gguf_refused(bytes, c.want);
+  }
+  expect_config_edits_refused(
+      "deepseek2_yarn",
+      {
+          {[](nlohmann::json& j) { j["rope_parameters"]["mscale"] = 1.0; }, "rotates with the amplitude"},
+          {[](nlohmann::json& j) { j["rope_parameters"].erase("mscale_all_dim"); }, "rotates with the amplitude"},
+          {[](nlohmann::json& j) { j["rope_parameters"]["attention_factor"] = 1.2; }, "rotates with the amplitude 1.2"},
+          {[](nlohmann::json& j) { j["rope_parameters"]["truncate"] = false; }, "truncate' must be true"},
+          {[](nlohmann::json& j) { j["rope_parameters"]["factor"] = 0.5; }, "factor' is 0.5"},
+          {[](nlohmann::json& j) { j["rope_parameters"]["rope_type"] = "dynamic"; }, "RoPE scaling 'dynamic'"},
+      });
+}
+
+// A qwen3next / qwen35 file without output.weight ties the LM head to the
+// embedding (as llama.cpp reads it); a fused-expert file that also carries
+// the split tensors, or a fused tensor of the wrong shape, is refused naming
+// it.
+TEST(Families, Qwen38GgufTiedHeadAndFusedExpertsAreChecked) {
+  for (const char* fam : {"qwen3next", "qwen35"}) {
+    auto orig = GGUFFile::open(family_dir(fam) + "/model.gguf");
+    std::vector<uint8_t> bytes = mutated_gguf(*orig, "output.weight", "", std::nullopt);
+    auto m = Qwen38Model::load_gguf(GGUFFile::parse(bytes.data(), bytes.size(), "mutated.gguf"));
+    EXPECT_TRUE(m->config().tie_embeddings) << fam;
+    EXPECT_EQ(m->lm_head().data, m->tok_embd().data) << fam;
+  }
+  auto fused = GGUFFile::open(family_dir("qwen35moe_gate_up") + "/model.gguf");
+  std::vector<uint8_t> bytes = mutated_gguf(*fused, "", "", std::nullopt, std::nullopt, "blk.1.ffn_gate_up_exps.weight",
+                                            [](std::vector<int64_t>& shape, std::vector<float>& v) {
+                                              v.resize(v.size() / static_cast<size_t>(shape[2]) * (shape[2] - 1));
+                                              shape[2] -= 1;
+                                            });
+  auto refused = [](const std::vector<uint8_t>& file, const std::string& want) {
+    try {
+      Qwen38Model::load_gguf(GGUFFile::parse(file.data(), file.size(), "mutated.gguf"));
+      ADD_FAILURE() << want << ": accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  };
+  refused(bytes, "tensor 'blk.1.ffn_gate_up_exps.weight' has shape [32, 64, 7], expected [32, 64, 8]");
+  // Both forms in one layer: the split gate tensor of the unfused file added.
+  auto split = GGUFFile::open(family_dir("qwen35moe") + "/model.gguf");
+  GGUFWriter w;
+  copy_metadata(*fused, w, "");
+  for (const GGUFTensorInfo& t : fused->tensors()) w.add_tensor(t.name, t.type, t.shape, t.data, t.n_bytes);
+  const GGUFTensorInfo& g = split->tensor("blk.2.ffn_gate_exps.weight");
+  w.add_tensor(g.name, g.type, g.shape, g.data, g.n_bytes);
+  refused(w.serialize(), "both 'blk.2.ffn_gate_up_exps.weight' and 'blk.2.ffn_gate_exps.weight'");
 }
 
 // What a qwen3next file lacks, or gets wrong, is named: a missing tensor of
@@ -423,7 +563,6 @@ TEST(Families, Qwen3NextGgufBadInputIsNamed) {
       {"blk.3.attn_q_norm.weight", "", {}, "", nullptr, "blk.3.attn_q_norm.weight"},
       {"blk.0.ffn_down_exps.weight", "", {}, "", nullptr, "blk.0.ffn_down_exps.weight"},
       {"blk.2.ffn_gate_inp_shexp.weight", "", {}, "", nullptr, "blk.2.ffn_gate_inp_shexp.weight"},
-      {"output.weight", "", {}, "", nullptr, "tensor 'output.weight' is missing"},
       {"", "qwen3next.ssm.group_count", {}, "", nullptr, "qwen3next.ssm.group_count"},
       {"", "qwen3next.expert_shared_feed_forward_length", {}, "", nullptr,
        "qwen3next.expert_shared_feed_forward_length"},

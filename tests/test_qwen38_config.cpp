@@ -222,7 +222,15 @@ TEST(Qwen38Config, FromHfConfigErrors) {
   fails_with(R"({"model_type": "llama"})", "qwen3_5");
   fails_with(base + R"(, "layer_types": ["linear_attention", "full_attention", "linear_attention", "full_attention"]})",
              "layer_types[1]");
-  fails_with(base + R"(, "tie_word_embeddings": true})", "tie_word_embeddings");
+  // Tied embeddings: no lm_head.weight among the tensors; a composite config
+  // ties at its top level whatever its text_config says.
+  const Qwen38Config tied = qwen38_config_from_hf(HFConfig::parse(base + R"(, "tie_word_embeddings": true})", "t.json"));
+  EXPECT_TRUE(tied.tie_embeddings);
+  for (const auto& t : qwen38_tensors(tied)) EXPECT_NE(t.name, "lm_head.weight");
+  EXPECT_EQ(parameter_count(tied).lm_head, 0);
+  const std::string nested = R"({"model_type": "qwen3_5", "tie_word_embeddings": true, "text_config": )" +
+                             base + R"(, "tie_word_embeddings": false}})";
+  EXPECT_TRUE(qwen38_config_from_hf(HFConfig::parse(nested, "n.json")).tie_embeddings);
   fails_with(R"({"model_type": "qwen3_5_text", "num_hidden_layers": 4})", "hidden_size");
 }
 

@@ -84,10 +84,6 @@ std::unique_ptr<DenseModel> DenseModel::load(const GGUFFile& f, std::optional<DT
     if (c.qk_rope % 2 != 0 || c.qk_rope >= c.head_dim)
       fail("{}: rope.dimension_count {} must be even and below the key head size {}", f.name(), c.qk_rope, c.head_dim);
     c.qk_nope = c.head_dim - c.qk_rope;
-    if (auto type = f.get_string_opt(arch_key(c, "rope.scaling.type")); type && *type == "yarn")
-      fail("{}: rope.scaling.type 'yarn' (DeepSeek's long-context RoPE, with its attention-scale correction) is not "
-           "supported yet; files with plain RoPE are",
-           f.name());
   } else {
   c.n_head_kv = f.has(arch_key(c, "attention.head_count_kv")) ? gguf_int_in(f, arch_key(c, "attention.head_count_kv"))
                                                                 : c.n_head;
@@ -111,17 +107,39 @@ std::unique_ptr<DenseModel> DenseModel::load(const GGUFFile& f, std::optional<DT
          c.head_dim);
   std::vector<float> yarn;
   float yarn_attn = 1.f;
-  if (auto type = f.get_string_opt(arch_key(c, "rope.scaling.type")); type && *type == "yarn" && fam.gpt_oss) {
-    // gpt-oss's YaRN: its released config does not truncate the correction
-    // range; the attention factor scales cos and sin, so q.k by its square.
+  if (auto type = f.get_string_opt(arch_key(c, "rope.scaling.type"));
+      type && *type == "yarn" && (fam.gpt_oss || fam.mla)) {
     const double factor = gguf_float_in(f, arch_key(c, "rope.scaling.factor"), 0.0, 1e6);
     const double orig = gguf_int_in(f, arch_key(c, "rope.scaling.original_context_length"), 1, int64_t{1} << 30);
     const double bf = gguf_float_in(f, arch_key(c, "rope.scaling.yarn_beta_fast"), 0.0, 1e6, 32.0);
     const double bs = gguf_float_in(f, arch_key(c, "rope.scaling.yarn_beta_slow"), 0.0, 1e6, 1.0);
     if (factor < 1.0) fail("{}: '{}' is {}; YaRN needs a factor of at least 1", f.name(), arch_key(c, "rope.scaling.factor"), factor);
-    yarn = yarn_divisors(c.rope_dim, c.rope_base, factor, orig, bf, bs, false);
-    const double mscale = factor <= 1.0 ? 1.0 : 0.1 * std::log(factor) + 1.0;
-    yarn_attn = static_cast<float>(gguf_float_in(f, arch_key(c, "rope.scaling.yarn_attn_factor"), 0.0, 1e6, mscale));
+    // gpt-oss's released config does not truncate the correction range;
+    // DeepSeek's (transformers' default) does.
+    yarn = yarn_divisors(c.rope_dim, c.rope_base, factor, orig, bf, bs, fam.mla);
+    if (fam.gpt_oss) {
+      // The attention factor scales cos and sin of the whole head, so q.k by
+      // its square.
+      const double mscale = factor <= 1.0 ? 1.0 : 0.1 * std::log(factor) + 1.0;
+      yarn_attn = static_cast<float>(gguf_float_in(f, arch_key(c, "rope.scaling.yarn_attn_factor"), 0.0, 1e6, mscale));
+    } else {
+      // DeepSeek: the rotated part keeps its amplitude (mscale equals
+      // mscale_all_dim in every released config, so their ratio is 1) and
+      // the softmax scale of the whole head is multiplied by m^2, m = 1 +
+      // 0.1 mscale_all_dim ln(factor). llama.cpp's converter stores 0.1 x
+      // mscale_all_dim as yarn_log_multiplier.
+      const std::string log_mul = arch_key(c, "rope.scaling.yarn_log_multiplier");
+      if (!f.has(log_mul))
+        fail("{}: rope.scaling.type 'yarn' without '{}' (0.1 x mscale_all_dim, which DeepSeek's attention-scale "
+             "correction needs) is not supported",
+             f.name(), log_mul);
+      const double mul = gguf_float_in(f, log_mul, 0.0, 100.0);
+      const std::string amp = arch_key(c, "rope.scaling.yarn_attn_factor");
+      if (f.has(amp) && gguf_float_in(f, amp, 0.0, 1e6) != 1.0)
+        fail("{}: '{}' is {}; DeepSeek's YaRN is supported with the rotation amplitude 1 only", f.name(), amp,
+             f.get_float(amp));
+      yarn_attn = static_cast<float>(factor <= 1.0 ? 1.0 : 1.0 + mul * std::log(factor));
+    }
   } else if (auto type = f.get_string_opt(arch_key(c, "rope.scaling.type")); type && *type != "none" && *type != "linear")
     fail("{}: rope.scaling.type '{}' is not supported (Llama 3 scaling comes as the rope_freqs tensor)", f.name(),
          *type);

@@ -58,7 +58,7 @@ constexpr std::array<std::string_view, kDenseTensorKinds> kGgufNames = {
     "blk.{}.ssm_alpha",      // SsmAlpha
     "blk.{}.ssm_norm",       // SsmNorm
     "blk.{}.ssm_out",        // SsmOut
-    "",                      // FfnGateUpExps: Hugging Face only
+    "blk.{}.ffn_gate_up_exps",  // FfnGateUpExps
 };
 
 // Hugging Face names shared by the llama-like families.

@@ -72,7 +72,9 @@ enum class DenseTensor {
   // [n_expert][n_embd][2 n_ff_exp] per layer (with "_bias" [n_expert][2 n_ff_exp]);
   // or MXFP4 "_blocks" [n_expert][2 n_ff_exp][n_embd / 32][16] and "_scales"
   // [n_expert][2 n_ff_exp][n_embd / 32] with gate and up rows interleaved.
-  // GGUF splits them into FfnGateExps / FfnUpExps.
+  // GGUF splits them into FfnGateExps / FfnUpExps. Newer llama.cpp
+  // converters write Qwen3.5-MoE's experts fused as ffn_gate_up_exps
+  // [n_expert][2 n_ff_exp][n_embd]: per expert the gate rows, then the up rows.
   FfnGateUpExps,
 };
 inline constexpr int kDenseTensorKinds = static_cast<int>(DenseTensor::FfnGateUpExps) + 1;

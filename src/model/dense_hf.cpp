@@ -209,6 +209,49 @@ class Converter {
   GGUFWriter w_;
 };
 
+// DeepSeek's YaRN (rope_scaling type yarn) as the keys llama.cpp's converter
+// writes for deepseek2: factor, original context, beta_fast / beta_slow and
+// 0.1 x mscale_all_dim as yarn_log_multiplier. transformers rotates the
+// rope part with the amplitude mscale(factor, mscale) / mscale(factor,
+// mscale_all_dim) (or attention_factor) and multiplies the softmax scale by
+// mscale(factor, mscale_all_dim)^2; the engine runs the released setting,
+// where the amplitude is 1, and refuses others naming them.
+void deepseek_yarn_keys(const HFConfig& hf, const Rope& r, GGUFWriter& w, const std::string& a) {
+  // transformers: original_max_position_embeddings at the config's top level
+  // first, then in the RoPE parameters, else max_position_embeddings.
+  double orig = static_cast<double>(hf.get_int_in_or("max_position_embeddings", 2048, 1, int64_t{1} << 30));
+  if (hf.json().contains("original_max_position_embeddings"))
+    orig = static_cast<double>(hf.get_int_in("original_max_position_embeddings", 1, int64_t{1} << 30));
+  else if (r.params.contains("original_max_position_embeddings") && !r.params["original_max_position_embeddings"].is_null())
+    orig = rope_param(hf, r, "original_max_position_embeddings");
+  const double factor = rope_param(hf, r, "factor");
+  if (factor < 1.0) fail("{}: '{}.factor' is {}; YaRN needs a factor of at least 1", hf.name(), r.where, factor);
+  auto opt = [&](const char* k) -> double {
+    if (!r.params.contains(k) || r.params[k].is_null()) return 0.0;
+    return rope_param(hf, r, k);
+  };
+  auto get_mscale = [&](double m) { return factor <= 1.0 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; };
+  const double ms = opt("mscale"), ms_all = opt("mscale_all_dim");
+  double amplitude = ms != 0 && ms_all != 0 ? get_mscale(ms) / get_mscale(ms_all) : get_mscale(1.0);
+  if (r.params.contains("attention_factor") && !r.params["attention_factor"].is_null())
+    amplitude = rope_param(hf, r, "attention_factor");
+  if (std::abs(amplitude - 1.0) > 1e-12)
+    fail("{}: YaRN with '{}' mscale {} and mscale_all_dim {} rotates with the amplitude {}; DeepSeek's YaRN is "
+         "supported where it is 1 (mscale equal to mscale_all_dim, as the released configs have it)",
+         hf.name(), r.where, ms, ms_all, amplitude);
+  if (r.params.contains("truncate") && (!r.params["truncate"].is_boolean() || !r.params["truncate"].get<bool>()))
+    fail("{}: '{}.truncate' must be true (or absent) for DeepSeek's YaRN", hf.name(), r.where);
+  w.set_string(a + ".rope.scaling.type", "yarn");
+  w.set_f32(a + ".rope.scaling.factor", static_cast<float>(factor));
+  if (orig != std::floor(orig) || orig > (int64_t{1} << 30))
+    fail("{}: '{}.original_max_position_embeddings' {} must be a whole number of positions", hf.name(), r.where, orig);
+  w.set_u32(a + ".rope.scaling.original_context_length", static_cast<uint32_t>(orig));
+  w.set_f32(a + ".rope.scaling.yarn_log_multiplier", static_cast<float>(0.1 * ms_all));
+  for (auto [k, key] : {std::pair{"beta_fast", "yarn_beta_fast"}, std::pair{"beta_slow", "yarn_beta_slow"}})
+    if (r.params.contains(k) && !r.params[k].is_null())
+      w.set_f32(a + ".rope.scaling." + key, static_cast<float>(rope_param(hf, r, k)));
+}
+
 // DeepSeek-V2 / V3 (model_type deepseek_v2 / deepseek_v3) as the deepseek2
 // GGUF form: the MLA key and value expansion kept fused (attn_kv_b), the
 // routing settings as llama.cpp's keys.
@@ -238,11 +281,7 @@ void deepseek_from_hf(const HFConfig& hf, const DenseFamily& fam, const Safetens
   if (n_group < 1 || topk_group < 1) fail("{}: n_group {} / topk_group {} must be positive", hf.name(), n_group, topk_group);
   const double scale = hf.get_float_or("routed_scaling_factor", 1.0);
   const Rope r = read_rope(hf, "full_attention");
-  if (r.type == "yarn")
-    fail("{}: YaRN RoPE scaling (DeepSeek's long-context setting, with its attention-scale correction) is not "
-         "supported yet; checkpoints with plain RoPE are",
-         hf.name());
-  if (r.type != "default") fail("{}: RoPE scaling '{}' is not supported for {}", hf.name(), r.type, mt);
+  if (r.type != "default" && r.type != "yarn") fail("{}: RoPE scaling '{}' is not supported for {}", hf.name(), r.type, mt);
 
   w.set_u32(a + ".block_count", static_cast<uint32_t>(n_layer));
   w.set_u32(a + ".context_length", static_cast<uint32_t>(hf.get_int_or("max_position_embeddings", 2048)));
@@ -268,6 +307,7 @@ void deepseek_from_hf(const HFConfig& hf, const DenseFamily& fam, const Safetens
   w.set_u32(a + ".expert_gating_func", v3 ? 2u : 1u);
   w.set_u32(a + ".expert_group_count", static_cast<uint32_t>(n_group));
   w.set_u32(a + ".expert_group_used_count", static_cast<uint32_t>(topk_group));
+  if (r.type == "yarn") deepseek_yarn_keys(hf, r, w, a);
 
   const int Dk = nope + rope;
   cv.mat(T::TokenEmbd, 0, n_vocab, n_embd);

@@ -245,7 +245,10 @@ std::unique_ptr<Qwen38Model> Qwen38Model::load_from(std::unique_ptr<Qwen38Model>
   // "model.language_model." checkpoints keep lm_head.weight at the top level,
   // which get() handles; embed/norm carry the prefix.
   m->tok_embd_ = L.mat("embed_tokens.weight");
-  m->lm_head_ = L.mat("lm_head.weight");
+  // Tied embeddings (the small Qwen3.5 models): the LM head is the
+  // embedding's view, one copy in memory; a stored lm_head.weight is then
+  // ignored, as transformers ties it over.
+  m->lm_head_ = c.tie_embeddings ? m->tok_embd_ : L.mat("lm_head.weight");
   m->final_norm_ = L.vec("norm.weight", 1.f);
   int n_attn = 0, n_delta = 0;
   for (int l = 0; l < c.n_layer; ++l) {
@@ -380,9 +383,9 @@ std::unique_ptr<Qwen38Model> Qwen38Model::load_gguf(std::unique_ptr<GGUFFile> fi
            fmt::join(e.shape, ", "), H);
     c.vocab = static_cast<int>(config_int_in(f.name(), name(T::TokenEmbd) + " rows", e.shape[1], 1, kMaxConfigDim));
   }
-  if (!f.find_tensor(name(T::Output)))
-    fail("{}: tensor '{}' is missing (Qwen3.8 has an untied LM head; tied embeddings are not supported)", f.name(),
-         name(T::Output));
+  // No output.weight: the embeddings are tied (llama.cpp's converter then
+  // leaves it out).
+  c.tie_embeddings = !f.find_tensor(name(T::Output));
   c.validate();
 
   Qwen38Loader L{*m, nullptr, weights, f.name()};
@@ -393,7 +396,7 @@ std::unique_ptr<Qwen38Model> Qwen38Model::load_gguf(std::unique_ptr<GGUFFile> fi
     return fin(gather_rows(owned, parts), n);
   };
   m->tok_embd_ = mat(name(T::TokenEmbd), H, c.vocab);
-  m->lm_head_ = mat(name(T::Output), H, c.vocab);
+  m->lm_head_ = c.tie_embeddings ? m->tok_embd_ : mat(name(T::Output), H, c.vocab);
   m->final_norm_ = gguf_vec(f, name(T::OutputNorm), H);  // stored as 1 + w
 
   const int64_t nk = c.la_n_k_heads, dk = c.la_k_head_dim, nv = c.la_n_v_heads, dv = c.la_v_head_dim;
@@ -490,8 +493,21 @@ std::unique_ptr<Qwen38Model> Qwen38Model::load_gguf(std::unique_ptr<GGUFFile> fi
       B.n_expert = c.n_expert;
       B.d_in = c.hidden;
       B.d_ff = c.moe_intermediate;
-      B.gate = gguf_expert_slabs(f, name(T::FfnGateExps, l), H, c.moe_intermediate, c.n_expert);
-      B.up = gguf_expert_slabs(f, name(T::FfnUpExps, l), H, c.moe_intermediate, c.n_expert);
+      const int64_t F = c.moe_intermediate;
+      if (f.find_tensor(name(T::FfnGateUpExps, l))) {
+        // Fused (newer converters): per expert F gate rows, then F up rows.
+        for (const std::string& split : {name(T::FfnGateExps, l), name(T::FfnUpExps, l)})
+          if (f.find_tensor(split))
+            fail("{}: both '{}' and '{}' are present; a layer's experts come fused or split, not both", f.name(),
+                 name(T::FfnGateUpExps, l), split);
+        for (const MatView& e : gguf_expert_slabs(f, name(T::FfnGateUpExps, l), H, 2 * F, c.n_expert)) {
+          B.gate.push_back(row_range(e, 0, F));
+          B.up.push_back(row_range(e, F, F));
+        }
+      } else {
+        B.gate = gguf_expert_slabs(f, name(T::FfnGateExps, l), H, F, c.n_expert);
+        B.up = gguf_expert_slabs(f, name(T::FfnUpExps, l), H, F, c.n_expert);
+      }
       B.down = gguf_expert_slabs(f, name(T::FfnDownExps, l), c.moe_intermediate, H, c.n_expert);
       for (auto* v : {&B.gate, &B.up, &B.down})
         for (MatView& e : *v) e = fin(e, name(T::FfnGateExps, l));
@@ -662,7 +678,7 @@ std::string qwen38_hf_config_json(const Qwen38Config& c) {
   j["linear_value_head_dim"] = c.la_v_head_dim;
   j["linear_conv_kernel_dim"] = c.conv_kernel;
   j["full_attention_interval"] = c.full_attn_interval;
-  j["tie_word_embeddings"] = false;
+  j["tie_word_embeddings"] = c.tie_embeddings;
   j["attention_bias"] = false;
   j["rope_parameters"] = {{"rope_type", "default"},
                           {"rope_theta", c.rope_theta},

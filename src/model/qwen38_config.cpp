@@ -106,7 +106,6 @@ void Qwen38Config::validate() const {
     fail("{}: la_n_v_heads ({}) must be a multiple of la_n_k_heads ({})", who, la_n_v_heads, la_n_k_heads);
   if (rotary_dim <= 0 || rotary_dim > head_dim || rotary_dim % 2 != 0)
     fail("{}: rotary_dim must be even and in (0, head_dim={}], got {}", who, head_dim, rotary_dim);
-  if (tie_embeddings) fail("{}: Qwen3.8 has untied embeddings", who);
   if (n_expert < 0 || n_expert > 4096) fail("{}: n_expert must be in [0, 4096], got {}", who, n_expert);
   if (moe()) {
     if (n_expert_used < 1 || n_expert_used > n_expert)
@@ -193,7 +192,7 @@ std::vector<Qwen38Tensor> qwen38_tensors(const Qwen38Config& c, const std::strin
     t.push_back({p + "mlp.down_proj.weight", {H, c.intermediate}, K::Mlp, l, true});
   }
   t.push_back({model_prefix + "norm.weight", {H}, K::Norm, -1, false});
-  t.push_back({"lm_head.weight", {c.vocab, H}, K::LmHead, -1, true});
+  if (!c.tie_embeddings) t.push_back({"lm_head.weight", {c.vocab, H}, K::LmHead, -1, true});
   return t;
 }
 
@@ -266,8 +265,8 @@ std::string describe(const Qwen38Config& c) {
   s += fmt::format("  layers {} ({} gated attention at l % {} == {}, {} Gated DeltaNet)\n", c.n_layer,
                    c.n_full_attention_layers(), c.full_attn_interval, c.full_attn_interval - 1,
                    c.n_deltanet_layers());
-  s += fmt::format("  hidden {}, MLP {} (SwiGLU), vocab {}, eps {:g}, untied embeddings, zero-centred RMSNorm\n",
-                   c.hidden, c.intermediate, c.vocab, c.rms_eps);
+  s += fmt::format("  hidden {}, MLP {} (SwiGLU), vocab {}, eps {:g}, {} embeddings, zero-centred RMSNorm\n",
+                   c.hidden, c.intermediate, c.vocab, c.rms_eps, c.tie_embeddings ? "tied" : "untied");
   s += fmt::format("  attention: {} q heads, {} kv heads, head dim {}, RoPE on {} dims (rotate-half, theta {:g}), "
                    "sigmoid output gate\n",
                    c.n_head, c.n_head_kv, c.head_dim, c.rotary_dim, c.rope_theta);
@@ -346,6 +345,8 @@ Qwen38Config qwen38_config_from_hf(const HFConfig& hf) {
   c.la_v_head_dim = dim("linear_value_head_dim");
   c.conv_kernel = static_cast<int>(hf.get_int_in_or("linear_conv_kernel_dim", 4, 1, 1024));
   c.full_attn_interval = static_cast<int>(hf.get_int_in_or("full_attention_interval", 4, 1, kMaxConfigLayers));
+  // A composite config (qwen3_5 with a text_config) ties at its top level,
+  // which the lookup reads first.
   c.tie_embeddings = hf.get_bool_or("tie_word_embeddings", false);
 
   constexpr double kMaxRopeBase = 1e12;
@@ -381,7 +382,6 @@ Qwen38Config qwen38_config_from_hf(const HFConfig& hf) {
              l, e.dump(), want, c.full_attn_interval, c.full_attn_interval - 1);
     }
   }
-  if (c.tie_embeddings) fail("{}: tie_word_embeddings is true; Qwen3.8 has an untied LM head", hf.name());
   const std::string act = hf.get_string_or("hidden_act", "silu");
   if (act != "silu") fail("{}: hidden_act '{}' is not supported (expected silu)", hf.name(), act);
   if (hf.get_bool_or("attention_bias", false)) fail("{}: attention_bias is not supported", hf.name());

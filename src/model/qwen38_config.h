@@ -31,7 +31,7 @@
 //   model.layers.l.linear_attn.norm.weight        [v_head_dim]  gated RMSNorm, NOT zero-centred
 //   model.layers.l.linear_attn.out_proj.weight    [H, value_dim]
 // and model.embed_tokens.weight [V, H], model.norm.weight [H] (zero-centred),
-// lm_head.weight [V, H] (untied).
+// lm_head.weight [V, H] (absent where the embeddings are tied).
 //
 // (Qwen3-Next, the MoE sibling, packs the DeltaNet input differently:
 // in_proj_qkvz [key heads][q k | v z of its value heads] and in_proj_ba
@@ -56,7 +56,7 @@ struct Qwen38Config {
   int intermediate = 0;    // MLP width (FF), SwiGLU
   int vocab = 0;           // vocab_size (V)
   double rms_eps = 1e-6;   // every RMSNorm, the gated one included
-  bool tie_embeddings = false;   // always false for Qwen3.8 (lm_head is its own tensor)
+  bool tie_embeddings = false;   // the LM head reads embed_tokens (Qwen3.8's presets: false)
   bool zero_centred_norm = true; // x * rsqrt(mean(x^2) + eps) * (1 + w), except the gated norm
 
   // Gated full attention.
@@ -184,7 +184,7 @@ std::string describe(const Qwen38Config& c);
 // Reads a Hugging Face config.json of the Qwen3.5 dense family
 // (model_type "qwen3_5_text", or "qwen3_5" with a text_config). Throws
 // megakern::Error for another model type, a layer_types list that is not the
-// l % interval pattern, tied embeddings, or an inconsistent config.
+// l % interval pattern, or an inconsistent config.
 Qwen38Config qwen38_config_from_hf(const HFConfig& hf);
 
 // The GGUF `general.architecture` values read as Qwen3.8: qwen3next (Qwen3-Next),
