@@ -80,40 +80,39 @@ void attention_tile(const Op& op_, const StepContext& ctx, int r0, int r1, int g
     a.softcap = op.softcap;
     a.sinks = op.sinks.empty() ? nullptr : op.sinks.data() + h0;
     // KV head g's positions: their own contiguous run in a head-major cache,
-    // else every kv_dim floats of a position-major one (heads = 1).
-    KvHeadView kv;
-    kv.type = cache.type;
-    if (cache.type != KvType::f32) {
-      // The same layout in bytes (sequence_state.h); q8_0 blocks never
-      // straddle two heads (check_kv_type).
-      const KvType t = cache.type;
-      if (cache.heads == op.n_head_kv) {
-        kv.kb = cache.k_head_bytes(layer, g);
-        kv.vb = cache.v_head_bytes(layer, g);
-        kv.k_stride = static_cast<int64_t>(kv_row_bytes(t, hd));
-        kv.v_stride = static_cast<int64_t>(kv_row_bytes(t, vd));
-      } else {
-        MK_CHECK(cache.heads == 1, "attention over {} KV heads: the cache is laid out for {}", op.n_head_kv,
-                 cache.heads);
-        MK_CHECK(t != KvType::q8_0 || (hd % kKvQ8Block == 0 && vd % kKvQ8Block == 0),
-                 "a q8_0 KV cache needs head widths that are multiples of {}, attention reads {} / {}", kKvQ8Block,
-                 hd, vd);
-        kv.kb = cache.k_head_bytes(layer, 0) + kv_row_bytes(t, static_cast<int64_t>(g) * hd);
-        kv.vb = cache.v_head_bytes(layer, 0) + kv_row_bytes(t, static_cast<int64_t>(g) * vd);
-        kv.k_stride = static_cast<int64_t>(kv_row_bytes(t, cache.kv_dim));
-        kv.v_stride = static_cast<int64_t>(kv_row_bytes(t, cache.v_width()));
-      }
-    } else if (cache.heads == op.n_head_kv) {
-      kv.k = cache.k_head(layer, g);
-      kv.v = cache.v_head(layer, g);
-      kv.k_stride = hd;
-      kv.v_stride = vd;
+    // else every kv_dim values of a position-major one (heads = 1).
+    // Offsets and strides count values; a cache of another type than f32
+    // holds the same layout in bytes (sequence_state.h), q8_0 blocks never
+    // straddling two heads (check_kv_type).
+    size_t k_off, v_off;
+    int64_t k_stride, v_stride;
+    if (cache.heads == op.n_head_kv) {
+      k_off = cache.k_head_offset(layer, g);
+      v_off = cache.v_head_offset(layer, g);
+      k_stride = hd;
+      v_stride = vd;
     } else {
       MK_CHECK(cache.heads == 1, "attention over {} KV heads: the cache is laid out for {}", op.n_head_kv, cache.heads);
-      kv.k = cache.k_head(layer, 0) + static_cast<size_t>(g) * hd;
-      kv.v = cache.v_head(layer, 0) + static_cast<size_t>(g) * vd;
-      kv.k_stride = cache.kv_dim;
-      kv.v_stride = cache.v_width();
+      MK_CHECK(cache.type != KvType::q8_0 || (hd % kKvQ8Block == 0 && vd % kKvQ8Block == 0),
+               "a q8_0 KV cache needs head widths that are multiples of {}, attention reads {} / {}", kKvQ8Block, hd,
+               vd);
+      k_off = cache.k_head_offset(layer, 0) + static_cast<size_t>(g) * hd;
+      v_off = cache.v_head_offset(layer, 0) + static_cast<size_t>(g) * vd;
+      k_stride = cache.kv_dim;
+      v_stride = cache.v_width();
+    }
+    KvHeadView kv;
+    kv.type = cache.type;
+    if (cache.type == KvType::f32) {
+      kv.k = cache.k.data() + k_off;
+      kv.v = cache.v.data() + v_off;
+      kv.k_stride = k_stride;
+      kv.v_stride = v_stride;
+    } else {
+      kv.kb = cache.kq.data() + kv_row_bytes(cache.type, static_cast<int64_t>(k_off));
+      kv.vb = cache.vq.data() + kv_row_bytes(cache.type, static_cast<int64_t>(v_off));
+      kv.k_stride = static_cast<int64_t>(kv_row_bytes(cache.type, k_stride));
+      kv.v_stride = static_cast<int64_t>(kv_row_bytes(cache.type, v_stride));
     }
     kv.ring = cache.ring_len(layer);
     attention_block(a, kv, ctx.scalar);

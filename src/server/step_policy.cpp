@@ -218,10 +218,7 @@ void StepPolicy::postprocess(const StepPlan& plan, const std::vector<SeqId>& fin
 
 // ---- DraftEstimates ------------------------------------------------------------
 
-DraftEstimates::DraftEstimates(int max_rows)
-    : step_s_(static_cast<size_t>(std::max(1, max_rows)) + 1, 0.0), judged_(kGrades, 0.0), accepted_(kGrades, 0.0) {}
-
-int DraftEstimates::grade(int match, int index) { return std::clamp(match + index, 0, kGrades - 1); }
+DraftEstimates::DraftEstimates(int max_rows) : step_s_(static_cast<size_t>(std::max(1, max_rows)) + 1, 0.0) {}
 
 void DraftEstimates::record_step(int rows, double seconds) {
   if (rows < 1 || static_cast<size_t>(rows) >= step_s_.size() || !(seconds > 0)) return;
@@ -255,31 +252,11 @@ double DraftEstimates::step_cost(int rows) const {
   return step_s_[static_cast<size_t>(m)] * (1.0 + 0.05 * (rows - m));
 }
 
-void DraftEstimates::judge(int match, int index, bool ok) {
-  // Old judgements fade, so that a grade's estimate follows the texts being
-  // written; the sequences share the estimates, so they fade slowly.
-  constexpr double kDecay = 0.98;
-  const size_t g = static_cast<size_t>(grade(match, index));
-  judged_[g] = judged_[g] * kDecay + 1.0;
-  accepted_[g] = accepted_[g] * kDecay + (ok ? 1.0 : 0.0);
-}
-
-double DraftEstimates::alpha(int match, int index) const {
-  double all_j = 0, all_a = 0;
-  for (int i = 0; i < kGrades; ++i) {
-    all_j += judged_[static_cast<size_t>(i)];
-    all_a += accepted_[static_cast<size_t>(i)];
-  }
-  const double prior = (all_a + 1.0) / (all_j + 2.0);
-  const size_t g = static_cast<size_t>(grade(match, index));
-  return std::clamp((accepted_[g] + prior) / (judged_[g] + 1.0), 0.0, 0.99);
-}
-
 void DraftEstimates::gains(int match, int n, std::vector<double>& out) const {
   out.clear();
   double chain = 1;
   for (int i = 0; i < n; ++i) {
-    chain *= alpha(match, i);
+    chain *= acceptance_.alpha(match, i);
     out.push_back(chain);
   }
 }

@@ -59,6 +59,8 @@
 #include <functional>
 #include <vector>
 
+#include "spec/graded_acceptance.h"
+
 namespace megakern::server {
 
 struct PolicyOptions {
@@ -191,13 +193,9 @@ class StepPolicy {
 
 // Speculative decoding's estimates for the server, without clocks: the
 // cost of a step by its rows, from measured times, and the chance that a
-// draft is accepted, by grade. A draft's grade is its proposal's match
-// (Draft::match, 0 for drafters that do not grade) plus its index in the
-// proposal, capped at kGrades - 1: graded drafters' drafts are accepted more
-// often the longer the text they continue agrees with its source.
+// draft is accepted, by grade (spec/graded_acceptance.h).
 class DraftEstimates {
  public:
-  static constexpr int kGrades = 40;
   explicit DraftEstimates(int max_rows);
   // A step of `rows` rows took `seconds`.
   void record_step(int rows, double seconds);
@@ -212,20 +210,19 @@ class DraftEstimates {
   // count below it. 0 when nothing was measured yet.
   double step_cost(int rows) const;
   // Draft `index` of a proposal of grade `match` was judged against the
-  // target's token: accepted or not.
-  void judge(int match, int index, bool accepted);
+  // target's token: accepted or not. The sequences share the estimates, so
+  // old judgements fade slowly (0.98 a judgement of the grade).
+  void judge(int match, int index, bool accepted) { acceptance_.judge(match, index, accepted); }
   // The chance that a draft of that grade is accepted once those before it
-  // were: the decayed count at its grade, leaning on all grades together
-  // while it has few judgements (0.5 before anything was judged).
-  double alpha(int match, int index) const;
+  // were (GradedAcceptance::alpha).
+  double alpha(int match, int index) const { return acceptance_.alpha(match, index); }
   // The expected tokens drafts 0..n-1 of a proposal of grade `match` add.
   void gains(int match, int n, std::vector<double>& out) const;
 
  private:
-  static int grade(int match, int index);
   std::vector<double> step_s_;  // [rows]: smoothed seconds, 0 when not measured
   double w_ = 0, sr_ = 0, st_ = 0, srr_ = 0, srt_ = 0;  // decayed sums over steps: 1, rows, seconds, rows^2, rows x seconds
-  std::vector<double> judged_, accepted_;
+  GradedAcceptance acceptance_{0.98};
 };
 
 }  // namespace megakern::server

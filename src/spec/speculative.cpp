@@ -74,8 +74,6 @@ SpeculativeGenerator::SpeculativeGenerator(Engine& target, SequenceState& seq, D
   }
   k_ = opts.draft;
   verify_ms_.assign(static_cast<size_t>(opts.draft) + 2, 0.0);
-  grade_judged_.assign(kGrades, 0.0);
-  grade_accepted_.assign(kGrades, 0.0);
   logits_.resize(static_cast<size_t>(opts.draft + 1) * static_cast<size_t>(target.n_vocab()));
 }
 
@@ -89,8 +87,7 @@ int32_t SpeculativeGenerator::start(const std::vector<int32_t>& prompt) {
   // acceptance by grade only in part, as a new prompt may be copied more or
   // less than the last.
   k_ = opts_.adaptive ? choose_draft_length() : opts_.draft;
-  for (double& j : grade_judged_) j *= 0.25;
-  for (double& a : grade_accepted_) a *= 0.25;
+  acceptance_.fade(0.25);
   rng_.seed(opts_.sampling.seed);
   const int64_t V = engine_.n_vocab();
   const auto t0 = Clock::now();
@@ -245,11 +242,11 @@ int SpeculativeGenerator::round(int max_new, std::vector<int32_t>& out) {
   stats_.target_rows += computed;
   ++stats_.rounds_by_rows[static_cast<size_t>(computed)];
   if (graded) {
-    for (int i = 0; i < a; ++i) judge(grade(match, i), true);
+    for (int i = 0; i < a; ++i) acceptance_.judge(match, i, true);
     if (a < m)
-      judge(grade(match, a), false);
+      acceptance_.judge(match, a, false);
     else if (spare >= 0)
-      judge(grade(match, m), spare == next);
+      acceptance_.judge(match, m, spare == next);
   }
   if (opts_.adaptive) {
     update_length(m, a, computed, draft_ms, verify_ms);
@@ -324,28 +321,6 @@ int SpeculativeGenerator::choose_draft_length() const {
   return best_k;
 }
 
-void SpeculativeGenerator::judge(int g, bool ok) {
-  // Old judgements fade out, so a grade's estimate follows the text.
-  constexpr double kDecay = 0.9;
-  grade_judged_[static_cast<size_t>(g)] = grade_judged_[static_cast<size_t>(g)] * kDecay + 1.0;
-  grade_accepted_[static_cast<size_t>(g)] = grade_accepted_[static_cast<size_t>(g)] * kDecay + (ok ? 1.0 : 0.0);
-}
-
-double SpeculativeGenerator::grade_alpha(int g) const {
-  // A grade seen rarely leans on all grades together (itself at 0.5 when
-  // nothing at all was judged), with the weight of one judgement.
-  double all_j = 0, all_a = 0;
-  for (int i = 0; i < kGrades; ++i) {
-    all_j += grade_judged_[static_cast<size_t>(i)];
-    all_a += grade_accepted_[static_cast<size_t>(i)];
-  }
-  const double prior = (all_a + 1.0) / (all_j + 2.0);
-  constexpr double kPriorWeight = 1.0;
-  const double a = (grade_accepted_[static_cast<size_t>(g)] + kPriorWeight * prior) /
-                   (grade_judged_[static_cast<size_t>(g)] + kPriorWeight);
-  return std::clamp(a, 0.0, 0.99);
-}
-
 int SpeculativeGenerator::choose_graded_length(int match, int m) const {
   // Draft i passes with probability alpha_i given drafts 0..i-1 passed
   // (alpha_i that of its grade), so verifying k drafts emits
@@ -363,7 +338,7 @@ int SpeculativeGenerator::choose_graded_length(int match, int m) const {
   int best_k = 0;
   double best_rate = kMargin / c1, e = 1, pw = 1;
   for (int k = 1; k <= m; ++k) {
-    pw *= grade_alpha(grade(match, k - 1));
+    pw *= acceptance_.alpha(match, k - 1);
     e += pw;
     const double cost = per_row ? c1 * e : verify_cost(k + 1);
     const double rate = e / cost;

@@ -56,6 +56,7 @@
 #include "runtime/sampler.h"
 #include "runtime/session.h"
 #include "spec/drafter.h"
+#include "spec/graded_acceptance.h"
 
 namespace megakern {
 
@@ -160,19 +161,13 @@ class SpeculativeGenerator {
   // measurements (unmeasured row counts guessed optimistically, so they get
   // tried); <= 0 when nothing is measured yet.
   double verify_cost(int rows) const;
-  // Graded drafters: decayed counts of drafts judged and accepted by grade,
-  // a draft's grade being the proposal's Draft::match plus the draft's index
-  // in it (draft i is judged once drafts 0..i-1 passed: by then the text
-  // agrees with its source over match + i tokens), capped at kGrades - 1.
-  // Drafts proposed but not verified are judged too when the round gets that
-  // far: the first of them against the target's own next token (for a
-  // one-hot draft, equal with the probability the draft would be accepted),
-  // which keeps every grade's estimate alive while it is not being verified.
-  static constexpr int kGrades = 40;
-  std::vector<double> grade_judged_, grade_accepted_;
-  static int grade(int match, int i) { return std::min(match + i, kGrades - 1); }
-  void judge(int grade, bool accepted);
-  double grade_alpha(int grade) const;
+  // Graded drafters: how often drafts of each grade were accepted (old
+  // judgements fading by 0.9). Drafts proposed but not verified are judged
+  // too when the round gets that far: the first of them against the
+  // target's own next token (for a one-hot draft, equal with the
+  // probability the draft would be accepted), which keeps every grade's
+  // estimate alive while it is not being verified.
+  GradedAcceptance acceptance_{0.9};
   // The number of the m graded drafts (of grade match, match + 1, ...) to
   // verify: the one of most expected tokens per unit of verify time, 0 when
   // a plain step is expected to do best.

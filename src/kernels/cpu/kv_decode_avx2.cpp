@@ -5,7 +5,6 @@
 
 #include <cstring>
 
-#include "core/half.h"
 #include "kernels/cpu/kv_decode.h"
 
 namespace megakern {
@@ -36,11 +35,7 @@ void kv_decode_rows_avx2(KvType t, const uint8_t* src, int64_t stride, int64_t r
         _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(u, 16)));
       }
     }
-    for (; i < n; ++i) {
-      uint16_t h;
-      std::memcpy(&h, src + 2 * i, 2);
-      dst[i] = t == KvType::f16 ? f16_to_f32(h) : bf16_to_f32(h);
-    }
+    if (i < n) kv_decode_rows_scalar(t, src + 2 * i, 0, 1, n - i, dst + i);  // the last n % 8
   }
 }
 
