@@ -1,5 +1,6 @@
-// The chat-template renderer's syntax: the tree a template parses to
-// (jinja_syntax.cpp: lexer and parser), which the evaluator (jinja.cpp) runs.
+// The chat-template renderer's syntax: the tree a template parses to (the
+// lexer, jinja_lexer.cpp, cuts it into tokens; the parser, jinja_syntax.cpp,
+// builds the tree), which the evaluator (jinja.cpp) runs.
 #pragma once
 
 #include <memory>
