@@ -174,6 +174,54 @@ TEST(Repack, KernelsMatchEachModesOracleBitForBit) {
   std::printf("[kernels] packed r16 kernels (avx512-vnni): %d cases per mode against the scalar oracles\n", cases);
 }
 
+// The fast mode's many-input path (r16_many_inputs on): input counts that
+// leave every remainder of its passes of eight (4, 2, 1), block counts
+// across its chunks of sixteen (odd ones, a last short chunk), row ranges
+// inside groups; random bytes as weights (every code, inf / NaN / subnormal
+// scales) and an input with an inf. Bit for bit against the scalar oracle.
+TEST(Repack, ManyInputFastKernelMatchesOracleBitForBit) {
+  if (!host_has_r16()) return;
+  int cases = 0;
+  for (DType t : kFormats)
+    for (int64_t cols : {32, 544, 1184})
+      for (int64_t n_x : {r16_many_inputs(), (int64_t)23, (int64_t)40}) {
+        const int64_t rows = 48;
+        const Weights w = make_weights(t, rows, cols, (uint32_t)(cols + n_x), 1);
+        const Packed p = packed(w.view);
+        const std::vector<float> x = inputs(n_x, cols, (uint32_t)(5 * cols + n_x));
+        Q8Acts qa;
+        quantize_q8_acts(x.data(), n_x, cols, 32, qa);
+        for (auto [rb, re] : {std::pair<int64_t, int64_t>{0, 48}, {3, 29}, {17, 18}}) {
+          SCOPED_TRACE(::testing::Message() << dtype_traits(t).name << " cols " << cols << " n_x " << n_x << " rows ["
+                                            << rb << ", " << re << ")");
+          std::vector<float> y((size_t)(n_x * rows), -1.f), ref = y;
+          matmul_rows_fast_r16_evex(p.view, qa, y.data(), rows, rb, re);
+          matmul_rows_fast_ref(w.view, qa, ref.data(), rows, rb, re);
+          EXPECT_TRUE(same_bits(y, ref));
+          ++cases;
+        }
+      }
+  std::mt19937 rng(12);
+  for (DType t : kFormats) {
+    const int64_t rows = 32, cols = 640, n_x = 21;
+    const size_t rb = row_bytes(t, cols);
+    std::vector<uint8_t> raw(rb * rows);
+    for (uint8_t& b : raw) b = (uint8_t)rng();
+    const MatView W{t, cols, rows, raw.data(), rb};
+    const Packed p = packed(W);
+    std::vector<float> x = inputs(n_x, cols, 6);
+    x[5 * cols + 70] = INFINITY;
+    Q8Acts qa;
+    quantize_q8_acts(x.data(), n_x, cols, 32, qa);
+    std::vector<float> y((size_t)(n_x * rows)), ref = y;
+    matmul_rows_fast_r16_evex(p.view, qa, y.data(), rows, 0, rows);
+    matmul_rows_fast_ref(W, qa, ref.data(), rows, 0, rows);
+    EXPECT_TRUE(same_bits(y, ref)) << dtype_traits(t).name << " random bytes";
+    ++cases;
+  }
+  std::printf("[kernels] many-input packed fast kernel: %d cases against the scalar oracle\n", cases);
+}
+
 // Random bytes as weights: every code, and scales that are inf, NaN or
 // subnormal; inputs with an inf.
 TEST(Repack, RandomBitPatternsMatchOracle) {
@@ -210,17 +258,19 @@ TEST(Repack, RandomBitPatternsMatchOracle) {
 // past them give what the original layout alone gives, in both modes.
 TEST(Repack, MatmulRowsWithPackedCopyMatchesOriginal) {
   if (!host_has_r16()) return;
+  // 20 inputs: the fast mode's many-input path, the exact mode's original rows.
   for (DType t : kFormats)
-    for (Numerics nm : {Numerics::Exact, Numerics::Fast}) {
-      const int64_t rows = 77, cols = 160, n_x = 3;  // 4 groups and 13 tail rows
-      const Weights w = make_weights(t, rows, cols, 21, 0);
-      const Packed p = packed(w.view);
-      const std::vector<float> x = inputs(n_x, cols, 8);
-      std::vector<float> y((size_t)(n_x * rows)), ref = y;
-      matmul_rows(p.view, x.data(), n_x, y.data(), rows, 5, rows, nm);
-      matmul_rows(w.view, x.data(), n_x, ref.data(), rows, 5, rows, nm);
-      EXPECT_TRUE(same_bits(y, ref)) << dtype_traits(t).name << ' ' << numerics_name(nm);
-    }
+    for (Numerics nm : {Numerics::Exact, Numerics::Fast})
+      for (int64_t n_x : {3, 20}) {
+        const int64_t rows = 77, cols = 160;  // 4 groups and 13 tail rows
+        const Weights w = make_weights(t, rows, cols, 21, 0);
+        const Packed p = packed(w.view);
+        const std::vector<float> x = inputs(n_x, cols, 8);
+        std::vector<float> y((size_t)(n_x * rows)), ref = y;
+        matmul_rows(p.view, x.data(), n_x, y.data(), rows, 5, rows, nm);
+        matmul_rows(w.view, x.data(), n_x, ref.data(), rows, 5, rows, nm);
+        EXPECT_TRUE(same_bits(y, ref)) << dtype_traits(t).name << ' ' << numerics_name(nm) << " n_x " << n_x;
+      }
   // Q4_K, Q6_K: packed groups in the fast mode; the exact mode, which has
   // no packed kernel for them, reads the original rows. 40 rows: 8 tail rows.
   for (DType t : {DType::Q4_K, DType::Q6_K})

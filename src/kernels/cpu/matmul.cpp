@@ -23,7 +23,8 @@ namespace {
 // The rows [row_begin, end) that W's packed copy serves for n_x inputs
 // (end <= row_begin: none), the rest left to the original rows' kernels.
 int64_t packed_end(const MatView& W, int64_t n_x, int64_t row_begin, int64_t row_end, Numerics numerics) {
-  if (W.packed == nullptr || n_x > r16_max_inputs(numerics) || !repack_enabled() || !r16_supports(W.type, numerics))
+  if (W.packed == nullptr || !repack_enabled() || !r16_supports(W.type, numerics)) return row_begin;
+  if (n_x > r16_max_inputs(numerics) && !(n_x >= r16_many_inputs() && r16_many_supports(W.type, numerics)))
     return row_begin;
   return std::min(row_end, W.rows / kR16Rows * kR16Rows);
 }

@@ -189,12 +189,14 @@ void fast_inputs(const Q8Acts& A, FastInputs& I) {
   if (!I.remake(A, (size_t)(A.n_x * A.nb * 8), (size_t)(A.n_x * A.nb))) return;
   for (int64_t t = 0; t < A.n_x; ++t)
     for (int64_t k = 0; k < A.nb; ++k) {
+      // Lane L's columns 2L, 2L+1, 16+2L, 17+2L (lane_col): the L-th word of
+      // the block's first half, then the L-th word of its second half.
       const int8_t* q = A.q_row(t) + 32 * k;
-      for (int L = 0; L < 8; ++L) {
-        int8_t b[4];
-        for (int i = 0; i < 4; ++i) b[i] = q[lane_col(L, i)];
-        std::memcpy(&I.lanes[(size_t)((t * A.nb + k) * 8 + L)], b, 4);
-      }
+      const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+      const __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16));
+      int32_t* out = &I.lanes[(size_t)((t * A.nb + k) * 8)];
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm_unpacklo_epi16(lo, hi));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 4), _mm_unpackhi_epi16(lo, hi));
       const int16_t* s16 = A.s16_row(t) + 2 * k;
       I.sums[(size_t)(t * A.nb + k)] = s16[0] + s16[1];
     }
@@ -257,6 +259,114 @@ void fast_rows(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t
     if (A.n_x - t == 3) run(std::integral_constant<int, 3>{});
     if (A.n_x - t == 2) run(std::integral_constant<int, 2>{});
     if (A.n_x - t == 1) run(std::integral_constant<int, 1>{});
+  }
+}
+
+// ---- fast mode, many inputs (prompts) --------------------------------------
+
+// The 32-element formats for many inputs at once: a group's codes are
+// decoded once per chunk of kManyChunk blocks into a buffer that every input
+// then reads (fast_rows decodes them again for every four inputs), kManyNT
+// inputs at a time against each block, their even- and odd-block
+// accumulators kept in memory between chunks. Each output takes fast_block's
+// operations in the same order (start at -off * sum, the eight vpdpbusd,
+// then fma((float)isum, sc * dx, acc[k % 2]), Q4_1's fma(mn, sx, ...)), and
+// Y = acc0 + acc1: the same bits as fast_rows and the scalar oracle.
+constexpr int64_t kManyChunk = 16;  // blocks decoded at once (8 KiB of codes)
+constexpr int kManyNT = 8;          // inputs per pass over a decoded block
+
+// (Plain element vectors and unaligned loads: std::vector does not give
+// vector types their 64-byte alignment here.)
+struct ManyScratch {
+  std::vector<uint8_t> codes;  // [kManyChunk][8 lanes][64]
+  std::vector<float> sc, mn;   // [kManyChunk][16]
+  std::vector<float> acc;      // [n_x][2][16]: even, odd blocks
+  std::vector<int32_t> init;   // [n_x][nb]: -off * sum of the block's q
+  uint64_t made = 0;
+  const uint8_t* c(int64_t i) const { return codes.data() + 512 * i; }
+  __m512 s(int64_t i) const { return _mm512_loadu_ps(sc.data() + 16 * i); }
+  __m512 m(int64_t i) const { return _mm512_loadu_ps(mn.data() + 16 * i); }
+  float* a(int64_t t, int h) { return acc.data() + 32 * t + 16 * h; }
+};
+
+template <DType T, int NT>
+inline void many_block(const uint8_t* c8, const __m512 sc, const __m512 mn, const Q8Acts& A, const FastInputs& I,
+                       const int32_t* init, int64_t t0, int64_t k, __m512* acc) {
+  __m512i c[8];
+  for (int L = 0; L < 8; ++L) c[L] = _mm512_loadu_si512(c8 + 64 * L);
+  const int64_t nb = A.nb;
+#pragma GCC unroll 8
+  for (int t = 0; t < NT; ++t) {
+    const int64_t ti = t0 + t;
+    const int32_t* ql = &I.lanes[(size_t)((ti * nb + k) * 8)];
+    __m512i is = _mm512_set1_epi32(init[ti * nb + k]);
+    for_lanes([&](auto L) { is = _mm512_dpbusd_epi32(is, c[L], _mm512_set1_epi32(ql[L])); });
+    const __m512 s = _mm512_mul_ps(sc, _mm512_set1_ps(A.d_row(ti)[k]));
+    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), s, acc[t]);
+    if constexpr (kMins<T>) acc[t] = _mm512_fmadd_ps(mn, _mm512_set1_ps(A.sx_row(ti)[k]), acc[t]);
+  }
+}
+
+// Inputs t0 .. t0 + NT - 1 against the decoded blocks k0 .. k0 + kc - 1
+// (k0 even), their accumulators loaded from and stored to S.acc.
+template <DType T, int NT>
+inline void many_pass(ManyScratch& S, const Q8Acts& A, const FastInputs& I, int64_t t0, int64_t k0, int64_t kc) {
+  __m512 a0[NT], a1[NT];
+  for (int t = 0; t < NT; ++t) {
+    a0[t] = k0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(S.a(t0 + t, 0));
+    a1[t] = k0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(S.a(t0 + t, 1));
+  }
+  const int32_t* init = S.init.data();
+  int64_t c = 0;
+  for (; c + 2 <= kc; c += 2) {
+    many_block<T, NT>(S.c(c), S.s(c), S.m(c), A, I, init, t0, k0 + c, a0);
+    many_block<T, NT>(S.c(c + 1), S.s(c + 1), S.m(c + 1), A, I, init, t0, k0 + c + 1, a1);
+  }
+  if (c < kc) many_block<T, NT>(S.c(c), S.s(c), S.m(c), A, I, init, t0, k0 + c, a0);
+  for (int t = 0; t < NT; ++t) {
+    _mm512_storeu_ps(S.a(t0 + t, 0), a0[t]);
+    _mm512_storeu_ps(S.a(t0 + t, 1), a1[t]);
+  }
+}
+
+template <DType T>
+void fast_rows_many(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t rb, int64_t re) {
+  thread_local FastInputs I;
+  thread_local ManyScratch S;
+  fast_inputs(A, I);
+  const int64_t nb = A.nb;
+  if (remake_input_tables(S.made, A.id)) {
+    S.init.resize((size_t)(A.n_x * nb));
+    for (size_t i = 0; i < S.init.size(); ++i) S.init[i] = -kOff<T> * I.sums[i];
+    S.made = A.id;
+  }
+  S.codes.resize((size_t)(512 * kManyChunk));
+  S.sc.resize((size_t)(16 * kManyChunk));
+  S.mn.resize((size_t)(16 * kManyChunk));
+  S.acc.resize((size_t)(32 * A.n_x));
+  const int64_t g_end = (re + kR16Rows - 1) / kR16Rows;
+  for (int64_t g = rb / kR16Rows; g * kR16Rows < re; ++g) {
+    const Group G = group_at(W, g, nb);
+    const __mmask16 m = row_mask(g * kR16Rows, rb, re);
+    Ahead ahead(W, g, g_end, nb);
+    for (int64_t k0 = 0; k0 < nb; k0 += kManyChunk) {
+      const int64_t kc = std::min(kManyChunk, nb - k0);
+      ahead.upto(k0 + kc - 1);
+      for (int64_t c = 0; c < kc; ++c) {
+        uint8_t* dst = S.codes.data() + 512 * c;
+        for_lanes([&](auto L) { _mm512_storeu_si512(dst + 64 * L, lane_codes<T, L>(G.c(k0 + c), G.h(k0 + c))); });
+        _mm512_storeu_ps(S.sc.data() + 16 * c, G.sc(k0 + c));
+        _mm512_storeu_ps(S.mn.data() + 16 * c, kMins<T> ? G.mn(k0 + c) : _mm512_setzero_ps());
+      }
+      int64_t t = 0;
+      for (; t + kManyNT <= A.n_x; t += kManyNT) many_pass<T, kManyNT>(S, A, I, t, k0, kc);
+      if (A.n_x - t >= 4) many_pass<T, 4>(S, A, I, t, k0, kc), t += 4;
+      if (A.n_x - t >= 2) many_pass<T, 2>(S, A, I, t, k0, kc), t += 2;
+      if (A.n_x - t >= 1) many_pass<T, 1>(S, A, I, t, k0, kc), t += 1;
+    }
+    for (int64_t t = 0; t < A.n_x; ++t)
+      _mm512_mask_storeu_ps(Y + t * ldy + g * kR16Rows, m,
+                            _mm512_add_ps(_mm512_loadu_ps(S.a(t, 0)), _mm512_loadu_ps(S.a(t, 1))));
   }
 }
 
@@ -565,13 +675,14 @@ void exact_rows(const MatView& W, const QuantizedActs& A, float* Y, int64_t ldy,
 void matmul_rows_fast_r16_evex(const MatView& W, const Q8Acts& A, float* Y, int64_t ldy, int64_t rb, int64_t re) {
   MK_CHECK(W.packed != nullptr && re <= W.rows / kR16Rows * kR16Rows && A.block == fast_act_block(W.type) &&
            A.cols == W.cols);
+  const bool many = A.n_x >= r16_many_inputs();
   switch (W.type) {
     case DType::Q4_K: q4k_rows(W, A, Y, ldy, rb, re); break;
     case DType::Q6_K: q6k_rows(W, A, Y, ldy, rb, re); break;
-    case DType::Q4_0: fast_rows<DType::Q4_0>(W, A, Y, ldy, rb, re); break;
-    case DType::Q4_1: fast_rows<DType::Q4_1>(W, A, Y, ldy, rb, re); break;
-    case DType::Q5_0: fast_rows<DType::Q5_0>(W, A, Y, ldy, rb, re); break;
-    case DType::Q8_0: fast_rows<DType::Q8_0>(W, A, Y, ldy, rb, re); break;
+    case DType::Q4_0: many ? fast_rows_many<DType::Q4_0>(W, A, Y, ldy, rb, re) : fast_rows<DType::Q4_0>(W, A, Y, ldy, rb, re); break;
+    case DType::Q4_1: many ? fast_rows_many<DType::Q4_1>(W, A, Y, ldy, rb, re) : fast_rows<DType::Q4_1>(W, A, Y, ldy, rb, re); break;
+    case DType::Q5_0: many ? fast_rows_many<DType::Q5_0>(W, A, Y, ldy, rb, re) : fast_rows<DType::Q5_0>(W, A, Y, ldy, rb, re); break;
+    case DType::Q8_0: many ? fast_rows_many<DType::Q8_0>(W, A, Y, ldy, rb, re) : fast_rows<DType::Q8_0>(W, A, Y, ldy, rb, re); break;
     default: fail("packed fast kernel: no packed layout for {}", dtype_traits(W.type).name);
   }
 }

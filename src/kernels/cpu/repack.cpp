@@ -199,6 +199,19 @@ int64_t r16_max_inputs(Numerics numerics) {
   return numerics == Numerics::Fast ? 8 : 8;
 }
 
+int64_t r16_many_inputs() {
+  static const int64_t forced = threshold_from_env("MEGAKERN_R16_MANY");
+  return forced > 0 ? forced : 16;
+}
+
+bool r16_many_supports(DType t, Numerics numerics) {
+  // The K-quants' packed kernels keep their passes of four inputs: at 128
+  // inputs they already beat the original rows' tiles (Q4_K 1.5x, Q6_K 1.2x
+  // CPU time, bench_kernels BM_MatmulFastR16, Zen 4).
+  return numerics == Numerics::Fast && (t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q5_0 ||
+                                        t == DType::Q8_0 || t == DType::Q4_K || t == DType::Q6_K);
+}
+
 namespace {
 std::string repack_env() {
   const char* e = std::getenv("MEGAKERN_REPACK");

@@ -83,6 +83,13 @@ void matmul_rows_i16_r16_evex(const MatView& W, const QuantizedActs& A, float* Y
 // original rows' kernels, which reuse decoded tiles across many inputs);
 // MEGAKERN_R16_MAX overrides it (A/B runs; the results are the same bits).
 int64_t r16_max_inputs(Numerics numerics);
+// From how many inputs on the packed kernels of the formats
+// r16_many_supports names serve again, whatever r16_max_inputs says
+// (prompts): the 32-element formats by their many-input path (codes decoded
+// once per chunk of blocks for all the inputs), the K-quants by their usual
+// one; MEGAKERN_R16_MANY overrides it (same bits either way).
+int64_t r16_many_inputs();
+bool r16_many_supports(DType t, Numerics numerics);
 
 // Whether the engine repacks weights: the host runs the AVX-512 VNNI build
 // and MEGAKERN_ISA allows it (isa.h), and MEGAKERN_REPACK is not 0.
