@@ -903,6 +903,8 @@ TEST(Families, Phi3LongRopeBadInputIsNamed) {
         "'rope_parameters.long_factor' has 7 factors; the rotated width 16 needs 8"},
        {[](nlohmann::json& j) { j["rope_parameters"].erase("short_factor"); }, "rope_parameters.short_factor"},
        {[](nlohmann::json& j) { j["rope_parameters"]["short_factor"][3] = 0; }, "rope_parameters.short_factor[3]"},
+       {[](nlohmann::json& j) { j["rope_parameters"]["original_max_position_embeddings"] = 1; },
+        "rope_parameters.original_max_position_embeddings"},
        {[](nlohmann::json& j) {
           j["rope_parameters"].erase("original_max_position_embeddings");
           j.erase("original_max_position_embeddings");
