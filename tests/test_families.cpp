@@ -927,6 +927,18 @@ TEST(Families, MistralSlidingWindowMatchesTransformersUnderEveryExecutor) {
   EXPECT_GT(agreement(nowin.logits, ref).max_diff / ref.max_abs(), 0.1);
   expect_matches_reference("mistral_swa hf", {m.h.get()}, ref);
   expect_matches_reference("mistral_swa gguf", {m.g.get()}, nowin);
+  // The same checkpoint as model_type llama: transformers' Llama has no
+  // window, and neither has the conversion.
+  TempDir dir;
+  const std::string src = family_dir("mistral_swa") + "/hf";
+  std::ifstream in(src + "/config.json");
+  nlohmann::json cfg = nlohmann::json::parse(in);
+  cfg["model_type"] = "llama";
+  std::ofstream(dir.path + "/config.json") << cfg.dump();
+  std::filesystem::copy_file(src + "/model.safetensors", dir.path + "/model.safetensors");
+  std::vector<uint8_t> image = dense_gguf_from_hf(dir.path, std::nullopt);
+  auto f = GGUFFile::parse(image.data(), image.size(), "as llama");
+  EXPECT_EQ(DenseModel::load(*f)->config().sliding_window, 0);
 }
 
 // Qwen2's config may ask for a sliding window in its upper layers

@@ -667,7 +667,9 @@ std::vector<uint8_t> dense_gguf_from_hf(const std::string& dir, std::optional<DT
       fail("{}: the sliding-window layers' RoPE base is {}; this engine runs {} with {}", hf.name(), local_theta,
            fam.name, fam.rope_base_local);
   }
-  if (fam.swa != SwaPattern::None || fam.window_all) {
+  // transformers' Llama ignores a sliding_window key; Mistral applies it.
+  const bool window_read = fam.swa != SwaPattern::None || (fam.window_all && mt != "llama");
+  if (window_read) {
     if (hf.has("sliding_window")) {
       const int64_t win = hf.get_int_in("sliding_window", 1, int64_t{1} << 30);
       w.set_u32(a + ".attention.sliding_window", static_cast<uint32_t>(win));
