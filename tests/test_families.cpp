@@ -68,31 +68,38 @@ Agreement agreement(const std::vector<float>& got, const Reference& ref) {
 
 std::string family_dir(const std::string& fam) { return fixture_path("families/" + fam); }
 
-Reference load_reference(const std::string& fam) {
+// The family's reference; `part` names a second one of reference.json
+// ("long": phi3_longrope's tokens past the original context, "nowindow":
+// mistral_swa's logits with the window off), with its own tokens or the
+// main ones.
+Reference load_reference(const std::string& fam, const std::string& part = "") {
   Reference r;
   std::ifstream j(family_dir(fam) + "/reference.json");
   if (!j.good()) throw std::runtime_error("missing fixture " + family_dir(fam) + "/reference.json");
   const nlohmann::json meta = nlohmann::json::parse(j);
-  r.tokens = meta.at("tokens").get<std::vector<int32_t>>();
+  const nlohmann::json& sub = part.empty() ? meta : meta.at(part);
+  r.tokens = (sub.contains("tokens") ? sub : meta).at("tokens").get<std::vector<int32_t>>();
   r.n_vocab = meta.at("n_vocab").get<int>();
   r.arch = meta.at("gguf_architecture").get<std::string>();
   r.model_type = meta.at("model_type").get<std::string>();
   r.logits.resize(r.tokens.size() * static_cast<size_t>(r.n_vocab));
-  std::ifstream b(family_dir(fam) + "/reference.f32", std::ios::binary);
+  const std::string file = family_dir(fam) + "/" + (part.empty() ? "reference.f32" : sub.at("file").get<std::string>());
+  std::ifstream b(file, std::ios::binary);
   b.read(reinterpret_cast<char*>(r.logits.data()), static_cast<std::streamsize>(r.logits.size() * 4));
-  if (!b) throw std::runtime_error("short fixture " + family_dir(fam) + "/reference.f32");
+  if (!b) throw std::runtime_error("short fixture " + file);
   return r;
 }
 
-// Logits of every position: all positions as one step, or one per step.
+// Logits of every position: all positions as one step, or one per step; in
+// a sequence of n_ctx positions (0: as many as the tokens).
 std::vector<float> run(const DenseModel& m, const std::string& executor, Numerics numerics,
-                       const std::vector<int32_t>& toks, bool one_per_step) {
+                       const std::vector<int32_t>& toks, bool one_per_step, int n_ctx = 0) {
   ThreadPool pool(2);
   const int n = static_cast<int>(toks.size()), V = m.config().n_vocab;
   DecodeProgram p = build_dense_program(m, one_per_step ? 1 : n);
   p.numerics = numerics;
   auto ex = make_executor(executor, p, pool);
-  KVCache cache = make_cache(m, n);
+  KVCache cache = make_cache(m, n_ctx > 0 ? n_ctx : n);
   std::vector<float> logits(static_cast<size_t>(n) * V);
   if (one_per_step) {
     for (int t = 0; t < n; ++t) ex->step({{toks[t], t, &cache}}, logits.data() + static_cast<size_t>(t) * V);
@@ -104,47 +111,68 @@ std::vector<float> run(const DenseModel& m, const std::string& executor, Numeric
   return logits;
 }
 
-class FamilyTest : public ::testing::TestWithParam<std::string> {};
+// The family's model from its GGUF file and from its Hugging Face directory.
+struct BothForms {
+  std::unique_ptr<GGUFFile> gguf, hf_file;
+  std::vector<uint8_t> image;
+  std::unique_ptr<DenseModel> g, h;
+};
+BothForms load_both_forms(const std::string& fam, std::optional<DType> weights = std::nullopt) {
+  BothForms b;
+  b.gguf = GGUFFile::open(family_dir(fam) + "/model.gguf");
+  b.g = DenseModel::load(*b.gguf, weights);
+  b.image = dense_gguf_from_hf(family_dir(fam) + "/hf", std::nullopt);
+  b.hf_file = GGUFFile::parse(b.image.data(), b.image.size(), fam + " hf");
+  b.h = DenseModel::load(*b.hf_file, weights);
+  return b;
+}
 
-TEST_P(FamilyTest, BothFormsMatchTransformersUnderEveryExecutor) {
-  const std::string fam = GetParam();
-  const Reference ref = load_reference(fam);
-  auto gguf = GGUFFile::open(family_dir(fam) + "/model.gguf");
-  EXPECT_EQ(gguf->get_string("general.architecture"), ref.arch);
-  // gpt-oss's experts are MXFP4 in both files: here their f32 computation
-  // (every matrix dequantised at load, as --weights f32 does); the MXFP4
-  // kernels themselves are measured by GptOssNativeMxfp4Experts.
-  const std::optional<DType> weights = fam == "gpt-oss" ? std::optional<DType>(DType::F32) : std::nullopt;
-  auto mg = DenseModel::load(*gguf, weights);
-  std::vector<uint8_t> image = dense_gguf_from_hf(family_dir(fam) + "/hf", std::nullopt);
-  auto hf_file = GGUFFile::parse(image.data(), image.size(), fam + " hf");
-  auto mh = DenseModel::load(*hf_file, weights);
-  ASSERT_EQ(mg->config().n_vocab, ref.n_vocab);
-  ASSERT_EQ(dense_family_of_hf(ref.model_type), mg->config().family);
-
+// Each model against the reference under every executor and both numerics
+// modes: top-1 at every position, max |diff| / max |ref| <= 1e-4; all models
+// give the same bits; under the megakernel one position per step gives the
+// bits of the whole sequence in one step.
+void expect_matches_reference(const std::string& what, const std::vector<const DenseModel*>& models,
+                              const Reference& ref) {
   const int n = static_cast<int>(ref.tokens.size());
   const double ref_max = ref.max_abs();
   for (const char* executor : {"reference", "opbyop", "mega"}) {
     for (Numerics numerics : {Numerics::Exact, Numerics::Fast}) {
-      SCOPED_TRACE(fmt::format("{} {} {}", fam, executor, numerics == Numerics::Exact ? "exact" : "fast"));
-      const std::vector<float> g = run(*mg, executor, numerics, ref.tokens, false);
-      const std::vector<float> h = run(*mh, executor, numerics, ref.tokens, false);
-      EXPECT_EQ(std::memcmp(g.data(), h.data(), g.size() * 4), 0) << "GGUF and HF forms differ";
+      SCOPED_TRACE(fmt::format("{} {} {}", what, executor, numerics == Numerics::Exact ? "exact" : "fast"));
+      const std::vector<float> g = run(*models[0], executor, numerics, ref.tokens, false);
+      for (size_t i = 1; i < models.size(); ++i) {
+        const std::vector<float> h = run(*models[i], executor, numerics, ref.tokens, false);
+        EXPECT_EQ(std::memcmp(g.data(), h.data(), g.size() * 4), 0) << "GGUF and HF forms differ";
+      }
       const auto [top1, max_diff] = agreement(g, ref);
       EXPECT_EQ(top1, n) << "top-1 agreement " << top1 << " of " << n;
       EXPECT_LE(max_diff / ref_max, 1e-4) << "max |diff| " << max_diff << " against max |ref| " << ref_max;
-      std::printf("[families] %-8s %-9s %-5s top-1 %d/%d, max |diff| / max |ref| %.2e\n", fam.c_str(), executor,
+      std::printf("[families] %-8s %-9s %-5s top-1 %d/%d, max |diff| / max |ref| %.2e\n", what.c_str(), executor,
                   numerics == Numerics::Exact ? "exact" : "fast", top1, n, max_diff / ref_max);
       if (std::string(executor) == "mega") {
-        const std::vector<float> s = run(*mg, executor, numerics, ref.tokens, true);
+        const std::vector<float> s = run(*models[0], executor, numerics, ref.tokens, true);
         EXPECT_EQ(std::memcmp(g.data(), s.data(), g.size() * 4), 0) << "one position per step differs";
       }
     }
   }
 }
 
+class FamilyTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(FamilyTest, BothFormsMatchTransformersUnderEveryExecutor) {
+  const std::string fam = GetParam();
+  const Reference ref = load_reference(fam);
+  // gpt-oss's experts are MXFP4 in both files: here their f32 computation
+  // (every matrix dequantised at load, as --weights f32 does); the MXFP4
+  // kernels themselves are measured by GptOssNativeMxfp4Experts.
+  const BothForms m = load_both_forms(fam, fam == "gpt-oss" ? std::optional<DType>(DType::F32) : std::nullopt);
+  EXPECT_EQ(m.gguf->get_string("general.architecture"), ref.arch);
+  ASSERT_EQ(m.g->config().n_vocab, ref.n_vocab);
+  ASSERT_EQ(dense_family_of_hf(ref.model_type), m.g->config().family);
+  expect_matches_reference(fam, {m.g.get(), m.h.get()}, ref);
+}
+
 INSTANTIATE_TEST_SUITE_P(Dense, FamilyTest,
-                         ::testing::Values("llama", "llama3", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "qwen3moe", "qwen2moe", "deepseek3", "deepseek2",
+                         ::testing::Values("llama", "llama3", "mistral", "qwen2", "qwen3", "phi3", "phi3_longrope", "gemma2", "gemma3", "qwen3moe", "qwen2moe", "deepseek3", "deepseek2",
                                            "deepseek3_yarn", "deepseek2_yarn", "gpt-oss"),
                          [](const auto& info) {
                            std::string n = info.param;
@@ -444,6 +472,14 @@ TEST(Families, GptOssBadInputIsNamed) {
   }
 }
 
+// max |diff| / max |ref| of the model a (mutated) GGUF image holds, under
+// the reference executor.
+double rel_diff_of(const std::vector<uint8_t>& bytes, const Reference& ref) {
+  auto f = GGUFFile::parse(bytes.data(), bytes.size(), "mutated.gguf");
+  auto m = DenseModel::load(*f);
+  return agreement(run(*m, "reference", Numerics::Exact, ref.tokens, false), ref).max_diff / ref.max_abs();
+}
+
 // DeepSeek's YaRN fixtures exercise both of its parts: without the
 // interpolated frequencies (factor 1) or without the softmax-scale
 // correction (yarn_log_multiplier 1e-6; 0 reads as unset and is refused) the
@@ -459,10 +495,8 @@ TEST(Families, DeepSeekYarnFixturesNeedBothCorrections) {
     for (const Case& c : {Case{"", 0.f}, Case{"deepseek2.rope.scaling.factor", 1.f},
                           Case{"deepseek2.rope.scaling.yarn_log_multiplier", 1e-6f}}) {
       SCOPED_TRACE(std::string(fam) + " " + c.key);
-      std::vector<uint8_t> bytes = mutated_gguf(*orig, "", c.key, c.key.empty() ? std::nullopt : std::optional(c.value));
-      auto f = GGUFFile::parse(bytes.data(), bytes.size(), "mutated.gguf");
-      auto m = DenseModel::load(*f);
-      const double rel = agreement(run(*m, "reference", Numerics::Exact, ref.tokens, false), ref).max_diff / ref.max_abs();
+      const double rel =
+          rel_diff_of(mutated_gguf(*orig, "", c.key, c.key.empty() ? std::nullopt : std::optional(c.value)), ref);
       std::printf("[families] %s with %s: max |diff| / max |ref| %.2e\n", fam, c.key.empty() ? "the file's keys" : c.key.c_str(), rel);
       if (c.key.empty())
         EXPECT_LE(rel, 1e-4);  // the copy itself changes nothing
@@ -735,6 +769,186 @@ TEST(Families, Qwen35MoeFusedExpertCheckpointGivesTheSameBits) {
   const std::vector<float> a = run_qwen38(*fused, "mega", Numerics::Exact, ref.tokens);
   const std::vector<float> b = run_qwen38(*split, "mega", Numerics::Exact, ref.tokens);
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "fused and per-expert checkpoints differ";
+}
+
+// Phi-3 with LongRoPE (32 original positions of 128). The rule: a sequence
+// whose context (the positions it can hold) exceeds the original context
+// rotates every position by the long factors, one within it by the short
+// ones; both with the attention factor. FamilyTest/phi3_longrope checks 24
+// tokens in a context of 24 (short factors, as transformers computes a
+// sequence that short); here 48 tokens in a context of 48, which
+// transformers computes with the long factors at every position.
+TEST(Families, Phi3LongRopePastTheOriginalContextMatchesTransformers) {
+  const Reference ref = load_reference("phi3_longrope", "long");
+  const BothForms m = load_both_forms("phi3_longrope");
+  for (const DenseModel* x : {m.g.get(), m.h.get()}) {
+    EXPECT_EQ(x->config().rope_long_context, 32);
+    EXPECT_FLOAT_EQ(x->config().rope_amplitude, static_cast<float>(std::sqrt(1 + std::log(4.0) / std::log(32.0))));
+    EXPECT_EQ(x->rope_freqs_long().size(), 8u);
+  }
+  ASSERT_GT(ref.tokens.size(), 32u);
+  expect_matches_reference("phi3_longrope long", {m.g.get(), m.h.get()}, ref);
+}
+
+// The factors are chosen by the sequence's context, not by how many tokens
+// it holds yet: the first 24 of the 48 tokens in a context of 48 give the
+// long reference's first 24 rows (its long factors), in a context of 32 the
+// short factors' logits, which differ from them.
+TEST(Families, Phi3LongRopeFactorsFollowTheSequenceContext) {
+  Reference ref = load_reference("phi3_longrope", "long");
+  const size_t n = 24, V = static_cast<size_t>(ref.n_vocab);
+  ref.tokens.resize(n);
+  ref.logits.resize(n * V);
+  auto gguf = GGUFFile::open(family_dir("phi3_longrope") + "/model.gguf");
+  auto m = DenseModel::load(*gguf);
+  for (const char* executor : {"reference", "opbyop", "mega"}) {
+    SCOPED_TRACE(executor);
+    const std::vector<float> wide = run(*m, executor, Numerics::Exact, ref.tokens, false, 48);
+    const std::vector<float> narrow = run(*m, executor, Numerics::Exact, ref.tokens, false, 32);
+    EXPECT_LE(agreement(wide, ref).max_diff / ref.max_abs(), 1e-4);
+    const double rel = agreement(narrow, ref).max_diff / ref.max_abs();
+    std::printf("[families] phi3_longrope %s: short factors against the long rows, max |diff| / max |ref| %.2e\n",
+                executor, rel);
+    EXPECT_GT(rel, 1e-2);
+  }
+}
+
+// Each part of LongRoPE moves the fixture's logits well past the bound: the
+// factors ignored (both tensors all 1), the long and short factors swapped,
+// the attention factor 1.
+TEST(Families, Phi3LongRopeFixtureNeedsEachPart) {
+  auto orig = GGUFFile::open(family_dir("phi3_longrope") + "/model.gguf");
+  const Reference short_ref = load_reference("phi3_longrope"), long_ref = load_reference("phi3_longrope", "long");
+  const char* kLong = "rope_factors_long.weight";
+  const char* kShort = "rope_factors_short.weight";
+  auto factors = [&](const char* name) {
+    const GGUFTensorInfo& t = orig->tensor(name);
+    const float* p = reinterpret_cast<const float*>(t.data);
+    return std::vector<float>(p, p + t.n_elements);
+  };
+  // The file with other long and short factors.
+  auto with_factors = [&](const std::vector<float>& lf, const std::vector<float>& sf) {
+    GGUFWriter w;
+    copy_metadata(*orig, w, "");
+    for (const GGUFTensorInfo& t : orig->tensors())
+      if (t.name != kLong && t.name != kShort) w.add_tensor(t.name, t.type, t.shape, t.data, t.n_bytes);
+    w.add_tensor(kLong, DType::F32, {static_cast<int64_t>(lf.size())}, lf.data(), lf.size() * 4);
+    w.add_tensor(kShort, DType::F32, {static_cast<int64_t>(sf.size())}, sf.data(), sf.size() * 4);
+    return w.serialize();
+  };
+  const std::vector<float> lf = factors(kLong), sf = factors(kShort), ones(lf.size(), 1.f);
+  struct Case {
+    std::string what;
+    std::vector<uint8_t> bytes;
+  };
+  const std::vector<Case> cases = {
+      {"the file's factors", with_factors(lf, sf)},
+      {"factors of 1", with_factors(ones, ones)},
+      {"long and short swapped", with_factors(sf, lf)},
+      {"attention factor 1", mutated_gguf(*orig, "", "phi3.rope.scaling.attn_factor", 1.f)},
+  };
+  for (const Case& c : cases) {
+    for (const Reference* ref : {&short_ref, &long_ref}) {
+      const char* which = ref == &long_ref ? "long" : "short";
+      SCOPED_TRACE(c.what + " " + which);
+      const double rel = rel_diff_of(c.bytes, *ref);
+      std::printf("[families] phi3_longrope %-5s with %s: max |diff| / max |ref| %.2e\n", which, c.what.c_str(), rel);
+      if (c.what == "the file's factors")
+        EXPECT_LE(rel, 1e-4);  // the copy itself changes nothing
+      else
+        EXPECT_GT(rel, 1e-2);
+    }
+  }
+}
+
+// LongRoPE settings the engine cannot run are refused naming them: in a GGUF
+// file one factor tensor without the other, factors without the original
+// context, a factor that is not positive, a tensor of the wrong length; in a
+// config.json factors of the wrong count, a missing list, a factor that is
+// not positive, a missing original context.
+TEST(Families, Phi3LongRopeBadInputIsNamed) {
+  auto orig = GGUFFile::open(family_dir("phi3_longrope") + "/model.gguf");
+  struct GgufCase {
+    std::string drop, key, edit;
+    std::function<void(std::vector<int64_t>&, std::vector<float>&)> fn;
+    std::string want;
+  };
+  const std::vector<GgufCase> cases = {
+      {"rope_factors_short.weight", "", "", nullptr, "'rope_factors_short.weight' is missing"},
+      {"rope_factors_long.weight", "", "", nullptr, "'rope_factors_long.weight' is missing"},
+      {"", "phi3.rope.scaling.original_context_length", "", nullptr, "phi3.rope.scaling.original_context_length"},
+      {"", "", "rope_factors_long.weight", [](std::vector<int64_t>&, std::vector<float>& v) { v[2] = -1.f; },
+       "tensor 'rope_factors_long.weight' holds a frequency factor -1"},
+      {"", "", "rope_factors_short.weight",
+       [](std::vector<int64_t>& shape, std::vector<float>& v) {
+         v.pop_back();
+         shape[0] -= 1;
+       },
+       "rope_factors_short.weight"},
+  };
+  for (const GgufCase& c : cases) {
+    SCOPED_TRACE(c.want);
+    std::vector<uint8_t> bytes = mutated_gguf(*orig, c.drop, c.key, std::nullopt, std::nullopt, c.edit, c.fn);
+    try {
+      auto f = GGUFFile::parse(bytes.data(), bytes.size(), "mutated.gguf");
+      DenseModel::load(*f);
+      ADD_FAILURE() << "accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(c.want), std::string::npos) << e.what();
+    }
+  }
+  expect_config_edits_refused(
+      "phi3_longrope",
+      {{[](nlohmann::json& j) { j["rope_parameters"]["long_factor"].erase(0); },
+        "'rope_parameters.long_factor' has 7 factors; the rotated width 16 needs 8"},
+       {[](nlohmann::json& j) { j["rope_parameters"].erase("short_factor"); }, "rope_parameters.short_factor"},
+       {[](nlohmann::json& j) { j["rope_parameters"]["short_factor"][3] = 0; }, "rope_parameters.short_factor[3]"},
+       {[](nlohmann::json& j) { j["rope_parameters"]["original_max_position_embeddings"] = 1; },
+        "rope_parameters.original_max_position_embeddings"},
+       {[](nlohmann::json& j) {
+          j["rope_parameters"].erase("original_max_position_embeddings");
+          j.erase("original_max_position_embeddings");
+        },
+        "original_max_position_embeddings"}});
+}
+
+// Mistral 7B v0.1's sliding window (8 in the fixture, 24 tokens): the
+// Hugging Face form runs it in every layer and matches transformers; the
+// GGUF file, written as llama.cpp's converter writes it, has no window and
+// matches transformers with the window off, as llama.cpp runs it. The two
+// references differ by far more than the bound, so neither check passes
+// with the window ignored or applied where it should not be.
+TEST(Families, MistralSlidingWindowMatchesTransformersUnderEveryExecutor) {
+  const Reference ref = load_reference("mistral_swa"), nowin = load_reference("mistral_swa", "nowindow");
+  const BothForms m = load_both_forms("mistral_swa");
+  EXPECT_EQ(m.h->config().sliding_window, 8);
+  for (bool swa : m.h->config().layer_swa) EXPECT_TRUE(swa);
+  EXPECT_EQ(m.g->config().sliding_window, 0);
+  EXPECT_GT(agreement(nowin.logits, ref).max_diff / ref.max_abs(), 0.1);
+  expect_matches_reference("mistral_swa hf", {m.h.get()}, ref);
+  expect_matches_reference("mistral_swa gguf", {m.g.get()}, nowin);
+  // The same checkpoint as model_type llama: transformers' Llama has no
+  // window, and neither has the conversion.
+  TempDir dir;
+  const std::string src = family_dir("mistral_swa") + "/hf";
+  std::ifstream in(src + "/config.json");
+  nlohmann::json cfg = nlohmann::json::parse(in);
+  cfg["model_type"] = "llama";
+  std::ofstream(dir.path + "/config.json") << cfg.dump();
+  std::filesystem::copy_file(src + "/model.safetensors", dir.path + "/model.safetensors");
+  std::vector<uint8_t> image = dense_gguf_from_hf(dir.path, std::nullopt);
+  auto f = GGUFFile::parse(image.data(), image.size(), "as llama");
+  EXPECT_EQ(DenseModel::load(*f)->config().sliding_window, 0);
+}
+
+// Qwen2's config may ask for a sliding window in its upper layers
+// (use_sliding_window true, from max_window_layers on): refused naming the key.
+TEST(Families, Qwen2SlidingWindowIsRefusedNamingTheKey) {
+  expect_config_edits_refused("qwen2", {{[](nlohmann::json& j) {
+                                           j["use_sliding_window"] = true;
+                                           j["sliding_window"] = 8;
+                                         },
+                                         "'use_sliding_window' true is not supported for qwen2"}});
 }
 
 TEST(Families, TableNamesAreUniqueAndResolve) {

@@ -130,7 +130,8 @@ void mutate_config_dir(const std::string& fixture, const std::set<std::string>& 
 }
 
 TEST(MetadataValidation, DenseFamilyConfigs) {
-  for (const char* fam : {"llama", "llama3", "mistral", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3"})
+  for (const char* fam : {"llama", "llama3", "mistral", "mistral_swa", "qwen2", "qwen3", "qwen3moe", "phi3", "phi3_longrope",
+                          "gemma2", "gemma3"})
     mutate_config_dir(std::string("families/") + fam + "/hf");
   // Qwen2-MoE's config gives a window size with use_sliding_window false: unread.
   mutate_config_dir("families/qwen2moe/hf", {"sliding_window"});

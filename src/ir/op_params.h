@@ -66,7 +66,9 @@ struct HeadNormGate {
 // and MLA's per-head key assembly.
 //   HeadNormRope: in-place on `out`: per head, optional rmsnorm by head_norm [head_dim], then RoPE at pos[r]
 //                 of dims [rope_offset, rope_offset + rope_dim) of the head (angle i divided by
-//                 freq_factors[i] when given: Llama 3 / LongRoPE scaling)
+//                 freq_factors[i] when given: Llama 3 / LongRoPE scaling; by freq_factors_long[i]
+//                 instead for a row whose sequence holds more than long_context positions:
+//                 LongRoPE), the rotated dims then multiplied by amplitude (LongRoPE's attention factor)
 //   StoreKV:      cache(r)[layer][pos[r]] = (in[r], in2[r]) (k, v); out is the layer's width-0 cache
 //                 marker slot, so the dependency of attention on it is explicit
 //   Attention:    out[r] = softmax(s) V over row r's cache, s = q.K^T * scale (then cap * tanh(s / cap)
@@ -82,6 +84,9 @@ struct HeadNormRope {
   std::span<const float> head_norm;  // [head_dim] or empty
   float eps = 1e-6f;
   std::span<const float> freq_factors;  // [rope_dim / 2] or empty
+  std::span<const float> freq_factors_long;  // [rope_dim / 2] or empty: used when the context exceeds long_context
+  int long_context = 0;
+  float amplitude = 1.f;   // multiplies the rotated dims (cos and sin)
   int rope_offset = 0;     // first rotated dim of a head (MLA rotates the trailing dims)
 };
 struct StoreKV {

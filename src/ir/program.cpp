@@ -151,6 +151,9 @@ void DecodeProgram::add_attention_core(const AttentionSpec& a) {
     const std::vector<float>* w = which == 0 ? a.q_norm : a.k_norm;
     if (w) r.head_norm = *w;
     if (a.freq_factors) r.freq_factors = *a.freq_factors;
+    if (a.freq_factors_long) r.freq_factors_long = *a.freq_factors_long;
+    r.long_context = a.long_context;
+    r.amplitude = a.rope_amplitude;
   }
   const int marker = add_slot("kv_cache", a.layer, 0);
   Op& st = add_op(OpKind::StoreKV, a.layer, "store_kv");

@@ -150,6 +150,11 @@ struct DecodeProgram {
     int window = 0;
     int cache_index = -1;  // KV cache layer; -1: the layer itself
     const std::vector<float>* freq_factors = nullptr;  // [rope_dim / 2] or null/empty
+    // LongRoPE: the factors of a sequence whose context exceeds long_context
+    // (null/empty: freq_factors always), and the amplitude of the rotated dims.
+    const std::vector<float>* freq_factors_long = nullptr;
+    int long_context = 0;
+    float rope_amplitude = 1.f;
     float softcap = 0.f;   // attention score softcap (0: none)
     const std::vector<float>* sinks = nullptr;  // [n_head] sink logits, or null/empty
   };

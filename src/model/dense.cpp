@@ -140,20 +140,41 @@ std::unique_ptr<DenseModel> DenseModel::load(const GGUFFile& f, std::optional<DT
              f.get_float(amp));
       yarn_attn = static_cast<float>(factor <= 1.0 ? 1.0 : 1.0 + mul * std::log(factor));
     }
-  } else if (auto type = f.get_string_opt(arch_key(c, "rope.scaling.type")); type && *type != "none" && *type != "linear")
+  } else if (auto type = f.get_string_opt(arch_key(c, "rope.scaling.type"));
+             type && *type != "none" && *type != "linear" && *type != "longrope")
     fail("{}: rope.scaling.type '{}' is not supported (Llama 3 scaling comes as the rope_freqs tensor)", f.name(),
          *type);
+  // LongRoPE (llama.cpp's converter for Phi-3): two global factor tensors,
+  // the original context and the attention factor as rope.scaling keys.
+  const bool longrope = f.find_tensor(name(T::RopeFactorsLong)) || f.find_tensor(name(T::RopeFactorsShort));
+  if (f.get_string_opt(arch_key(c, "rope.scaling.type")).value_or("") == "longrope" && !longrope)
+    fail("{}: rope.scaling.type 'longrope' without the tensors '{}' and '{}'", f.name(), name(T::RopeFactorsLong),
+         name(T::RopeFactorsShort));
+  if (longrope) {
+    if (!yarn.empty()) fail("{}: both LongRoPE factors and YaRN scaling are given", f.name());
+    if (c.mla) fail("{}: LongRoPE factors are not supported with multi-head latent attention", f.name());
+    for (T t : {T::RopeFactorsLong, T::RopeFactorsShort})
+      if (!f.find_tensor(name(t))) fail("{}: LongRoPE needs both factor tensors; '{}' is missing", f.name(), name(t));
+    const std::string orig_key = arch_key(c, "rope.scaling.original_context_length");
+    if (!f.has(orig_key)) fail("{}: LongRoPE factors without '{}'", f.name(), orig_key);
+    c.rope_long_context = gguf_int_in(f, orig_key, 2, int64_t{1} << 30);
+    // transformers' default when the file gives none: sqrt(1 + ln(s) /
+    // ln(original)), s = trained context / original context, 1 for s <= 1.
+    const double s = static_cast<double>(c.n_ctx_train) / c.rope_long_context;
+    const double dflt = s <= 1.0 ? 1.0 : std::sqrt(1.0 + std::log(s) / std::log(static_cast<double>(c.rope_long_context)));
+    c.rope_amplitude = gguf_float_in(f, arch_key(c, "rope.scaling.attn_factor"), 0.0, 1e3, dflt);
+  }
   // Linear scaling (positions divided by the factor) is the same as every
   // frequency divided by it.
   float linear_factor = 1.f;
   if (auto factor = f.get_float_opt(arch_key(c, "rope.scaling.factor")); factor && *factor != 1.0 && yarn.empty()) {
+    if (longrope)
+      fail("{}: both LongRoPE factors and '{}' {} are given", f.name(), arch_key(c, "rope.scaling.factor"), *factor);
     const std::string type = f.get_string_opt(arch_key(c, "rope.scaling.type")).value_or("linear");
     config_float_in(f.name(), arch_key(c, "rope.scaling.factor"), *factor, 0, 1e6);
     if (type != "linear") fail("{}: rope.scaling.factor {} (type {}) is not supported", f.name(), *factor, type);
     linear_factor = static_cast<float>(*factor);
   }
-  if (f.find_tensor("rope_factors_long.weight") || f.find_tensor("rope_factors_short.weight"))
-    fail("{}: LongRoPE scaling (rope_factors_long / rope_factors_short) is not supported", f.name());
   c.attn_scale = 1.f / std::sqrt(static_cast<float>(c.head_dim)) * yarn_attn * yarn_attn;
   c.gpt_oss = fam.gpt_oss;
   c.layer_swa.assign(static_cast<size_t>(c.n_layer), false);
@@ -243,7 +264,14 @@ std::unique_ptr<DenseModel> DenseModel::load(const GGUFFile& f, std::optional<DT
   c.n_vocab = static_cast<int>(m->tok_embd_.rows);
   m->output_ = f.find_tensor(name(T::Output)) ? gguf_mat(f, name(T::Output), c.n_embd, c.n_vocab) : m->tok_embd_;
   m->output_norm_ = gguf_vec(f, name(T::OutputNorm), c.n_embd);
-  if (f.find_tensor(name(T::RopeFreqs))) {
+  if (longrope) {
+    if (f.find_tensor(name(T::RopeFreqs))) fail("{}: both rope_freqs and LongRoPE factors are given", f.name());
+    m->rope_freqs_ = gguf_vec(f, name(T::RopeFactorsShort), c.rope_dim / 2);
+    m->rope_freqs_long_ = gguf_vec(f, name(T::RopeFactorsLong), c.rope_dim / 2);
+    for (T t : {T::RopeFactorsShort, T::RopeFactorsLong})
+      for (float x : t == T::RopeFactorsShort ? m->rope_freqs_ : m->rope_freqs_long_)
+        if (!(x > 0)) fail("{}: tensor '{}' holds a frequency factor {} (must be positive)", f.name(), name(t), x);
+  } else if (f.find_tensor(name(T::RopeFreqs))) {
     if (!yarn.empty()) fail("{}: both rope_freqs and YaRN scaling are given", f.name());
     m->rope_freqs_ = gguf_vec(f, name(T::RopeFreqs), c.rope_dim / 2);
     for (float x : m->rope_freqs_)

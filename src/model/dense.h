@@ -38,6 +38,12 @@ struct DenseConfig {
   float rope_base_local = 10000.f;  // sliding-window layers (gemma3)
   int rope_dim = 0;                 // leading dims of each head that are rotated
   bool rope_neox = false;           // pairs (i, i + rope_dim/2) instead of (2i, 2i+1)
+  // LongRoPE (Phi-3 128k, Phi-3.5): a sequence whose context (positions it
+  // can hold) exceeds rope_long_context rotates by the long factors, one of
+  // at most that many by the short ones (rope_freqs); the rotated dims are
+  // multiplied by rope_amplitude (the attention factor) either way.
+  int rope_long_context = 0;        // 0: no LongRoPE
+  float rope_amplitude = 1.f;
   int sliding_window = 0;           // 0: none
   std::vector<bool> layer_swa;      // [n_layer] true where the layer uses the window
   float attn_scale = 1.f;           // multiplies q.k
@@ -117,8 +123,11 @@ class DenseModel {
   const MatView& output() const { return output_; }
   const std::vector<float>& output_norm() const { return output_norm_; }
   const std::vector<DenseLayer>& layers() const { return layers_; }
-  // [rope_dim / 2] RoPE frequency divisors (Llama 3 scaling), or empty.
+  // [rope_dim / 2] RoPE frequency divisors (Llama 3, linear, YaRN, LongRoPE's
+  // short factors), or empty.
   const std::vector<float>& rope_freqs() const { return rope_freqs_; }
+  // [rope_dim / 2] LongRoPE's long factors, or empty (config().rope_long_context).
+  const std::vector<float>& rope_freqs_long() const { return rope_freqs_long_; }
 
  private:
   DenseConfig cfg_;
@@ -126,6 +135,7 @@ class DenseModel {
   MatView output_;    // [n_vocab][n_embd] (the embedding when tied)
   std::vector<float> output_norm_;
   std::vector<float> rope_freqs_;
+  std::vector<float> rope_freqs_long_;
   std::vector<DenseLayer> layers_;
   // Storage of matrices dequantised at load (load with weights = F32); the
   // MatViews above point into it.

@@ -16,6 +16,8 @@ constexpr std::array<std::string_view, kDenseTensorKinds> kGgufNames = {
     "output",                // Output
     "output_norm",           // OutputNorm
     "rope_freqs",            // RopeFreqs
+    "rope_factors_long",     // RopeFactorsLong
+    "rope_factors_short",    // RopeFactorsShort
     "blk.{}.attn_norm",      // AttnNorm
     "blk.{}.attn_q",         // AttnQ
     "blk.{}.attn_k",         // AttnK
@@ -112,13 +114,16 @@ std::vector<std::pair<T, std::string_view>> gemma_hf(bool qk_norm) {
 std::vector<DenseFamily> make_families() {
   std::vector<DenseFamily> v;
   {
-    // Llama 1-3.x and Mistral (whose converter writes "llama" too).
+    // Llama 1-3.x and Mistral (whose converter writes "llama" too). Mistral
+    // 7B v0.1's checkpoint gives a sliding window for every layer; llama.cpp's
+    // converter writes none, so its GGUF files run without one.
     DenseFamily f;
     f.name = "llama";
     f.gguf_arch = "llama";
     f.hf_types = {"llama", "mistral"};
     f.rope_neox = false;
     f.hf_permute_qk = true;
+    f.window_all = true;
     f.hf_names = llama_like_hf(false);
     v.push_back(std::move(f));
   }

@@ -22,6 +22,8 @@ enum class DenseTensor {
   Output,        // [n_vocab][n_embd]; absent when tied to the embedding
   OutputNorm,    // [n_embd]
   RopeFreqs,     // [rope_dim / 2] frequency divisors (Llama 3 scaling), global
+  RopeFactorsLong,   // [rope_dim / 2] LongRoPE's divisors past the original context, global
+  RopeFactorsShort,  // [rope_dim / 2] LongRoPE's divisors within it, global
   AttnNorm,      // [n_embd]
   AttnQ,         // [n_head * head_dim][n_embd]
   AttnK,         // [n_head_kv * head_dim][n_embd]

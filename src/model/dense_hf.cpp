@@ -114,6 +114,46 @@ std::vector<float> llama3_factors(const HFConfig& hf, const Rope& r, int rope_di
   return out;
 }
 
+// LongRoPE (rope type "longrope", earlier "su": Phi-3 128k, Phi-3.5) as
+// llama.cpp's converter writes it: the short and long factors as the global
+// tensors rope_factors_short / rope_factors_long, the original context and
+// the attention factor as rope.scaling keys. Without an attention_factor the
+// default is transformers': sqrt(1 + ln(s) / ln(original)) for s > 1, where s
+// is `factor` or else max_position_embeddings / original.
+struct LongRope {
+  std::vector<float> short_factors, long_factors;
+  int64_t original = 0;
+  double attn_factor = 1.0;
+};
+LongRope longrope_params(const HFConfig& hf, const Rope& r, int rope_dim) {
+  auto given = [&](const char* key) { return r.params.contains(key) && !r.params[key].is_null(); };
+  LongRope lr;
+  for (const char* key : {"short_factor", "long_factor"}) {
+    if (!given(key) || !r.params[key].is_array())
+      fail("{}: RoPE scaling '{}' needs '{}.{}' (a list of numbers)", hf.name(), r.type, r.where, key);
+    const nlohmann::json& a = r.params[key];
+    if (static_cast<int64_t>(a.size()) != rope_dim / 2)
+      fail("{}: '{}.{}' has {} factors; the rotated width {} needs {}", hf.name(), r.where, key, a.size(), rope_dim,
+           rope_dim / 2);
+    std::vector<float>& out = std::string_view(key) == "short_factor" ? lr.short_factors : lr.long_factors;
+    for (size_t i = 0; i < a.size(); ++i)
+      out.push_back(static_cast<float>(json_float_in(a[i], hf.name(), fmt::format("{}.{}[{}]", r.where, key, i), 0, 1e6)));
+  }
+  const int64_t max_ctx = int64_t{1} << 30;
+  lr.original = given("original_max_position_embeddings")
+                    ? json_int_in(r.params["original_max_position_embeddings"], hf.name(),
+                                  r.where + ".original_max_position_embeddings", 2, max_ctx)
+                    : hf.get_int_in("original_max_position_embeddings", 2, max_ctx);
+  const double s = given("factor") ? json_float_in(r.params["factor"], hf.name(), r.where + ".factor", 0, 1e6)
+                                   : static_cast<double>(hf.get_int_in_or("max_position_embeddings", 2048, 1, max_ctx)) /
+                                         static_cast<double>(lr.original);
+  lr.attn_factor = given("attention_factor")
+                       ? json_float_in(r.params["attention_factor"], hf.name(), r.where + ".attention_factor", 0, 1e3)
+                   : s <= 1.0 ? 1.0
+                              : std::sqrt(1.0 + std::log(s) / std::log(static_cast<double>(lr.original)));
+  return lr;
+}
+
 std::vector<float> to_f32(const SafetensorsTensor& t, const std::string& file) {
   std::vector<float> out(static_cast<size_t>(t.numel()));
   if (t.dtype == "F32") {
@@ -608,12 +648,17 @@ std::vector<uint8_t> dense_gguf_from_hf(const std::string& dir, std::optional<DT
   const Rope rope = read_rope(hf, "full_attention");
   w.set_f32(a + ".rope.freq_base", static_cast<float>(rope.theta));
   std::vector<float> freqs;
+  std::optional<LongRope> longrope;
   if (rope.type == "llama3") {
     freqs = llama3_factors(hf, rope, rope_dim);
   } else if (rope.type == "linear") {
     freqs.assign(static_cast<size_t>(rope_dim / 2), static_cast<float>(rope_param(hf, rope, "factor")));
+  } else if (rope.type == "longrope" || rope.type == "su") {
+    longrope = longrope_params(hf, rope, rope_dim);
+    w.set_u32(a + ".rope.scaling.original_context_length", static_cast<uint32_t>(longrope->original));
+    w.set_f32(a + ".rope.scaling.attn_factor", static_cast<float>(longrope->attn_factor));
   } else if (rope.type != "default") {
-    fail("{}: RoPE scaling '{}' is not supported (default, linear and llama3 are)", hf.name(), rope.type);
+    fail("{}: RoPE scaling '{}' is not supported (default, linear, llama3 and longrope are)", hf.name(), rope.type);
   }
   if (fam.rope_base_local > 0) {
     const Rope local = read_rope(hf, "sliding_attention");
@@ -622,7 +667,9 @@ std::vector<uint8_t> dense_gguf_from_hf(const std::string& dir, std::optional<DT
       fail("{}: the sliding-window layers' RoPE base is {}; this engine runs {} with {}", hf.name(), local_theta,
            fam.name, fam.rope_base_local);
   }
-  if (fam.swa != SwaPattern::None || fam.window_all) {
+  // transformers' Llama ignores a sliding_window key; Mistral applies it.
+  const bool window_read = fam.swa != SwaPattern::None || (fam.window_all && mt != "llama");
+  if (window_read) {
     if (hf.has("sliding_window")) {
       const int64_t win = hf.get_int_in("sliding_window", 1, int64_t{1} << 30);
       w.set_u32(a + ".attention.sliding_window", static_cast<uint32_t>(win));
@@ -656,9 +703,14 @@ std::vector<uint8_t> dense_gguf_from_hf(const std::string& dir, std::optional<DT
   const bool tied = !st.find(*hf_tensor_name(fam, T::Output, 0)) || hf.get_bool_or("tie_word_embeddings", false);
   if (!tied) cv.mat(T::Output, 0, n_vocab, n_embd);
   cv.vec(T::OutputNorm, 0, n_embd, true);
-  if (!freqs.empty())
-    w.add_tensor(dense_tensor_name(T::RopeFreqs, 0), DType::F32, {static_cast<int64_t>(freqs.size())}, freqs.data(),
-                 freqs.size() * 4);
+  auto global_vec = [&](T kind, const std::vector<float>& v) {
+    w.add_tensor(dense_tensor_name(kind, 0), DType::F32, {static_cast<int64_t>(v.size())}, v.data(), v.size() * 4);
+  };
+  if (!freqs.empty()) global_vec(T::RopeFreqs, freqs);
+  if (longrope) {
+    global_vec(T::RopeFactorsLong, longrope->long_factors);
+    global_vec(T::RopeFactorsShort, longrope->short_factors);
+  }
   const bool attn_bias = fam.qkv_bias || hf.get_bool_or("attention_bias", false);
   for (int l = 0; l < n_layer; ++l) {
     cv.vec(T::AttnNorm, l, n_embd, true);

@@ -101,6 +101,8 @@ DecodeProgram build_dense_program(const DenseModel& model, int max_rows) {
                           .rope_base = swa ? c.rope_base_local : c.rope_base, .rope_neox = c.rope_neox, .eps = c.eps,
                           .q_norm = &L.q_norm, .k_norm = &L.k_norm, .scale = c.attn_scale,
                           .window = swa ? c.sliding_window : 0, .freq_factors = &model.rope_freqs(),
+                          .freq_factors_long = &model.rope_freqs_long(), .long_context = c.rope_long_context,
+                          .rope_amplitude = c.rope_amplitude,
                           .softcap = c.attn_softcap, .sinks = &L.sinks});
     p.add_matmul(l, "attn_output", L.wo, att, proj).as<ops::MatMul>().bias = L.bo;
     }

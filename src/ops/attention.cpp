@@ -1,6 +1,7 @@
 #include "ops/attention.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "core/error.h"
@@ -36,12 +37,21 @@ bool yes(const Op&) { return true; }
 void head_norm_rope_tile(const Op& op, const StepContext& ctx, int t, int) {
   const auto& a = op.as<ops::HeadNormRope>();
   float* v = row_of(ctx, op.out, t);
+  // LongRoPE: a sequence whose context exceeds the original one rotates all
+  // its positions by the long factors.
+  std::span<const float> factors = a.freq_factors;
+  if (!a.freq_factors_long.empty()) {
+    MK_CHECK(ctx.rows[t].cache, "{}: long rope factors need the row's sequence", op.name);
+    if (ctx.rows[t].cache->n_ctx > a.long_context) factors = a.freq_factors_long;
+  }
   const RopeAngles& angles = rope_angles(a.rope_dim, ctx.rows[t].pos, a.rope_base,
-                                         a.freq_factors.empty() ? nullptr : a.freq_factors.data());
+                                         factors.empty() ? nullptr : factors.data());
   for (int h = 0; h < a.n_head; ++h) {
     float* vh = v + h * a.head_dim;
     if (!a.head_norm.empty()) rmsnorm(vh, a.head_norm.data(), a.head_dim, a.eps, vh);
     rope_apply(vh + a.rope_offset, a.rope_dim, angles, a.rope_neox);
+    if (a.amplitude != 1.f)
+      for (int i = 0; i < a.rope_dim; ++i) vh[a.rope_offset + i] *= a.amplitude;
   }
 }
 
@@ -160,6 +170,11 @@ extern const OpInfo kHeadNormRopeOp = {
                "{}: rope_dim", v.where);
       MK_CHECK(a.freq_factors.empty() || static_cast<int>(a.freq_factors.size()) == a.rope_dim / 2,
                "{}: {} rope frequency factors for a rotated width of {}", v.where, a.freq_factors.size(), a.rope_dim);
+      MK_CHECK(a.freq_factors_long.empty() || static_cast<int>(a.freq_factors_long.size()) == a.rope_dim / 2,
+               "{}: {} long rope frequency factors for a rotated width of {}", v.where, a.freq_factors_long.size(),
+               a.rope_dim);
+      MK_CHECK(a.long_context >= 0 && std::isfinite(a.amplitude) && a.amplitude > 0, "{}: long_context / amplitude",
+               v.where);
       MK_CHECK(a.head_norm.empty() || a.head_norm.size() == static_cast<size_t>(a.head_dim), "{}: head norm length",
                v.where);
     },
