@@ -394,6 +394,7 @@ class KimiArchModel final : public ArchModel {
  public:
   explicit KimiArchModel(std::unique_ptr<KimiModel> m) : m_(std::move(m)) {}
   DecodeProgram build_program(int max_rows) const override { return build_kimi_program(*m_, max_rows); }
+  const GGUFFile* gguf() const override { return m_->gguf(); }
   int n_vocab() const override { return m_->config().vocab; }
   std::string description() const override {
     const KimiConfig& c = m_->config();

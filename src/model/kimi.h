@@ -156,6 +156,9 @@ class KimiModel {
   const std::vector<float>& final_norm() const { return final_norm_; }
   const std::vector<float>& final_res() const { return final_res_; }
   const std::vector<KimiLayer>& layers() const { return layers_; }
+  // The GGUF file (or a checkpoint directory's GGUF image) a Kimi Linear
+  // model reads, or null.
+  const GGUFFile* gguf() const { return gguf_.get(); }
 
  private:
   KimiModel() = default;
