@@ -145,6 +145,9 @@ KimiConfig config_from_gguf(const GGUFFile& f) {
   if (c.mla_layers.empty()) c.mla_layers.push_back(-1);  // no MLA layer: refused by validate below
   c.conv_kernel = gguf_int_in(f, key("ssm.conv_kernel"), 1, 64);
   c.kda_head_dim = gguf_int_in(f, key("kda.head_dim"));
+  if (f.has(key("kda.gate_lower_bound")))
+    fail("{}: {} is not supported for Kimi Linear (its forget gate is -exp(A_log) softplus(g + dt_bias))", f.name(),
+         key("kda.gate_lower_bound"));
   c.q_lora_rank = f.has(key("attention.q_lora_rank")) ? gguf_int_in(f, key("attention.q_lora_rank")) : 0;
   c.kv_lora_rank = gguf_int_in(f, key("attention.kv_lora_rank"));
   c.qk_extra_dim = gguf_int_in(f, key("rope.dimension_count"), 0);
@@ -471,6 +474,12 @@ std::unique_ptr<KimiModel> KimiModel::load_kimi_linear_dir(const std::string& di
          hf.name(), kda_heads, n_head);
   const int D = positive(hf, lac, "linear_attn_config.", "head_dim");
   const int K = positive(hf, lac, "linear_attn_config.", "short_conv_kernel_size");
+  if (lac.contains("gate_lower_bound") && !lac["gate_lower_bound"].is_null())
+    fail("{}: 'linear_attn_config.gate_lower_bound' is not supported for kimi_linear (its forget gate is -exp(A_log) "
+         "softplus(g + dt_bias))",
+         hf.name());
+  if (lac.value("use_full_rank_gate", false))
+    fail("{}: 'linear_attn_config.use_full_rank_gate' true is not supported for kimi_linear", hf.name());
   const std::vector<int> kda = layer_list(hf, lac, "kda_layers", n_layer),
                          full = layer_list(hf, lac, "full_attn_layers", n_layer);
   std::vector<int> kind(static_cast<size_t>(n_layer), 0);  // 1 KDA, 2 MLA
