@@ -867,6 +867,19 @@ TEST(Families, KimiLinearMatchesReferenceUnderEveryExecutor) {
   }
 }
 
+// MLA's query through a rank (q_lora_rank: q_a_proj, q_a_layernorm,
+// q_b_proj; GGUF attn_q_a, attn_q_a_norm, attn_q_b).
+TEST(Families, KimiLinearQueryRankMatchesReferenceUnderEveryExecutor) {
+  check_recurrent_family<KimiModel>(
+      "kimi_linear_q_lora", "kimi_linear", [](const std::string& d) { return KimiModel::load_kimi_linear_dir(d); },
+      [](std::unique_ptr<GGUFFile> f) { return KimiModel::load_gguf(std::move(f)); },
+      [](const KimiModel& m) {
+        EXPECT_EQ(m.config().q_lora_rank, 16);
+        EXPECT_EQ(m.layers()[1].q_a.rows, 16);
+        EXPECT_EQ(m.layers()[1].q_a_norm.size(), 16u);
+      });
+}
+
 // The GGUF form's missing tensors and keys, wrong shapes and values are
 // refused naming them.
 TEST(Families, KimiLinearGgufBadInputIsNamed) {
