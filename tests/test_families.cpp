@@ -29,9 +29,12 @@
 #include "model/dense.h"
 #include "model/dense_families.h"
 #include "model/dense_hf.h"
+#include "model/architecture.h"
 #include "model/dense_program.h"
 #include "model/qwen38.h"
 #include "model_state.h"
+#include "runtime/engine.h"
+#include "runtime/model.h"
 #include "runtime/sampler.h"
 #include "test_util.h"
 
@@ -241,10 +244,12 @@ TEST(Families, GptOssFloatExpertsMatchTransformers) {
 }
 
 // Logits of every position, one position per step, of a Qwen3.8-architecture model.
-std::vector<float> run_qwen38(const Qwen38Model& m, const std::string& executor, Numerics numerics,
-                              const std::vector<int32_t>& toks) {
+// A recurrent model (Qwen3.8, Kimi) one position per step.
+template <class M>
+std::vector<float> run_recurrent(const M& m, const std::string& executor, Numerics numerics,
+                                 const std::vector<int32_t>& toks) {
   ThreadPool pool(2);
-  DecodeProgram p = build_qwen38_program(m, 1);
+  DecodeProgram p = program_of(m);
   p.numerics = numerics;
   auto ex = make_executor(executor, p, pool);
   const int n = static_cast<int>(toks.size()), V = m.config().vocab;
@@ -262,14 +267,17 @@ std::vector<float> run_qwen38(const Qwen38Model& m, const std::string& executor,
 // step: top-1 at every position and max |diff| / max |ref| <= 1e-4 against
 // transformers' float32 logits for each form; the two forms give the same
 // bits; op-by-op and megakernel give the same bits.
-void check_qwen38_family(const std::string& fam, const std::string& model_type,
-                         const std::function<void(const Qwen38Model&)>& check_layout) {
+template <class M>
+void check_recurrent_family(const std::string& fam, const std::string& model_type,
+                            const std::function<std::unique_ptr<M>(const std::string&)>& load_dir,
+                            const std::function<std::unique_ptr<M>(std::unique_ptr<GGUFFile>)>& load_gguf,
+                            const std::function<void(const M&)>& check_layout) {
   const Reference ref = load_reference(fam);
   ASSERT_EQ(ref.model_type, model_type);
-  auto mh = Qwen38Model::load(family_dir(fam) + "/hf");
+  auto mh = load_dir(family_dir(fam) + "/hf");
   auto file = GGUFFile::open(family_dir(fam) + "/model.gguf");
   EXPECT_EQ(file->get_string("general.architecture"), ref.arch);
-  auto mg = Qwen38Model::load_gguf(std::move(file));
+  auto mg = load_gguf(std::move(file));
   ASSERT_EQ(mh->config().vocab, ref.n_vocab);
   ASSERT_EQ(mg->config().vocab, ref.n_vocab);
   check_layout(*mh);
@@ -281,8 +289,8 @@ void check_qwen38_family(const std::string& fam, const std::string& model_type,
     for (const char* executor : {"reference", "opbyop", "mega"}) {
       const char* mode = numerics == Numerics::Exact ? "exact" : "fast";
       SCOPED_TRACE(fmt::format("{} {} {}", fam, executor, mode));
-      const std::vector<float> h = run_qwen38(*mh, executor, numerics, ref.tokens);
-      const std::vector<float> g = run_qwen38(*mg, executor, numerics, ref.tokens);
+      const std::vector<float> h = run_recurrent(*mh, executor, numerics, ref.tokens);
+      const std::vector<float> g = run_recurrent(*mg, executor, numerics, ref.tokens);
       EXPECT_EQ(std::memcmp(g.data(), h.data(), g.size() * 4), 0) << "GGUF and HF forms differ";
       for (const auto& [form, logits] : {std::pair{"hf", &h}, std::pair{"gguf", &g}}) {
         const auto [top1, max_diff] = agreement(*logits, ref);
@@ -296,6 +304,13 @@ void check_qwen38_family(const std::string& fam, const std::string& model_type,
     EXPECT_EQ(std::memcmp(got["opbyop"].data(), got["mega"].data(), got["mega"].size() * 4), 0)
         << "op-by-op and megakernel differ";
   }
+}
+
+void check_qwen38_family(const std::string& fam, const std::string& model_type,
+                         const std::function<void(const Qwen38Model&)>& check_layout) {
+  check_recurrent_family<Qwen38Model>(
+      fam, model_type, [](const std::string& d) { return Qwen38Model::load(d); },
+      [](std::unique_ptr<GGUFFile> f) { return Qwen38Model::load_gguf(std::move(f)); }, check_layout);
 }
 
 // Qwen3-Next (HF qwen3_next, GGUF qwen3next): Gated DeltaNet layers with the
@@ -354,8 +369,9 @@ TEST(Families, Qwen35MoeFusedGateUpExpsMatchTransformersUnderEveryExecutor) {
   });
 }
 
-// The string, float, integer and bool keys of a GGUF file but `skip`
-// (arrays are left out), written to w.
+// The string, float, integer and bool keys of a GGUF file but `skip`, and
+// the per-layer attention.head_count_kv array (kimi-linear's layer pattern);
+// other arrays are left out. Written to w.
 void copy_metadata(const GGUFFile& orig, GGUFWriter& w, const std::string& skip) {
   for (const std::string& k : orig.metadata_order()) {
     const GGUFValue& v = *orig.find(k);
@@ -368,6 +384,8 @@ void copy_metadata(const GGUFFile& orig, GGUFWriter& w, const std::string& skip)
       w.set_f32(k, static_cast<float>(orig.get_float(k)));
     else if (v.type != GGUFValueType::ARRAY)
       w.set_u32(k, static_cast<uint32_t>(orig.get_int(k)));
+    else if (k.ends_with(".attention.head_count_kv"))
+      w.set_i32_array(k, std::vector<int32_t>(v.ints.begin(), v.ints.end()));
   }
 }
 
@@ -576,19 +594,36 @@ TEST(Families, Qwen38GgufTiedHeadAndFusedExpertsAreChecked) {
   refused(w.serialize(), "both 'blk.2.ffn_gate_up_exps.weight' and 'blk.2.ffn_gate_exps.weight'");
 }
 
+// A GGUF file mutated (a tensor or key dropped, a key set, a tensor's shape
+// or values edited; see mutated_gguf) and the text its refusal must contain.
+struct GgufRefusal {
+  std::string tensor, key;
+  std::optional<uint32_t> int_value;
+  std::string edit_tensor;
+  std::function<void(std::vector<int64_t>&, std::vector<float>&)> edit;
+  std::string want;
+};
+void expect_gguf_refusals(const GGUFFile& orig, const std::vector<GgufRefusal>& cases,
+                          const std::function<void(std::unique_ptr<GGUFFile>)>& load) {
+  for (const GgufRefusal& c : cases) {
+    SCOPED_TRACE(c.tensor + c.key + c.edit_tensor);
+    std::vector<uint8_t> bytes = mutated_gguf(orig, c.tensor, c.key, std::nullopt, c.int_value, c.edit_tensor, c.edit);
+    try {
+      load(GGUFFile::parse(bytes.data(), bytes.size(), "mutated.gguf"));
+      ADD_FAILURE() << "accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(c.want), std::string::npos) << e.what();
+    }
+  }
+}
+
 // What a qwen3next file lacks, or gets wrong, is named: a missing tensor of
 // either layer kind or of the experts, a missing DeltaNet key, a layer
 // pattern the tensors do not follow, a decay A that is not -exp(A_log), a
 // non-finite norm weight, a tensor of the wrong shape.
 TEST(Families, Qwen3NextGgufBadInputIsNamed) {
   auto orig = GGUFFile::open(family_dir("qwen3next") + "/model.gguf");
-  struct Case {
-    std::string tensor, key;
-    std::optional<uint32_t> int_value;
-    std::string edit_tensor;
-    std::function<void(std::vector<int64_t>&, std::vector<float>&)> edit;
-    std::string want;
-  };
+  using Case = GgufRefusal;
   const std::vector<Case> cases = {
       {"blk.0.ssm_a", "", {}, "", nullptr, "tensor 'blk.0.ssm_a' is missing"},
       {"blk.1.attn_qkv.weight", "", {}, "", nullptr, "blk.1.attn_qkv.weight"},
@@ -615,16 +650,7 @@ TEST(Families, Qwen3NextGgufBadInputIsNamed) {
        },
        "tensor 'blk.1.ssm_ba.weight' has shape [32, 7], expected [32, 8]"},
   };
-  for (const Case& c : cases) {
-    SCOPED_TRACE(c.tensor + c.key + c.edit_tensor);
-    std::vector<uint8_t> bytes = mutated_gguf(*orig, c.tensor, c.key, std::nullopt, c.int_value, c.edit_tensor, c.edit);
-    try {
-      Qwen38Model::load_gguf(GGUFFile::parse(bytes.data(), bytes.size(), "mutated.gguf"));
-      ADD_FAILURE() << "accepted";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(c.want), std::string::npos) << e.what();
-    }
-  }
+  expect_gguf_refusals(*orig, cases, [](std::unique_ptr<GGUFFile> f) { Qwen38Model::load_gguf(std::move(f)); });
 }
 
 // The Qwen3.5 files' own tensors and keys are named when missing.
@@ -667,8 +693,8 @@ TEST(Families, Qwen38GgufInF16MatchesHfConvertedToF16) {
     ASSERT_EQ(mg->layers()[3].wq.type, DType::F16);
     auto mh = Qwen38Model::load(family_dir(fam) + "/hf", DType::F16);
     for (Numerics numerics : {Numerics::Exact, Numerics::Fast}) {
-      const std::vector<float> g = run_qwen38(*mg, "mega", numerics, ref.tokens);
-      const std::vector<float> h = run_qwen38(*mh, "mega", numerics, ref.tokens);
+      const std::vector<float> g = run_recurrent(*mg, "mega", numerics, ref.tokens);
+      const std::vector<float> h = run_recurrent(*mh, "mega", numerics, ref.tokens);
       EXPECT_EQ(std::memcmp(g.data(), h.data(), g.size() * 4), 0) << "f16 GGUF and HF forms differ";
       // Against the f32 reference the f16 rounding of the weights shows: the
       // tiny random models are sensitive to it (transformers run on the same
@@ -722,8 +748,8 @@ TEST(Families, Qwen3NextGgufWithFusedSsmInGivesTheSameBits) {
   auto mf = Qwen38Model::load_gguf(GGUFFile::parse(bytes.data(), bytes.size(), "ssm_in.gguf"));
   auto mg = Qwen38Model::load_gguf(std::move(orig));
   const Reference ref = load_reference("qwen3next");
-  const std::vector<float> a = run_qwen38(*mf, "mega", Numerics::Exact, ref.tokens);
-  const std::vector<float> b = run_qwen38(*mg, "mega", Numerics::Exact, ref.tokens);
+  const std::vector<float> a = run_recurrent(*mf, "mega", Numerics::Exact, ref.tokens);
+  const std::vector<float> b = run_recurrent(*mg, "mega", Numerics::Exact, ref.tokens);
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "ssm_in and attn_qkv / attn_gate files differ";
 }
 
@@ -766,8 +792,8 @@ TEST(Families, Qwen35MoeFusedExpertCheckpointGivesTheSameBits) {
   auto fused = Qwen38Model::load(dir.path);
   auto split = Qwen38Model::load(src);
   const Reference ref = load_reference("qwen35moe");
-  const std::vector<float> a = run_qwen38(*fused, "mega", Numerics::Exact, ref.tokens);
-  const std::vector<float> b = run_qwen38(*split, "mega", Numerics::Exact, ref.tokens);
+  const std::vector<float> a = run_recurrent(*fused, "mega", Numerics::Exact, ref.tokens);
+  const std::vector<float> b = run_recurrent(*split, "mega", Numerics::Exact, ref.tokens);
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "fused and per-expert checkpoints differ";
 }
 
@@ -966,16 +992,20 @@ TEST(Families, TableNamesAreUniqueAndResolve) {
 
 TEST(Families, UnsupportedArchitectureNamesTheReason) {
   GGUFWriter w;
-  w.set_string("general.architecture", "kimi-linear");
+  w.set_string("general.architecture", "phi2");
   std::vector<uint8_t> bytes = w.serialize();
-  auto f = GGUFFile::parse(bytes.data(), bytes.size(), "kimi-linear.gguf");
+  auto f = GGUFFile::parse(bytes.data(), bytes.size(), "phi2.gguf");
   try {
     DenseModel::load(*f);
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("'kimi-linear' is not supported: Kimi Linear"), std::string::npos)
-        << e.what();
+    EXPECT_NE(std::string(e.what()).find("'phi2' is not supported: Phi-2"), std::string::npos) << e.what();
   }
+  // Kimi Linear runs (on the Kimi K3 architecture): not refused.
+  EXPECT_FALSE(unsupported_gguf_reason("kimi-linear").has_value());
+  ASSERT_NE(architecture_of_gguf("kimi-linear"), nullptr);
+  EXPECT_EQ(architecture_of_gguf("kimi-linear")->name(), "kimi-k3");
+  EXPECT_EQ(architecture_of_hf("kimi_linear"), architecture_of_gguf("kimi-linear"));
   // Families that run are not in the refusal table.
   for (const DenseFamily& fam : dense_families())
     EXPECT_FALSE(unsupported_gguf_reason(fam.gguf_arch).has_value()) << fam.gguf_arch;
@@ -1002,6 +1032,240 @@ TEST(Families, NonFiniteHyperparametersAreRefused) {
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find(c.key), std::string::npos) << e.what();
     }
+  }
+}
+
+// Kimi Linear (HF kimi_linear, GGUF kimi-linear) on the Kimi K3
+// architecture: KDA layers with the softplus forget gate and the low-rank
+// output gate, NoPE MLA without an output gate, a plain residual stream,
+// sigmoid + bias routed experts scaled by routed_scaling_factor plus a shared
+// expert, one leading dense layer. Against the NumPy float64 reference of
+// scripts/fixtures/make_kimi_linear_fixture.py; both forms, every executor
+// and both numerics modes.
+TEST(Families, KimiLinearMatchesReferenceUnderEveryExecutor) {
+  check_recurrent_family<KimiModel>(
+      "kimi_linear", "kimi_linear", [](const std::string& d) { return KimiModel::load_kimi_linear_dir(d); },
+      [](std::unique_ptr<GGUFFile> f) { return KimiModel::load_gguf(std::move(f)); },
+      [](const KimiModel& m) {
+        const KimiConfig& c = m.config();
+        EXPECT_FALSE(c.attn_res);
+        EXPECT_TRUE(c.kda_softplus_gate);
+        EXPECT_EQ(c.kda_out_gate_rank, 8);
+        EXPECT_EQ(c.mla_layers, (std::vector<int>{1, 4}));
+        EXPECT_EQ(c.n_dense_layers, 1);
+        EXPECT_EQ(c.q_lora_rank, 0);
+        EXPECT_FLOAT_EQ(c.routed_scale, 2.446f);
+        EXPECT_TRUE(m.layers()[1].mla);
+        EXPECT_FALSE(m.layers()[2].mla);
+      });
+  // All positions in one step: KDA in its chunked form over the block.
+  const Reference ref = load_reference("kimi_linear");
+  auto m = KimiModel::load_gguf(GGUFFile::open(family_dir("kimi_linear") + "/model.gguf"));
+  const int n = static_cast<int>(ref.tokens.size());
+  for (const char* executor : {"reference", "opbyop", "mega"}) {
+    SCOPED_TRACE(executor);
+    ThreadPool pool(2);
+    DecodeProgram p = build_kimi_program(*m, n);
+    auto ex = make_executor(executor, p, pool);
+    KVCache cache = make_cache(*m, n);
+    RecurrentState state = make_state(*m);
+    std::vector<RowInput> rows;
+    for (int t = 0; t < n; ++t) rows.push_back({ref.tokens[static_cast<size_t>(t)], t, &cache, &state});
+    std::vector<float> logits(static_cast<size_t>(n) * ref.n_vocab);
+    ex->step(rows, logits.data());
+    const auto [top1, max_diff] = agreement(logits, ref);
+    EXPECT_EQ(top1, n);
+    EXPECT_LE(max_diff / ref.max_abs(), 1e-4);
+    std::printf("[families] kimi_linear gguf %-9s one step of %d rows: top-1 %d/%d, max |diff| / max |ref| %.2e\n",
+                executor, n, top1, n, max_diff / ref.max_abs());
+  }
+}
+
+// MLA's query through a rank (q_lora_rank: q_a_proj, q_a_layernorm,
+// q_b_proj; GGUF attn_q_a, attn_q_a_norm, attn_q_b).
+TEST(Families, KimiLinearQueryRankMatchesReferenceUnderEveryExecutor) {
+  check_recurrent_family<KimiModel>(
+      "kimi_linear_q_lora", "kimi_linear", [](const std::string& d) { return KimiModel::load_kimi_linear_dir(d); },
+      [](std::unique_ptr<GGUFFile> f) { return KimiModel::load_gguf(std::move(f)); },
+      [](const KimiModel& m) {
+        EXPECT_EQ(m.config().q_lora_rank, 16);
+        EXPECT_EQ(m.layers()[1].q_a.rows, 16);
+        EXPECT_EQ(m.layers()[1].q_a_norm.size(), 16u);
+      });
+}
+
+// The GGUF form's missing tensors and keys, wrong shapes and values are
+// refused naming them.
+TEST(Families, KimiLinearGgufBadInputIsNamed) {
+  auto orig = GGUFFile::open(family_dir("kimi_linear") + "/model.gguf");
+  using Case = GgufRefusal;
+  auto one_row_short = [](std::vector<int64_t>& shape, std::vector<float>& v) {
+    shape[1] -= 1;
+    v.resize(v.size() - static_cast<size_t>(shape[0]));
+  };
+  const std::vector<Case> cases = {
+      {"blk.0.ssm_f_b.weight", "", {}, "", nullptr, "tensor 'blk.0.ssm_f_b.weight' is missing"},
+      {"blk.2.ssm_conv1d_v.weight", "", {}, "", nullptr, "blk.2.ssm_conv1d_v.weight"},
+      {"blk.3.ssm_a", "", {}, "", nullptr, "blk.3.ssm_a"},
+      {"blk.1.attn_k_b.weight", "", {}, "", nullptr, "blk.1.attn_k_b.weight"},
+      {"blk.4.attn_v_b.weight", "", {}, "", nullptr, "blk.4.attn_v_b.weight"},
+      {"blk.3.exp_probs_b.bias", "", {}, "", nullptr, "blk.3.exp_probs_b.bias"},
+      {"blk.1.ffn_down_exps.weight", "", {}, "", nullptr, "blk.1.ffn_down_exps.weight"},
+      {"blk.2.ffn_up_shexp.weight", "", {}, "", nullptr, "blk.2.ffn_up_shexp.weight"},
+      {"output.weight", "", {}, "", nullptr, "output.weight"},
+      {"", "kimi-linear.kda.head_dim", {}, "", nullptr, "kimi-linear.kda.head_dim"},
+      {"", "kimi-linear.attention.head_count_kv", {}, "", nullptr, "kimi-linear.attention.head_count_kv"},
+      {"", "kimi-linear.attention.key_length_mla", {}, "", nullptr, "kimi-linear.attention.key_length_mla"},
+      {"", "kimi-linear.expert_shared_count", 0, "", nullptr, "kimi-linear.expert_shared_count 0 is not supported"},
+      {"", "kimi-linear.expert_gating_func", 1, "", nullptr, "kimi-linear.expert_gating_func 1 is not supported"},
+      {"", "kimi-linear.expert_group_count", 2, "", nullptr, "kimi-linear.expert_group_count 2 is not supported"},
+      {"", "kimi-linear.kda.gate_lower_bound", 5, "", nullptr, "kimi-linear.kda.gate_lower_bound is not supported"},
+      // A scalar instead of the per-layer array.
+      {"", "kimi-linear.attention.head_count_kv", 1, "", nullptr, "must be an array with one entry per layer"},
+      {"", "kimi-linear.attention.key_length", 99, "", nullptr, "kimi-linear.attention.key_length 99 is not"},
+      {"", "", {}, "blk.0.ssm_a", [](std::vector<int64_t>&, std::vector<float>& v) { v[1] = 0.5f; },
+       "tensor 'blk.0.ssm_a' holds 0.5 at index 1"},
+      {"", "", {}, "blk.2.ssm_beta.weight", one_row_short,
+       "tensor 'blk.2.ssm_beta.weight' has shape [32, 1], expected [32, 2]"},
+      {"", "", {}, "blk.3.ssm_g_b.weight", one_row_short,
+       "tensor 'blk.3.ssm_g_b.weight' has shape [8, 15], expected [8, 16]"},
+      {"", "", {}, "blk.4.attn_kv_a_mqa.weight", one_row_short,
+       "tensor 'blk.4.attn_kv_a_mqa.weight' has shape [32, 19], expected [32, 20]"},
+  };
+  expect_gguf_refusals(*orig, cases, [](std::unique_ptr<GGUFFile> f) { KimiModel::load_gguf(std::move(f)); });
+}
+
+// The checkpoint directory's config keys and tensors, named when missing or
+// unsupported; a wrong shape names the checkpoint's tensor too.
+TEST(Families, KimiLinearHfBadInputIsNamed) {
+  const std::string src = family_dir("kimi_linear") + "/hf";
+  std::ifstream in(src + "/config.json");
+  const nlohmann::json cfg = nlohmann::json::parse(in);
+  const SafetensorsModel st = SafetensorsModel::open(src);
+  struct Case {
+    std::function<void(nlohmann::json&)> edit_config;
+    std::string drop_tensor, shrink_tensor, want;
+  };
+  const std::vector<Case> cases = {
+      {[](nlohmann::json& j) { j["linear_attn_config"].erase("head_dim"); }, "", "", "linear_attn_config.head_dim"},
+      {[](nlohmann::json& j) { j["linear_attn_config"]["num_heads"] = 4; }, "", "", "linear_attn_config.num_heads"},
+      {[](nlohmann::json& j) { j["linear_attn_config"]["full_attn_layers"] = {2}; }, "", "",
+       "layer 5 must be in exactly one of"},
+      {[](nlohmann::json& j) { j["mla_use_nope"] = false; }, "", "", "mla_use_nope"},
+      {[](nlohmann::json& j) { j["linear_attn_config"]["gate_lower_bound"] = -5.0; }, "", "",
+       "linear_attn_config.gate_lower_bound"},
+      {[](nlohmann::json& j) { j["linear_attn_config"]["use_full_rank_gate"] = true; }, "", "",
+       "linear_attn_config.use_full_rank_gate"},
+      {[](nlohmann::json& j) { j["tie_word_embeddings"] = true; }, "", "", "tie_word_embeddings"},
+      {[](nlohmann::json& j) { j["mla_use_output_gate"] = true; }, "", "", "mla_use_output_gate"},
+      {[](nlohmann::json& j) { j["moe_router_activation_func"] = "softmax"; }, "", "", "moe_router_activation_func"},
+      {[](nlohmann::json& j) { j["num_expert_group"] = 2; }, "", "", "num_expert_group"},
+      {[](nlohmann::json& j) { j.erase("kv_lora_rank"); }, "", "", "kv_lora_rank"},
+      {nullptr, "model.layers.2.self_attn.g_a_proj.weight", "",
+       "tensor 'model.layers.2.self_attn.g_a_proj.weight' is missing"},
+      {nullptr, "model.layers.3.block_sparse_moe.experts.5.w2.weight", "",
+       "model.layers.3.block_sparse_moe.experts.5.w2.weight"},
+      {nullptr, "", "model.layers.0.self_attn.f_b_proj.weight",
+       "(checkpoint tensor 'model.layers.0.self_attn.f_b_proj.weight')"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.want);
+    TempDir dir;
+    nlohmann::json j = cfg;
+    if (c.edit_config) c.edit_config(j);
+    std::ofstream(dir.path + "/config.json") << j.dump();
+    std::vector<SafetensorsOut> out;
+    for (const SafetensorsTensor* t : st.tensors()) {
+      if (t->name == c.drop_tensor) continue;
+      std::vector<int64_t> shape = t->shape;
+      size_t bytes = t->numel() * t->elem_bytes;
+      if (t->name == c.shrink_tensor) {  // one row short
+        bytes -= bytes / static_cast<size_t>(shape[0]);
+        shape[0] -= 1;
+      }
+      out.push_back({t->name, t->dtype, shape, std::vector<uint8_t>(t->data, t->data + bytes)});
+    }
+    write_safetensors(dir.path + "/model.safetensors", out, {{"format", "pt"}});
+    try {
+      KimiModel::load_kimi_linear_dir(dir.path);
+      ADD_FAILURE() << "accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(c.want), std::string::npos) << e.what();
+    }
+  }
+}
+
+// Through the runtime (the architecture registry: GGUF kimi-linear and HF
+// kimi_linear both on kimi-k3): each form loads by path and, teacher-forced
+// through an engine, gives the reference's top-1 at every position and the
+// same bits as the other form.
+TEST(Families, KimiLinearLoadsThroughTheRuntime) {
+  const Reference ref = load_reference("kimi_linear");
+  const int n = static_cast<int>(ref.tokens.size());
+  ThreadPool pool(2);
+  std::vector<float> first;
+  for (const std::string path : {family_dir("kimi_linear") + "/model.gguf", family_dir("kimi_linear") + "/hf"}) {
+    SCOPED_TRACE(path);
+    auto m = load_model(path);
+    ASSERT_EQ(m->n_vocab(), ref.n_vocab);
+    EXPECT_NE(m->description().find("kimi-linear"), std::string::npos) << m->description();
+    Engine e(*m, pool, 1, "mega");
+    SequenceState seq = m->new_sequence(n);
+    const std::vector<float> logits = forced_logits(e, seq, ref.tokens);
+    const auto [top1, max_diff] = agreement(logits, ref);
+    EXPECT_EQ(top1, n);
+    EXPECT_LE(max_diff / ref.max_abs(), 1e-4);
+    if (first.empty())
+      first = logits;
+    else
+      EXPECT_EQ(std::memcmp(first.data(), logits.data(), logits.size() * 4), 0) << "GGUF and HF forms differ";
+  }
+}
+
+// With f16 matrices the two forms still give the same bits: the GGUF file's
+// formats are kept (q | k | v | beta stacked as stored, attn_k_b transposed
+// back from f16), and the checkpoint's F16 tensors are carried into its
+// image as they are (kv_b's key rows transposed element by element).
+TEST(Families, KimiLinearF16FormsGiveTheSameBits) {
+  const Reference ref = load_reference("kimi_linear");
+  auto orig = GGUFFile::open(family_dir("kimi_linear") + "/model.gguf");
+  std::vector<uint8_t> bytes =
+      mutated_gguf(*orig, "", "", std::nullopt, std::nullopt, "", nullptr, [](const GGUFTensorInfo& t) {
+        const bool matrix = t.shape.size() >= 2 && t.name.find("ssm_conv1d") == std::string::npos &&
+                            t.name.find("ssm_a") == std::string::npos;
+        return matrix ? std::optional<DType>(DType::F16) : std::nullopt;
+      });
+  auto mg = KimiModel::load_gguf(GGUFFile::parse(bytes.data(), bytes.size(), "f16.gguf"));
+  ASSERT_EQ(mg->layers()[0].kda_in.type, DType::F16);
+  ASSERT_EQ(mg->layers()[1].kv_b_v.type, DType::F16);
+  ASSERT_EQ(mg->layers()[2].experts.down[3].type, DType::F16);
+
+  const std::string src = family_dir("kimi_linear") + "/hf";
+  const SafetensorsModel st = SafetensorsModel::open(src);
+  std::vector<SafetensorsOut> out;
+  for (const SafetensorsTensor* t : st.tensors()) {
+    ASSERT_EQ(t->dtype, "F32") << t->name;
+    if (t->shape.size() != 2) {
+      out.push_back({t->name, t->dtype, t->shape, std::vector<uint8_t>(t->data, t->data + t->numel() * 4)});
+      continue;
+    }
+    std::vector<uint8_t> h(static_cast<size_t>(t->numel()) * 2);
+    dtype_traits(DType::F16).quantize(reinterpret_cast<const float*>(t->data), h.data(), t->numel());
+    out.push_back({t->name, "F16", t->shape, std::move(h)});
+  }
+  TempDir dir;
+  std::filesystem::copy_file(src + "/config.json", dir.path + "/config.json");
+  write_safetensors(dir.path + "/model.safetensors", out, {{"format", "pt"}});
+  auto mh = KimiModel::load_kimi_linear_dir(dir.path);
+  ASSERT_EQ(mh->layers()[0].kda_in.type, DType::F16);
+  for (Numerics numerics : {Numerics::Exact, Numerics::Fast}) {
+    const std::vector<float> g = run_recurrent(*mg, "mega", numerics, ref.tokens);
+    const std::vector<float> h = run_recurrent(*mh, "mega", numerics, ref.tokens);
+    EXPECT_EQ(std::memcmp(g.data(), h.data(), g.size() * 4), 0) << "f16 GGUF and HF forms differ";
+    // Against the f32 reference the f16 rounding of the weights shows; printed, not bounded.
+    const auto [top1, max_diff] = agreement(g, ref);
+    std::printf("[families] kimi_linear f16 %-5s top-1 %d/%zu, max |diff| / max |ref| %.2e\n",
+                numerics == Numerics::Exact ? "exact" : "fast", top1, ref.tokens.size(), max_diff / ref.max_abs());
   }
 }
 

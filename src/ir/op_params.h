@@ -135,7 +135,8 @@ struct LogitSoftcap {
 //                   [n_head] each; updates S; tiles (row, value head). With `kda` (Kimi Delta
 //                   Attention): a decay per key channel, S stored [k][v], in2 = forget-gate input
 //                   [n_head * key dim], in3 = beta logits [n_head], dt_bias [n_head * key dim],
-//                   log decay a = gate_bound * sigmoid(exp(a_log) (g + dt_bias)).
+//                   log decay a = gate_bound * sigmoid(exp(a_log) (g + dt_bias)), or with
+//                   `softplus_gate` a = -exp(a_log) * softplus(g + dt_bias) (Kimi Linear).
 // cache_index: the op's layer in the RecurrentState (-1: Op::layer).
 struct CausalConvSilu {
   std::span<const float> taps;  // [C][K]
@@ -147,6 +148,7 @@ struct DeltaRule {
   std::span<const float> a_log, dt_bias;
   bool kda = false;
   float gate_bound = -5.f;
+  bool softplus_gate = false;
   int cache_index = -1;
 };
 

@@ -398,14 +398,8 @@ void DenseModel::load_mla_layer(const GGUFFile& f, int l) {
     return t;
   };
   if (f.find_tensor(name(T::AttnKB))) {
-    const GGUFTensorInfo& kb = tensor3(T::AttnKB, nope, kvl);
+    std::vector<float> k = gguf_mla_k_b(f, name(T::AttnKB), nh, nope, kvl);
     const GGUFTensorInfo& vb = tensor3(T::AttnVB, kvl, Dv);
-    std::vector<float> src(static_cast<size_t>(nh * kvl * nope)), k(src.size());
-    dtype_traits(kb.type).dequantize(kb.data, src.data(), static_cast<int64_t>(src.size()));
-    for (int64_t h = 0; h < nh; ++h)  // src[h][j][i] (j < kvl, i < nope) -> k[h * nope + i][j]
-      for (int64_t j = 0; j < kvl; ++j)
-        for (int64_t i = 0; i < nope; ++i)
-          k[static_cast<size_t>((h * nope + i) * kvl + j)] = src[static_cast<size_t>((h * kvl + j) * nope + i)];
     L.kv_b_k = MatView{};
     L.kv_b_k.type = DType::F32;
     L.kv_b_k.rows = nh * nope;

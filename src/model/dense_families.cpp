@@ -61,6 +61,13 @@ constexpr std::array<std::string_view, kDenseTensorKinds> kGgufNames = {
     "blk.{}.ssm_norm",       // SsmNorm
     "blk.{}.ssm_out",        // SsmOut
     "blk.{}.ffn_gate_up_exps",  // FfnGateUpExps
+    "blk.{}.ssm_conv1d_q",   // SsmConv1dQ
+    "blk.{}.ssm_conv1d_k",   // SsmConv1dK
+    "blk.{}.ssm_conv1d_v",   // SsmConv1dV
+    "blk.{}.ssm_f_a",        // SsmFA
+    "blk.{}.ssm_f_b",        // SsmFB
+    "blk.{}.ssm_g_a",        // SsmGA
+    "blk.{}.ssm_g_b",        // SsmGB
 };
 
 // Hugging Face names shared by the llama-like families.
@@ -341,7 +348,6 @@ std::optional<std::string> unsupported_gguf_reason(std::string_view a) {
     std::string_view arch, why;
   };
   static constexpr Known kKnown[] = {
-      {"kimi-linear", "Kimi Linear GGUF files are not read yet"},
       {"mistral3", "Mistral 3 (multimodal) is not supported"},
       {"phi2", "Phi-2 (parallel attention and MLP, LayerNorm) is not supported"},
       {"gemma", "Gemma 1 is not supported (Gemma 2 and 3 are)"},

@@ -78,8 +78,18 @@ enum class DenseTensor {
   // converters write Qwen3.5-MoE's experts fused as ffn_gate_up_exps
   // [n_expert][2 n_ff_exp][n_embd]: per expert the gate rows, then the up rows.
   FfnGateUpExps,
+  // Kimi Delta Attention layers (kimi-linear; model/kimi_linear.cpp): n heads
+  // of d, q / k / v as AttnQ / AttnK / AttnV, beta logits as SsmBeta [n][n_embd],
+  // A as SsmA, dt_bias as SsmDt [n d], the output norm SsmNorm [d].
+  SsmConv1dQ,    // GGUF {taps, 1, n d, 1} (or {taps, n d}): the depthwise causal conv of q (k, v alike)
+  SsmConv1dK,
+  SsmConv1dV,
+  SsmFA,         // [rank][n_embd]: the forget gate's low-rank input
+  SsmFB,         // [n d][rank]
+  SsmGA,         // [rank][n_embd]: the output gate's low-rank input
+  SsmGB,         // [n d][rank]
 };
-inline constexpr int kDenseTensorKinds = static_cast<int>(DenseTensor::FfnGateUpExps) + 1;
+inline constexpr int kDenseTensorKinds = static_cast<int>(DenseTensor::SsmGB) + 1;
 
 // Which layers use the sliding window.
 enum class SwaPattern {

@@ -35,6 +35,13 @@ MatView gguf_mat(const GGUFFile& f, const std::string& name, int64_t cols, int64
   return m;
 }
 
+int gguf_vocab_rows(const GGUFFile& f, const std::string& name, int64_t n_embd) {
+  const GGUFTensorInfo& e = f.tensor(name);
+  if (e.shape.size() != 2 || e.shape[0] != n_embd)
+    fail("{}: tensor '{}' has shape [{}], expected [{}, n_vocab]", f.name(), name, fmt::join(e.shape, ", "), n_embd);
+  return static_cast<int>(config_int_in(f.name(), name + " rows", e.shape[1], 1, kMaxConfigDim));
+}
+
 MatView gguf_row_mat(const GGUFFile& f, const std::string& name, int64_t cols) {
   const GGUFTensorInfo& t = f.tensor(name);
   if (t.shape.size() == 1 && t.shape[0] == cols) {
@@ -69,6 +76,22 @@ std::vector<MatView> gguf_expert_slabs(const GGUFFile& f, const std::string& nam
     out.push_back(m);
   }
   return out;
+}
+
+std::vector<float> gguf_mla_k_b(const GGUFFile& f, const std::string& name, int64_t n_head, int64_t nope,
+                                int64_t kv_lora_rank) {
+  const GGUFTensorInfo& t = f.tensor(name);
+  const int64_t kvl = kv_lora_rank;
+  if (t.shape.size() != 3 || t.shape[0] != nope || t.shape[1] != kvl || t.shape[2] != n_head)
+    fail("{}: tensor '{}' has shape [{}], expected [{}, {}, {}]", f.name(), name, fmt::join(t.shape, ", "), nope, kvl,
+         n_head);
+  std::vector<float> src(static_cast<size_t>(n_head * kvl * nope)), k(src.size());
+  dtype_traits(t.type).dequantize(t.data, src.data(), static_cast<int64_t>(src.size()));
+  for (int64_t h = 0; h < n_head; ++h)  // src[h][j][i] (j < kvl, i < nope) -> k[h * nope + i][j]
+    for (int64_t j = 0; j < kvl; ++j)
+      for (int64_t i = 0; i < nope; ++i)
+        k[static_cast<size_t>((h * nope + i) * kvl + j)] = src[static_cast<size_t>((h * kvl + j) * nope + i)];
+  return k;
 }
 
 MatView row_range(const MatView& m, int64_t b, int64_t n) {

@@ -27,6 +27,10 @@ float gguf_float_in(const GGUFFile& f, const std::string& key, double lo, double
 // A 2-D weight of GGUF shape {cols, rows}, zero-copy; checks both extents.
 MatView gguf_mat(const GGUFFile& f, const std::string& name, int64_t cols, int64_t rows);
 
+// The vocabulary size: the rows of the embedding `name`, GGUF shape
+// {n_embd, n_vocab}.
+int gguf_vocab_rows(const GGUFFile& f, const std::string& name, int64_t n_embd);
+
 // A one-row weight [1][cols]: GGUF shape {cols} or {cols, 1} (llama.cpp's
 // converter keeps a [1][cols] checkpoint tensor 2-D).
 MatView gguf_row_mat(const GGUFFile& f, const std::string& name, int64_t cols);
@@ -39,6 +43,12 @@ std::vector<MatView> gguf_expert_slabs(const GGUFFile& f, const std::string& nam
 // Rows [b, b + n) of a matrix (a fused projection's part), zero-copy: rows
 // are contiguous in every format.
 MatView row_range(const MatView& m, int64_t b, int64_t n);
+
+// MLA's key expansion stored as attn_k_b, GGUF shape {nope, kv_lora_rank,
+// n_head} (each head's block transposed, as llama.cpp's converter writes it),
+// transposed back to rows [n_head * nope][kv_lora_rank] in f32.
+std::vector<float> gguf_mla_k_b(const GGUFFile& f, const std::string& name, int64_t n_head, int64_t nope,
+                                int64_t kv_lora_rank);
 
 // A small weight of GGUF shape `shape` (innermost first), dequantised to
 // f32 in its element order; every value must be finite.

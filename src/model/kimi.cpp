@@ -9,6 +9,8 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "io/gguf.h"
+#include "io/hf_config.h"
 #include "model/architecture.h"
 #include "model/kimi_builder.h"
 
@@ -183,13 +185,16 @@ DecodeProgram build_kimi_program(const KimiModel& model, int max_rows) {
 
   // Residual blocks: [NB][H] per row; block 0 is the embedding, block b >= 1
   // the prefix of layers [(b-1) * attn_res_block, b * attn_res_block).
-  const int res = p.add_slot("res_blocks", -1, NB * H);
-  const int emb = p.add_slot("embd", -1, H);
-  const int mix = p.add_slot("mix", -1, H);
+  // Without attention residuals: one stream x (the embedding, then x += each
+  // sublayer's output), which `mix` names.
+  const int res = c.attn_res ? p.add_slot("res_blocks", -1, NB * H) : -1;
+  const int emb = c.attn_res ? p.add_slot("embd", -1, H) : -1;
+  const int mix = p.add_slot(c.attn_res ? "mix" : "x", -1, H);
   const int xn = p.add_slot("xn", -1, H);
   const int proj = p.add_slot("proj", -1, H);
-  int qkv = -1, kgate = -1, kbeta = -1, fa = -1, fg = -1, ko = -1;
+  int qkv = -1, kgate = -1, kbeta = -1, fa = -1, fg = -1, ko = -1, ga = -1;
   if (c.n_kda_layers() > 0) {
+    if (c.kda_out_gate_rank > 0) ga = p.add_slot("kda_g_a", -1, c.kda_out_gate_rank);
     qkv = p.add_slot("kda_qkv", -1, 3 * KD);
     kgate = p.add_slot("kda_gate", -1, KD);
     kbeta = p.add_slot("kda_beta", -1, nh);
@@ -199,8 +204,10 @@ DecodeProgram build_kimi_program(const KimiModel& model, int max_rows) {
   }
   int qa = -1, qan = -1, q = -1, clat = -1, cn = -1, kext = -1, knope = -1, key = -1, val = -1, mgate = -1, att = -1;
   if (c.n_mla_layers() > 0) {
-    qa = p.add_slot("mla_q_a", -1, c.q_lora_rank);
-    qan = p.add_slot("mla_q_a_norm", -1, c.q_lora_rank);
+    if (c.q_lora_rank > 0) {
+      qa = p.add_slot("mla_q_a", -1, c.q_lora_rank);
+      qan = p.add_slot("mla_q_a_norm", -1, c.q_lora_rank);
+    }
     q = p.add_slot("mla_q", -1, mh * Dk);
     clat = p.add_slot("mla_c", -1, c.kv_lora_rank);
     cn = p.add_slot("mla_c_norm", -1, c.kv_lora_rank);
@@ -208,7 +215,7 @@ DecodeProgram build_kimi_program(const KimiModel& model, int max_rows) {
     knope = p.add_slot("mla_k_nope", -1, mh * c.qk_nope_dim);
     key = p.add_slot("mla_k", -1, mh * Dk);
     val = p.add_slot("mla_v", -1, mh * Dv);
-    mgate = p.add_slot("mla_gate", -1, mh * Dv);
+    if (c.mla_gate) mgate = p.add_slot("mla_gate", -1, mh * Dv);
     att = p.add_slot("mla_att", -1, mh * Dv);
   }
   int dgate = -1, dup = -1, dact = -1;
@@ -221,11 +228,15 @@ DecodeProgram build_kimi_program(const KimiModel& model, int max_rows) {
   if (c.n_dense_layers < c.n_layer) {
     rlog = p.add_slot("router_logits", -1, c.n_expert);
     route = p.add_slot("route", -1, 2 * c.n_expert_used);
-    z = p.add_slot("moe_latent", -1, c.moe_latent);
+    // The experts' space: the latent (Kimi K3) or the hidden state.
+    const int Le = c.moe_latent > 0 ? c.moe_latent : H;
+    if (c.moe_latent > 0) {
+      z = p.add_slot("moe_latent", -1, c.moe_latent);
+      rl = p.add_slot("moe_mix", -1, c.moe_latent);
+      rln = p.add_slot("moe_mix_norm", -1, c.moe_latent);
+    }
     eh = p.add_slot("expert_hidden", -1, c.n_expert_used * c.expert_ff);
-    ye = p.add_slot("expert_out", -1, c.n_expert_used * c.moe_latent);
-    rl = p.add_slot("moe_mix", -1, c.moe_latent);
-    rln = p.add_slot("moe_mix_norm", -1, c.moe_latent);
+    ye = p.add_slot("expert_out", -1, c.n_expert_used * Le);
     sgate = p.add_slot("shared_gate", -1, c.shared_ff);
     sup = p.add_slot("shared_up", -1, c.shared_ff);
     sact = p.add_slot("shared_act", -1, c.shared_ff);
@@ -234,14 +245,20 @@ DecodeProgram build_kimi_program(const KimiModel& model, int max_rows) {
 
   Op& e = p.add_op(OpKind::Embed, -1, "token_embd");
   e.mat = model.tok_embd();
-  e.out = emb;
-  Op& e0 = p.add_op(OpKind::AttnResAdd, -1, "res_embd");
-  e0.in = emb;
-  e0.out = res;
-  e0.as<ops::AttnResAdd>().block = 0;
-  e0.as<ops::AttnResAdd>().overwrite = true;
+  e.out = c.attn_res ? emb : mix;
+  if (c.attn_res) {
+    Op& e0 = p.add_op(OpKind::AttnResAdd, -1, "res_embd");
+    e0.in = emb;
+    e0.out = res;
+    e0.as<ops::AttnResAdd>().block = 0;
+    e0.as<ops::AttnResAdd>().overwrite = true;
+  }
+  const GluKind act = c.silu ? GluKind::SiLU : GluKind::SiTU;
 
+  // The sublayer's input (the mixture of the residual blocks, or the stream
+  // itself) and where its output goes (a block's prefix, or the stream).
   auto mixture = [&](int layer, const char* name, const std::vector<float>& w, int n_blocks) {
+    if (!c.attn_res) return;
     Op& o = p.add_op(OpKind::AttnResMix, layer, name);
     o.in = res;
     o.out = mix;
@@ -250,6 +267,10 @@ DecodeProgram build_kimi_program(const KimiModel& model, int max_rows) {
     o.as<ops::AttnResMix>().n_blocks = n_blocks;
   };
   auto add_to_prefix = [&](int layer, const char* name, int in, int block, bool restart) {
+    if (!c.attn_res) {
+      p.add_residual(layer, name, mix, in, {}, eps);
+      return;
+    }
     Op& o = p.add_op(OpKind::AttnResAdd, layer, name);
     o.in = in;
     o.out = res;
@@ -260,7 +281,7 @@ DecodeProgram build_kimi_program(const KimiModel& model, int max_rows) {
   for (int l = 0; l < c.n_layer; ++l) {
     const KimiLayer& L = model.layers()[static_cast<size_t>(l)];
     const int blk = c.res_block_of(l);
-    const bool restart = l % c.attn_res_block == 0;
+    const bool restart = c.attn_res && l % c.attn_res_block == 0;
     // Attention sublayer: at a block boundary the running prefix (block blk)
     // does not exist yet, so only the finished blocks are mixed.
     mixture(l, "attn_res_mix", L.attn_res, restart ? blk : blk + 1);
@@ -277,8 +298,14 @@ DecodeProgram build_kimi_program(const KimiModel& model, int max_rows) {
       // The fused input projection, issued as three products over
       // consecutive row ranges of one matrix.
       p.add_matmul(l, "kda_qkv", row_range(L.kda_in, 0, 3 * KD), xn, qkv);
-      p.add_matmul(l, "kda_out_gate", row_range(L.kda_in, 3 * KD, KD), xn, kgate);
-      p.add_matmul(l, "kda_beta", row_range(L.kda_in, 4 * KD, nh), xn, kbeta);
+      if (c.kda_out_gate_rank > 0) {
+        p.add_matmul(l, "kda_out_gate_a", L.g_a, xn, ga);
+        p.add_matmul(l, "kda_out_gate", L.g_b, ga, kgate);
+        p.add_matmul(l, "kda_beta", row_range(L.kda_in, 3 * KD, nh), xn, kbeta);
+      } else {
+        p.add_matmul(l, "kda_out_gate", row_range(L.kda_in, 3 * KD, KD), xn, kgate);
+        p.add_matmul(l, "kda_beta", row_range(L.kda_in, 4 * KD, nh), xn, kbeta);
+      }
       p.add_matmul(l, "kda_f_a", L.f_a, xn, fa);
       p.add_matmul(l, "kda_f_b", L.f_b, fa, fg);
       Op& cv = p.add_op(OpKind::CausalConvSilu, l, "kda_conv");
@@ -297,6 +324,7 @@ DecodeProgram build_kimi_program(const KimiModel& model, int max_rows) {
       dr.as<ops::DeltaRule>().scale = 1.f / std::sqrt(static_cast<float>(c.kda_head_dim));
       dr.as<ops::DeltaRule>().eps = 1e-6f;  // flash-linear-attention's l2norm eps
       dr.as<ops::DeltaRule>().gate_bound = c.kda_lower_bound;
+      dr.as<ops::DeltaRule>().softplus_gate = c.kda_softplus_gate;
       dr.as<ops::DeltaRule>().a_log = L.a_log;
       dr.as<ops::DeltaRule>().dt_bias = L.dt_bias;
       dr.as<ops::DeltaRule>().cache_index = L.cache_index;
@@ -318,7 +346,7 @@ DecodeProgram build_kimi_program(const KimiModel& model, int max_rows) {
     if (L.dense) {
       p.add_matmul(l, "dense_gate", L.mlp_gate, xn, dgate);
       p.add_matmul(l, "dense_up", L.mlp_up, xn, dup);
-      p.add_glu(l, "dense_act", dgate, dup, dact, GluKind::SiTU);
+      p.add_glu(l, "dense_act", dgate, dup, dact, act);
       p.add_matmul(l, "dense_down", L.mlp_down, dact, proj);
     } else {
       p.add_matmul(l, "router", L.router, xn, rlog);
@@ -328,21 +356,27 @@ DecodeProgram build_kimi_program(const KimiModel& model, int max_rows) {
       rt.as<ops::MoeRoute>().bias = L.router_bias;
       rt.as<ops::MoeRoute>().top_k = c.n_expert_used;
       rt.as<ops::MoeRoute>().eps = 0.f;  // kimi/__init__.py route: weights / sum, nothing added
-      p.add_matmul(l, "latent_down", L.latent_down, xn, z);
+      rt.as<ops::MoeRoute>().normalize = c.expert_norm;
+      rt.as<ops::MoeRoute>().weight_scale = c.routed_scale;
+      if (c.moe_latent > 0) p.add_matmul(l, "latent_down", L.latent_down, xn, z);
       p.add_matmul(l, "shared_gate", L.mlp_gate, xn, sgate);
       p.add_matmul(l, "shared_up", L.mlp_up, xn, sup);
-      // Routed experts in the latent space: [k][F] hidden, [k][L] outputs,
-      // then the weighted sum in selection order.
-      p.add_moe_experts(l, &L.experts, c.n_expert_used, route, z, eh, ye, rl);
-      p.add_rmsnorm(l, "latent_norm", L.latent_norm, eps, rl, rln);
-      p.add_matmul(l, "latent_up", L.latent_up, rln, proj);
-      p.add_glu(l, "shared_act", sgate, sup, sact, GluKind::SiTU);
+      // Routed experts in the latent space (or on the hidden state): [k][F]
+      // hidden, [k][L] outputs, then the weighted sum in selection order.
+      if (c.moe_latent > 0) {
+        p.add_moe_experts(l, &L.experts, c.n_expert_used, route, z, eh, ye, rl);
+        p.add_rmsnorm(l, "latent_norm", L.latent_norm, eps, rl, rln);
+        p.add_matmul(l, "latent_up", L.latent_up, rln, proj);
+      } else {
+        p.add_moe_experts(l, &L.experts, c.n_expert_used, route, xn, eh, ye, proj);
+      }
+      p.add_glu(l, "shared_act", sgate, sup, sact, act);
       p.add_matmul(l, "shared_down", L.mlp_down, sact, proj2);
       p.add_residual(l, "moe_plus_shared", proj, proj2, {}, eps);
     }
     add_to_prefix(l, "mlp_res_add", proj, blk, false);
   }
-  mixture(-1, "final_res_mix", model.final_res(), c.res_block_of(c.n_layer - 1) + 1);
+  mixture(-1, "final_res_mix", model.final_res(), c.attn_res ? c.res_block_of(c.n_layer - 1) + 1 : 0);
   const int logits = p.add_slot("logits", -1, c.vocab);
   p.add_rmsnorm(-1, "output_norm", model.final_norm(), eps, mix, xn);
   p.add_matmul(-1, "output", model.lm_head(), xn, logits);
@@ -360,9 +394,15 @@ class KimiArchModel final : public ArchModel {
  public:
   explicit KimiArchModel(std::unique_ptr<KimiModel> m) : m_(std::move(m)) {}
   DecodeProgram build_program(int max_rows) const override { return build_kimi_program(*m_, max_rows); }
+  const GGUFFile* gguf() const override { return m_->gguf(); }
   int n_vocab() const override { return m_->config().vocab; }
   std::string description() const override {
     const KimiConfig& c = m_->config();
+    if (!c.attn_res)
+      return fmt::format("kimi-linear (KDA + NoPE MLA, MoE on the kimi-k3 architecture): {} layers, hidden {}, {} "
+                         "experts top-{}, vocab {} ({:.1f} MB read per step)",
+                         c.n_layer, c.hidden, c.n_expert, c.n_expert_used, c.vocab,
+                         build_program(1).weight_bytes() / 1e6);
     return fmt::format("kimi-k3 (KDA + gated MLA, latent MoE): {} layers, hidden {}, {} experts top-{}, vocab {} ({:.1f} "
                        "MB read per step)",
                        c.n_layer, c.hidden, c.n_expert, c.n_expert_used, c.vocab, build_program(1).weight_bytes() / 1e6);
@@ -390,7 +430,13 @@ class KimiArchitecture final : public Architecture {
     return v;
   }
   bool runnable(const std::string& preset) const override { return preset != "kimi-k3"; }
-  std::vector<std::string> hf_model_types() const override { return {"kimi_k3"}; }
+  std::vector<std::string> hf_model_types() const override { return {"kimi_k3", "kimi_linear"}; }
+  std::vector<std::string> gguf_architectures() const override { return {"kimi-linear"}; }
+  std::unique_ptr<ArchModel> load_gguf(std::unique_ptr<GGUFFile> file, const ModelOptions& o) const override {
+    if (o.weights || o.experts)
+      fail("{}: a Kimi Linear GGUF file keeps the formats it was written in (drop --weights / --experts)", file->name());
+    return std::make_unique<KimiArchModel>(KimiModel::load_gguf(std::move(file)));
+  }
   std::unique_ptr<ArchModel> synthetic(const std::string& preset, const ModelOptions& o) const override {
     if (!runnable(preset)) fail_full_size(preset, 1560);
     KimiWeightOptions k;
@@ -399,6 +445,11 @@ class KimiArchitecture final : public Architecture {
     return std::make_unique<KimiArchModel>(KimiModel::synthetic(*find_kimi_preset(preset), o.seed, k));
   }
   std::unique_ptr<ArchModel> load_dir(const std::string& dir, const ModelOptions& o) const override {
+    if (HFConfig::load(dir).model_type() == "kimi_linear") {
+      if (o.weights || o.experts)
+        fail("{}: a Kimi Linear checkpoint keeps the formats it was written in (drop --weights / --experts)", dir);
+      return std::make_unique<KimiArchModel>(KimiModel::load_kimi_linear_dir(dir));
+    }
     if (o.weights) fail("{}: a Kimi K3 checkpoint keeps the dense format it was written in (drop --weights)", dir);
     KimiWeightOptions k;
     k.fp8_experts = fp8_experts(o.experts);

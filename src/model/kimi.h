@@ -60,6 +60,7 @@
 #include <vector>
 
 #include "ir/expert_bank.h"
+#include "io/gguf.h"
 #include "io/safetensors.h"
 #include "ir/program.h"
 #include "kernels/cpu/matmul.h"
@@ -75,8 +76,10 @@ struct KimiLayer {
   std::vector<float> attn_res, mlp_res;    // [H] attention-residual vectors
   MatView o_proj;                          // [H][nh*D] (KDA) or [H][nh*Dv] (MLA)
   // KDA.
-  MatView kda_in;                 // [4*nh*D + nh][H]: q, k, v, g (output gate), b
+  MatView kda_in;                 // [4*nh*D + nh][H]: q, k, v, g (output gate), b; [3*nh*D + nh][H]: q, k, v, b
+                                  // with a low-rank output gate
   MatView f_a, f_b;               // [rank][H], [nh*D][rank]
+  MatView g_a, g_b;               // [rank][H], [nh*D][rank]: the low-rank output gate (kda_out_gate_rank)
   std::vector<float> conv;        // [3*nh*D][K]
   std::vector<float> a_log;       // [nh]
   std::vector<float> dt_bias;     // [nh*D]
@@ -124,6 +127,14 @@ class KimiModel {
   // is read too; an error about one of its tensors then also gives the
   // tensor's name in that layout.
   static std::unique_ptr<KimiModel> load(const std::string& dir, const KimiWeightOptions& o = {});
+  // Kimi Linear (model/kimi_linear.cpp): a GGUF file of architecture
+  // kimi-linear in llama.cpp's converter naming and conventions, or a Hugging
+  // Face directory of model_type kimi_linear (read as the GGUF image the
+  // converter would write, so both forms give the same bits). Matrices keep
+  // their float formats; the model keeps the file. Throws megakern::Error
+  // naming a missing tensor, a wrong shape or an unsupported key.
+  static std::unique_ptr<KimiModel> load_gguf(std::unique_ptr<GGUFFile> file);
+  static std::unique_ptr<KimiModel> load_kimi_linear_dir(const std::string& dir);
   // Writes dir/config.json and dir/model.safetensors (dir is created) in the
   // naming above; load(dir) gives back the same weights.
   void save(const std::string& dir) const;
@@ -145,6 +156,9 @@ class KimiModel {
   const std::vector<float>& final_norm() const { return final_norm_; }
   const std::vector<float>& final_res() const { return final_res_; }
   const std::vector<KimiLayer>& layers() const { return layers_; }
+  // The GGUF file (or a checkpoint directory's GGUF image) a Kimi Linear
+  // model reads, or null.
+  const GGUFFile* gguf() const { return gguf_.get(); }
 
  private:
   KimiModel() = default;
@@ -157,6 +171,9 @@ class KimiModel {
   std::vector<std::vector<uint8_t>> owned_;
   // The mapped checkpoint files a loaded model's views point into.
   std::unique_ptr<SafetensorsModel> st_;
+  // A Kimi Linear model's GGUF image (from a checkpoint directory) and file.
+  std::vector<uint8_t> image_;
+  std::unique_ptr<GGUFFile> gguf_;
   MatView tok_embd_, lm_head_;
   std::vector<float> final_norm_, final_res_;
   std::vector<KimiLayer> layers_;

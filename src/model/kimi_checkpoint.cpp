@@ -175,6 +175,8 @@ struct Writer {
 void KimiModel::save(const std::string& dir) const {
   namespace fs = std::filesystem;
   const KimiConfig& c = cfg_;
+  if (!c.attn_res || c.moe_latent == 0 || c.kda_out_gate_rank > 0 || !c.mla_layers.empty())
+    fail("{}: only Kimi K3 models are written as checkpoints (this one is Kimi Linear, read from its own files)", dir);
   write_checkpoint_config(dir, kimi_config_to_json(c));
   Writer W;
   const int64_t KD = c.kda_key_dim(), D = c.kda_head_dim, K = c.conv_kernel;

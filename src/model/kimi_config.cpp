@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/error.h"
 #include "core/units.h"
@@ -119,14 +120,21 @@ void KimiConfig::validate() const {
   need(n_layer >= 1 && hidden > 0 && vocab > 0, "n_layer, hidden and vocab must be positive");
   need(mla_interval >= 1 && attn_res_block >= 1, "mla_interval and attn_res_block must be positive");
   need(kda_n_head > 0 && kda_head_dim > 0 && kda_gate_rank > 0 && conv_kernel >= 1, "KDA heads, head dim, gate rank, conv kernel");
-  need(mla_n_head > 0 && q_lora_rank > 0 && kv_lora_rank > 0 && qk_nope_dim > 0 && qk_extra_dim >= 0 && v_head_dim > 0,
+  need(mla_n_head > 0 && q_lora_rank >= 0 && kv_lora_rank > 0 && qk_nope_dim > 0 && qk_extra_dim >= 0 && v_head_dim > 0,
        "MLA heads and ranks must be positive");
+  need(kda_out_gate_rank >= 0, "kda_out_gate_rank must not be negative");
+  for (size_t i = 0; i < mla_layers.size(); ++i)
+    need(mla_layers[i] >= 0 && mla_layers[i] < n_layer && (i == 0 || mla_layers[i] > mla_layers[i - 1]),
+         "mla_layers must be increasing layer indices");
+  need(std::isfinite(routed_scale) && routed_scale > 0, "routed_scale must be positive");
   need(n_dense_layers >= 0 && n_dense_layers <= n_layer, "n_dense_layers out of range");
   need(n_dense_layers == 0 || dense_ff > 0, "dense_ff must be positive");
   if (n_dense_layers < n_layer) {
     need(n_expert > 0 && n_expert_used > 0 && n_expert_used <= n_expert, "n_expert_used must be in [1, n_expert]");
-    need(expert_ff > 0 && moe_latent > 0 && shared_ff > 0, "expert_ff, moe_latent, shared_ff must be positive");
-    need(expert_ff % 32 == 0 && moe_latent % 32 == 0, "expert_ff and moe_latent must be multiples of 32 (MXFP4 blocks)");
+    need(expert_ff > 0 && moe_latent >= 0 && shared_ff > 0, "expert_ff, moe_latent, shared_ff must be positive");
+    // MXFP4 experts in a latent space (Kimi K3); float experts on the hidden state take any width.
+    need(moe_latent == 0 || (expert_ff % 32 == 0 && moe_latent % 32 == 0),
+         "expert_ff and moe_latent must be multiples of 32 (MXFP4 blocks)");
   }
   need(rms_eps > 0, "rms_eps must be positive");
   // Products of the widths stay far inside int.

@@ -70,7 +70,28 @@ struct KimiConfig {
   int moe_latent = 0;       // the latent space the routed experts run in
   int shared_ff = 0;        // the shared expert's width (on the hidden state)
 
-  bool is_mla(int l) const { return l % mla_interval == mla_interval - 1 || l == n_layer - 1; }
+  // Kimi Linear (model/kimi_linear.cpp) runs on this architecture with the
+  // options below; the defaults are Kimi K3's.
+  bool attn_res = true;            // false: a plain residual stream, x += each sublayer's output
+  std::vector<int> mla_layers{};   // non-empty: exactly these layers are MLA (mla_interval unused)
+  bool kda_softplus_gate = false;  // KDA log decay a = -exp(A_log) * softplus(g + dt_bias) (no lower bound)
+  int kda_out_gate_rank = 0;       // > 0: KDA's output gate is low rank, H -> rank -> n_head * head_dim;
+                                   // 0: full rank, part of the fused input projection
+  bool mla_gate = true;            // MLA's sigmoid output gate; q_lora_rank 0: MLA's query is one projection
+  bool silu = false;               // SwiGLU (SiLU) dense MLP and experts instead of SiTU
+  // moe_latent 0: the routed experts run on the hidden state (no latent
+  // projections and norm).
+  float routed_scale = 1.f;        // factor on the routed experts' weights (routed_scaling_factor)
+  bool expert_norm = true;         // the selected experts' weights divided by their sum
+
+  bool is_mla(int l) const {
+    if (!mla_layers.empty()) {
+      for (int m : mla_layers)
+        if (m == l) return true;
+      return false;
+    }
+    return l % mla_interval == mla_interval - 1 || l == n_layer - 1;
+  }
   bool is_dense(int l) const { return l < n_dense_layers; }
   // The residual-block index whose prefix layer l's sublayer outputs are summed into.
   int res_block_of(int l) const { return 1 + l / attn_res_block; }
@@ -80,8 +101,9 @@ struct KimiConfig {
   int n_kda_layers() const { return n_layer - n_mla_layers(); }
   int64_t kda_key_dim() const { return int64_t(kda_n_head) * kda_head_dim; }
   int64_t kda_conv_dim() const { return 3 * kda_key_dim(); }  // q, k, v channels
-  // Fused input projection rows: q, k, v, output gate (n_head * head_dim each), beta (n_head).
-  int64_t kda_in_rows() const { return 4 * kda_key_dim() + kda_n_head; }
+  // Fused input projection rows: q, k, v, output gate (n_head * head_dim each; not with a
+  // low-rank output gate), beta (n_head).
+  int64_t kda_in_rows() const { return (kda_out_gate_rank > 0 ? 3 : 4) * kda_key_dim() + kda_n_head; }
   int64_t mla_k_dim() const { return int64_t(qk_nope_dim) + qk_extra_dim; }  // per head key/query width
   // Throws megakern::Error naming the first inconsistent field.
   void validate() const;

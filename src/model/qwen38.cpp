@@ -376,13 +376,7 @@ std::unique_ptr<Qwen38Model> Qwen38Model::load_gguf(std::unique_ptr<GGUFFile> fi
   using T = DenseTensor;
   auto name = [](T t, int l = 0, std::string_view suffix = "weight") { return dense_tensor_name(t, l, suffix); };
   const int64_t H = c.hidden;
-  {
-    const GGUFTensorInfo& e = f.tensor(name(T::TokenEmbd));
-    if (e.shape.size() != 2 || e.shape[0] != H)
-      fail("{}: tensor '{}' has shape [{}], expected [{}, n_vocab]", f.name(), name(T::TokenEmbd),
-           fmt::join(e.shape, ", "), H);
-    c.vocab = static_cast<int>(config_int_in(f.name(), name(T::TokenEmbd) + " rows", e.shape[1], 1, kMaxConfigDim));
-  }
+  c.vocab = gguf_vocab_rows(f, name(T::TokenEmbd), H);
   // No output.weight: the embeddings are tied (llama.cpp's converter then
   // leaves it out).
   c.tie_embeddings = !f.find_tensor(name(T::Output));

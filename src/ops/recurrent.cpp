@@ -94,6 +94,12 @@ DeltaInputs delta_inputs(const Op& op, const StepContext& ctx, int r, int h, int
   return in;
 }
 
+// KDA's log decay of one key channel from its gate input x = g + dt_bias and
+// A = exp(A_log): Kimi K3's bounded sigmoid or Kimi Linear's softplus.
+inline float kda_log_decay(const Op& op, float A, float x) {
+  return dr(op).softplus_gate ? -A * softplusf(x) : dr(op).gate_bound * sigmoidf(A * x);
+}
+
 // KDA (Kimi Delta Attention) for head h of row r: the delta rule with a decay
 // per key channel, S stored [k][v] (row j couples key channel j with every
 // value component, flash-linear-attention's orientation):
@@ -124,7 +130,7 @@ void kda_tile(const Op& op, const StepContext& ctx, int r, int h) {
   auto axpy = Kn::axpy;
   for (int j = 0; j < Dk; ++j) {
     float* Sj = S + static_cast<size_t>(j) * Dv;
-    const float decay = std::exp(dr(op).gate_bound * sigmoidf(A * (g[j] + dtb[j])));
+    const float decay = std::exp(kda_log_decay(op, A, g[j] + dtb[j]));
     for (int i = 0; i < Dv; ++i) Sj[i] *= decay;
     axpy(kn[static_cast<size_t>(j)], Sj, pred.data(), Dv);
   }
@@ -171,7 +177,7 @@ void kda_block(const Op& op, const StepContext& ctx, int r0, int T, int h) {
     l2norm(qkv + static_cast<size_t>(H + h) * Dk, Dk, dr(op).eps, 1.f, &K[t * uDk]);
     beta[static_cast<size_t>(t)] = sigmoidf(row_of(ctx, op.in3, r)[h]);
     for (int c = 0; c < Dk; ++c) {
-      const float a = dr(op).gate_bound * sigmoidf(Aexp * (g[c] + dtb[c]));
+      const float a = kda_log_decay(op, Aexp, g[c] + dtb[c]);
       G[t * uDk + c] = (t ? G[(t - 1) * uDk + c] : 0.f) + a;
     }
   }
