@@ -2,6 +2,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -10,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "core/units.h"
@@ -19,6 +21,8 @@
 #include "io/safetensors.h"
 #include "core/thread_pool.h"
 #include "exec/executor.h"
+#include "exec/race_check.h"
+#include "exec/schedule.h"
 #include "model/architecture.h"
 #include "runtime/model.h"
 #include "runtime/session.h"
@@ -33,6 +37,10 @@ struct InspectOptions {
   std::string config;
   int max_rows = 8;
   bool schedule = false;
+  bool race_check = false;
+  bool verbose_race = false;
+  std::string workers = "1,2,3,8,64";
+  std::string rows;  // empty: 1, 2, 7 and --max-rows
   bool no_tensors = false;
   bool no_metadata = false;
   size_t max_array = 8;
@@ -155,7 +163,91 @@ void inspect_schedule(const std::string& name, int max_rows) {
   fmt::print("all batch sizes: {:.2f} ms\n", total);
 }
 
+// A list of counts: "1,2,8", "1-64" or both ("1-4,8"), each in [1, max].
+std::vector<int> count_list(const std::string& flag, const std::string& text, int max) {
+  std::vector<int> v;
+  size_t at = 0;
+  while (at <= text.size()) {
+    const size_t end = std::min(text.find(',', at), text.size());
+    const std::string item = text.substr(at, end - at);
+    const size_t dash = item.find('-');
+    int a = 0, b = 0;
+    try {
+      size_t used = 0;
+      a = std::stoi(item.substr(0, dash), &used);
+      if (used != (dash == std::string::npos ? item.size() : dash)) throw std::invalid_argument(item);
+      b = a;
+      if (dash != std::string::npos) {
+        b = std::stoi(item.substr(dash + 1), &used);
+        if (used != item.size() - dash - 1) throw std::invalid_argument(item);
+      }
+    } catch (const std::exception&) {
+      fail("{} '{}': '{}' is not a count nor a range A-B", flag, text, item);
+    }
+    if (a < 1 || b > max || a > b) fail("{} '{}': '{}' is outside 1-{} (or an empty range)", flag, text, item, max);
+    for (int x = a; x <= b; ++x) v.push_back(x);
+    at = end + 1;
+  }
+  std::sort(v.begin(), v.end());
+  v.erase(std::unique(v.begin(), v.end()), v.end());
+  return v;
+}
+
+// The race checker (exec/race_check.h) over a preset's full program, built
+// from shapes only, for every team size and row count asked, plain and (for
+// recurrent programs) with chained rows.
+void inspect_race_check(const InspectOptions& o) {
+  const Architecture* a = architecture_of_preset(o.config);
+  const std::unique_ptr<ArchModel> m = a ? a->shapes_only(o.config) : nullptr;
+  if (!m)
+    fail("--race-check: '{}' has no shapes-only form (the full-size kimi-k3, muse-spark-1.2 and qwen3.8-27b presets "
+         "and their minis have one)",
+         o.config);
+  const std::vector<int> workers = count_list("--workers", o.workers, 64);
+  const std::vector<int> rows =
+      count_list("--rows", o.rows.empty() ? fmt::format("1,2,{}", o.max_rows) + (o.max_rows > 7 ? ",7" : "") : o.rows,
+                 o.max_rows);
+  const DecodeProgram p = m->build_program(rows.back());
+  fmt::print("{}: {} ops, {} slots; race check of the megakernel schedule at {} team sizes x {} row counts{}\n",
+             o.config, p.ops.size(), p.slots.size(), workers.size(), rows.size(),
+             p.recurrent ? ", each plain and with chained rows" : "");
+  const auto t0 = Clock::now();
+  RaceCheckStats sum;
+  int schedules = 0;
+  for (int w : workers)
+    for (int r : rows)
+      for (bool chained : {false, true}) {
+        if (chained && !p.recurrent) continue;
+        CompileOptions co;
+        co.chained = chained;
+        const auto t = Clock::now();
+        const Schedule s = compile(p, r, w, co);
+        const RaceCheckStats st = race_check(p, s);
+        ++schedules;
+        sum.tiles += st.tiles;
+        sum.accesses += st.accesses;
+        sum.cells += st.cells;
+        sum.orderings += st.orderings;
+        sum.transitive += st.transitive;
+        sum.same_op_pairs += st.same_op_pairs;
+        if (o.verbose_race)
+          fmt::print("  {} workers, {} rows{}: {} tiles, {} accesses, {} orderings ({} through other tiles), {} same-op "
+                     "pairs: ok ({:.0f} ms)\n",
+                     w, r, chained ? ", chained" : "", st.tiles, st.accesses, st.orderings, st.transitive,
+                     st.same_op_pairs, ms_since(t));
+      }
+  fmt::print("race check ok: {} schedules, {} tiles, {} derived accesses over {} cells, {} tile pairs ordered ({} "
+             "through other tiles), {} pairs of one op's tiles meeting; {:.1f} s\n",
+             schedules, sum.tiles, sum.accesses, sum.cells, sum.orderings, sum.transitive, sum.same_op_pairs,
+             ms_since(t0) / 1000.0);
+}
+
 void inspect_cmd(const InspectOptions& o) {
+  if (o.race_check) {
+    if (o.config.empty()) fail("--race-check needs --config NAME (e.g. kimi-k3, muse-spark-1.2, qwen3.8-27b)");
+    inspect_race_check(o);
+    return;
+  }
   if (o.schedule) {
     if (o.config.empty()) fail("--schedule needs --config NAME (a Kimi K3 preset, e.g. kimi-k3)");
     inspect_schedule(o.config, o.max_rows);
@@ -201,6 +293,12 @@ void register_inspect(CLI::App& app) {
   cmd->add_flag("--schedule", o->schedule,
                 "With --config (Kimi K3 presets): build the full program from shapes alone and time the megakernel "
                 "schedule build for batch 1, 2, 4, ... up to --max-rows");
+  cmd->add_flag("--race-check", o->race_check,
+                "With --config: build the full program from shapes alone and check the megakernel schedule's race "
+                "freedom (exec/race_check.h) at each --workers and --rows count");
+  cmd->add_option("--workers", o->workers, "With --race-check: team sizes, e.g. 1,2,8 or 1-64")->capture_default_str();
+  cmd->add_option("--rows", o->rows, "With --race-check: row counts up to --max-rows, e.g. 1-64 (default 1,2,7,--max-rows)");
+  cmd->add_flag("--verbose", o->verbose_race, "With --race-check: a line per schedule");
   cmd->add_flag("--no-tensors", o->no_tensors, "Omit the tensor table");
   cmd->add_flag("--no-metadata", o->no_metadata, "Omit the metadata");
   cmd->add_option("--max-array", o->max_array, "Array elements shown per metadata value")

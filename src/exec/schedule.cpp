@@ -45,8 +45,7 @@ void weight_region(const Op& op, int tile, int n_tiles, Task& task) {
 }
 
 // The rows [r0, r1) a tile touches; false when it touches every row.
-bool tile_rows(const Op& op, int t, int n_tiles, int n_rows, int& r0, int& r1) {
-  const OpInfo& i = op_info(op);
+bool tile_rows(const OpInfo& i, const Op& op, int t, int n_tiles, int n_rows, int& r0, int& r1) {
   if (i.tile_rows) {
     i.tile_rows(op, t, n_tiles, n_rows, r0, r1);
     return true;
@@ -54,6 +53,9 @@ bool tile_rows(const Op& op, int t, int n_tiles, int n_rows, int& r0, int& r1) {
   r0 = t;
   r1 = t + 1;
   return i.row_tiled;
+}
+bool tile_rows(const Op& op, int t, int n_tiles, int n_rows, int& r0, int& r1) {
+  return tile_rows(op_info(op), op, t, n_tiles, n_rows, r0, r1);
 }
 
 }  // namespace
@@ -66,6 +68,7 @@ Schedule compile(const DecodeProgram& p, int n_rows, int W, const CompileOptions
   s.n_rows = n_rows;
   s.n_workers = W;
   s.chained = opts.chained;
+  auto info_of = [&](const Op& op) -> const OpInfo& { return opts.info ? opts.info(op) : op_info(op); };
   s.worker_tasks.resize(static_cast<size_t>(W));
   const size_t n_ops = p.ops.size();
   s.op_tiles.resize(n_ops);
@@ -83,7 +86,7 @@ Schedule compile(const DecodeProgram& p, int n_rows, int W, const CompileOptions
   std::vector<std::vector<int>> readers_since(p.slots.size());
   for (size_t i = 0; i < n_ops; ++i) {
     const Op& op = p.ops[i];
-    const OpInfo& info = op_info(op);
+    const OpInfo& info = info_of(op);
     std::set<int> producers;
     for (int sl : op.reads())
       if (last_writer[static_cast<size_t>(sl)] >= 0) producers.insert(last_writer[static_cast<size_t>(sl)]);
@@ -115,14 +118,14 @@ Schedule compile(const DecodeProgram& p, int n_rows, int W, const CompileOptions
       }
       task.dep_begin = static_cast<uint32_t>(s.deps.size());
       int r0 = 0, r1 = 0;
-      const bool some_rows = tile_rows(op, t, n_tiles[i], n_rows, r0, r1);
+      const bool some_rows = tile_rows(info, op, t, n_tiles[i], n_rows, r0, r1);
       for (int pr : producers) {
         const Op& pop = p.ops[static_cast<size_t>(pr)];
         // A row-wise producer feeds a consumer of some rows through those rows
         // only (attention: the (row block, KV head, part) tiles of their
         // blocks). StoreKV is the exception: rows of one sequence read each
         // other's keys, so attention waits for every row's store.
-        const OpInfo& pinfo = op_info(pop);
+        const OpInfo& pinfo = info_of(pop);
         const bool narrow = some_rows && !pinfo.feeds_all_rows;
         if (narrow && pinfo.row_tiled && !pinfo.tile_rows) {
           for (int r = r0; r < r1; ++r) s.deps.push_back(flag_base[static_cast<size_t>(pr)] + r);
@@ -132,7 +135,7 @@ Schedule compile(const DecodeProgram& p, int n_rows, int W, const CompileOptions
           if (info.reads_tile && !info.reads_tile(op, pop, n_rows, t, n_tiles[i], pt, n_tiles[static_cast<size_t>(pr)]))
             continue;
           int p0 = 0, p1 = 0;
-          if (!narrow || !tile_rows(pop, pt, n_tiles[static_cast<size_t>(pr)], n_rows, p0, p1) || (p0 < r1 && r0 < p1))
+          if (!narrow || !tile_rows(pinfo, pop, pt, n_tiles[static_cast<size_t>(pr)], n_rows, p0, p1) || (p0 < r1 && r0 < p1))
             s.deps.push_back(flag_base[static_cast<size_t>(pr)] + pt);
         }
       }

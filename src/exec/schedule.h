@@ -21,6 +21,8 @@
 
 namespace megakern {
 
+struct OpInfo;  // ir/op_info.h
+
 // A tile of an op, placed on one worker.
 struct Task {
   int op = 0;
@@ -72,6 +74,10 @@ struct CompileOptions {
   bool share_matmuls = true;
   size_t chunk_bytes = size_t{256} << 10;
   int max_chunks = 64;
+  // The registry entry compile() orders each op's tiles by (null: op_info).
+  // Tests hand it a wrong one to see race_check (exec/race_check.h) catch
+  // the schedule it gives.
+  const OpInfo& (*info)(const Op& op) = nullptr;
 };
 
 // How many shared tiles of another worker's list, from the last it started,

@@ -14,8 +14,8 @@
 
 namespace megakern {
 
-std::vector<uint8_t> safetensors_bytes(const std::vector<SafetensorsOut>& tensors,
-                                       const std::map<std::string, std::string>& metadata) {
+std::string safetensors_head(const std::vector<SafetensorsEntry>& tensors,
+                             const std::map<std::string, std::string>& metadata, size_t& data_bytes) {
   nlohmann::ordered_json h = nlohmann::ordered_json::object();
   if (!metadata.empty()) {
     nlohmann::ordered_json m = nlohmann::ordered_json::object();
@@ -34,18 +34,34 @@ std::vector<uint8_t> safetensors_bytes(const std::vector<SafetensorsOut>& tensor
       if (d < 0) fail("safetensors writer: tensor '{}' has a negative extent", t.name);
       n *= static_cast<size_t>(d);
     }
-    if (n * eb != t.data.size())
-      fail("safetensors writer: tensor '{}' has {} bytes, its shape and dtype need {}", t.name, t.data.size(), n * eb);
-    h[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.data.size()}}};
-    offset += t.data.size();
+    h[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + n * eb}}};
+    offset += n * eb;
   }
   std::string header = h.dump();
   header.append((8 - header.size() % 8) % 8, ' ');
-  std::vector<uint8_t> out(8 + header.size() + offset);
+  std::string out(8, '\0');
   const uint64_t hl = header.size();
-  for (int i = 0; i < 8; ++i) out[static_cast<size_t>(i)] = static_cast<uint8_t>(hl >> (8 * i));
-  std::memcpy(out.data() + 8, header.data(), header.size());
-  uint8_t* p = out.data() + 8 + header.size();
+  for (int i = 0; i < 8; ++i) out[static_cast<size_t>(i)] = static_cast<char>(static_cast<uint8_t>(hl >> (8 * i)));
+  data_bytes = offset;
+  return out + header;
+}
+
+std::vector<uint8_t> safetensors_bytes(const std::vector<SafetensorsOut>& tensors,
+                                       const std::map<std::string, std::string>& metadata) {
+  std::vector<SafetensorsEntry> entries;
+  for (const auto& t : tensors) {
+    entries.push_back({t.name, t.dtype, t.shape});
+    size_t n = 1;
+    for (int64_t d : t.shape) n *= static_cast<size_t>(std::max<int64_t>(d, 0));
+    const size_t eb = safetensors_dtype_bytes(t.dtype);
+    if (eb != 0 && n * eb != t.data.size())
+      fail("safetensors writer: tensor '{}' has {} bytes, its shape and dtype need {}", t.name, t.data.size(), n * eb);
+  }
+  size_t data_bytes = 0;
+  const std::string head = safetensors_head(entries, metadata, data_bytes);
+  std::vector<uint8_t> out(head.size() + data_bytes);
+  std::memcpy(out.data(), head.data(), head.size());
+  uint8_t* p = out.data() + head.size();
   for (const auto& t : tensors) {
     if (!t.data.empty()) std::memcpy(p, t.data.data(), t.data.size());
     p += t.data.size();

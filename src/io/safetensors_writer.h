@@ -20,6 +20,19 @@ struct SafetensorsOut {
   std::vector<uint8_t> data;
 };
 
+// A tensor's name, dtype and shape, without its data.
+struct SafetensorsEntry {
+  std::string name;
+  std::string dtype;
+  std::vector<int64_t> shape;
+};
+// The file's bytes before the tensor data (the header's length, the header,
+// its padding) for tensors laid out one after the other in this order;
+// data_bytes: the size of the data that follows. Throws megakern::Error as
+// safetensors_bytes does.
+std::string safetensors_head(const std::vector<SafetensorsEntry>& tensors, const std::map<std::string, std::string>& metadata,
+                             size_t& data_bytes);
+
 // The whole file as bytes. Throws megakern::Error on an unknown dtype, a size
 // that does not match the shape, or a duplicate name.
 std::vector<uint8_t> safetensors_bytes(const std::vector<SafetensorsOut>& tensors,

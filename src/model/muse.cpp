@@ -183,6 +183,31 @@ std::unique_ptr<MuseModel> MuseModel::synthetic(const MuseConfig& c, uint64_t se
   return m;
 }
 
+std::unique_ptr<MuseModel> MuseModel::shapes_only(const MuseConfig& c, DType dense, DType experts) {
+  c.validate();
+  std::unique_ptr<MuseModel> m(new MuseModel());
+  m->cfg_ = c;
+  m->dense_ = dense;
+  m->expert_ = experts;
+  const std::vector<MuseTensor> ts = muse_tensors(c);
+  size_t matrix_bytes = 0;
+  for (const auto& t : ts)
+    if (t.matrix) matrix_bytes += stored_bytes(t, format_of(t, dense, experts)) + 64;
+  m->reserved_ = std::make_unique<ReservedSpace>(matrix_bytes, /*readable=*/false);
+  m->owned_.reserve(ts.size());
+  for (const auto& t : ts) {
+    const size_t n = stored_bytes(t, format_of(t, dense, experts));
+    if (t.matrix) {
+      m->tensor_data_[t.name] = m->reserved_->take(n);
+    } else {
+      m->owned_.emplace_back(n);
+      m->tensor_data_[t.name] = m->owned_.back().data();
+    }
+  }
+  m->bind();
+  return m;
+}
+
 void MuseModel::bind() {
   const MuseConfig& c = cfg_;
   const int64_t H = c.hidden, E = c.n_expert, F = c.expert_ff, D = c.expert_dim;
@@ -523,6 +548,9 @@ class MuseArchitecture final : public Architecture {
   }
   bool writes_reference_layout() const override { return true; }
   std::string describe(const std::string& preset) const override { return megakern::describe(*find_muse_preset(preset)); }
+  std::unique_ptr<ArchModel> shapes_only(const std::string& preset) const override {
+    return std::make_unique<MuseArchModel>(MuseModel::shapes_only(*find_muse_preset(preset)));
+  }
 };
 
 }  // namespace

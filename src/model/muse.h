@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/reserved_space.h"
 #include "ir/expert_bank.h"
 #include "ir/program.h"
 #include "kernels/cpu/matmul.h"
@@ -93,6 +94,11 @@ class MuseModel {
   // Throws megakern::Error naming a missing tensor, a wrong dtype or shape
   // (with the expected one), or a bad config.
   static std::unique_ptr<MuseModel> load(const std::string& dir);
+  // The config's shapes without weight memory: matrices point into reserved
+  // address space (any access faults), vectors are zeros. Its program can be
+  // built and scheduled (`inspect --schedule`, `--race-check`), not run.
+  static std::unique_ptr<MuseModel> shapes_only(const MuseConfig& c, DType dense = DType::BF16,
+                                                DType experts = DType::INT4_G128);
   // Writes dir/config.json and dir/model.safetensors in the layout of the
   // published reference's checkpoints (musespark/config.py from_checkpoint,
   // musespark/load.py LAYER_SUFFIXES / GLOBAL_KEYS): config keys under
@@ -143,6 +149,7 @@ class MuseModel {
   DType dense_ = DType::BF16, expert_ = DType::INT4_G128;
   std::unique_ptr<SafetensorsModel> st_;
   std::vector<std::vector<uint8_t>> owned_;
+  std::unique_ptr<ReservedSpace> reserved_;  // shapes_only(): the matrices' address space
   std::map<std::string, const uint8_t*> tensor_data_;  // muse_tensors() name -> stored bytes
   // Bytes from one expert's gate (and up) rows to the next expert's: 0 for
   // separate [E][F][D] tensors; 2F rows where gate and up are row ranges of

@@ -214,6 +214,22 @@ std::unique_ptr<Qwen38Model> Qwen38Model::synthetic(const Qwen38Config& c, uint6
   return load_from(std::move(m), c.name, weights);
 }
 
+std::unique_ptr<Qwen38Model> Qwen38Model::shapes_only(const Qwen38Config& c) {
+  c.validate();
+  std::unique_ptr<Qwen38Model> m(new Qwen38Model());
+  m->cfg_ = c;
+  std::vector<SafetensorsEntry> entries;
+  for (const Qwen38Tensor& t : qwen38_tensors(c)) entries.push_back({t.name, t.matrix ? "BF16" : "F32", t.shape});
+  size_t data_bytes = 0;
+  const std::string head = safetensors_head(entries, {}, data_bytes);
+  m->reserved_ = std::make_unique<ReservedSpace>(head.size() + data_bytes, /*readable=*/true);
+  std::memcpy(m->reserved_->data(), head.data(), head.size());
+  const std::string name = fmt::format("{} (shapes only)", c.name);
+  m->st_ = std::make_unique<SafetensorsModel>(SafetensorsModel::from_file(
+      SafetensorsFile::parse(m->reserved_->data(), head.size() + data_bytes, name), name));
+  return load_from(std::move(m), c.name, std::nullopt);
+}
+
 std::unique_ptr<Qwen38Model> Qwen38Model::load_from(std::unique_ptr<Qwen38Model> m, const std::string& config_name,
                                                     std::optional<DType> weights) {
   const Qwen38Config& c = m->cfg_;
@@ -773,6 +789,9 @@ class Qwen38Architecture final : public Architecture {
     write_qwen38_synthetic(c, o.seed, dir);
   }
   std::string describe(const std::string& preset) const override { return megakern::describe(*find_qwen38_preset(preset)); }
+  std::unique_ptr<ArchModel> shapes_only(const std::string& preset) const override {
+    return std::make_unique<Qwen38ArchModel>(Qwen38Model::shapes_only(*find_qwen38_preset(preset)));
+  }
 };
 
 }  // namespace

@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "core/reserved_space.h"
 #include "ir/expert_bank.h"
 #include "ir/program.h"
 #include "kernels/cpu/matmul.h"
@@ -94,6 +95,10 @@ class Qwen38Model {
   static std::unique_ptr<Qwen38Model> load_gguf(std::unique_ptr<GGUFFile> file, std::optional<DType> weights = {});
   // The deterministic synthetic checkpoint of qwen38_synthetic_tensors(c,
   // seed), built in memory and loaded as load() would load it from disk.
+  // The config's shapes without weight memory (a bf16 checkpoint image in
+  // reserved address space, all zeros): its program can be built and
+  // scheduled (`inspect --schedule`, `--race-check`), not run.
+  static std::unique_ptr<Qwen38Model> shapes_only(const Qwen38Config& c);
   static std::unique_ptr<Qwen38Model> synthetic(const Qwen38Config& c, uint64_t seed,
                                                 std::optional<DType> weights = {});
   ~Qwen38Model();
@@ -118,6 +123,7 @@ class Qwen38Model {
   std::unique_ptr<SafetensorsModel> st_;
   std::unique_ptr<GGUFFile> gguf_;
   std::vector<uint8_t> image_;  // the checkpoint bytes of a synthetic model
+  std::unique_ptr<ReservedSpace> reserved_;  // shapes_only(): the checkpoint image
   std::vector<std::vector<float>> owned_;  // backing store of transformed matrices
   std::string prefix_;
   MatView tok_embd_, lm_head_;

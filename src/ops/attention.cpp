@@ -135,12 +135,26 @@ void attention_tile(const Op& op_, const StepContext& ctx, int r0, int r1, int g
 int n_row_blocks(int n_rows) { return (n_rows + attention_row_block(n_rows) - 1) / attention_row_block(n_rows); }
 
 void attention_op_tile(const Op& op, const StepContext& ctx, int t, int n_tiles) {
-  const int rows_per_block = attention_row_block(ctx.n_rows);
-  const int per_block = n_tiles / n_row_blocks(ctx.n_rows), n_parts = per_block / op.as<ops::Attention>().n_head_kv;
-  const int b = t / per_block;
-  attention_tile(op, ctx, b * rows_per_block, std::min(ctx.n_rows, (b + 1) * rows_per_block), t % per_block / n_parts,
-                 t % n_parts, n_parts);
+  const AttentionTileCut c = attention_tile_cut(op, ctx.n_rows, t, n_tiles);
+  attention_tile(op, ctx, c.r0, c.r1, c.kv_head, c.part, c.n_parts);
 }
+
+}  // namespace
+
+AttentionTileCut attention_tile_cut(const Op& op, int n_rows, int t, int n_tiles) {
+  const int rows_per_block = attention_row_block(n_rows);
+  const int per_block = n_tiles / n_row_blocks(n_rows);
+  AttentionTileCut c;
+  c.n_parts = per_block / op.as<ops::Attention>().n_head_kv;
+  const int b = t / per_block;
+  c.r0 = b * rows_per_block;
+  c.r1 = std::min(n_rows, (b + 1) * rows_per_block);
+  c.kv_head = t % per_block / c.n_parts;
+  c.part = t % c.n_parts;
+  return c;
+}
+
+namespace {
 
 // NoPE MLA key: head h is [k_nope of head h | the shared extra dims].
 void mla_key_tile(const Op& op, const StepContext& ctx, int r, int) {

@@ -12,5 +12,13 @@ struct Op;
 int attention_row_block(int n_rows);
 // The number of parts each group is cut into for a step of n_blocks row blocks.
 int attention_group_split(const Op& op, int n_blocks, int n_workers);
+// What tile t of n_tiles of an Attention op computes in a step of n_rows
+// rows: rows [r0, r1), the query heads of part `part` of n_parts of KV head
+// kv_head's group (query heads h0 = (kv_head * n_parts + part) * g to h0 + g,
+// g = n_head / n_head_kv / n_parts).
+struct AttentionTileCut {
+  int r0 = 0, r1 = 0, kv_head = 0, part = 0, n_parts = 1;
+};
+AttentionTileCut attention_tile_cut(const Op& op, int n_rows, int t, int n_tiles);
 
 }  // namespace megakern

@@ -39,20 +39,6 @@ void chunk_range(int rows, int c, int n, int& begin, int& end) {
   end = std::min(rows, units * (c + 1) / n * 4);
 }
 
-// What tile t of n_tiles of a MoeGlu / MoeDown op covers: its expert slot
-// and the output rows [begin, end) (of d_ff for MoeGlu, of d_in for MoeDown).
-struct TileCut {
-  int slot = 0, begin = 0, end = 0;
-};
-TileCut tile_cut(const Op& op, int n_rows, int t, int n_tiles) {
-  const int chunks = n_tiles / n_slots(op, n_rows);
-  TileCut c;
-  c.slot = t / chunks;
-  const ExpertBank& b = *experts_of(op).bank;
-  chunk_range(op.kind == OpKind::MoeGlu ? b.d_ff : b.d_in, t % chunks, chunks, c.begin, c.end);
-  return c;
-}
-
 // The rows (r, j) of the step that selected the expert of this tile's slot,
 // and that expert; false when the slot is unused this step.
 struct SlotWork {
@@ -112,9 +98,18 @@ int moe_tile_count(const Op& op, int n_rows, int n_workers) {
   return slots * chunks;
 }
 
+MoeTileCut moe_tile_cut(const Op& op, int n_rows, int t, int n_tiles) {
+  const int chunks = n_tiles / n_slots(op, n_rows);
+  MoeTileCut c;
+  c.slot = t / chunks;
+  const ExpertBank& b = *experts_of(op).bank;
+  chunk_range(op.kind == OpKind::MoeGlu ? b.d_ff : b.d_in, t % chunks, chunks, c.begin, c.end);
+  return c;
+}
+
 int moe_tile_weights(const Op& op, const StepContext& ctx, int t, int n_tiles, ByteRange out[2]) {
   const ExpertBank& b = *experts_of(op).bank;
-  const TileCut c = tile_cut(op, ctx.n_rows, t, n_tiles);
+  const MoeTileCut c = moe_tile_cut(op, ctx.n_rows, t, n_tiles);
   const int e = slot_expert(op, ctx, c.slot);
   if (e < 0) return 0;
   const bool glu = op.kind == OpKind::MoeGlu;
@@ -131,7 +126,7 @@ int moe_tile_weights(const Op& op, const StepContext& ctx, int t, int n_tiles, B
 
 size_t moe_tile_weight_bytes(const Op& op, int n_rows, int t, int n_tiles) {
   const ExpertBank& b = *experts_of(op).bank;
-  const TileCut c = tile_cut(op, n_rows, t, n_tiles);
+  const MoeTileCut c = moe_tile_cut(op, n_rows, t, n_tiles);
   const size_t row_bytes = op.kind == OpKind::MoeGlu ? b.gate[0].row_bytes + b.up[0].row_bytes : b.down[0].row_bytes;
   return static_cast<size_t>(c.end - c.begin) * row_bytes;
 }
@@ -254,7 +249,7 @@ void expert_matmul(const StepContext& ctx, const MatView& W, const float* X, int
 template <class K>
 void moe_glu_tile(const Op& op, const StepContext& ctx, int t, int n_tiles) {
   const ExpertBank& b = *experts_of(op).bank;
-  const TileCut c = tile_cut(op, ctx.n_rows, t, n_tiles);
+  const MoeTileCut c = moe_tile_cut(op, ctx.n_rows, t, n_tiles);
   thread_local SlotWork w;
   if (!slot_work(op, ctx, c.slot, w)) return;
   const int fb = c.begin, fe = c.end;
@@ -296,7 +291,7 @@ void moe_glu_tile(const Op& op, const StepContext& ctx, int t, int n_tiles) {
 template <class K>
 void moe_down_tile(const Op& op, const StepContext& ctx, int t, int n_tiles) {
   const ExpertBank& b = *experts_of(op).bank;
-  const TileCut c = tile_cut(op, ctx.n_rows, t, n_tiles);
+  const MoeTileCut c = moe_tile_cut(op, ctx.n_rows, t, n_tiles);
   thread_local SlotWork w;
   if (!slot_work(op, ctx, c.slot, w)) return;
   const int db = c.begin, de = c.end;
@@ -441,7 +436,7 @@ extern const OpInfo kMoeDownOp = {
           producer.out == op.out || producer.in == op.out || producer.in2 == op.out ||
           experts_of(producer).bank != experts_of(op).bank)
         return true;
-      return tile_cut(op, n_rows, t, n_tiles).slot == tile_cut(producer, n_rows, pt, np).slot;
+      return moe_tile_cut(op, n_rows, t, n_tiles).slot == moe_tile_cut(producer, n_rows, pt, np).slot;
     },
     .weight_bytes = [](const Op& op) {
       const auto& x = experts_of(op);

@@ -28,6 +28,13 @@ struct StepContext;
 
 // Tiles of a MoeGlu / MoeDown op for n_rows rows on n_workers workers.
 int moe_tile_count(const Op& op, int n_rows, int n_workers);
+// What tile t of n_tiles of a MoeGlu / MoeDown op covers in a step of n_rows
+// rows: its expert slot and the output rows [begin, end) of each selection
+// (of d_ff for MoeGlu, of d_in for MoeDown).
+struct MoeTileCut {
+  int slot = 0, begin = 0, end = 0;
+};
+MoeTileCut moe_tile_cut(const Op& op, int n_rows, int t, int n_tiles);
 
 // The expert weights tile t of n_tiles of a MoeGlu / MoeDown op reads in a
 // step, known once the op's route slot (Op::in2) is written: the gate and up
