@@ -34,9 +34,9 @@ size_t Model::packed_weight_bytes() const { return packed_->bytes(); }
 
 namespace {
 
-// A checkpoint directory's tokenizer.json, if it has one; a directory with
-// other tokenizer files but no tokenizer.json is refused rather than given the
-// byte tokenizer.
+// A checkpoint directory's tokenizer.json or tiktoken.model, if it has one; a
+// directory with other tokenizer files but neither is refused rather than
+// given the byte tokenizer.
 std::optional<std::string> hf_tokenizer_dir(const std::string& path) {
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -44,8 +44,8 @@ std::optional<std::string> hf_tokenizer_dir(const std::string& path) {
   if (has_hf_tokenizer(path)) return path;
   for (const char* other : {"tokenizer_config.json", "tokenizer.model", "vocab.json", "merges.txt"})
     if (fs::exists(fs::path(path) / other, ec))
-      fail("{}: the directory has {} but no tokenizer.json; only tokenizer.json tokenizers are supported", path,
-           other);
+      fail("{}: the directory has {} but no tokenizer.json or tiktoken.model; only those tokenizers are supported",
+           path, other);
   return std::nullopt;
 }
 

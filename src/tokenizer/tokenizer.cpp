@@ -28,9 +28,9 @@ constexpr std::string_view kSpaceMarker = "\xE2\x96\x81";  // "▁", SentencePie
 
 // Control tokens whose spelling marks the end of a turn in the chat formats we
 // know, for vocabularies whose metadata does not list them as EOT.
-constexpr std::array<std::string_view, 8> kEndOfGenerationSpellings = {
-    "<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|eom_id|>",
-    "<|end|>",    "<|endoftext|>", "<|end_of_text|>", "<|return|>",
+constexpr std::array<std::string_view, 9> kEndOfGenerationSpellings = {
+    "<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|eom_id|>",      "<|end|>",
+    "<|endoftext|>", "<|end_of_text|>", "<|return|>", "<|end_of_msg|>",
 };
 
 // Parses "<0xAB>" into the byte it names; -1 when `text` is not of that form.
@@ -161,7 +161,8 @@ void Tokenizer::Impl::build() {
 }
 
 void Tokenizer::Impl::build_byte_level() {
-  pre = tokenizer_detail::pre_tokenizer_spec(v.pre);
+  pre = v.pre_patterns.empty() ? tokenizer_detail::pre_tokenizer_spec(v.pre)
+                               : PreTokenizerSpec{v.pre_patterns, v.pre_ignore_merges};
   splitter = std::make_unique<RegexSplitter>(pre.patterns);
   const auto& table = byte_level_table();
 
@@ -169,7 +170,11 @@ void Tokenizer::Impl::build_byte_level() {
     byte_token[static_cast<size_t>(b)] = token_to_id.find(table.byte_to_utf8[static_cast<size_t>(b)]);
   }
 
-  // Merges: rank i is the i-th line; a repeated pair keeps its best rank.
+  // Merges: rank i is the i-th line unless merge_ranks says otherwise; a
+  // repeated pair keeps the rank it has first.
+  if (!v.merge_ranks.empty() && v.merge_ranks.size() != v.merges.size())
+    fail("tokenizer has {} merge ranks for {} merges; expected one rank per merge", v.merge_ranks.size(),
+         v.merges.size());
   merges.reserve(v.merges.size());
   std::string joined;
   for (size_t i = 0; i < v.merges.size(); ++i) {
@@ -190,7 +195,7 @@ void Tokenizer::Impl::build_byte_level() {
     const int32_t res = token_to_id.find(joined);
     if (res < 0) fail("merge #{} '{}' produces '{}', which is not in the vocabulary", i, m, joined);
     const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(l)) << 32) | static_cast<uint32_t>(r);
-    merges.try_emplace(key, MergeRule{static_cast<int32_t>(i), res});
+    merges.try_emplace(key, MergeRule{v.merge_ranks.empty() ? static_cast<int32_t>(i) : v.merge_ranks[i], res});
   }
 
   // Token bytes: ordinary tokens are spelled in the byte alphabet; special and
@@ -480,7 +485,7 @@ void Tokenizer::Impl::bpe_word(std::string_view word, std::vector<int32_t>& out)
     std::string spelled;
     for (char c : word) spelled += byte_level_table().byte_to_utf8[static_cast<uint8_t>(c)];
     const int32_t id = token_to_id.find(spelled);
-    if (id >= 0) {
+    if (id >= 0 && type(id) != TokenType::Control) {  // a control token is never spelled by text
       out.push_back(id);
       return;
     }
