@@ -327,7 +327,8 @@ std::string python_pat_str(std::string_view source, const std::string& class_nam
 
 namespace {
 
-// U+0085 joins \s: Rust's \s is Unicode White_Space, which has NEXT LINE.
+// U+0085 joins \s: Rust's \s is Unicode White_Space, which has NEXT LINE;
+// naming it keeps that so whatever PCRE2's \s covers.
 constexpr std::string_view kSpaceItems = "\\s\\x{85}";
 
 // A \p{...} name: Rust reads a bare name that is no general category as a

@@ -14,9 +14,10 @@
 // with fancy-regex). rust_regex_to_pcre2() rewrites what PCRE2 spells
 // differently: a class intersection [A&&[^B]] becomes a look-ahead for one
 // operand followed by the other, (?:(?=[A])[^B]); \s, which in Rust is
-// Unicode White_Space, also takes U+0085 (NEXT LINE), which PCRE2's \s leaves
-// out; a bare script name such as \p{Han} is Rust's Script property, spelled
-// \p{sc:Han} for PCRE2 (whose bare name means Script_Extensions).
+// Unicode White_Space, is spelled [\s\x{85}] so that U+0085 (NEXT LINE) is
+// whitespace whatever PCRE2's own \s covers; a bare script name such as
+// \p{Han} is Rust's Script property, spelled \p{sc:Han} for PCRE2 (whose bare
+// name means Script_Extensions).
 #pragma once
 
 #include <string>
