@@ -296,6 +296,31 @@ TEST_F(TiktokenBad, GoodSmallLoads) {
   EXPECT_EQ(t->token_text(300), "<|reserved_token_300|>");
 }
 
+// A special token spelled like an ordinary one: text names the special one
+// where special tokens are parsed (tiktoken's allowed_special="all") and where
+// a chat template writes it; plain text stays the ordinary token.
+TEST_F(TiktokenBad, SpecialSpelledLikeRank) {
+  write_ranks("YWI= 256\n");  // "ab"
+  write("tokenizer_config.json", R"({"added_tokens_decoder": {"257": {"content": "ab"}}})");
+  fs::remove(dir() / "generation_config.json");
+  const std::unique_ptr<Tokenizer> t = load_hf_tokenizer(dir().string());
+  EXPECT_EQ(t->encode("xab", false, true), (Ids{'x', 257}));
+  EXPECT_EQ(t->encode("ab", false, false), (Ids{256}));
+  EXPECT_EQ(t->encode_marked("abab", {{2, 4}}, false), (Ids{256, 257}));
+}
+
+TEST_F(TiktokenBad, CrlfLinesLoadBlankLineRefused) {
+  std::string text;
+  const char* b64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  for (int b = 0; b < 256; ++b) text += fmt::format("{}{}== {}\r\n", b64[b >> 2], b64[(b & 3) << 4], b);
+  write("tiktoken.model", text);
+  write("tokenizer_config.json", "{}");
+  fs::remove(dir() / "generation_config.json");
+  EXPECT_EQ(load_hf_tokenizer(dir().string())->n_vocab(), 512);
+  write("tiktoken.model", "\n" + text);
+  expect_error({"tiktoken.model:1", "got 0 fields"});
+}
+
 TEST_F(TiktokenBad, BadBase64) {
   write_ranks("YW*= 256\n");
   expect_error({"tiktoken.model:257", "not valid base64"});

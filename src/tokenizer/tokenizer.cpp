@@ -58,6 +58,10 @@ struct Tokenizer::Impl {
   std::vector<uint8_t> eog;        // 1 for end-of-generation ids
   std::vector<uint8_t> special;    // 1 for ids decode() skips when asked to
   PieceIndex token_to_id;          // exact vocabulary spelling -> first id with it
+  // The same for special ids only: a control token wins its spelling over an
+  // ordinary token spelled alike (possible when ordinary tokens are raw bytes,
+  // as in tiktoken vocabularies) where the text names a control token.
+  PieceIndex special_to_id;
 
   // Whole-token matching. `special_trie` holds the CONTROL and UNKNOWN tokens
   // that encode(parse_special=true) matches in the raw text (for byte-level BPE
@@ -142,8 +146,12 @@ void Tokenizer::Impl::build() {
     if (id >= 0) eog[static_cast<size_t>(id)] = 1;
   }
   for (int32_t id : v.extra_eog_ids) eog[static_cast<size_t>(id)] = 1;
+  special_to_id.reset(&v.tokens, static_cast<size_t>(std::count(special.begin(), special.end(), 1)));
+  for (int32_t id = 0; id < n; ++id)
+    if (special[static_cast<size_t>(id)]) special_to_id.insert(id);
   for (std::string_view spelling : kEndOfGenerationSpellings) {
-    const int32_t id = token_to_id.find(spelling);
+    int32_t id = special_to_id.find(spelling);
+    if (id < 0) id = token_to_id.find(spelling);
     if (id < 0) continue;
     // Only a token that is special in this vocabulary counts; a vocabulary
     // without types (hand-built ones) is trusted as is.
@@ -436,8 +444,8 @@ std::vector<int32_t> Tokenizer::encode_marked(std::string_view text,
       fail("internal error: marker [{}, {}) is out of order or outside the text of {} bytes", begin, end, text.size());
     impl_->encode_plain(text.substr(at, begin - at), at, out);
     const std::string_view marker = text.substr(begin, end - begin);
-    const int32_t id = impl_->token_to_id.find(marker);
-    if (id >= 0 && impl_->special[static_cast<size_t>(id)])
+    const int32_t id = impl_->special_to_id.find(marker);
+    if (id >= 0)
       out.push_back(id);
     else
       impl_->encode_plain(marker, begin, out);  // the vocabulary has no such control token
