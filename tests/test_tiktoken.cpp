@@ -139,6 +139,8 @@ TEST(Tiktoken, CheckpointDirectoryLoads) {
   const Tokenizer& tok = m->tokenizer();
   const nlohmann::json& c0 = exp["cases"][0];
   EXPECT_EQ(tok.encode(c0["text"].get<std::string>(), false, true), c0["ids"].get<Ids>());
+  EXPECT_EQ(m->chat_format().kind, ChatTemplate::KimiK3);  // no template: the markers name the format
+  EXPECT_FALSE(m->declares_chat_template());
   m->set_chat_format(chat_format_from_option("kimi-k3"));
   const nlohmann::json& chat = exp["chats"][0];
   ASSERT_FALSE(chat["think"].get<bool>());

@@ -69,6 +69,16 @@ Model::Model(const std::string& name, std::unique_ptr<ArchModel> arch) : arch_(s
     if (tmpl) chat_ = chat_format_from_template(*tmpl);
     chat_declared_ = tmpl.has_value();
     if (chat_.kind == ChatTemplate::None && tokenizer_->find_token("<|im_start|>")) chat_.kind = ChatTemplate::ChatML;
+    // Without a template, a vocabulary with Kimi K3's message markers gets
+    // its format (as the published server renders it).
+    if (chat_.kind == ChatTemplate::None && !tmpl) {
+      bool kimi = true;
+      for (const char* t : {"<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"}) {
+        const std::optional<int32_t> id = tokenizer_->find_token(t);
+        kimi = kimi && id && tokenizer_->is_special(*id);
+      }
+      if (kimi) chat_ = *builtin_chat_format("kimi-k3");
+    }
   } else if (n_vocab_ >= 256) {
     tokenizer_ = std::make_unique<Tokenizer>(byte_vocab(n_vocab_));
   } else {
