@@ -34,9 +34,9 @@ size_t Model::packed_weight_bytes() const { return packed_->bytes(); }
 
 namespace {
 
-// A checkpoint directory's tokenizer.json, if it has one; a directory with
-// other tokenizer files but no tokenizer.json is refused rather than given the
-// byte tokenizer.
+// A checkpoint directory's tokenizer.json or tiktoken.model, if it has one; a
+// directory with other tokenizer files but neither is refused rather than
+// given the byte tokenizer.
 std::optional<std::string> hf_tokenizer_dir(const std::string& path) {
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -44,8 +44,8 @@ std::optional<std::string> hf_tokenizer_dir(const std::string& path) {
   if (has_hf_tokenizer(path)) return path;
   for (const char* other : {"tokenizer_config.json", "tokenizer.model", "vocab.json", "merges.txt"})
     if (fs::exists(fs::path(path) / other, ec))
-      fail("{}: the directory has {} but no tokenizer.json; only tokenizer.json tokenizers are supported", path,
-           other);
+      fail("{}: the directory has {} but no tokenizer.json or tiktoken.model; only those tokenizers are supported",
+           path, other);
   return std::nullopt;
 }
 
@@ -69,6 +69,16 @@ Model::Model(const std::string& name, std::unique_ptr<ArchModel> arch) : arch_(s
     if (tmpl) chat_ = chat_format_from_template(*tmpl);
     chat_declared_ = tmpl.has_value();
     if (chat_.kind == ChatTemplate::None && tokenizer_->find_token("<|im_start|>")) chat_.kind = ChatTemplate::ChatML;
+    // Without a template, a vocabulary with Kimi K3's message markers gets
+    // its format (as the published server renders it).
+    if (chat_.kind == ChatTemplate::None && !tmpl) {
+      bool kimi = true;
+      for (const char* t : {"<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"}) {
+        const std::optional<int32_t> id = tokenizer_->find_token(t);
+        kimi = kimi && id && tokenizer_->is_special(*id);
+      }
+      if (kimi) chat_ = *builtin_chat_format("kimi-k3");
+    }
   } else if (n_vocab_ >= 256) {
     tokenizer_ = std::make_unique<Tokenizer>(byte_vocab(n_vocab_));
   } else {

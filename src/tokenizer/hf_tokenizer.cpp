@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "tokenizer/tiktoken.h"
 
 namespace megakern {
 
@@ -153,18 +154,154 @@ int32_t token_field(const Json& cfg, const char* key, const Vocab& v,
   return it->second;
 }
 
+// tokenizer_config.json's chat_template, when it has one.
+void read_chat_template(const Json& cfg, const std::string& cfile, HFTokenizerFiles& out) {
+  if (const Json* ct = field(cfg, "chat_template")) {
+    if (!ct->is_string()) fail("{}: 'chat_template' must be a string, got {}", cfile, describe(*ct));
+    out.chat_template = ct->get<std::string>();
+  }
+}
+
+// What every checkpoint tokenizer takes from the directory besides its own
+// files: chat_template.jinja (when tokenizer_config.json has no template) and
+// generation_config.json's eos_token_id (one id or a list), which ends generation.
+void finish_directory(const fs::path& root, HFTokenizerFiles& out) {
+  Vocab& v = out.vocab;
+  if (!out.chat_template) {
+    const fs::path jinja = root / "chat_template.jinja";
+    std::error_code ec;
+    if (fs::exists(jinja, ec)) {
+      std::ifstream in(jinja, std::ios::binary);
+      if (!in) fail("{}: cannot open file", jinja.string());
+      std::stringstream ss;
+      ss << in.rdbuf();
+      out.chat_template = ss.str();
+    }
+  }
+  const fs::path gpath = root / "generation_config.json";
+  if (const std::optional<Json> gen = read_json(gpath)) {
+    if (const Json* e = field(*gen, "eos_token_id")) {
+      std::vector<Json> list = e->is_array() ? e->get<std::vector<Json>>() : std::vector<Json>{*e};
+      for (size_t i = 0; i < list.size(); ++i) {
+        const Json& x = list[i];
+        if (!x.is_number_integer() || x.get<int64_t>() < 0 ||
+            x.get<int64_t>() >= static_cast<int64_t>(v.tokens.size()))
+          fail("{}: 'eos_token_id' holds {}, not an id of the {} tokens", gpath.string(), describe(x), v.tokens.size());
+        const int32_t id = static_cast<int32_t>(x.get<int64_t>());
+        if (v.eos_id < 0) v.eos_id = id;
+        else if (id != v.eos_id) v.extra_eog_ids.push_back(id);
+      }
+    }
+  }
+}
+
+// A tiktoken rank file with the files the Kimi checkpoints ship beside it,
+// read as their published loader reads them: the split pattern is the
+// "|".join([...]) assigned to pat_str in class TikTokenTokenizer of the
+// tokenizer source, and the 256 ids after the ranks are special tokens, named
+// by tokenizer_config.json's added_tokens_decoder or "<|reserved_token_{id}|>".
+constexpr int kTiktokenReserved = 256;
+
+HFTokenizerFiles load_tiktoken_files(const fs::path& root) {
+  const std::string rfile = (root / "tiktoken.model").string();
+  const fs::path cpath = root / "tokenizer_config.json";
+  const std::string cfile = cpath.string();
+  const std::optional<Json> cfg = read_json(cpath);
+  if (!cfg) fail("{}: file is missing; a tiktoken.model tokenizer takes its special tokens from it", cfile);
+  const std::vector<std::string> ranks = read_tiktoken_ranks(rfile);
+
+  // The source that declares pat_str: the module auto_map names for
+  // AutoTokenizer ("tokenization_kimi.TikTokenTokenizer"), else tokenization_kimi.py.
+  std::string module = "tokenization_kimi";
+  if (const Json* am = field(*cfg, "auto_map"))
+    if (const Json* at = am->is_object() ? field(*am, "AutoTokenizer") : nullptr) {
+      const Json* first = at->is_array() && !at->empty() ? &(*at)[0] : at;
+      if (first->is_string()) {
+        const std::string ref = first->get<std::string>();
+        const size_t dot = ref.rfind('.');
+        if (dot != std::string::npos && dot > 0 && ref.find('/') == std::string::npos) module = ref.substr(0, dot);
+      }
+    }
+  const std::string sfile = (root / (module + ".py")).string();
+  std::ifstream sin(sfile, std::ios::binary);
+  if (!sin) fail("{}: cannot open file; it declares the split pattern (pat_str) of {}", sfile, rfile);
+  std::stringstream ss;
+  ss << sin.rdbuf();
+  const std::string pattern = python_pat_str(ss.str(), "TikTokenTokenizer", sfile);
+  std::string pcre;
+  try {
+    pcre = rust_regex_to_pcre2(pattern);
+  } catch (const Error& e) {
+    fail("{}: {}", sfile, e.what());
+  }
+
+  HFTokenizerFiles out;
+  Vocab& v = out.vocab;
+  try {
+    v = tiktoken_vocab(ranks, pcre);
+  } catch (const Error& e) {
+    fail("{}: {}", rfile, e.what());
+  }
+  const size_t n = ranks.size();
+  std::vector<std::string> names(kTiktokenReserved);
+  for (int i = 0; i < kTiktokenReserved; ++i) names[i] = fmt::format("<|reserved_token_{}|>", n + i);
+  if (const Json* added = field(*cfg, "added_tokens_decoder")) {
+    if (!added->is_object()) fail("{}: 'added_tokens_decoder' must be an object of id -> token, got {}", cfile, describe(*added));
+    for (const auto& [key, val] : added->items()) {
+      int64_t id = key.empty() || key.size() > 9 ? -1 : 0;
+      for (char c : key) id = id >= 0 && c >= '0' && c <= '9' ? id * 10 + (c - '0') : -1;
+      if (id < 0) fail("{}: 'added_tokens_decoder' key \"{}\" is not a token id", cfile, printable(key, 40));
+      if (id < static_cast<int64_t>(n) || id >= static_cast<int64_t>(n) + kTiktokenReserved)
+        fail("{}: 'added_tokens_decoder' has id {}, outside the {} special ids {}..{} that follow the {} ranks of {}",
+             cfile, id, kTiktokenReserved, n, n + kTiktokenReserved - 1, n, rfile);
+      const Json* content = val.is_object() ? field(val, "content") : nullptr;
+      if (!content || !content->is_string())
+        fail("{}: 'added_tokens_decoder.{}.content' is missing or not a string", cfile, key);
+      names[static_cast<size_t>(id) - n] = content->get<std::string>();
+    }
+  }
+  std::unordered_map<std::string, int32_t> special_ids;
+  for (int i = 0; i < kTiktokenReserved; ++i) {
+    const auto id = static_cast<int32_t>(n + i);
+    const auto [it, fresh] = special_ids.emplace(names[i], id);
+    if (!fresh) fail("{}: special token \"{}\" is given to ids {} and {}", cfile, printable(names[i], 60), it->second, id);
+    if (names[i].empty()) fail("{}: special token {} is empty", cfile, id);
+    v.tokens.push_back(names[i]);
+    v.types.push_back(TokenType::Control);
+  }
+  // BOS / EOS name special tokens; tokenization_kimi.py's defaults are [BOS] and [EOS].
+  auto named_or = [&](const char* key, const char* fallback) {
+    const int32_t id = token_field(*cfg, key, v, special_ids, cfile);
+    if (id >= 0 || field(*cfg, key)) return id;
+    const auto it = special_ids.find(fallback);
+    return it == special_ids.end() ? -1 : it->second;
+  };
+  v.bos_id = named_or("bos_token", "[BOS]");
+  v.eos_id = named_or("eos_token", "[EOS]");
+  v.unk_id = token_field(*cfg, "unk_token", v, special_ids, cfile);
+  v.pad_id = token_field(*cfg, "pad_token", v, special_ids, cfile);
+  v.add_bos = bool_field(*cfg, "add_bos_token", false, cfile, "");
+  if (v.add_bos && v.bos_id < 0) fail("{}: 'add_bos_token' is true but there is no 'bos_token'", cfile);
+  read_chat_template(*cfg, cfile, out);
+  finish_directory(root, out);
+  return out;
+}
+
 }  // namespace
 
 bool has_hf_tokenizer(const std::string& dir) {
   std::error_code ec;
-  return fs::exists(fs::path(dir) / "tokenizer.json", ec);
+  return fs::exists(fs::path(dir) / "tokenizer.json", ec) || fs::exists(fs::path(dir) / "tiktoken.model", ec);
 }
 
 HFTokenizerFiles load_hf_tokenizer_files(const std::string& dir) {
   const fs::path root(dir);
+  std::error_code ec;
+  if (!fs::exists(root / "tokenizer.json", ec) && fs::exists(root / "tiktoken.model", ec))
+    return load_tiktoken_files(root);
   const std::string tfile = (root / "tokenizer.json").string();
   const std::optional<Json> tj_opt = read_json(root / "tokenizer.json");
-  if (!tj_opt) fail("{}: file is missing", tfile);
+  if (!tj_opt) fail("{}: file is missing (and there is no tiktoken.model either)", tfile);
   const Json& tj = *tj_opt;
   HFTokenizerFiles out;
   Vocab& v = out.vocab;
@@ -272,40 +409,10 @@ HFTokenizerFiles load_hf_tokenizer_files(const std::string& dir) {
     v.unk_id = token_field(*cfg, "unk_token", v, ids, cfile);
     v.pad_id = token_field(*cfg, "pad_token", v, ids, cfile);
     v.add_bos = bool_field(*cfg, "add_bos_token", false, cfile, "");
-    if (const Json* ct = field(*cfg, "chat_template")) {
-      if (!ct->is_string()) fail("{}: 'chat_template' must be a string, got {}", cfile, describe(*ct));
-      out.chat_template = ct->get<std::string>();
-    }
+    read_chat_template(*cfg, cfile, out);
   }
   if (v.add_bos && v.bos_id < 0) fail("{}: 'add_bos_token' is true but there is no 'bos_token'", cfile);
-  if (!out.chat_template) {
-    const fs::path jinja = root / "chat_template.jinja";
-    std::error_code ec;
-    if (fs::exists(jinja, ec)) {
-      std::ifstream in(jinja, std::ios::binary);
-      if (!in) fail("{}: cannot open file", jinja.string());
-      std::stringstream ss;
-      ss << in.rdbuf();
-      out.chat_template = ss.str();
-    }
-  }
-
-  // generation_config.json: eos_token_id (one id or a list) ends generation.
-  const fs::path gpath = root / "generation_config.json";
-  if (const std::optional<Json> gen = read_json(gpath)) {
-    if (const Json* e = field(*gen, "eos_token_id")) {
-      std::vector<Json> list = e->is_array() ? e->get<std::vector<Json>>() : std::vector<Json>{*e};
-      for (size_t i = 0; i < list.size(); ++i) {
-        const Json& x = list[i];
-        if (!x.is_number_integer() || x.get<int64_t>() < 0 ||
-            x.get<int64_t>() >= static_cast<int64_t>(v.tokens.size()))
-          fail("{}: 'eos_token_id' holds {}, not an id of the {} tokens", gpath.string(), describe(x), v.tokens.size());
-        const int32_t id = static_cast<int32_t>(x.get<int64_t>());
-        if (v.eos_id < 0) v.eos_id = id;
-        else if (id != v.eos_id) v.extra_eog_ids.push_back(id);
-      }
-    }
-  }
+  finish_directory(root, out);
   return out;
 }
 
@@ -315,7 +422,9 @@ std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& dir, std::option
   try {
     return std::make_unique<Tokenizer>(std::move(f.vocab));
   } catch (const Error& e) {
-    fail("{}: {}", (fs::path(dir) / "tokenizer.json").string(), e.what());
+    std::error_code ec;
+    const char* file = fs::exists(fs::path(dir) / "tokenizer.json", ec) ? "tokenizer.json" : "tiktoken.model";
+    fail("{}: {}", (fs::path(dir) / file).string(), e.what());
   }
 }
 

@@ -16,6 +16,15 @@
 // or an ignore_merges flag that disagrees with the recipe are refused too.
 // Added tokens marked `special` become control tokens, the others
 // user-defined ones.
+//
+// A directory without tokenizer.json but with `tiktoken.model` (the Kimi
+// checkpoints) is read as their published loader reads it
+// (tokenizer/tiktoken.h): the rank file, the pat_str declaration of class
+// TikTokenTokenizer in the tokenizer source (tokenization_kimi.py, or the
+// module tokenizer_config.json's auto_map names), and 256 special ids after
+// the ranks, named by tokenizer_config.json's added_tokens_decoder or
+// "<|reserved_token_{id}|>"; bos_token / eos_token default to [BOS] / [EOS].
+// chat_template.jinja and generation_config.json are read as above.
 #pragma once
 
 #include <memory>
@@ -33,10 +42,11 @@ struct HFTokenizerFiles {
   std::optional<std::string> chat_template;
 };
 
-// Whether `dir` holds a tokenizer.json.
+// Whether `dir` holds a tokenizer.json or a tiktoken.model.
 bool has_hf_tokenizer(const std::string& dir);
 
-// Reads the tokenizer files of `dir`; tokenizer.json is required, the two
+// Reads the tokenizer files of `dir`; tokenizer.json (or tiktoken.model with
+// tokenizer_config.json and the tokenizer source) is required, the other
 // config files are optional. Throws megakern::Error naming the file and the
 // field on anything missing, malformed or unsupported.
 HFTokenizerFiles load_hf_tokenizer_files(const std::string& dir);

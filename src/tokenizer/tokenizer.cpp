@@ -28,9 +28,9 @@ constexpr std::string_view kSpaceMarker = "\xE2\x96\x81";  // "▁", SentencePie
 
 // Control tokens whose spelling marks the end of a turn in the chat formats we
 // know, for vocabularies whose metadata does not list them as EOT.
-constexpr std::array<std::string_view, 8> kEndOfGenerationSpellings = {
-    "<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|eom_id|>",
-    "<|end|>",    "<|endoftext|>", "<|end_of_text|>", "<|return|>",
+constexpr std::array<std::string_view, 9> kEndOfGenerationSpellings = {
+    "<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|eom_id|>",      "<|end|>",
+    "<|endoftext|>", "<|end_of_text|>", "<|return|>", "<|end_of_msg|>",
 };
 
 // Parses "<0xAB>" into the byte it names; -1 when `text` is not of that form.
@@ -58,6 +58,10 @@ struct Tokenizer::Impl {
   std::vector<uint8_t> eog;        // 1 for end-of-generation ids
   std::vector<uint8_t> special;    // 1 for ids decode() skips when asked to
   PieceIndex token_to_id;          // exact vocabulary spelling -> first id with it
+  // The same for special ids only: a control token wins its spelling over an
+  // ordinary token spelled alike (possible when ordinary tokens are raw bytes,
+  // as in tiktoken vocabularies) where the text names a control token.
+  PieceIndex special_to_id;
 
   // Whole-token matching. `special_trie` holds the CONTROL and UNKNOWN tokens
   // that encode(parse_special=true) matches in the raw text (for byte-level BPE
@@ -142,8 +146,12 @@ void Tokenizer::Impl::build() {
     if (id >= 0) eog[static_cast<size_t>(id)] = 1;
   }
   for (int32_t id : v.extra_eog_ids) eog[static_cast<size_t>(id)] = 1;
+  special_to_id.reset(&v.tokens, static_cast<size_t>(std::count(special.begin(), special.end(), 1)));
+  for (int32_t id = 0; id < n; ++id)
+    if (special[static_cast<size_t>(id)]) special_to_id.insert(id);
   for (std::string_view spelling : kEndOfGenerationSpellings) {
-    const int32_t id = token_to_id.find(spelling);
+    int32_t id = special_to_id.find(spelling);
+    if (id < 0) id = token_to_id.find(spelling);
     if (id < 0) continue;
     // Only a token that is special in this vocabulary counts; a vocabulary
     // without types (hand-built ones) is trusted as is.
@@ -161,7 +169,8 @@ void Tokenizer::Impl::build() {
 }
 
 void Tokenizer::Impl::build_byte_level() {
-  pre = tokenizer_detail::pre_tokenizer_spec(v.pre);
+  pre = v.pre_patterns.empty() ? tokenizer_detail::pre_tokenizer_spec(v.pre)
+                               : PreTokenizerSpec{v.pre_patterns, v.pre_ignore_merges};
   splitter = std::make_unique<RegexSplitter>(pre.patterns);
   const auto& table = byte_level_table();
 
@@ -169,7 +178,11 @@ void Tokenizer::Impl::build_byte_level() {
     byte_token[static_cast<size_t>(b)] = token_to_id.find(table.byte_to_utf8[static_cast<size_t>(b)]);
   }
 
-  // Merges: rank i is the i-th line; a repeated pair keeps its best rank.
+  // Merges: rank i is the i-th line unless merge_ranks says otherwise; a
+  // repeated pair keeps the rank it has first.
+  if (!v.merge_ranks.empty() && v.merge_ranks.size() != v.merges.size())
+    fail("tokenizer has {} merge ranks for {} merges; expected one rank per merge", v.merge_ranks.size(),
+         v.merges.size());
   merges.reserve(v.merges.size());
   std::string joined;
   for (size_t i = 0; i < v.merges.size(); ++i) {
@@ -190,7 +203,7 @@ void Tokenizer::Impl::build_byte_level() {
     const int32_t res = token_to_id.find(joined);
     if (res < 0) fail("merge #{} '{}' produces '{}', which is not in the vocabulary", i, m, joined);
     const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(l)) << 32) | static_cast<uint32_t>(r);
-    merges.try_emplace(key, MergeRule{static_cast<int32_t>(i), res});
+    merges.try_emplace(key, MergeRule{v.merge_ranks.empty() ? static_cast<int32_t>(i) : v.merge_ranks[i], res});
   }
 
   // Token bytes: ordinary tokens are spelled in the byte alphabet; special and
@@ -431,8 +444,8 @@ std::vector<int32_t> Tokenizer::encode_marked(std::string_view text,
       fail("internal error: marker [{}, {}) is out of order or outside the text of {} bytes", begin, end, text.size());
     impl_->encode_plain(text.substr(at, begin - at), at, out);
     const std::string_view marker = text.substr(begin, end - begin);
-    const int32_t id = impl_->token_to_id.find(marker);
-    if (id >= 0 && impl_->special[static_cast<size_t>(id)])
+    const int32_t id = impl_->special_to_id.find(marker);
+    if (id >= 0)
       out.push_back(id);
     else
       impl_->encode_plain(marker, begin, out);  // the vocabulary has no such control token
@@ -480,7 +493,7 @@ void Tokenizer::Impl::bpe_word(std::string_view word, std::vector<int32_t>& out)
     std::string spelled;
     for (char c : word) spelled += byte_level_table().byte_to_utf8[static_cast<uint8_t>(c)];
     const int32_t id = token_to_id.find(spelled);
-    if (id >= 0) {
+    if (id >= 0 && type(id) != TokenType::Control) {  // a control token is never spelled by text
       out.push_back(id);
       return;
     }

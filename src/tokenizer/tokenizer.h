@@ -67,6 +67,15 @@ struct Vocab {
   std::vector<float> scores;        // empty, or one per token (required for SentencePiece)
   std::vector<TokenType> types;     // empty (every token Normal), or one per token
   std::vector<std::string> merges;  // byte-level BPE only: "left right", best first
+  // Byte-level BPE only: the rank of each merge (lower merges first, the
+  // leftmost pair on ties), one per merge; when empty a merge's rank is its
+  // position. tiktoken vocabularies give every split of a token that token's rank.
+  std::vector<int32_t> merge_ranks;
+  // Byte-level BPE only: PCRE2 split patterns used instead of the named
+  // pre-tokenizer `pre` when not empty, each refining the previous split; with
+  // pre_ignore_merges a piece that is a token is taken whole.
+  std::vector<std::string> pre_patterns;
+  bool pre_ignore_merges = false;
   int32_t bos_id = -1;
   int32_t eos_id = -1;
   int32_t eot_id = -1;  // end of turn (tokenizer.ggml.eot_token_id)
