@@ -299,6 +299,8 @@ class Checker {
     stats_.accesses = static_cast<int64_t>(acc_.size());
     window_init();
     seen_.assign(static_cast<size_t>(s_.n_flags), 0);
+    need_mark_.assign(static_cast<size_t>(s_.n_flags), 0);
+    dep_mark_.assign(static_cast<size_t>(s_.n_flags), 0);
     struct Need {
       int pred;
       size_t acc;
@@ -332,6 +334,9 @@ class Checker {
                 (a.write ? c.nw : c.nr).push_back(me);
                 auto want = [&](bool wrote) {
                   return [&, wrote](const Ev& e) {
+                    // One entry per earlier tile: the first cell where they meet.
+                    if (need_mark_[static_cast<size_t>(e.flag)] == f + 1) return;
+                    need_mark_[static_cast<size_t>(e.flag)] = f + 1;
                     need.push_back({e.flag, i, r, cut[static_cast<size_t>(at)], cut[static_cast<size_t>(at) + 1], wrote,
                                     &c, e.dom, e.tag});
                   };
@@ -533,15 +538,15 @@ class Checker {
   template <class Need>
   void check_ordered(int f, std::vector<Need>& need) {
     if (need.empty()) return;
+    // need holds each earlier tile once; the first race reported is the
+    // one with the earliest tile.
     std::sort(need.begin(), need.end(), [](const Need& x, const Need& y) { return x.pred < y.pred; });
     const Task& t = *task_[static_cast<size_t>(f)];
+    for (uint32_t d = t.dep_begin; d < t.dep_end; ++d) dep_mark_[static_cast<size_t>(s_.deps[d])] = f + 1;
     for (size_t k = 0; k < need.size(); ++k) {
-      if (k && need[k].pred == need[k - 1].pred) continue;
       const Need& n = need[k];
       ++stats_.orderings;
-      bool direct = false;
-      for (uint32_t d = t.dep_begin; d < t.dep_end && !direct; ++d) direct = s_.deps[d] == n.pred;
-      if (direct) continue;
+      if (dep_mark_[static_cast<size_t>(n.pred)] == f + 1) continue;  // a direct dependency
       ++stats_.transitive;
       if (f - n.pred <= window_ ? ancestor(n.pred, f) : witnessed(n, f) || search(n.pred, f)) continue;
       const Access& a = acc_[n.acc];
@@ -596,6 +601,7 @@ class Checker {
   std::vector<Access> acc_;
   std::vector<size_t> acc_begin_;
   std::vector<uint32_t> seen_;
+  std::vector<int> need_mark_, dep_mark_;  // f + 1 at the earlier tiles tile f meets / waits for directly
   uint32_t stamp_ = 0;
 
   std::vector<int> stack_;
