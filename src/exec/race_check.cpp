@@ -1,6 +1,7 @@
 #include "exec/race_check.h"
 
 #include <algorithm>
+#include <bit>
 #include <climits>
 #include <stdexcept>
 #include <string>
@@ -486,6 +487,7 @@ class Checker {
     window_ = (window_ + 63) / 64 * 64;
     words_ = window_ / 64;
     ring_.assign(static_cast<size_t>(window_) * static_cast<size_t>(words_), 0);
+    prefix_.assign(static_cast<size_t>(s_.n_flags), 0);
   }
   uint64_t* bits(int f) { return ring_.data() + static_cast<size_t>(f % window_) * static_cast<size_t>(words_); }
   void window_add(int b) {
@@ -504,10 +506,22 @@ class Checker {
         a[i] |= v;
       }
     }
+    // The prefix of earlier tiles all done before b: what its dependencies'
+    // prefixes hold, extended over the window's run of ancestors above it.
+    int pre = 0;
+    for (uint32_t k = t.dep_begin; k < t.dep_end; ++k) pre = std::max(pre, prefix_[static_cast<size_t>(s_.deps[k])]);
+    while (pre < b && b - pre <= window_) {
+      const int i = b - 1 - pre, bit = i % 64;
+      const int ones = std::countl_one(a[i / 64] << (63 - bit));
+      pre += std::min(ones, bit + 1);
+      if (ones <= bit) break;
+    }
+    prefix_[static_cast<size_t>(b)] = pre;
   }
   // Whether tile a is done before tile b starts (a < b): b waits for it,
   // directly or through the tiles it waits for. b's bitset must be in the ring.
   bool ancestor(int a, int b) {
+    if (a < prefix_[static_cast<size_t>(b)]) return true;
     if (b - a <= window_) {
       const int i = b - 1 - a;
       return (bits(b)[i / 64] >> (i % 64)) & 1;
@@ -526,7 +540,7 @@ class Checker {
       const Task& t = *task_[static_cast<size_t>(f)];
       for (uint32_t k = t.dep_begin; k < t.dep_end; ++k) {
         const int d = s_.deps[k];
-        if (d == a) return true;
+        if (d == a || a < prefix_[static_cast<size_t>(d)]) return true;
         if (d < a || seen_[static_cast<size_t>(d)] == stamp_) continue;
         seen_[static_cast<size_t>(d)] = stamp_;
         stack_.push_back(d);
@@ -548,7 +562,9 @@ class Checker {
       ++stats_.orderings;
       if (dep_mark_[static_cast<size_t>(n.pred)] == f + 1) continue;  // a direct dependency
       ++stats_.transitive;
-      if (f - n.pred <= window_ ? ancestor(n.pred, f) : witnessed(n, f) || search(n.pred, f)) continue;
+      if (n.pred < prefix_[static_cast<size_t>(f)] ||
+          (f - n.pred <= window_ ? ancestor(n.pred, f) : witnessed(n, f) || search(n.pred, f)))
+        continue;
       const Access& a = acc_[n.acc];
       const Resource& rs = d_.resources()[static_cast<size_t>(a.res)];
       throw std::logic_error(fmt::format(
@@ -598,6 +614,7 @@ class Checker {
   std::vector<const Task*> task_;
   int window_ = 0, words_ = 0;
   std::vector<uint64_t> ring_;
+  std::vector<int> prefix_;  // per tile: every tile below this flag is done before it starts
   std::vector<Access> acc_;
   std::vector<size_t> acc_begin_;
   std::vector<uint32_t> seen_;
