@@ -171,8 +171,27 @@ TEST(RaceCheck, CatchesWrongTileRowsMetadata) {
   CompileOptions o;
   o.info = narrow_attention;
   const Schedule s = compile(p, 16, 2, o);
-  const std::string msg = race_message(p, s);
   const int att = find_op(p, OpKind::Attention);
+  // check_schedule takes the rows from a registry entry as compile() does.
+  // With the registry's own it names the attention tile's missing waits;
+  // handed compile()'s wrong entry it does not see them, and rejects the
+  // schedule only for a consequence elsewhere (a later layer's write of q
+  // no longer ordered after row 1's). The race checker, given no entry at
+  // all, names the read itself (below).
+  auto schedule_message = [&](const OpInfo& (*info)(const Op&)) -> std::string {
+    try {
+      check_schedule(p, s, info);
+    } catch (const std::logic_error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  const std::string own = schedule_message(nullptr), shared = schedule_message(narrow_attention);
+  EXPECT_NE(own.find(fmt::format("op {} ('attention' layer 0) tile 0 does not wait for", att)), std::string::npos) << own;
+  EXPECT_EQ(shared.find("('attention'"), std::string::npos) << "the wrong entry did not mislead check_schedule: " << shared;
+  std::printf("[race check] check_schedule, registry entry: %s\n[race check] check_schedule, compile()'s wrong entry: %s\n",
+              own.c_str(), shared.c_str());
+  const std::string msg = race_message(p, s);
   EXPECT_NE(msg.find(fmt::format("op {} (attention 'attention' layer 0) tile 0 reads slot {} 'q'", att,
                                  p.ops[static_cast<size_t>(att)].in)),
             std::string::npos)

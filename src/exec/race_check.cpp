@@ -1,6 +1,7 @@
 #include "exec/race_check.h"
 
 #include <algorithm>
+#include <bit>
 #include <climits>
 #include <stdexcept>
 #include <string>
@@ -299,6 +300,8 @@ class Checker {
     stats_.accesses = static_cast<int64_t>(acc_.size());
     window_init();
     seen_.assign(static_cast<size_t>(s_.n_flags), 0);
+    need_mark_.assign(static_cast<size_t>(s_.n_flags), 0);
+    dep_mark_.assign(static_cast<size_t>(s_.n_flags), 0);
     struct Need {
       int pred;
       size_t acc;
@@ -332,6 +335,9 @@ class Checker {
                 (a.write ? c.nw : c.nr).push_back(me);
                 auto want = [&](bool wrote) {
                   return [&, wrote](const Ev& e) {
+                    // One entry per earlier tile: the first cell where they meet.
+                    if (need_mark_[static_cast<size_t>(e.flag)] == f + 1) return;
+                    need_mark_[static_cast<size_t>(e.flag)] = f + 1;
                     need.push_back({e.flag, i, r, cut[static_cast<size_t>(at)], cut[static_cast<size_t>(at) + 1], wrote,
                                     &c, e.dom, e.tag});
                   };
@@ -481,6 +487,7 @@ class Checker {
     window_ = (window_ + 63) / 64 * 64;
     words_ = window_ / 64;
     ring_.assign(static_cast<size_t>(window_) * static_cast<size_t>(words_), 0);
+    prefix_.assign(static_cast<size_t>(s_.n_flags), 0);
   }
   uint64_t* bits(int f) { return ring_.data() + static_cast<size_t>(f % window_) * static_cast<size_t>(words_); }
   void window_add(int b) {
@@ -499,10 +506,22 @@ class Checker {
         a[i] |= v;
       }
     }
+    // The prefix of earlier tiles all done before b: what its dependencies'
+    // prefixes hold, extended over the window's run of ancestors above it.
+    int pre = 0;
+    for (uint32_t k = t.dep_begin; k < t.dep_end; ++k) pre = std::max(pre, prefix_[static_cast<size_t>(s_.deps[k])]);
+    while (pre < b && b - pre <= window_) {
+      const int i = b - 1 - pre, bit = i % 64;
+      const int ones = std::countl_one(a[i / 64] << (63 - bit));
+      pre += std::min(ones, bit + 1);
+      if (ones <= bit) break;
+    }
+    prefix_[static_cast<size_t>(b)] = pre;
   }
   // Whether tile a is done before tile b starts (a < b): b waits for it,
   // directly or through the tiles it waits for. b's bitset must be in the ring.
   bool ancestor(int a, int b) {
+    if (a < prefix_[static_cast<size_t>(b)]) return true;
     if (b - a <= window_) {
       const int i = b - 1 - a;
       return (bits(b)[i / 64] >> (i % 64)) & 1;
@@ -521,7 +540,7 @@ class Checker {
       const Task& t = *task_[static_cast<size_t>(f)];
       for (uint32_t k = t.dep_begin; k < t.dep_end; ++k) {
         const int d = s_.deps[k];
-        if (d == a) return true;
+        if (d == a || a < prefix_[static_cast<size_t>(d)]) return true;
         if (d < a || seen_[static_cast<size_t>(d)] == stamp_) continue;
         seen_[static_cast<size_t>(d)] = stamp_;
         stack_.push_back(d);
@@ -533,17 +552,19 @@ class Checker {
   template <class Need>
   void check_ordered(int f, std::vector<Need>& need) {
     if (need.empty()) return;
+    // need holds each earlier tile once; the first race reported is the
+    // one with the earliest tile.
     std::sort(need.begin(), need.end(), [](const Need& x, const Need& y) { return x.pred < y.pred; });
     const Task& t = *task_[static_cast<size_t>(f)];
+    for (uint32_t d = t.dep_begin; d < t.dep_end; ++d) dep_mark_[static_cast<size_t>(s_.deps[d])] = f + 1;
     for (size_t k = 0; k < need.size(); ++k) {
-      if (k && need[k].pred == need[k - 1].pred) continue;
       const Need& n = need[k];
       ++stats_.orderings;
-      bool direct = false;
-      for (uint32_t d = t.dep_begin; d < t.dep_end && !direct; ++d) direct = s_.deps[d] == n.pred;
-      if (direct) continue;
+      if (dep_mark_[static_cast<size_t>(n.pred)] == f + 1) continue;  // a direct dependency
       ++stats_.transitive;
-      if (f - n.pred <= window_ ? ancestor(n.pred, f) : witnessed(n, f) || search(n.pred, f)) continue;
+      if (n.pred < prefix_[static_cast<size_t>(f)] ||
+          (f - n.pred <= window_ ? ancestor(n.pred, f) : witnessed(n, f) || search(n.pred, f)))
+        continue;
       const Access& a = acc_[n.acc];
       const Resource& rs = d_.resources()[static_cast<size_t>(a.res)];
       throw std::logic_error(fmt::format(
@@ -593,9 +614,11 @@ class Checker {
   std::vector<const Task*> task_;
   int window_ = 0, words_ = 0;
   std::vector<uint64_t> ring_;
+  std::vector<int> prefix_;  // per tile: every tile below this flag is done before it starts
   std::vector<Access> acc_;
   std::vector<size_t> acc_begin_;
   std::vector<uint32_t> seen_;
+  std::vector<int> need_mark_, dep_mark_;  // f + 1 at the earlier tiles tile f meets / waits for directly
   uint32_t stamp_ = 0;
 
   std::vector<int> stack_;

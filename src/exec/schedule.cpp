@@ -54,9 +54,6 @@ bool tile_rows(const OpInfo& i, const Op& op, int t, int n_tiles, int n_rows, in
   r1 = t + 1;
   return i.row_tiled;
 }
-bool tile_rows(const Op& op, int t, int n_tiles, int n_rows, int& r0, int& r1) {
-  return tile_rows(op_info(op), op, t, n_tiles, n_rows, r0, r1);
-}
 
 }  // namespace
 
@@ -177,8 +174,9 @@ Schedule compile(const DecodeProgram& p, int n_rows, int W, const CompileOptions
   return s;
 }
 
-void check_schedule(const DecodeProgram& p, const Schedule& s) {
+void check_schedule(const DecodeProgram& p, const Schedule& s, const OpInfo& (*info)(const Op& op)) {
   const size_t n_ops = p.ops.size();
+  auto info_of = [&](const Op& op) -> const OpInfo& { return info ? info(op) : op_info(op); };
   auto bad = [&](const std::string& what) { throw std::logic_error("schedule of " + p.model_name + ": " + what); };
   if (s.op_tiles.size() != n_ops || s.op_flag.size() != n_ops) bad("op tables do not match the program");
   if (static_cast<int>(s.worker_tasks.size()) != s.n_workers) bad("worker count");
@@ -236,9 +234,9 @@ void check_schedule(const DecodeProgram& p, const Schedule& s) {
   auto touches = [&](int f, bool all, int r0, int r1) {
     const Op& op = p.ops[static_cast<size_t>(flag_op[static_cast<size_t>(f)])];
     const int t = flag_tile[static_cast<size_t>(f)], n = s.op_tiles[static_cast<size_t>(flag_op[static_cast<size_t>(f)])];
-    if (op_info(op).feeds_all_rows || all) return true;
+    if (info_of(op).feeds_all_rows || all) return true;
     int p0 = 0, p1 = 0;
-    return !tile_rows(op, t, n, s.n_rows, p0, p1) || (p0 < r1 && r0 < p1);
+    return !tile_rows(info_of(op), op, t, n, s.n_rows, p0, p1) || (p0 < r1 && r0 < p1);
   };
   // Ancestors of each tile (every tile it waits for, transitively), in flag order.
   std::vector<std::vector<bool>> anc(static_cast<size_t>(s.n_flags));
@@ -266,14 +264,14 @@ void check_schedule(const DecodeProgram& p, const Schedule& s) {
       const bool raw = has(c_reads, pr.out), waw = c.out >= 0 && c.out == pr.out, war = has(p_reads, c.out);
       if (!raw && !waw && !war) continue;
       // Reading only, of a producer some of whose tiles it declares it reads.
-      const bool some_tiles = op_info(c).reads_tile && !waw && !war;
+      const bool some_tiles = info_of(c).reads_tile && !waw && !war;
       for (int tc = 0; tc < s.op_tiles[j]; ++tc) {
         const int fc = s.op_flag[j] + tc;
         int r0 = 0, r1 = 0;
-        const bool all = !tile_rows(c, tc, s.op_tiles[j], s.n_rows, r0, r1);
+        const bool all = !tile_rows(info_of(c), c, tc, s.op_tiles[j], s.n_rows, r0, r1);
         for (int tp = 0; tp < s.op_tiles[i]; ++tp) {
           const int fp = s.op_flag[i] + tp;
-          if (some_tiles && !op_info(c).reads_tile(c, pr, s.n_rows, tc, s.op_tiles[j], tp, s.op_tiles[i])) continue;
+          if (some_tiles && !info_of(c).reads_tile(c, pr, s.n_rows, tc, s.op_tiles[j], tp, s.op_tiles[i])) continue;
           if (touches(fp, all, r0, r1) && !anc[static_cast<size_t>(fc)][static_cast<size_t>(fp)])
             bad(fmt::format("op {} ('{}' layer {}) tile {} does not wait for op {} ('{}') tile {}", j, c.name, c.layer,
                             tc, i, pr.name, tp));

@@ -112,7 +112,10 @@ Schedule compile(const DecodeProgram& p, int n_rows, int n_workers, const Compil
 // rows and writes a slot it reads or writes, or reads a slot it writes, and
 // only tiles of shareable ops are shared and only those of chunkable ops cut
 // into chunks, never into more chunks than the tile has 4-column units.
-void check_schedule(const DecodeProgram& p, const Schedule& s);
+// The rows and tiles each op touches come from the same registry entries
+// compile() uses (info, null: op_info), so a wrong entry misleads both alike;
+// race_check (exec/race_check.h) derives them from the kernels instead.
+void check_schedule(const DecodeProgram& p, const Schedule& s, const OpInfo& (*info)(const Op& op) = nullptr);
 
 // Runs a schedule's tiles on the calling thread in an order its dependency
 // lists allow. order_seed 0: each worker's list as far as its dependencies
