@@ -104,15 +104,14 @@ def target_matrices(gguf_path):
 
     embed = deq(by_name["token_embd.weight"])
     head = deq(by_name["output.weight"]) if "output.weight" in by_name else embed
-    out_norm = deq(by_name["output_norm.weight"]).reshape(-1)
     n_layer = sum(1 for n in by_name if n.endswith(".attn_q.weight"))
-    return embed, head, out_norm, n_layer
+    return embed, head, n_layer
 
 
 # ------------------------------------------------------------------ model
 
 
-def build_model(torch, cfg, head_rows, out_norm):
+def build_model(torch, cfg, head_rows, tap_scale):
     nn = torch.nn
     F = torch.nn.functional
     D, hd, nh, nkv = cfg["hidden"], cfg["head_dim"], cfg["n_head"], cfg["n_head_kv"]
@@ -166,18 +165,21 @@ def build_model(torch, cfg, head_rows, out_norm):
         def __init__(self):
             super().__init__()
             self.fc = nn.Linear(cfg["n_taps"] * cfg["target_hidden"], D, bias=False)
+            # Fixed per-feature input scale (1 / RMS over the training taps):
+            # a few residual-stream dimensions are thousands of times larger
+            # than the rest and would swamp fc. Exported folded into fc.weight,
+            # so the engine's fc . taps is unchanged.
+            self.register_buffer("tap_scale", torch.from_numpy(tap_scale))
             self.hidden_norm = nn.Parameter(torch.ones(D))
             self.layers = nn.ModuleList([Layer() for _ in range(cfg["n_layer"])])
-            # The final norm starts as the target's own, which the shared head
-            # was trained behind.
-            self.norm = nn.Parameter(torch.from_numpy(out_norm.copy()))
+            self.norm = nn.Parameter(torch.ones(D))
             r, vo = cfg["markov_rank"], cfg["draft_vocab"]
             self.markov_w1 = nn.Parameter(torch.randn(vo, r) * 0.02)
             self.markov_w2 = nn.Parameter(torch.zeros(vo, r))
             self.register_buffer("head", torch.from_numpy(head_rows))
 
         def forward(self, taps, ctx_pos, emb, blk_pos, mask, prev_row):
-            ctx = rms(self.fc(taps), self.hidden_norm)
+            ctx = rms(self.fc(taps * self.tap_scale), self.hidden_norm)
             h = emb
             for L in self.layers:
                 ck, cv = L.ctx_kv(ctx, ctx_pos)
@@ -273,7 +275,7 @@ def main():
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--gguf", default=os.path.join(ROOT, "models", "smollm2-135m.gguf"))
     ap.add_argument("--prompts", default=os.path.join(ROOT, "scripts", "drafter", "train_prompts.jsonl"))
-    ap.add_argument("--limit", type=int, default=200, help="training prompts used (from the top of the file)")
+    ap.add_argument("--limit", type=int, default=150, help="training prompts used (from the top of the file)")
     ap.add_argument("--n-predict", type=int, default=128, help="most answer tokens per prompt")
     ap.add_argument("--taps", default="9,19,29", help="target layers tapped after")
     ap.add_argument("--work", default=os.path.join(ROOT, "build", "drafter-train"))
@@ -283,7 +285,7 @@ def main():
     ap.add_argument("--block", type=int, default=8)
     ap.add_argument("--draft-vocab", type=int, default=4096)
     ap.add_argument("--markov-rank", type=int, default=32)
-    ap.add_argument("--epochs", type=float, default=4.0)
+    ap.add_argument("--epochs", type=float, default=2.5)
     ap.add_argument("--lr", type=float, default=1.5e-3)
     ap.add_argument("--gamma", type=float, default=4.0, help="row weight exp(-k / gamma)")
     ap.add_argument("--max-anchors", type=int, default=96, help="blocks per sequence and step")
@@ -313,7 +315,7 @@ def main():
             log(" ".join(cmd))
             subprocess.run(cmd, check=True)
         W, tap_layers, n_vocab, seqs = read_taps(taps_path)
-        embed, head, out_norm, n_layer = target_matrices(args.gguf)
+        embed, head, n_layer = target_matrices(args.gguf)
         H = embed.shape[1]
         log(f"{len(seqs)} sequences, {sum(len(s[0]) - s[1] for s in seqs)} answer tokens, taps {tap_layers} "
             f"({W} wide), target {n_layer} layers, vocab {n_vocab}, hidden {H}")
@@ -337,7 +339,9 @@ def main():
                    mask_token=mask_token, window=2048, rope_base=10000.0, eps=1e-5)
         if W != cfg["n_taps"] * H:
             raise SystemExit(f"taps are {W} wide, expected {cfg['n_taps']} x {H}")
-        model = build_model(torch, cfg, np.ascontiguousarray(head[d2t]), out_norm)
+        sample = np.concatenate([s[2][:: max(1, len(s[2]) // 16)] for s in seqs])
+        tap_scale = (1.0 / np.sqrt((sample.astype(np.float64) ** 2).mean(0) + 1e-6)).astype(np.float32)
+        model = build_model(torch, cfg, np.ascontiguousarray(head[d2t]), tap_scale)
         held, train = seqs[: args.holdout], seqs[args.holdout :]
         steps = int(args.epochs * len(train))
         params = [p for p in model.parameters() if p.requires_grad]
@@ -374,6 +378,63 @@ def main():
             model.train()
             return tot / max(1, n), 1 + run_sum / max(1, blocks)
 
+        def export(out, step):
+            """config.json, model.safetensors (BF16) and its sha256 of the drafter as it is now."""
+            from safetensors.torch import save_file
+
+            os.makedirs(out, exist_ok=True)
+            sd = {}
+            bf = torch.bfloat16
+            sd["fc.weight"] = (model.fc.weight.detach() * model.tap_scale[None, :]).to(bf)
+            sd["hidden_norm.weight"] = model.hidden_norm.detach().to(bf)
+            for i, L in enumerate(model.layers):
+                p = f"layers.{i}."
+                sd[p + "input_layernorm.weight"] = L.input_layernorm.detach().to(bf)
+                for n in ("q_proj", "k_proj", "v_proj", "o_proj"):
+                    sd[p + f"self_attn.{n}.weight"] = getattr(L, n).weight.detach().to(bf)
+                sd[p + "self_attn.q_norm.weight"] = L.q_norm.detach().to(bf)
+                sd[p + "self_attn.k_norm.weight"] = L.k_norm.detach().to(bf)
+                sd[p + "post_attention_layernorm.weight"] = L.post_attention_layernorm.detach().to(bf)
+                for n in ("gate_proj", "up_proj", "down_proj"):
+                    sd[p + f"mlp.{n}.weight"] = getattr(L, n).weight.detach().to(bf)
+            sd["norm.weight"] = model.norm.detach().to(bf)
+            sd["markov_head.markov_w1.weight"] = model.markov_w1.detach().to(bf)
+            sd["markov_head.markov_w2.weight"] = model.markov_w2.detach().to(bf)
+            sd["d2t"] = torch.from_numpy(d2t)
+            sd = {k: v.contiguous() for k, v in sd.items()}
+            st_path = os.path.join(out, "model.safetensors")
+            save_file(sd, st_path)
+            config = {
+                "speculators_model_type": "dspark",
+                "transformer_layer_config": {
+                    "hidden_size": H, "num_hidden_layers": cfg["n_layer"], "num_attention_heads": cfg["n_head"],
+                    "num_key_value_heads": cfg["n_head_kv"], "head_dim": cfg["head_dim"],
+                    "intermediate_size": cfg["ffn"], "vocab_size": n_vocab, "sliding_window": cfg["window"],
+                    "rope_parameters": {"rope_theta": cfg["rope_base"]}, "rms_norm_eps": cfg["eps"],
+                },
+                "aux_hidden_state_layer_ids": [l + 1 for l in tap_layers],
+                "mask_token_id": mask_token,
+                "markov_rank": cfg["markov_rank"],
+                "markov_top_m": 0,
+                "block_size": cfg["block"],
+                "draft_vocab_size": vo,
+                "tie_target_embeddings": True,
+                "target_num_hidden_layers": n_layer,
+                "training": {
+                    "prompts": len(seqs), "answer_tokens": int(counts.sum()), "steps": step, "lr": args.lr,
+                    "gamma": args.gamma, "seed": args.seed, "max_anchors": args.max_anchors,
+                    "checkpoints": [{"step": s, "heldout_loss": round(l, 4), "estimated_acceptance": round(e, 3)}
+                                    for s, l, e in checkpoints],
+                },
+            }
+            with open(os.path.join(out, "config.json"), "w") as f:
+                json.dump(config, f, indent=2)
+                f.write("\n")
+            digest = hashlib.sha256(open(st_path, "rb").read()).hexdigest()
+            with open(st_path + ".sha256", "w") as f:
+                f.write(f"{digest}  model.safetensors\n")
+            log(f"wrote {st_path} ({os.path.getsize(st_path) / 1e6:.1f} MB, sha256 {digest})")
+
         curve_train, curve_held = [], []
         ev0 = evaluate()
         curve_held.append((0, ev0[0]))
@@ -401,62 +462,12 @@ def main():
                 checkpoints.append((step, hl, est))
                 log(f"step {step}/{steps}: train loss (ema) {ema:.3f}, held-out loss {hl:.3f}, estimated "
                     f"acceptance length {est:.2f}, {time.time() - t0:.0f} s")
+            if step == steps // 2:
+                # A checkpoint at half the steps, to measure how acceptance grows.
+                export(os.path.join(args.work, f"checkpoint-{step}"), step)
 
     with Stage("export"):
-        from safetensors.torch import save_file
-
-        os.makedirs(args.out, exist_ok=True)
-        sd = {}
-        bf = torch.bfloat16
-        sd["fc.weight"] = model.fc.weight.detach().to(bf)
-        sd["hidden_norm.weight"] = model.hidden_norm.detach().to(bf)
-        for i, L in enumerate(model.layers):
-            p = f"layers.{i}."
-            sd[p + "input_layernorm.weight"] = L.input_layernorm.detach().to(bf)
-            for n in ("q_proj", "k_proj", "v_proj", "o_proj"):
-                sd[p + f"self_attn.{n}.weight"] = getattr(L, n).weight.detach().to(bf)
-            sd[p + "self_attn.q_norm.weight"] = L.q_norm.detach().to(bf)
-            sd[p + "self_attn.k_norm.weight"] = L.k_norm.detach().to(bf)
-            sd[p + "post_attention_layernorm.weight"] = L.post_attention_layernorm.detach().to(bf)
-            for n in ("gate_proj", "up_proj", "down_proj"):
-                sd[p + f"mlp.{n}.weight"] = getattr(L, n).weight.detach().to(bf)
-        sd["norm.weight"] = model.norm.detach().to(bf)
-        sd["markov_head.markov_w1.weight"] = model.markov_w1.detach().to(bf)
-        sd["markov_head.markov_w2.weight"] = model.markov_w2.detach().to(bf)
-        sd["d2t"] = torch.from_numpy(d2t)
-        sd = {k: v.contiguous() for k, v in sd.items()}
-        st_path = os.path.join(args.out, "model.safetensors")
-        save_file(sd, st_path)
-        config = {
-            "speculators_model_type": "dspark",
-            "transformer_layer_config": {
-                "hidden_size": H, "num_hidden_layers": cfg["n_layer"], "num_attention_heads": cfg["n_head"],
-                "num_key_value_heads": cfg["n_head_kv"], "head_dim": cfg["head_dim"],
-                "intermediate_size": cfg["ffn"], "vocab_size": n_vocab, "sliding_window": cfg["window"],
-                "rope_parameters": {"rope_theta": cfg["rope_base"]}, "rms_norm_eps": cfg["eps"],
-            },
-            "aux_hidden_state_layer_ids": [l + 1 for l in tap_layers],
-            "mask_token_id": mask_token,
-            "markov_rank": cfg["markov_rank"],
-            "markov_top_m": 0,
-            "block_size": cfg["block"],
-            "draft_vocab_size": vo,
-            "tie_target_embeddings": True,
-            "target_num_hidden_layers": n_layer,
-            "training": {
-                "prompts": len(seqs), "answer_tokens": int(counts.sum()), "steps": steps, "lr": args.lr,
-                "gamma": args.gamma, "seed": args.seed, "max_anchors": args.max_anchors,
-                "checkpoints": [{"step": s, "heldout_loss": round(l, 4), "estimated_acceptance": round(e, 3)}
-                                for s, l, e in checkpoints],
-            },
-        }
-        with open(os.path.join(args.out, "config.json"), "w") as f:
-            json.dump(config, f, indent=2)
-            f.write("\n")
-        digest = hashlib.sha256(open(st_path, "rb").read()).hexdigest()
-        with open(st_path + ".sha256", "w") as f:
-            f.write(f"{digest}  model.safetensors\n")
-        log(f"wrote {st_path} ({os.path.getsize(st_path) / 1e6:.1f} MB, sha256 {digest})")
+        export(args.out, steps)
         svg_curve({"train (EMA)": curve_train, "held-out sequences": curve_held}, args.curve,
                   f"DSpark drafter for {args.model}: weighted block loss")
         log(f"wrote {args.curve}")

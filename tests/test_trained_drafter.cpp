@@ -172,7 +172,9 @@ TEST_F(ShippedDrafter, LoadsByDefaultAndIsLosslessAndAccepted) {
       "Summarise this text in one sentence: The library will open a new reading room in May. It will have forty "
       "seats and stay open until ten in the evening.",
   };
-  double accept_first = 0;
+  // The same shape with random weights, for comparison.
+  BlockDrafter random(*m_, synthetic_block_drafter(c), pool, 1024);
+  double accept_first = 0, accept_random = 0;
   for (const std::string& text : texts) {
     SCOPED_TRACE(text);
     const std::string chat = render_chat(m_->chat_format(), {{"user", text}}, true);
@@ -185,12 +187,20 @@ TEST_F(ShippedDrafter, LoadsByDefaultAndIsLosslessAndAccepted) {
     o.adaptive = false;  // always verify 7 drafts: the acceptance is the drafter's
     SpeculativeGenerator gen(eng, seq, *d, o);
     Sampler s({});
-    EXPECT_EQ(gen.generate(prompt, 64), generate_plain(plain, s, prompt, 64));
-    if (accept_first == 0) accept_first = gen.stats().mean_accept();
+    const auto want = generate_plain(plain, s, prompt, 64);
+    EXPECT_EQ(gen.generate(prompt, 64), want);
+    if (accept_first == 0) {
+      accept_first = gen.stats().mean_accept();
+      SequenceState seq2 = m_->new_sequence(1024);
+      SpeculativeGenerator rgen(eng, seq2, random, o);
+      EXPECT_EQ(rgen.generate(prompt, 64), want);
+      accept_random = rgen.stats().mean_accept();
+    }
   }
   // Random weights of the same shape are accepted about never (1.0); the
-  // trained drafter on this prompt well above that.
-  EXPECT_GT(accept_first, 1.5) << "acceptance length of the shipped drafter";
+  // trained drafter's drafts are, on a held-out topic.
+  EXPECT_GT(accept_first, 1.1) << "acceptance length of the shipped drafter";
+  EXPECT_GT(accept_first, accept_random + 0.08) << "trained " << accept_first << ", random " << accept_random;
 }
 
 TEST_F(ShippedDrafter, ChecksumAndTargetAreChecked) {

@@ -462,7 +462,8 @@ void register_bench_spec(CLI::App& app) {
   add_kv_type_flag(cmd, o->kv_type);
   check_drafters(cmd->add_option("--spec,--drafters", o->drafters,
                                  "Comma-separated drafters: ngram, ngram:N, self, self:skip=A-B, self:N, model:PATH, dspark[:PATH], "
-                                 "dflash[:PATH] (dspark/dflash without a path use random MINI weights: acceptance near zero)"))
+                                 "dflash[:PATH] (without a path dspark loads the trained drafter shipped for SmolLM2; otherwise "
+                                 "random MINI weights: acceptance near zero)"))
       ->capture_default_str();
   add_spec_bench_options(cmd, *o, false);
   cmd->add_option("-t,--threads", o->threads, "Worker threads (0: one per core)")

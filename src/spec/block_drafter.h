@@ -30,6 +30,11 @@
 //    d_{k+1} = argmax(logits_k + W2 . W1[d_k]), d_0 = the anchor, the
 //    argmax over the top markov_top_m base logits of each 32nd of the
 //    vocabulary (as the reference system runs it; 0: over all of it).
+//    Two extensions of ours (config keys absent from the reference layout):
+//    tie_target_embeddings reads the embedding (mask token included) and LM
+//    head from the target, so neither is stored; draft_vocab_size restricts
+//    the LM head, the Markov tables and so the drafts to the target ids of
+//    the tensor d2t (the trained drafter shipped for SmolLM2 uses both).
 //  - DFlash-style (ours): row k (k = 1..B-1) gives the logits of the token
 //    at position N+k, B-1 drafts; the target's own token embedding (with its
 //    embedding scale) and LM head, read from the target's program; a learned
@@ -43,9 +48,10 @@
 // context and nothing has to be rolled back.
 //
 // Weights: synthetic_block_drafter() gives deterministic random MINI weights
-// sized to a target. Trained weights do not exist here, so with these the
-// drafts are essentially random; the machinery (taps, context cache, block
-// pass, verification) is what is exercised. A DSpark drafter is saved and
+// sized to a target; with these the drafts are essentially random and only
+// the machinery (taps, context cache, block pass, verification) is
+// exercised. For SmolLM2 a trained DSpark drafter is shipped
+// (shipped_block_drafter; scripts/train_drafter.py makes it). A DSpark drafter is saved and
 // loaded in the reference system's checkpoint layout (config.json with
 // transformer_layer_config, aux_hidden_state_layer_ids, mask_token_id,
 // markov_rank; model.safetensors with its tensor names, F32 or BF16); a
