@@ -227,8 +227,8 @@ void register_run(CLI::App& app) {
   add_tp_flag(cmd, o->tp);
   check_drafters(cmd->add_option("--spec", o->gen.drafter,
                                  "Speculative decoding with this drafter: ngram, ngram:N, self, self:skip=A-B, self:N (layers kept), model:PATH, "
-                                 "dspark[:PATH] or dflash[:PATH] (block drafters on target taps; without PATH random MINI weights, "
-                                 "so acceptance is near zero)"));
+                                 "dspark[:PATH] or dflash[:PATH] (block drafters on target taps; without PATH dspark loads the trained "
+                                 "drafter shipped for SmolLM2, other targets get random MINI weights: acceptance near zero)"));
   cmd->add_option("--draft", o->gen.draft, "Speculative decoding: most draft tokens per verify step")
       ->capture_default_str()
       ->check(CLI::Range(1, 32));

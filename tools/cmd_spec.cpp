@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
+#include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -111,6 +113,37 @@ std::vector<std::pair<std::string, std::string>> bench_prompts() {
   };
 }
 
+struct PromptSpec {
+  std::string name, category, text;
+};
+
+// JSON lines of {"name", "category", "text"} (blank lines skipped).
+std::vector<PromptSpec> read_prompt_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) fail("prompt file {}: cannot read it", path);
+  std::vector<PromptSpec> out;
+  std::string line;
+  for (int no = 1; std::getline(in, line); ++no) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const std::exception& e) {
+      fail("prompt file {} line {}: not valid JSON: {}", path, no, e.what());
+    }
+    PromptSpec p;
+    for (auto [key, dst] : {std::pair{"name", &p.name}, {"category", &p.category}, {"text", &p.text}}) {
+      if (!j.is_object() || !j.contains(key) || !j.at(key).is_string())
+        fail("prompt file {} line {}: needs a string field '{}'", path, no, key);
+      *dst = j.at(key).get<std::string>();
+    }
+    if (p.text.empty()) fail("prompt file {} line {}: the text is empty", path, no);
+    out.push_back(std::move(p));
+  }
+  if (out.empty()) fail("prompt file {}: no prompts", path);
+  return out;
+}
+
 std::vector<int32_t> encode_prompt(const Model& m, const std::string& text) {
   const Tokenizer& tok = m.tokenizer();
   if (m.declares_chat_template() && m.chat_format().kind != ChatTemplate::None) {
@@ -178,15 +211,21 @@ void spec_bench_cmd(const SpecBenchOptions& o) {
   fmt::print("model {} | {} | load {:.0f} ms | {} threads\n", model->name(), model->description(), ms_since(t_load),
              pool.size());
   struct PromptRun {
-    std::string name;
+    std::string name, category;
     std::vector<int32_t> prompt, plain;
     double plain_ms = 1e300;
   };
+  std::vector<PromptSpec> specs_in;
+  if (o.prompts.empty())
+    for (const auto& [name, text] : bench_prompts()) specs_in.push_back({name, "input-grounded", text});
+  else
+    specs_in = read_prompt_file(o.prompts);
   std::vector<PromptRun> runs;
   int n_ctx = 0;
-  for (const auto& [name, text] : bench_prompts()) {
+  for (const auto& [name, category, text] : specs_in) {
     PromptRun r;
     r.name = name;
+    r.category = category;
     r.prompt = encode_prompt(*model, text);
     n_ctx = std::max<int>(n_ctx, static_cast<int>(r.prompt.size()) + o.n_predict + SpecOptions::kMaxDraft + 2);
     runs.push_back(std::move(r));
@@ -247,10 +286,15 @@ void spec_bench_cmd(const SpecBenchOptions& o) {
     plain_ms += r.plain_ms;
   }
   const double plain_tps = plain_ms > 0 ? plain_tokens * 1000.0 / plain_ms : 0;
-  fmt::print("prompts: {} input-grounded (summarise, rewrite, comment code, rename in code, edit code, summarise with "
-             "quotes, extract), {} tokens each at most, "
-             "greedy, best of {} runs each (plain and speculative runs interleaved)\n",
-             runs.size(), o.n_predict, o.reps);
+  if (o.prompts.empty())
+    fmt::print("prompts: {} input-grounded (summarise, rewrite, comment code, rename in code, edit code, summarise with "
+               "quotes, extract), {} tokens each at most, "
+               "greedy, best of {} runs each (plain and speculative runs interleaved)\n",
+               runs.size(), o.n_predict, o.reps);
+  else
+    fmt::print("prompts: {} from {}, {} tokens each at most, greedy, best of {} runs each (plain and speculative runs "
+               "interleaved)\n",
+               runs.size(), o.prompts, o.n_predict, o.reps);
   fmt::print("plain decode: {} tokens in {:.0f} ms, {:.2f} tok/s\n", plain_tokens, plain_ms, plain_tps);
 
   // Verify cost: one step of r rows of one sequence against one row.
@@ -307,6 +351,12 @@ void spec_bench_cmd(const SpecBenchOptions& o) {
     bool identical = true;
     std::string per_prompt;
     nlohmann::json prompts_json = nlohmann::json::array();
+    // Per category: tokens, plain and speculative ms, rounds, emitted.
+    struct Cat {
+      int64_t tokens = 0, plain_tokens = 0, rounds = 0, emitted = 0;
+      double ms = 0, plain_ms = 0;
+    };
+    std::vector<std::pair<std::string, Cat>> cats;
     for (size_t k = 0; k < runs.size(); ++k) {
       const PromptRun& r = runs[k];
       const auto& out = sr.out[k];
@@ -320,6 +370,17 @@ void spec_bench_cmd(const SpecBenchOptions& o) {
       total.accepted += st.accepted;
       total.emitted += st.emitted;
       if (out.size() > 1) model_plain_steps += static_cast<int64_t>(out.size()) - 1;
+      {
+        auto it = std::find_if(cats.begin(), cats.end(), [&](const auto& c) { return c.first == r.category; });
+        if (it == cats.end()) it = cats.insert(cats.end(), {r.category, Cat{}});
+        Cat& c = it->second;
+        c.tokens += static_cast<int64_t>(out.size());
+        c.plain_tokens += static_cast<int64_t>(r.plain.size());
+        c.ms += dms;
+        c.plain_ms += r.plain_ms;
+        c.rounds += st.rounds;
+        c.emitted += st.emitted;
+      }
       for (size_t r = 1; r < st.rounds_by_rows.size() && r < row_ms.size(); ++r)
         model_spec_ms += st.rounds_by_rows[r] * row_ms[r];
       per_prompt += fmt::format("    {:<14} modelled speedup {:.2f}x\n", r.name, modelled(st, out.size()));
@@ -339,6 +400,7 @@ void spec_bench_cmd(const SpecBenchOptions& o) {
           st.proposed, st.accepted, st.draft_ms, st.verify_ms, out == r.plain ? "" : "  OUTPUT DIFFERS");
       nlohmann::json pj;
       pj["prompt"] = r.name;
+      pj["category"] = r.category;
       pj["tokens"] = out.size();
       pj["plain_tokens_per_s"] = r.plain.size() * 1000.0 / r.plain_ms;
       pj["spec_tokens_per_s"] = out.size() * 1000.0 / dms;
@@ -358,6 +420,16 @@ void spec_bench_cmd(const SpecBenchOptions& o) {
                plain_tps > 0 ? tps / plain_tps : 0.0, total.mean_accept(), 100.0 * total.acceptance_rate(),
                identical ? "yes" : "NO");
     fmt::print("{}", per_prompt);
+    nlohmann::json cats_json = nlohmann::json::object();
+    for (const auto& [name, c] : cats) {
+      const double ptps = c.plain_ms > 0 ? c.plain_tokens * 1000.0 / c.plain_ms : 0;
+      const double stps = c.ms > 0 ? c.tokens * 1000.0 / c.ms : 0;
+      const double acc = c.rounds > 0 ? static_cast<double>(c.emitted) / static_cast<double>(c.rounds) : 0;
+      fmt::print("    category {:<16} plain {:7.2f} tok/s  spec {:7.2f} tok/s  {:.2f}x  accept len {:.2f}\n", name, ptps,
+                 stps, ptps > 0 ? stps / ptps : 0.0, acc);
+      cats_json[name] = {{"plain_tokens_per_s", ptps}, {"spec_tokens_per_s", stps},
+                         {"speedup", ptps > 0 ? stps / ptps : 0.0}, {"acceptance_length", acc}};
+    }
     fmt::print("    modelled speedup, all prompts: {:.2f}x\n",
                model_spec_ms > 0 ? model_plain_steps * row_ms[1] / model_spec_ms : 0.0);
     nlohmann::json d;
@@ -368,6 +440,7 @@ void spec_bench_cmd(const SpecBenchOptions& o) {
     d["acceptance_rate"] = total.acceptance_rate();
     d["identical"] = identical;
     d["prompts"] = prompts_json;
+    d["categories"] = cats_json;
     d["rounds"] = rows_json;
     d["verify_ms_by_rows"] = row_ms;
     j["drafters"].push_back(d);
@@ -389,13 +462,17 @@ void register_bench_spec(CLI::App& app) {
   add_kv_type_flag(cmd, o->kv_type);
   check_drafters(cmd->add_option("--spec,--drafters", o->drafters,
                                  "Comma-separated drafters: ngram, ngram:N, self, self:skip=A-B, self:N, model:PATH, dspark[:PATH], "
-                                 "dflash[:PATH] (dspark/dflash without a path use random MINI weights: acceptance near zero)"))
+                                 "dflash[:PATH] (without a path dspark loads the trained drafter shipped for SmolLM2; otherwise "
+                                 "random MINI weights: acceptance near zero)"))
       ->capture_default_str();
   add_spec_bench_options(cmd, *o, false);
   cmd->add_option("-t,--threads", o->threads, "Worker threads (0: one per core)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1024));
   check_output_file(cmd->add_option("--json", o->json, "Also write the results to this JSON file"));
+  cmd->add_option("--prompts", o->prompts,
+                  "JSON lines {\"name\", \"category\", \"text\"} to run instead of the built-in input-grounded prompts "
+                  "(results also per category)");
   cmd->callback([o] { run_guarded([&] { spec_bench_cmd(*o); }); });
 }
 
@@ -428,6 +505,138 @@ void register_gen_drafter(CLI::App& app) {
       fmt::print("wrote {} drafter for {} to {}: hidden {}, {} layers, block {}, taps after layers {}{}\n", o->kind,
                  model->name(), o->out, c.hidden, c.n_layer, c.block, taps,
                  c.markov_rank ? fmt::format(", Markov rank {}", c.markov_rank) : std::string());
+    });
+  });
+}
+
+void register_gen_drafter_data(CLI::App& app) {
+  struct Opts {
+    std::string model = "smollm2-135m";
+    std::string numerics = "exact";
+    std::string prompts, out, taps;
+    int n_predict = 256;
+    int threads = 0;
+    float temperature = 0.f;
+    uint64_t seed = 1;
+    bool check_taps = false;
+  };
+  auto o = std::make_shared<Opts>();
+  auto* cmd = app.add_subcommand(
+      "gen-drafter-data",
+      "Training data for a block drafter: the target's own answers to a prompt file (greedy, or sampled with "
+      "--temperature) and the target's residual-stream taps at every position of prompt and answer, computed as "
+      "speculative decoding feeds them to the drafter");
+  check_non_empty(cmd->add_option("-m,--model", o->model, "Target model (a fetched model, preset or path)")->capture_default_str());
+  add_numerics_flag(cmd, o->numerics);
+  cmd->add_option("--prompts", o->prompts, "JSON lines {\"name\", \"category\", \"text\"}")->required();
+  cmd->add_option("-o,--out", o->out, "Output file (binary: a header, then per sequence its length, prompt length, int32 tokens and f32 taps; a .jsonl of the answers is written beside it)")->required();
+  cmd->add_option("--taps", o->taps, "Comma-separated target layers to tap after (the stream entering the next)")
+      ->required();
+  cmd->add_option("-n,--n-predict", o->n_predict, "Most tokens per answer")->capture_default_str()->check(CLI::Range(1, 1 << 16));
+  cmd->add_option("--temperature", o->temperature, "Sampling temperature (0: greedy)")->capture_default_str()->check(CLI::Range(0.0, 10.0));
+  check_seed(cmd->add_option("--seed", o->seed, "Sampling seed")->capture_default_str());
+  cmd->add_option("-t,--threads", o->threads, "Worker threads (0: one per core)")->capture_default_str()->check(CLI::Range(0, 1024));
+  cmd->add_flag("--check-taps", o->check_taps,
+                "Also compute the first answer's taps one position per step (as verify rows) and report the largest "
+                "difference from the prompt-pass taps written");
+  cmd->callback([o] {
+    run_guarded([&] {
+      const auto t0 = Clock::now();
+      ModelOptions mo;
+      mo.numerics = parse_numerics(o->numerics);
+      auto model = load_model(o->model, mo);
+      ThreadPool pool(o->threads);
+      std::vector<int> layers;
+      for (const std::string& t : split_list(o->taps)) {
+        int v = -1;
+        const auto [ptr, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
+        if (ec != std::errc() || ptr != t.data() + t.size() || v < 0)
+          fail("--taps: '{}' is not a layer number", t);
+        layers.push_back(v);
+      }
+      if (layers.empty()) fail("--taps: no layers");
+      const std::vector<PromptSpec> prompts = read_prompt_file(o->prompts);
+      std::vector<std::vector<int32_t>> encoded;
+      int n_ctx = 0;
+      for (const auto& p : prompts) {
+        encoded.push_back(encode_prompt(*model, p.text));
+        n_ctx = std::max<int>(n_ctx, static_cast<int>(encoded.back().size()) + o->n_predict + 1);
+      }
+      GeneratorOptions go;
+      go.n_ctx = n_ctx;
+      go.sampling.temperature = o->temperature;
+      go.sampling.seed = o->seed;
+      Generator gen(*model, pool, go);
+      Engine eng(*model, pool, kDefaultUbatch);
+      eng.enable_taps(layers);
+      const int W = eng.tap_width();
+      std::ofstream out(o->out, std::ios::binary);
+      if (!out) fail("--out: cannot write '{}'", o->out);
+      std::ofstream side(o->out + ".jsonl");
+      if (!side) fail("--out: cannot write '{}.jsonl'", o->out);
+      auto put = [&](const void* p, size_t n) { out.write(static_cast<const char*>(p), static_cast<std::streamsize>(n)); };
+      auto put_i32 = [&](int32_t v) { put(&v, 4); };
+      put("MKTAPS01", 8);
+      put_i32(W);
+      put_i32(static_cast<int32_t>(layers.size()));
+      for (int l : layers) put_i32(l);
+      put_i32(static_cast<int32_t>(model->n_vocab()));
+      GenerationParams gp;
+      gp.max_tokens = o->n_predict;
+      int64_t n_tokens = 0;
+      double gen_ms = 0, tap_ms = 0;
+      std::vector<float> logits(static_cast<size_t>(model->n_vocab())), taps;
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        gen.reset();
+        const auto tg = Clock::now();
+        const GenResult r = gen.generate(encoded[i], gp);
+        gen_ms += ms_since(tg);
+        std::vector<int32_t> seq_tokens = encoded[i];
+        seq_tokens.insert(seq_tokens.end(), r.tokens.begin(), r.tokens.end());
+        const int n = static_cast<int>(seq_tokens.size());
+        const auto tt = Clock::now();
+        SequenceState seq = model->new_sequence(n_ctx);
+        taps.resize(static_cast<size_t>(n) * static_cast<size_t>(W));
+        eng.prefill(seq, seq_tokens.data(), n, 0, logits.data(), taps.data());
+        tap_ms += ms_since(tt);
+        if (o->check_taps && i == 0) {
+          // The same positions one row per step, as verify rows compute them.
+          SequenceState one = model->new_sequence(n_ctx);
+          std::vector<float> row_taps(static_cast<size_t>(W));
+          double worst = 0, scale = 0;
+          for (int pos = 0; pos < n; ++pos) {
+            eng.step({one.row(seq_tokens[static_cast<size_t>(pos)], pos)}, logits.data(), row_taps.data());
+            for (int c = 0; c < W; ++c) {
+              const float a = taps[static_cast<size_t>(pos) * static_cast<size_t>(W) + static_cast<size_t>(c)];
+              worst = std::max(worst, static_cast<double>(std::fabs(a - row_taps[static_cast<size_t>(c)])));
+              scale = std::max(scale, static_cast<double>(std::fabs(a)));
+            }
+          }
+          fmt::print("tap check: {} positions of '{}', one row per step against the prompt pass: largest difference "
+                     "{:.3g} (largest tap value {:.3g})\n",
+                     n, prompts[i].name, worst, scale);
+        }
+        put_i32(n);
+        put_i32(static_cast<int32_t>(encoded[i].size()));
+        put(seq_tokens.data(), seq_tokens.size() * 4);
+        put(taps.data(), taps.size() * 4);
+        nlohmann::json j;
+        j["name"] = prompts[i].name;
+        j["category"] = prompts[i].category;
+        j["prompt_tokens"] = encoded[i].size();
+        j["answer_tokens"] = r.tokens.size();
+        j["answer"] = r.text;
+        side << j.dump() << "\n";
+        n_tokens += static_cast<int64_t>(r.tokens.size());
+        if ((i + 1) % 25 == 0 || i + 1 == prompts.size())
+          fmt::print("{}/{} prompts, {} answer tokens, {:.1f} tok/s generating, taps {:.1f} s\n", i + 1, prompts.size(),
+                     n_tokens, gen_ms > 0 ? n_tokens * 1000.0 / gen_ms : 0.0, tap_ms / 1000.0);
+        std::fflush(stdout);
+      }
+      out.close();
+      if (!out) fail("--out: writing '{}' failed", o->out);
+      fmt::print("wrote {} sequences ({} answer tokens, taps of width {}) to {} in {:.1f} s\n", prompts.size(), n_tokens, W,
+                 o->out, ms_since(t0) / 1000.0);
     });
   });
 }

@@ -25,6 +25,9 @@ void register_serve(CLI::App& app);
 void register_bench_serve(CLI::App& app);
 void register_bench_spec(CLI::App& app);
 void register_gen_drafter(CLI::App& app);
+// `megakern gen-drafter-data`: the target's answers to a prompt file with
+// the taps of every position, for training a block drafter.
+void register_gen_drafter_data(CLI::App& app);
 void register_perplexity(CLI::App& app);
 void register_step(CLI::App& app);
 void register_tp_check(CLI::App& app);

@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   megakern::cli::register_bench_serve(app);
   megakern::cli::register_bench_spec(app);
   megakern::cli::register_gen_drafter(app);
+  megakern::cli::register_gen_drafter_data(app);
   megakern::cli::register_perplexity(app);
   megakern::cli::register_step(app);
   megakern::cli::register_tp_check(app);

@@ -22,6 +22,9 @@ struct SpecBenchOptions {
   int reps = 1;
   int verify_reps = 20;
   std::string json;
+  // JSON lines {"name", "category", "text"} to run instead of the built-in
+  // input-grounded prompts; results are then also summed per category.
+  std::string prompts;
 };
 // Adds the options bench-spec takes (other than the model) to cmd.
 void add_spec_bench_options(CLI::App* cmd, SpecBenchOptions& o, bool with_spec_flag);

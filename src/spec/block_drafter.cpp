@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +13,7 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "core/rng.h"
+#include "core/sha256.h"
 #include "io/safetensors.h"
 #include "io/safetensors_writer.h"
 #include "ir/program.h"
@@ -51,6 +53,9 @@ std::string BlockDrafterConfig::to_json() const {
     j["markov_top_m"] = markov_top_m;
     j["block_size"] = block;
     j["seed"] = seed;
+    if (draft_vocab > 0) j["draft_vocab_size"] = draft_vocab;
+    if (tie_target) j["tie_target_embeddings"] = true;
+    if (target_layers > 0) j["target_num_hidden_layers"] = target_layers;
     return j.dump(2) + "\n";
   }
   j["drafter"] = block_drafter_kind_name(kind);
@@ -138,6 +143,13 @@ BlockDrafterConfig dspark_from_json(const nlohmann::json& j, const std::string& 
   if (j.contains("block_size")) c.block = top.get_int("block_size");
   if (j.contains("markov_top_m")) c.markov_top_m = top.get_int("markov_top_m");
   if (j.contains("seed")) c.seed = j.at("seed").get<uint64_t>();
+  if (j.contains("draft_vocab_size")) c.draft_vocab = top.get_int("draft_vocab_size");
+  if (j.contains("tie_target_embeddings")) {
+    if (!j.at("tie_target_embeddings").is_boolean())
+      fail("{}: drafter config field 'tie_target_embeddings' is not true or false", where);
+    c.tie_target = j.at("tie_target_embeddings").get<bool>();
+  }
+  if (j.contains("target_num_hidden_layers")) c.target_layers = top.get_int("target_num_hidden_layers");
   c.validate();
   return c;
 }
@@ -206,6 +218,11 @@ void BlockDrafterConfig::validate() const {
   if (kind == BlockDrafterKind::DFlash && mask_token != -1) bad("a DFlash drafter has a learned mask embedding (mask_token -1)");
   if (window < 0) bad(fmt::format("window {} is negative", window));
   if (markov_top_m < 0) bad(fmt::format("markov_top_m {} is negative", markov_top_m));
+  if (draft_vocab < 0 || draft_vocab > n_vocab)
+    bad(fmt::format("draft vocabulary of {} tokens: must be 0 (all) to the vocabulary's {}", draft_vocab, n_vocab));
+  if (target_layers < 0) bad(fmt::format("target_num_hidden_layers {} is negative", target_layers));
+  if (kind == BlockDrafterKind::DFlash && (draft_vocab != 0 || tie_target))
+    bad("draft_vocab_size and tie_target_embeddings are DSpark keys (DFlash always shares the target's)");
   if (kind == BlockDrafterKind::DFlash && markov_rank != 0) bad("a DFlash drafter has no Markov bias (markov_rank 0)");
   if (kind == BlockDrafterKind::DFlash && hidden != target_hidden)
     bad(fmt::format("a DFlash drafter shares the target's embedding and head, so hidden ({}) must equal the target's ({})",
@@ -242,7 +259,8 @@ BlockDrafterConfig BlockDrafterConfig::mini(BlockDrafterKind kind, const Model& 
 
 std::vector<BlockDrafterWeights::TensorRef> BlockDrafterWeights::tensors() {
   const BlockDrafterConfig& c = config;
-  const int64_t D = c.hidden, T = static_cast<int64_t>(c.n_taps()) * c.target_hidden, V = c.n_vocab;
+  const int64_t D = c.hidden, T = static_cast<int64_t>(c.n_taps()) * c.target_hidden, V = c.n_vocab,
+                VO = c.out_vocab();
   const int64_t QD = static_cast<int64_t>(c.n_head) * c.head_dim, KD = static_cast<int64_t>(c.n_head_kv) * c.head_dim;
   const int64_t F = c.ffn, hd = c.head_dim;
   const bool ds = c.kind == BlockDrafterKind::DSpark;  // the reference system's names
@@ -268,10 +286,12 @@ std::vector<BlockDrafterWeights::TensorRef> BlockDrafterWeights::tensors() {
   }
   t.push_back({ds ? "norm.weight" : "final_norm.weight", {D}, &final_norm});
   if (ds) {
-    t.push_back({"embed_tokens.weight", {V, D}, &embed});
-    t.push_back({"lm_head.weight", {V, D}, &lm_head});
-    t.push_back({"markov_head.markov_w1.weight", {V, c.markov_rank}, &markov_w1});
-    t.push_back({"markov_head.markov_w2.weight", {V, c.markov_rank}, &markov_w2});
+    if (!c.tie_target) {
+      t.push_back({"embed_tokens.weight", {V, D}, &embed});
+      t.push_back({"lm_head.weight", {VO, D}, &lm_head});
+    }
+    t.push_back({"markov_head.markov_w1.weight", {VO, c.markov_rank}, &markov_w1});
+    t.push_back({"markov_head.markov_w2.weight", {VO, c.markov_rank}, &markov_w2});
   } else {
     t.push_back({"mask_embed", {D}, &mask_embed});
   }
@@ -314,6 +334,9 @@ BlockDrafterWeights synthetic_block_drafter(const BlockDrafterConfig& config) {
       for (auto& x : *t.data) x = rng.centred(sd);
     }
   }
+  // A draft vocabulary of evenly spread ids.
+  for (int i = 0; i < config.draft_vocab; ++i)
+    w.d2t.push_back(static_cast<int32_t>(static_cast<int64_t>(i) * config.n_vocab / config.draft_vocab));
   return w;
 }
 
@@ -328,6 +351,13 @@ void save_block_drafter(const BlockDrafterWeights& weights, const std::string& d
       fail("drafter tensor {} holds {} values, its shape {} needs {}", t.name, t.data->size(), shape_string(t.shape),
            numel(t.shape));
     out.add_f32(t.name, t.shape, t.data->data());
+  }
+  if (w.config.draft_vocab > 0) {
+    if (static_cast<int>(w.d2t.size()) != w.config.draft_vocab)
+      fail("drafter tensor d2t holds {} ids, the draft vocabulary has {}", w.d2t.size(), w.config.draft_vocab);
+    std::vector<uint8_t> bytes(w.d2t.size() * sizeof(int32_t));
+    std::memcpy(bytes.data(), w.d2t.data(), bytes.size());
+    out.add("d2t", "I32", {static_cast<int64_t>(w.d2t.size())}, std::move(bytes));
   }
   const std::string cfg = w.config.to_json();
   out.set_metadata("drafter_config", cfg);
@@ -344,6 +374,8 @@ void check_fits_target(const BlockDrafterConfig& c, const Model& target, const s
     fail("{}: made for a vocabulary of {} tokens, the target {} has {}", who, c.n_vocab, target.name(),
          target.n_vocab());
   const DecodeProgram p = target.build_program(1);
+  if (c.target_layers > 0 && c.target_layers != p.n_layer)
+    fail("{}: made for a target of {} layers, {} has {}", who, c.target_layers, target.name(), p.n_layer);
   for (int l : c.tap_layers)
     if (l < 0 || l >= p.n_layer)
       fail("{}: tap layer {} (the stream entering layer {}) is outside the {} layers of {}", who, l, l + 1, p.n_layer,
@@ -403,7 +435,82 @@ BlockDrafterWeights load_block_drafter(const std::string& path, const Model& tar
       fail("drafter {}: tensor '{}' is {}, expected F32, BF16 or F16", path, t.name, s->dtype);
     }
   }
+  if (c.draft_vocab > 0) {
+    const SafetensorsTensor* s = st->find("d2t");
+    if (!s) fail("drafter {}: tensor 'd2t' (the draft vocabulary's target ids) is missing from {}", path, file);
+    if (s->shape != std::vector<int64_t>{c.draft_vocab})
+      fail("drafter {}: tensor 'd2t' has shape {}, expected [{}]", path, shape_string(s->shape), c.draft_vocab);
+    w.d2t.resize(static_cast<size_t>(c.draft_vocab));
+    for (size_t i = 0; i < w.d2t.size(); ++i) {
+      if (s->dtype == "I32") {
+        std::memcpy(&w.d2t[i], s->data + 4 * i, 4);
+      } else if (s->dtype == "I64") {
+        int64_t v;
+        std::memcpy(&v, s->data + 8 * i, 8);
+        w.d2t[i] = v < 0 || v > INT32_MAX ? -1 : static_cast<int32_t>(v);
+      } else {
+        fail("drafter {}: tensor 'd2t' is {}, expected I32 or I64", path, s->dtype);
+      }
+    }
+  }
   return w;
+}
+
+// ---------------------------------------------------------------- shipped weights
+
+namespace {
+
+// Trained drafters committed under assets/drafters/: (target model name,
+// kind, directory). scripts/train_drafter.py writes them.
+struct ShippedDrafter {
+  const char* target;
+  BlockDrafterKind kind;
+  const char* dir;
+};
+constexpr ShippedDrafter kShipped[] = {
+    {"smollm2-135m", BlockDrafterKind::DSpark, "drafters/smollm2-135m-dspark"},
+};
+
+}  // namespace
+
+std::string shipped_block_drafter(const Model& target, BlockDrafterKind kind) {
+  namespace fs = std::filesystem;
+  // The target by its model name, or a path's file name without .gguf.
+  const std::string name = fs::path(target.name()).stem().string();
+  const ShippedDrafter* hit = nullptr;
+  for (const auto& s : kShipped)
+    if (s.kind == kind && name == s.target) hit = &s;
+  if (!hit) return "";
+  std::vector<fs::path> roots;
+  if (const char* env = std::getenv("MEGAKERN_ASSETS_DIR")) roots.emplace_back(env);
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    roots.push_back(exe.parent_path() / "assets");
+    roots.push_back(exe.parent_path().parent_path() / "assets");
+  }
+  roots.emplace_back("assets");
+  std::string looked;
+  for (const auto& r : roots) {
+    const fs::path d = r / hit->dir;
+    if (fs::is_regular_file(d / "model.safetensors", ec)) return d.string();
+    looked += (looked.empty() ? "" : ", ") + d.string();
+  }
+  fail("the trained {} drafter for {} is not where it should be (looked in {})", block_drafter_kind_name(kind), name,
+       looked);
+}
+
+void verify_block_drafter_checksum(const std::string& dir) {
+  namespace fs = std::filesystem;
+  const fs::path weights = fs::path(dir) / "model.safetensors", sum = fs::path(dir) / "model.safetensors.sha256";
+  std::ifstream in(sum);
+  std::string want;
+  if (!(in >> want) || want.size() != 64)
+    fail("drafter {}: no sha256 checksum in {} to check the weights against", dir, sum.string());
+  const std::string got = sha256_file_hex(weights.string());
+  if (got != want)
+    fail("drafter {}: {} has sha256 {}, but {} expects {} (a damaged or replaced file)", dir, weights.string(), got,
+         sum.string(), want);
 }
 
 // ---------------------------------------------------------------- drafter
@@ -434,7 +541,7 @@ BlockDrafter::BlockDrafter(const Model& target, BlockDrafterWeights weights, Thr
     if (static_cast<int64_t>(t.data->size()) != numel(t.shape))
       fail("block drafter: tensor '{}' holds {} values, its shape {} needs {}", t.name, t.data->size(),
            shape_string(t.shape), numel(t.shape));
-  if (c.kind == BlockDrafterKind::DFlash) {
+  if (c.kind == BlockDrafterKind::DFlash || c.tie_target) {
     // The target's token embedding and LM head, as its own program uses them.
     bool have_embed = false, have_head = false;
     for (const Op& op : p.ops) {
@@ -456,9 +563,29 @@ BlockDrafter::BlockDrafter(const Model& target, BlockDrafterWeights weights, Thr
   const int64_t D = c.hidden, QD = static_cast<int64_t>(c.n_head) * c.head_dim;
   const int64_t KD = static_cast<int64_t>(c.n_head_kv) * c.head_dim;
   tap_proj_ = f32_view(w_.tap_proj, D, static_cast<int64_t>(c.n_taps()) * c.target_hidden);
+  if (c.draft_vocab > 0) {
+    if (static_cast<int>(w_.d2t.size()) != c.draft_vocab)
+      fail("block drafter: d2t holds {} ids, the draft vocabulary has {}", w_.d2t.size(), c.draft_vocab);
+    t2d_.assign(static_cast<size_t>(c.n_vocab), -1);
+    for (size_t i = 0; i < w_.d2t.size(); ++i) {
+      const int32_t id = w_.d2t[i];
+      if (id < 0 || id >= c.n_vocab || (i > 0 && id <= w_.d2t[i - 1]))
+        fail("block drafter: d2t entry {} is {}: ids must ascend within the vocabulary of {}", i, id, c.n_vocab);
+      t2d_[static_cast<size_t>(id)] = static_cast<int32_t>(i);
+    }
+  }
   if (c.kind == BlockDrafterKind::DSpark) {
-    lm_head_ = f32_view(w_.lm_head, c.n_vocab, D);
-    markov_w2_ = f32_view(w_.markov_w2, c.n_vocab, c.markov_rank);
+    if (!c.tie_target) {
+      lm_head_ = f32_view(w_.lm_head, c.out_vocab(), D);
+    } else if (c.draft_vocab > 0) {
+      head_rows_.resize(w_.d2t.size() * static_cast<size_t>(D));
+      for (size_t i = 0; i < w_.d2t.size(); ++i)
+        dequantize_row(target_head_, w_.d2t[i], head_rows_.data() + i * static_cast<size_t>(D));
+      lm_head_ = f32_view(head_rows_, c.out_vocab(), D);
+    } else {
+      lm_head_ = target_head_;
+    }
+    markov_w2_ = f32_view(w_.markov_w2, c.out_vocab(), c.markov_rank);
   }
   for (const auto& L : w_.layers)
     lv_.push_back({f32_view(L.wq, QD, D), f32_view(L.wk, KD, D), f32_view(L.wv, KD, D), f32_view(L.wo, D, QD),
@@ -494,12 +621,14 @@ void BlockDrafter::observe_taps(const float* taps, int n_rows, int pos0) {
 void BlockDrafter::embed_row(int32_t token, bool mask, float* out) const {
   const BlockDrafterConfig& c = w_.config;
   const size_t D = static_cast<size_t>(c.hidden);
-  if (c.kind == BlockDrafterKind::DSpark) {
+  if (c.kind == BlockDrafterKind::DSpark && !c.tie_target) {
     const size_t row = static_cast<size_t>(mask ? c.mask_token : token);
     std::copy_n(w_.embed.data() + row * D, D, out);
     return;
   }
-  if (mask) {
+  if (c.kind == BlockDrafterKind::DSpark) {
+    token = mask ? c.mask_token : token;
+  } else if (mask) {
     std::copy_n(w_.mask_embed.data(), D, out);
     return;
   }
@@ -577,7 +706,7 @@ void BlockDrafter::block_logits(const std::vector<int32_t>& context, int n, std:
     for (size_t i = 0; i < h.size(); ++i) h[i] += proj[i];
   }
   for (size_t i = 0; i < rows; ++i) rmsnorm(h.data() + i * D, w_.final_norm.data(), c.hidden, c.eps, xn.data() + i * D);
-  logits.resize(rows * static_cast<size_t>(c.n_vocab));
+  logits.resize(rows * static_cast<size_t>(c.out_vocab()));
   matmul(pool_, c.kind == BlockDrafterKind::DSpark ? lm_head_ : target_head_, xn.data(), n, logits.data());
 }
 
@@ -596,12 +725,16 @@ void BlockDrafter::propose(const std::vector<int32_t>& context, int k, Draft& ou
   }
   // DSpark: every row drafts the position after its own, each draft biased
   // by the one before it (the anchor for the first).
+  // Logits, candidates and Markov rows are over the draft vocabulary (the
+  // whole one without it); a previous token outside it adds no bias.
   const int n = std::min(c.block, k);
+  const int VO = c.out_vocab();
+  const size_t Vo = static_cast<size_t>(VO);
   block_logits(context, n, logits);
   const size_t r = static_cast<size_t>(c.markov_rank);
-  int32_t prev = context.back();
-  const int per = c.n_vocab / kMarkovShards;
-  if (c.markov_top_m > 0 && c.n_vocab % kMarkovShards == 0 && c.markov_top_m < per) {
+  int32_t prev = t2d_.empty() ? context.back() : t2d_[static_cast<size_t>(context.back())];
+  const int per = VO / kMarkovShards;
+  if (c.markov_top_m > 0 && VO % kMarkovShards == 0 && c.markov_top_m < per) {
     // Candidates: the top markov_top_m base logits of each of the 32
     // contiguous vocabulary slices (in slice order, each in descending order,
     // ties to the lower id); the biased argmax is taken among them (the first
@@ -609,7 +742,7 @@ void BlockDrafter::propose(const std::vector<int32_t>& context, int k, Draft& ou
     const size_t m = static_cast<size_t>(c.markov_top_m);
     std::vector<int32_t> cand, order(static_cast<size_t>(per));
     for (int i = 0; i < n; ++i) {
-      const float* L = logits.data() + static_cast<size_t>(i) * Vn;
+      const float* L = logits.data() + static_cast<size_t>(i) * Vo;
       cand.clear();
       for (int sh = 0; sh < kMarkovShards; ++sh) {
         for (int j = 0; j < per; ++j) order[static_cast<size_t>(j)] = sh * per + j;
@@ -617,29 +750,32 @@ void BlockDrafter::propose(const std::vector<int32_t>& context, int k, Draft& ou
                           [&](int32_t a, int32_t b) { return L[a] > L[b] || (L[a] == L[b] && a < b); });
         cand.insert(cand.end(), order.begin(), order.begin() + static_cast<std::ptrdiff_t>(m));
       }
-      const float* e = w_.markov_w1.data() + static_cast<size_t>(prev) * r;
+      const float* e = prev < 0 ? nullptr : w_.markov_w1.data() + static_cast<size_t>(prev) * r;
       float best = -INFINITY;
       int32_t pick = cand[0];
       for (int32_t id : cand) {
-        const float v = L[id] + dot_f32(w_.markov_w2.data() + static_cast<size_t>(id) * r, e, static_cast<int64_t>(r));
+        const float v =
+            L[id] + (e ? dot_f32(w_.markov_w2.data() + static_cast<size_t>(id) * r, e, static_cast<int64_t>(r)) : 0.f);
         if (v > best) {
           best = v;
           pick = id;
         }
       }
       prev = pick;
-      out.tokens.push_back(prev);
+      out.tokens.push_back(to_target(prev));
     }
     return;
   }
-  // Exact: the bias over the whole vocabulary.
-  std::vector<float> bias(Vn);
+  // Exact: the bias over the whole (draft) vocabulary.
+  std::vector<float> bias(Vo);
   for (int i = 0; i < n; ++i) {
-    matmul(pool_, markov_w2_, w_.markov_w1.data() + static_cast<size_t>(prev) * r, 1, bias.data());
-    float* L = logits.data() + static_cast<size_t>(i) * Vn;
-    for (size_t j = 0; j < Vn; ++j) L[j] += bias[j];
-    prev = argmax(L, c.n_vocab);
-    out.tokens.push_back(prev);
+    float* L = logits.data() + static_cast<size_t>(i) * Vo;
+    if (prev >= 0) {
+      matmul(pool_, markov_w2_, w_.markov_w1.data() + static_cast<size_t>(prev) * r, 1, bias.data());
+      for (size_t j = 0; j < Vo; ++j) L[j] += bias[j];
+    }
+    prev = argmax(L, VO);
+    out.tokens.push_back(to_target(prev));
   }
 }
 

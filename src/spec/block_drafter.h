@@ -30,6 +30,11 @@
 //    d_{k+1} = argmax(logits_k + W2 . W1[d_k]), d_0 = the anchor, the
 //    argmax over the top markov_top_m base logits of each 32nd of the
 //    vocabulary (as the reference system runs it; 0: over all of it).
+//    Two extensions of ours (config keys absent from the reference layout):
+//    tie_target_embeddings reads the embedding (mask token included) and LM
+//    head from the target, so neither is stored; draft_vocab_size restricts
+//    the LM head, the Markov tables and so the drafts to the target ids of
+//    the tensor d2t (the trained drafter shipped for SmolLM2 uses both).
 //  - DFlash-style (ours): row k (k = 1..B-1) gives the logits of the token
 //    at position N+k, B-1 drafts; the target's own token embedding (with its
 //    embedding scale) and LM head, read from the target's program; a learned
@@ -43,9 +48,10 @@
 // context and nothing has to be rolled back.
 //
 // Weights: synthetic_block_drafter() gives deterministic random MINI weights
-// sized to a target. Trained weights do not exist here, so with these the
-// drafts are essentially random; the machinery (taps, context cache, block
-// pass, verification) is what is exercised. A DSpark drafter is saved and
+// sized to a target; with these the drafts are essentially random and only
+// the machinery (taps, context cache, block pass, verification) is
+// exercised. For SmolLM2 a trained DSpark drafter is shipped
+// (shipped_block_drafter; scripts/train_drafter.py makes it). A DSpark drafter is saved and
 // loaded in the reference system's checkpoint layout (config.json with
 // transformer_layer_config, aux_hidden_state_layer_ids, mask_token_id,
 // markov_rank; model.safetensors with its tensor names, F32 or BF16); a
@@ -93,8 +99,22 @@ struct BlockDrafterConfig {
   float rope_base = 10000.f;
   float eps = 1e-5f;
   uint64_t seed = 1;        // the synthetic weights' seed (informational once saved)
+  // DSpark extensions (our config keys, absent from the reference layout):
+  // draft_vocab_size: drafts come from this many target ids only, listed in
+  // the tensor "d2t" (ascending), so the LM head and the Markov tables have
+  // that many rows; 0: the whole vocabulary.
+  int draft_vocab = 0;
+  // tie_target_embeddings: the token embedding (the mask token's row
+  // included) and the LM head are the target's own, read from its program
+  // (restricted to d2t's rows), and not stored.
+  bool tie_target = false;
+  // target_num_hidden_layers: the depth of the target the drafter was made
+  // for (0: not recorded); a target of another depth is refused.
+  int target_layers = 0;
 
   int n_taps() const { return static_cast<int>(tap_layers.size()); }
+  // Width of the drafter's logits: the draft vocabulary, else the target's.
+  int out_vocab() const { return draft_vocab > 0 ? draft_vocab : n_vocab; }
   // DSpark: the reference system's config.json keys (tap layer l is written
   // as aux_hidden_state_layer_ids entry l + 1, the stream entering layer
   // l + 1); DFlash: ours.
@@ -131,6 +151,10 @@ struct BlockDrafterWeights {
   std::vector<float> lm_head;     // [V][D]
   std::vector<float> markov_w1;   // [V][r]
   std::vector<float> markov_w2;   // [V][r]
+  // draft_vocab > 0: the target id of each draft-vocabulary row (ascending);
+  // embed is then absent only if tie_target, lm_head and markov_w1/w2 have
+  // draft_vocab rows (w1 indexed by the previous token's draft row).
+  std::vector<int32_t> d2t;
 
   // (name, shape, data) of every tensor, in a fixed order: what the
   // safetensors file holds.
@@ -147,6 +171,16 @@ BlockDrafterWeights synthetic_block_drafter(const BlockDrafterConfig& config);
 
 // Writes dir/config.json and dir/model.safetensors (the directory is created).
 void save_block_drafter(const BlockDrafterWeights& w, const std::string& dir);
+// The trained drafter shipped for `target` (looked up by the target's model
+// name; files under assets/drafters/, found like the fetched models: in
+// $MEGAKERN_ASSETS_DIR, next to the build directory of the running program,
+// then ./assets), or "" if none is shipped for it. Throws megakern::Error if
+// one is known but its files are missing.
+std::string shipped_block_drafter(const Model& target, BlockDrafterKind kind);
+// Checks dir/model.safetensors against the sha256 in
+// dir/model.safetensors.sha256 (as `sha256sum` writes it); throws
+// megakern::Error naming both on a mismatch or a missing checksum.
+void verify_block_drafter_checksum(const std::string& dir);
 // Reads a directory as save_block_drafter writes it (or a DSpark checkpoint
 // of the reference system), or a .safetensors file (config from its
 // "drafter_config" metadata, else config.json beside it). Tensors may be F32,
@@ -169,7 +203,8 @@ class BlockDrafter final : public Drafter {
   // anchor (0..context.size()-2) were fed.
   void propose(const std::vector<int32_t>& context, int k, Draft& out) override;
   // The block pass for the anchor context.back(): the LM-head logits of its
-  // first n_rows rows (n_rows <= B), [n_rows][V], before any Markov bias.
+  // first n_rows rows (n_rows <= B), [n_rows][out_vocab()], before any
+  // Markov bias (columns are draft-vocabulary rows when it has one).
   // Same preconditions as propose().
   void block_logits(const std::vector<int32_t>& context, int n_rows, std::vector<float>& logits);
   void reset() override { n_filled_ = 0; }
@@ -193,9 +228,14 @@ class BlockDrafter final : public Drafter {
   ThreadPool& pool_;
   int n_ctx_;
   int n_filled_ = 0;
-  // DFlash: the target's token embedding (and its scale) and LM head.
+  // DFlash, and DSpark with tie_target: the target's token embedding (and
+  // its scale) and LM head.
   MatView target_embed_, target_head_;
   float target_embed_scale_ = 1.f;
+  std::vector<float> head_rows_;  // tie_target with a draft vocabulary: d2t's rows of the target's head, f32
+  std::vector<int32_t> t2d_;      // draft vocabulary: target id -> draft row, -1 outside it
+  // A draft row as a target id.
+  int32_t to_target(int32_t row) const { return w_.d2t.empty() ? row : w_.d2t[static_cast<size_t>(row)]; }
   // Views over w_'s matrices.
   MatView tap_proj_, lm_head_, markov_w2_;
   struct LayerViews {

@@ -318,7 +318,14 @@ std::unique_ptr<Drafter> make_drafter(const std::string& spec, const Model& targ
     const BlockDrafterKind k = kind == "dspark" ? BlockDrafterKind::DSpark : BlockDrafterKind::DFlash;
     BlockDrafterWeights w;
     if (colon == std::string::npos) {
-      w = synthetic_block_drafter(BlockDrafterConfig::mini(k, target));
+      // The trained drafter shipped for this target, else random MINI weights.
+      const std::string shipped = shipped_block_drafter(target, k);
+      if (shipped.empty()) {
+        w = synthetic_block_drafter(BlockDrafterConfig::mini(k, target));
+      } else {
+        verify_block_drafter_checksum(shipped);
+        w = load_block_drafter(shipped, target);
+      }
     } else {
       if (arg.empty()) fail("drafter '{}': name the weights, as {}:PATH", spec, kind);
       w = load_block_drafter(arg, target);
