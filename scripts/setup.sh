@@ -34,7 +34,7 @@ die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
 packages=(build-essential cmake ninja-build pkg-config python3 python3-pip python3-venv
           libgtest-dev libgmock-dev libbenchmark-dev libfmt-dev nlohmann-json3-dev
           libcli11-dev libpcre2-dev libcpp-httplib-dev libboost-dev clang
-          openmpi-bin libopenmpi-dev)  # Open MPI: tensor parallelism over processes (src/dist/)
+          libssl-dev openmpi-bin libopenmpi-dev)  # libssl-dev: sha256 of shipped weights; Open MPI: tensor parallelism over processes (src/dist/)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,4 +1,4 @@
-// SHA-256 (FIPS 180-4) of a byte buffer or a file, as lowercase hex: what
+// SHA-256 of a byte buffer or a file (OpenSSL libcrypto), as lowercase hex: what
 // `sha256sum` prints. Used to check shipped weight files before loading.
 #pragma once
 
