@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
 #include <memory>
 #include <random>
 #include <vector>
@@ -87,6 +88,30 @@ TEST(Repack, PackedBytesEqualOriginalBytes) {
   EXPECT_FALSE(r16_supports(DType::F32));
 }
 
+// The packed fast kernel against the fast oracle on a 48-row matrix of
+// format t (weights and inputs seeded from cols and n_x, activations in
+// blocks of `block`), over each row range; returns the cases run.
+int fast_ranges_match_oracle(DType t, int64_t cols, int64_t n_x, int64_t block, uint32_t input_seed,
+                             std::initializer_list<std::pair<int64_t, int64_t>> ranges) {
+  const int64_t rows = 48;
+  const Weights w = make_weights(t, rows, cols, (uint32_t)(cols + n_x), 1);
+  const Packed p = packed(w.view);
+  const std::vector<float> x = inputs(n_x, cols, input_seed);
+  Q8Acts qa;
+  quantize_q8_acts(x.data(), n_x, cols, block, qa);
+  int cases = 0;
+  for (auto [rb, re] : ranges) {
+    SCOPED_TRACE(::testing::Message() << dtype_traits(t).name << " cols " << cols << " n_x " << n_x << " rows ["
+                                      << rb << ", " << re << ")");
+    std::vector<float> y((size_t)(n_x * rows), -1.f), ref = y;
+    matmul_rows_fast_r16_evex(p.view, qa, y.data(), rows, rb, re);
+    matmul_rows_fast_ref(w.view, qa, ref.data(), rows, rb, re);
+    EXPECT_TRUE(same_bits(y, ref));
+    ++cases;
+  }
+  return cases;
+}
+
 // The K-quants' packed fast kernels (Q4_K, Q6_K) against the fast oracle:
 // one to nine inputs and 128, one to three super-blocks, row ranges inside
 // groups.
@@ -95,23 +120,9 @@ TEST(Repack, KQuantFastKernelsMatchOracleBitForBit) {
   int cases = 0;
   for (DType t : {DType::Q4_K, DType::Q6_K})
     for (int64_t cols : {256, 512, 768})
-    for (int64_t n_x : {1, 2, 3, 4, 5, 8, 9, 128}) {
-      const int64_t rows = 48;
-      const Weights w = make_weights(t, rows, cols, (uint32_t)(cols + n_x), 1);
-      const Packed p = packed(w.view);
-      const std::vector<float> x = inputs(n_x, cols, (uint32_t)(3 * cols + n_x));
-      Q8Acts qa;
-      quantize_q8_acts(x.data(), n_x, cols, 256, qa);
-      for (auto [rb, re] : {std::pair<int64_t, int64_t>{0, 48}, {3, 29}, {16, 32}, {17, 18}}) {
-        SCOPED_TRACE(::testing::Message() << dtype_traits(t).name << " cols " << cols << " n_x " << n_x << " rows ["
-                                          << rb << ", " << re << ")");
-        std::vector<float> y((size_t)(n_x * rows), -1.f), ref = y;
-        matmul_rows_fast_r16_evex(p.view, qa, y.data(), rows, rb, re);
-        matmul_rows_fast_ref(w.view, qa, ref.data(), rows, rb, re);
-        EXPECT_TRUE(same_bits(y, ref));
-        ++cases;
-      }
-    }
+    for (int64_t n_x : {1, 2, 3, 4, 5, 8, 9, 128})
+      cases += fast_ranges_match_oracle(t, cols, n_x, 256, (uint32_t)(3 * cols + n_x),
+                                        {{0, 48}, {3, 29}, {16, 32}, {17, 18}});
   std::printf("[kernels] packed r16 Q4_K / Q6_K fast kernels: %d cases against the scalar oracle\n", cases);
 }
 
@@ -184,23 +195,8 @@ TEST(Repack, ManyInputFastKernelMatchesOracleBitForBit) {
   int cases = 0;
   for (DType t : kFormats)
     for (int64_t cols : {32, 544, 1184})
-      for (int64_t n_x : {r16_many_inputs(), (int64_t)23, (int64_t)40}) {
-        const int64_t rows = 48;
-        const Weights w = make_weights(t, rows, cols, (uint32_t)(cols + n_x), 1);
-        const Packed p = packed(w.view);
-        const std::vector<float> x = inputs(n_x, cols, (uint32_t)(5 * cols + n_x));
-        Q8Acts qa;
-        quantize_q8_acts(x.data(), n_x, cols, 32, qa);
-        for (auto [rb, re] : {std::pair<int64_t, int64_t>{0, 48}, {3, 29}, {17, 18}}) {
-          SCOPED_TRACE(::testing::Message() << dtype_traits(t).name << " cols " << cols << " n_x " << n_x << " rows ["
-                                            << rb << ", " << re << ")");
-          std::vector<float> y((size_t)(n_x * rows), -1.f), ref = y;
-          matmul_rows_fast_r16_evex(p.view, qa, y.data(), rows, rb, re);
-          matmul_rows_fast_ref(w.view, qa, ref.data(), rows, rb, re);
-          EXPECT_TRUE(same_bits(y, ref));
-          ++cases;
-        }
-      }
+      for (int64_t n_x : {r16_many_inputs(), (int64_t)23, (int64_t)40})
+        cases += fast_ranges_match_oracle(t, cols, n_x, 32, (uint32_t)(5 * cols + n_x), {{0, 48}, {3, 29}, {17, 18}});
   std::mt19937 rng(12);
   for (DType t : kFormats) {
     const int64_t rows = 32, cols = 640, n_x = 21;
